@@ -235,7 +235,15 @@ verify() {
     esac
   done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o \
              -type f \( -perm -u+x -o -name '*.so*' \) -print0)
-  echo "checked $n ELF files built in $BUILD_DIR"
+  # Static libraries we built: every member must be elf32-littlearm.
+  while IFS= read -r -d '' f; do
+    n=$((n + 1))
+    if "$TRIPLET-objdump" -f "$f" 2>/dev/null | grep 'file format' \
+         | grep -qv 'elf32-littlearm'; then
+      echo "NOT armhf: $f" >&2; bad=1
+    fi
+  done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o -type f -name '*.a' -print0)
+  echo "checked $n ELF files and static libraries built in $BUILD_DIR"
   local linkfiles=()
   [ -f "$BUILD_DIR/build.ninja" ] && linkfiles+=("$BUILD_DIR/build.ninja")
   while IFS= read -r -d '' f; do linkfiles+=("$f"); done \

@@ -163,7 +163,15 @@ verify() {
     esac
   done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o \
              -type f \( -perm -u+x -o -name '*.so*' -o -name '*.o' \) -print0)
-  echo "checked $n ELF files built in $BUILD_DIR"
+  # Static libraries we built: every member must be elf64-littleaarch64.
+  while IFS= read -r -d '' f; do
+    n=$((n + 1))
+    if "$TRIPLET-objdump" -f "$f" 2>/dev/null | grep 'file format' \
+         | grep -qv 'elf64-littleaarch64'; then
+      echo "NOT aarch64: $f" >&2; bad=1
+    fi
+  done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o -type f -name '*.a' -print0)
+  echo "checked $n ELF files and static libraries built in $BUILD_DIR"
   # Every library path the configure step found.
   local libs
   libs="$(grep -E '^[A-Za-z0-9_]+(_LIBRARY|_LIBRARIES|_LIBRARY_RELEASE)[A-Z_]*:FILEPATH=/' \

@@ -76,4 +76,5 @@
 set(MQTT_INBOX_CROSS_TRIPLET   arm-linux-gnueabihf)
 set(MQTT_INBOX_CROSS_PROCESSOR armv7l)
 set(MQTT_INBOX_CROSS_QEMU      qemu-arm)
+set(MQTT_INBOX_CROSS_CXX_FLAGS_DEFAULT -Wno-psabi)
 include("${CMAKE_CURRENT_LIST_DIR}/linux-gnu-cross-common.cmake")

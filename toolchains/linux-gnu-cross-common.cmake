@@ -78,10 +78,12 @@ set(CMAKE_C_COMPILER   "${MQTT_INBOX_CROSS_PREFIX}gcc")
 set(CMAKE_CXX_COMPILER "${MQTT_INBOX_CROSS_PREFIX}g++")
 _mqtt_inbox_cross_setting(MQTT_INBOX_CROSS_FLAGS ""
   "Extra target compile/link flags (-mcpu=..., -mfloat-abi=...)")
-if(MQTT_INBOX_CROSS_FLAGS)
-  set(CMAKE_C_FLAGS_INIT "${MQTT_INBOX_CROSS_FLAGS}")
-  set(CMAKE_CXX_FLAGS_INIT "${MQTT_INBOX_CROSS_FLAGS}")
-endif()
+set(CMAKE_C_FLAGS_INIT "${MQTT_INBOX_CROSS_FLAGS}")
+# MQTT_INBOX_CROSS_CXX_FLAGS_DEFAULT: set by the per-target file (armhf:
+# -Wno-psabi, silencing GCC's "parameter passing ... changed in GCC 7.1"
+# notes, irrelevant when everything is built with the same compiler).
+string(STRIP "${MQTT_INBOX_CROSS_CXX_FLAGS_DEFAULT} ${MQTT_INBOX_CROSS_FLAGS}"
+  CMAKE_CXX_FLAGS_INIT)
 
 # --- sysroot and find-root handling ----------------------------------------------
 # For Debian multiarch the target files live in the host's own root, so no
