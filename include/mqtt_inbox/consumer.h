@@ -1,0 +1,103 @@
+// Consumer: the per-message policy of one named consumer on top of an Inbox.
+// Transport-agnostic: the MQTT Subscriber calls handle() from Paho's message callback,
+// and a firmware application that receives messages another way can call it too.
+//
+// handle() returns only when the message has a durable outcome: its effect committed,
+// recognised as a duplicate, or written to the dead letters. The caller acknowledges the
+// message (sends the PUBACK) only after handle() returns. For one message it:
+//  1. refuses payloads over max_payload_bytes           -> dead letter payload_too_large
+//  2. extracts the producer-assigned id (options.h)     -> dead letter missing_id,
+//                                                          invalid_id, undecodable_payload
+//  3. looks the id up: processed -> kDuplicate; dead-lettered -> kAlreadyDeadLettered
+//  4. if max_attempts are already used (earlier processes died in the handler)
+//                                                       -> dead letter handler_crashed
+//  5. records the attempt durably, then runs the claim transaction (inbox.h); a handler
+//     that throws is retried with backoff up to max_attempts -> dead letter
+//     handler_failed (or undecodable_payload at once for UndecodablePayload)
+//  6. while the store itself fails (locked, full, I/O error, read-only) it retries with
+//     capped backoff for as long as it takes, never reporting an outcome it has not
+//     committed. health() shows this state to other threads.
+//
+// Thread safety: handle() may be called from several threads at once (each call blocks
+// on the Inbox's mutex for its transactions); health() and counters() are safe from any
+// thread and never wait for a running handle() (they take no lock that handle() holds
+// while it waits for the store or runs the handler).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/message.h"
+#include "mqtt_inbox/options.h"
+#include "mqtt_inbox/status.h"
+
+namespace mqtt_inbox {
+
+enum class Outcome {
+  kProcessed,            // the handler's effect committed with the claim
+  kDuplicate,            // already processed by this consumer: handler not run
+  kDeadLettered,         // written to the dead letters now
+  kAlreadyDeadLettered,  // a redelivery of a message already dead-lettered
+};
+const char* to_string(Outcome outcome);
+
+// A snapshot of the store's health as seen by this consumer's per-message path.
+struct Health {
+  bool stuck = false;            // a message is waiting for the store right now
+  int64_t stuck_since_ms = 0;    // wall-clock ms when the current wait began (0 if not)
+  int64_t retries = 0;           // store retries since the current wait began
+  int64_t total_store_errors = 0;  // store failures seen since the Consumer was made
+  std::string last_error;        // text of the most recent store failure ("" if none)
+};
+
+// Monotonic counters since the Consumer was created (this process only).
+struct ConsumerCounters {
+  int64_t processed = 0;        // effects committed
+  int64_t duplicates = 0;       // deliveries skipped as already processed
+  int64_t dead_lettered = 0;    // messages written to the dead letters
+  int64_t already_dead_lettered = 0;  // redeliveries of dead-lettered messages
+  int64_t handler_failures = 0; // handler attempts that threw
+  int64_t store_retries = 0;    // store operations retried after a failure
+};
+
+class Consumer {
+ public:
+  // `inbox` must outlive the Consumer. `name` is the consumer name recorded in every row
+  // (non-empty, at most 200 bytes). Errors: kInvalidArgument for a bad name or options.
+  static Status create(Inbox* inbox, const std::string& name, Handler handler,
+                       const ConsumerOptions& options, std::unique_ptr<Consumer>* out);
+  ~Consumer();
+
+  const std::string& name() const;
+
+  // Processes one delivery; see the header comment. Never throws. Blocks while the store
+  // fails, for as long as it fails: a message that has not reached a durable outcome is
+  // never reported as done (see README "Stopping while the store is stuck").
+  Outcome handle(const Message& message);
+
+  // Sends dead letter `id` (which must belong to this consumer) back through the
+  // claim-and-handler path as a new attempt series. On success the row is marked
+  // replayed in the same transaction as the claim; *outcome says what happened
+  // (kDuplicate if the id was processed meanwhile; kDeadLettered if it failed again, in
+  // which case the same row is updated). Replaying a row already replayed is refused
+  // with kInvalidArgument, so a replay never applies a message twice.
+  Status replay_dead_letter(int64_t id, Outcome* outcome);
+
+  // Extracts and validates the message id the way handle() does. On failure returns
+  // false and sets *reason and *why. Exposed for tools and fuzzing.
+  bool extract_message_id(const Message& message, std::string* id,
+                          DeadLetterReason* reason, std::string* why) const;
+
+  Health health() const;
+  ConsumerCounters counters() const;
+
+ private:
+  struct Impl;
+  explicit Consumer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox

@@ -1,0 +1,63 @@
+// Dead letters: messages the inbox could not process, kept with everything needed to
+// understand and replay them. A dead letter is a separate state from "processed": it
+// never counts as a claim, so a replay after a fix applies the message exactly once.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "mqtt_inbox/message.h"
+
+namespace mqtt_inbox {
+
+// The fixed set of reasons. The text forms ("missing_id", ...) are what the database
+// stores and what the admin tool prints; they never change meaning.
+enum class DeadLetterReason {
+  kMissingId,           // no message id in any configured source
+  kInvalidId,           // an id was found but is empty, whitespace, too long, not UTF-8,
+                        // holds control characters, or is not a JSON string
+  kPayloadTooLarge,     // payload longer than ConsumerOptions::max_payload_bytes
+  kUndecodablePayload,  // the id extractor or the handler (by throwing
+                        // UndecodablePayload) said the bytes cannot be decoded
+  kHandlerFailed,       // the handler threw on every attempt up to the limit
+  kHandlerCrashed,      // the process died inside the handler on every attempt up to the
+                        // limit (counted durably across restarts)
+};
+
+const char* to_string(DeadLetterReason reason);
+// Parses the text form; returns false for an unknown name.
+bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out);
+
+struct DeadLetter {
+  int64_t id = 0;  // row id in inbox_dead_letters
+  std::string consumer_name;
+  std::optional<std::string> message_id;  // empty when the message had no usable id
+  std::string topic;
+  std::string payload;       // raw bytes, possibly cut (see payload_size)
+  int64_t payload_size = 0;  // bytes received; larger than payload.size() if cut
+  std::string properties_json;  // MQTT 5 properties as a JSON object, "{}" if none
+  int qos = 1;
+  DeadLetterReason reason = DeadLetterReason::kHandlerFailed;
+  std::string reason_text;
+  int attempts = 0;
+  int64_t first_attempt_at_ms = 0;  // Unix time, ms
+  int64_t last_attempt_at_ms = 0;
+  int64_t dead_lettered_at_ms = 0;
+  int redeliveries = 0;  // deliveries of the same (consumer, id) seen after dead-lettering
+  bool replayed = false;
+  std::optional<int64_t> replayed_at_ms;
+};
+
+// Filter for listing and purging. Unset fields match everything.
+struct DeadLetterFilter {
+  std::optional<std::string> consumer_name;
+  std::optional<DeadLetterReason> reason;
+  std::optional<std::string> message_id;
+  std::optional<int64_t> since_ms;   // dead_lettered_at >= since_ms
+  std::optional<int64_t> before_ms;  // dead_lettered_at < before_ms
+  bool include_replayed = false;     // also rows already replayed successfully
+  int64_t limit = 1000;              // rows; <= 0 means no limit
+};
+
+}  // namespace mqtt_inbox

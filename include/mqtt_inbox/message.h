@@ -1,0 +1,53 @@
+// Message: one delivered message as the inbox core sees it, independent of MQTT client
+// libraries. The MQTT layer (subscriber.h) fills it from a Paho message; a firmware
+// application that receives messages some other way can fill it itself.
+//
+// Thread safety: a value type; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mqtt_inbox {
+
+struct Message {
+  std::string topic;
+  // Raw payload bytes; need not be UTF-8 or text at all.
+  std::string payload;
+  int qos = 1;
+  // The MQTT DUP flag as received. Informational only: the DUP flag and the MQTT packet
+  // identifier describe a delivery, not a message, and are never used for deduplication
+  // (MQTT 3.1.1 sections 2.3.1 and 3.3.1.1; ../shared/docs/guarantees.md section 2).
+  bool dup = false;
+
+  // MQTT 5 user properties in arrival order (MQTT 5.0 section 3.3.2.3.7). Names and values
+  // are raw bytes as received; the same name may repeat.
+  std::vector<std::pair<std::string, std::string>> user_properties;
+  // Other MQTT 5 PUBLISH properties that matter for debugging and dead letters.
+  std::optional<std::string> content_type;
+  std::optional<std::string> response_topic;
+  std::optional<std::string> correlation_data;
+  std::optional<uint8_t> payload_format_indicator;
+  std::optional<uint32_t> message_expiry_interval_s;
+
+  // Returns the first user property named `name`, if any.
+  const std::string* user_property(const std::string& name) const {
+    for (const auto& p : user_properties)
+      if (p.first == name) return &p.second;
+    return nullptr;
+  }
+};
+
+// A Message together with the producer-assigned id the consumer extracted from it.
+// Handlers receive this.
+struct Delivery {
+  const Message& message;
+  const std::string& message_id;
+  // 1 for the first attempt of this message by this consumer; counts survive restarts.
+  int attempt;
+};
+
+}  // namespace mqtt_inbox

@@ -1,0 +1,64 @@
+// Status: the result of every fallible call in the public API.
+//
+// The library never throws across its API (leveldb's convention): a call that can fail
+// returns a Status, and values come back through out-parameters. This keeps errors
+// explicit on the per-message path, which runs inside Paho's callback where an escaping
+// exception would terminate the process (../shared/docs/guarantees.md section 1).
+// The one place exceptions are used on purpose is the user's handler: it signals a
+// failed message by throwing (see consumer.h).
+//
+// Thread safety: a Status is a value; distinct objects may be used from distinct threads.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace mqtt_inbox {
+
+class [[nodiscard]] Status {
+ public:
+  enum class Code {
+    kOk = 0,
+    kInvalidArgument,  // an option or argument is malformed or refused (see message)
+    kNotFound,         // the named row does not exist
+    kBusy,             // SQLITE_BUSY/LOCKED: another connection holds the lock
+    kFull,             // SQLITE_FULL: disk or max_page_count reached
+    kIoError,          // SQLITE_IOERR*, SQLITE_CANTOPEN: the file system failed
+    kReadOnly,         // SQLITE_READONLY: the database cannot be written
+    kCorruption,       // SQLITE_CORRUPT/NOTADB, or a schema newer than this library
+    kAborted,          // the operation was stopped on request
+    kInternal,         // anything else (a bug, an unexpected SQLite code)
+  };
+
+  Status() = default;  // OK
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) { return {Code::kInvalidArgument, std::move(m)}; }
+  static Status NotFound(std::string m) { return {Code::kNotFound, std::move(m)}; }
+  static Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
+  static Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+  // True for failures of the store that may clear by themselves (lock released, space
+  // freed, I/O recovered); the per-message path retries these instead of acking.
+  bool is_transient_store_error() const {
+    return code_ == Code::kBusy || code_ == Code::kFull || code_ == Code::kIoError ||
+           code_ == Code::kReadOnly;
+  }
+
+  // "OK" or "<code name>: <message>".
+  std::string to_string() const;
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+// Name of a code, e.g. "busy".
+const char* to_string(Status::Code code);
+
+}  // namespace mqtt_inbox

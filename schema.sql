@@ -1,0 +1,82 @@
+-- mqtt-inbox schema: the one source of truth. The library embeds this file at build time
+-- and applies it, in one transaction, when it opens a database whose PRAGMA user_version
+-- is 0. Later versions add numbered migrations in src/migrations.cpp; they never edit
+-- what a released version created.
+--
+-- Time columns hold Unix time in milliseconds (wall clock, UTC) as INTEGER.
+
+-- auto_vacuum must be chosen before the first table exists; INCREMENTAL lets the
+-- retention pass give freed pages back to the file system (PRAGMA incremental_vacuum).
+PRAGMA auto_vacuum = INCREMENTAL;
+
+-- One row per (consumer, producer-assigned message id) whose effect has committed.
+-- The primary key is the claim: INSERT ... ON CONFLICT DO NOTHING changing zero rows
+-- means "already processed". WITHOUT ROWID keeps it to one b-tree (no separate rowid
+-- table plus unique index), which means fewer pages written per commit on flash.
+CREATE TABLE IF NOT EXISTS inbox_processed (
+    consumer_name  TEXT    NOT NULL,
+    message_id     TEXT    NOT NULL,
+    received_at    INTEGER NOT NULL,
+    -- Debugging metadata only; never part of deduplication.
+    topic          TEXT,
+    message_type   TEXT,
+    correlation_id TEXT,
+    payload_hash   INTEGER,           -- 64-bit FNV-1a of the payload bytes
+    PRIMARY KEY (consumer_name, message_id)
+) WITHOUT ROWID;
+
+-- Serves the retention pass: delete by received_at range, not by full scan.
+CREATE INDEX IF NOT EXISTS inbox_processed_received_at
+    ON inbox_processed (received_at);
+
+-- Delivery attempts of messages that have not (yet) committed. A row is written and
+-- committed before the handler runs, so a handler that kills the process is still
+-- counted; the row is deleted in the same transaction as a successful claim, or when
+-- the message is dead-lettered. state is 'running' while the handler runs and
+-- 'failed' after it threw: 'running' seen on a later delivery means the process died.
+CREATE TABLE IF NOT EXISTS inbox_attempts (
+    consumer_name    TEXT    NOT NULL,
+    message_id       TEXT    NOT NULL,
+    attempts         INTEGER NOT NULL,
+    first_attempt_at INTEGER NOT NULL,
+    last_attempt_at  INTEGER NOT NULL,
+    state            TEXT    NOT NULL CHECK (state IN ('running', 'failed')),
+    last_error       TEXT,
+    PRIMARY KEY (consumer_name, message_id)
+) WITHOUT ROWID;
+
+-- Messages that could not be processed. A separate state from processed: a dead
+-- letter is never a claim, so a replay can still apply it once.
+CREATE TABLE IF NOT EXISTS inbox_dead_letters (
+    id                INTEGER PRIMARY KEY,
+    consumer_name     TEXT    NOT NULL,
+    message_id        TEXT,              -- NULL when the message had no usable id
+    topic             TEXT    NOT NULL,
+    payload           BLOB    NOT NULL,
+    payload_size      INTEGER NOT NULL,  -- bytes received; > length(payload) if cut
+    properties        TEXT,              -- MQTT 5 properties as a JSON object
+    qos               INTEGER NOT NULL,
+    reason            TEXT    NOT NULL CHECK (reason IN (
+                          'missing_id', 'invalid_id', 'payload_too_large',
+                          'undecodable_payload', 'handler_failed', 'handler_crashed')),
+    reason_text       TEXT    NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER NOT NULL,
+    last_attempt_at   INTEGER NOT NULL,
+    dead_lettered_at  INTEGER NOT NULL,
+    redeliveries      INTEGER NOT NULL DEFAULT 0,  -- deliveries seen after dead-lettering
+    status            TEXT    NOT NULL DEFAULT 'dead' CHECK (status IN ('dead', 'replayed')),
+    replayed_at       INTEGER
+);
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_by_id
+    ON inbox_dead_letters (consumer_name, message_id);
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_by_time
+    ON inbox_dead_letters (dead_lettered_at);
+
+-- Small key/value facts about this database (declared redelivery horizon, opt-ins).
+CREATE TABLE IF NOT EXISTS inbox_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+PRAGMA user_version = 1;

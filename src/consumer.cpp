@@ -1,0 +1,376 @@
+// The per-message policy: what happens to one delivery between "arrived" and "may be
+// acked". Every path out of run() has a durable record behind it.
+#include "mqtt_inbox/consumer.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "log.h"
+#include "message_id.h"
+#include "mqtt_inbox/clock.h"
+#include "text.h"
+
+namespace mqtt_inbox {
+
+const char* to_string(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kProcessed: return "processed";
+    case Outcome::kDuplicate: return "duplicate";
+    case Outcome::kDeadLettered: return "dead_lettered";
+    case Outcome::kAlreadyDeadLettered: return "already_dead_lettered";
+  }
+  return "unknown";
+}
+
+const char* to_string(DeadLetterReason reason) {
+  switch (reason) {
+    case DeadLetterReason::kMissingId: return "missing_id";
+    case DeadLetterReason::kInvalidId: return "invalid_id";
+    case DeadLetterReason::kPayloadTooLarge: return "payload_too_large";
+    case DeadLetterReason::kUndecodablePayload: return "undecodable_payload";
+    case DeadLetterReason::kHandlerFailed: return "handler_failed";
+    case DeadLetterReason::kHandlerCrashed: return "handler_crashed";
+  }
+  return "unknown";
+}
+
+bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
+  for (auto r : {DeadLetterReason::kMissingId, DeadLetterReason::kInvalidId,
+                 DeadLetterReason::kPayloadTooLarge, DeadLetterReason::kUndecodablePayload,
+                 DeadLetterReason::kHandlerFailed, DeadLetterReason::kHandlerCrashed}) {
+    if (text == to_string(r)) {
+      *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+// Bytes that may not be UTF-8 go into JSON as {"hex": "..."} so nothing is lost or
+// replaced (nlohmann::json refuses invalid UTF-8 when dumping).
+nlohmann::json json_bytes(const std::string& s) {
+  if (detail::is_valid_utf8(s)) return s;
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(s.size() * 2);
+  for (unsigned char c : s) {
+    hex.push_back(kHex[c >> 4]);
+    hex.push_back(kHex[c & 0xf]);
+  }
+  return nlohmann::json{{"hex", hex}};
+}
+
+std::string from_json_bytes(const nlohmann::json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  std::string out;
+  const std::string hex = j.value("hex", "");
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string properties_json(const Message& m) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!m.user_properties.empty()) {
+    nlohmann::json ups = nlohmann::json::array();
+    for (const auto& p : m.user_properties)
+      ups.push_back(nlohmann::json::array({json_bytes(p.first), json_bytes(p.second)}));
+    j["user_properties"] = std::move(ups);
+  }
+  if (m.content_type) j["content_type"] = json_bytes(*m.content_type);
+  if (m.response_topic) j["response_topic"] = json_bytes(*m.response_topic);
+  if (m.correlation_data) j["correlation_data"] = json_bytes(*m.correlation_data);
+  if (m.payload_format_indicator) j["payload_format_indicator"] = *m.payload_format_indicator;
+  if (m.message_expiry_interval_s) j["message_expiry_interval_s"] = *m.message_expiry_interval_s;
+  if (m.dup) j["dup"] = true;
+  return j.dump();
+}
+
+// Rebuilds the Message a dead letter was made from (for replay).
+Message message_from_dead_letter(const DeadLetter& dl) {
+  Message m;
+  m.topic = dl.topic;
+  m.payload = dl.payload;
+  m.qos = dl.qos;
+  const nlohmann::json j = nlohmann::json::parse(dl.properties_json, nullptr, false);
+  if (!j.is_object()) return m;
+  if (auto it = j.find("user_properties"); it != j.end() && it->is_array())
+    for (const auto& p : *it)
+      if (p.is_array() && p.size() == 2)
+        m.user_properties.emplace_back(from_json_bytes(p[0]), from_json_bytes(p[1]));
+  if (auto it = j.find("content_type"); it != j.end()) m.content_type = from_json_bytes(*it);
+  if (auto it = j.find("response_topic"); it != j.end()) m.response_topic = from_json_bytes(*it);
+  if (auto it = j.find("correlation_data"); it != j.end())
+    m.correlation_data = from_json_bytes(*it);
+  if (auto it = j.find("payload_format_indicator"); it != j.end() && it->is_number_unsigned())
+    m.payload_format_indicator = it->get<uint8_t>();
+  if (auto it = j.find("message_expiry_interval_s"); it != j.end() && it->is_number_unsigned())
+    m.message_expiry_interval_s = it->get<uint32_t>();
+  return m;
+}
+
+}  // namespace
+
+struct Consumer::Impl {
+  Inbox* inbox = nullptr;
+  std::string name;
+  Handler handler;
+  ConsumerOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+
+  // Health and counters: guarded by their own mutex, never held across I/O, so readers
+  // never wait for the store or the handler.
+  mutable std::mutex state_mu;
+  Health health;
+  ConsumerCounters counters;
+  int64_t last_store_log_ms = 0;
+
+  void count(int64_t ConsumerCounters::*field) {
+    std::lock_guard<std::mutex> lock(state_mu);
+    ++(counters.*field);
+  }
+
+  // Runs `op` until it returns OK. While it fails, the message has no durable outcome, so
+  // the caller must not return (that would release the PUBACK): wait with capped backoff,
+  // publish the state through health(), and log at a bounded rate.
+  template <typename Op>
+  void until_stored(const char* what, Op&& op) {
+    Status s = op();
+    if (s.ok()) return;
+    int64_t backoff = options.store_backoff_initial.count();
+    int64_t retries = 0;
+    const int64_t since = clock->wall_ms();
+    while (!s.ok()) {
+      ++retries;
+      bool log_now;
+      {
+        std::lock_guard<std::mutex> lock(state_mu);
+        if (!health.stuck) {
+          health.stuck = true;
+          health.stuck_since_ms = since;
+        }
+        health.retries = retries;
+        ++health.total_store_errors;
+        health.last_error = s.to_string();
+        ++counters.store_retries;
+        const int64_t now = clock->wall_ms();
+        log_now = retries == 1 || now - last_store_log_ms >= options.store_error_log_interval_ms;
+        if (log_now) last_store_log_ms = now;
+      }
+      if (log_now)
+        log->warn("consumer '{}': store failed while {} ({}); message not acked, retry {} in "
+                  "{} ms",
+                  name, what, s.to_string(), retries, backoff);
+      clock->sleep_ms(backoff);
+      backoff = std::min<int64_t>(backoff * 2, options.store_backoff_max.count());
+      s = op();
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_mu);
+      health.stuck = false;
+      health.stuck_since_ms = 0;
+      health.retries = 0;
+    }
+    log->info("consumer '{}': store recovered after {} retries ({} ms)", name, retries,
+              clock->wall_ms() - since);
+  }
+
+  Outcome dead_letter(const Message& m, const std::optional<std::string>& id,
+                      DeadLetterReason reason, const std::string& text, int attempts,
+                      int64_t first_attempt_ms, std::optional<int64_t> replace_id) {
+    DeadLetter dl;
+    dl.consumer_name = name;
+    dl.message_id = id;
+    dl.topic = m.topic;
+    dl.payload = m.payload.substr(0, options.dead_letter_payload_bytes);
+    dl.payload_size = static_cast<int64_t>(m.payload.size());
+    dl.properties_json = properties_json(m);
+    dl.qos = m.qos;
+    dl.reason = reason;
+    dl.reason_text = text;
+    dl.attempts = attempts;
+    dl.first_attempt_at_ms = first_attempt_ms;
+    dl.last_attempt_at_ms = clock->wall_ms();
+    int64_t row = 0;
+    until_stored("writing a dead letter",
+                 [&] { return inbox->add_dead_letter(dl, replace_id, &row); });
+    count(&ConsumerCounters::dead_lettered);
+    log->warn("consumer '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}", name,
+              id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
+              to_string(reason), row, detail::printable(text, 300));
+    return Outcome::kDeadLettered;
+  }
+
+  Outcome run(const Message& m, std::optional<int64_t> replay_of) {
+    if (m.payload.size() > options.max_payload_bytes) {
+      // Only the user property is consulted: parsing an oversized payload is what the
+      // limit exists to avoid. With an id, a redelivery finds this dead letter again.
+      std::optional<std::string> id;
+      if (const std::string* v = m.user_property(options.message_id.user_property))
+        if (detail::validate_message_id(*v, options.message_id.max_id_bytes).empty()) id = *v;
+      if (id && !replay_of) {
+        MessageState st;
+        until_stored("looking up a message", [&] { return inbox->lookup(name, *id, &st); });
+        if (st.processed) return duplicate();
+      }
+      return dead_letter(m, id, DeadLetterReason::kPayloadTooLarge,
+                         "payload is " + std::to_string(m.payload.size()) +
+                             " bytes, limit is " + std::to_string(options.max_payload_bytes),
+                         0, 0, replay_of);
+    }
+
+    std::string id;
+    DeadLetterReason reason;
+    std::string why;
+    if (!detail::extract_message_id(m, options.message_id, &id, &reason, &why))
+      return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of);
+
+    int64_t backoff = options.retry_backoff_initial.count();
+    for (;;) {
+      MessageState st;
+      until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
+      if (st.processed) return duplicate();
+      if (st.dead_letter_id && !replay_of) {
+        int64_t row = 0;
+        DeadLetter bump;
+        bump.consumer_name = name;
+        bump.message_id = id;
+        until_stored("counting a redelivery",
+                     [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
+        count(&ConsumerCounters::already_dead_lettered);
+        return Outcome::kAlreadyDeadLettered;
+      }
+      if (st.attempts >= options.max_attempts) {
+        // Attempts were used up without a recorded outcome. A 'running' last attempt
+        // means the process died inside the handler: do not run it again.
+        const DeadLetterReason r = st.last_attempt_running ? DeadLetterReason::kHandlerCrashed
+                                                           : DeadLetterReason::kHandlerFailed;
+        const std::string text =
+            st.last_attempt_running
+                ? "the process died inside the handler on " + std::to_string(st.attempts) +
+                      " attempt(s)"
+                : "handler failed " + std::to_string(st.attempts) + " time(s); last error: " +
+                      st.last_error;
+        return dead_letter(m, id, r, text, st.attempts, st.first_attempt_at_ms, replay_of);
+      }
+
+      int attempt = 0;
+      until_stored("recording an attempt",
+                   [&] { return inbox->begin_attempt(name, id, &attempt); });
+
+      ClaimResult result = ClaimResult::kHandlerFailed;
+      std::string error;
+      until_stored("committing", [&] {
+        return inbox->claim(name, m, id, attempt, handler, replay_of, &result, &error);
+      });
+      switch (result) {
+        case ClaimResult::kProcessed:
+          count(&ConsumerCounters::processed);
+          return Outcome::kProcessed;
+        case ClaimResult::kDuplicate:
+          return duplicate();
+        case ClaimResult::kUndecodable:
+          return dead_letter(m, id, DeadLetterReason::kUndecodablePayload, error, attempt,
+                             st.first_attempt_at_ms, replay_of);
+        case ClaimResult::kHandlerFailed:
+          break;
+      }
+      count(&ConsumerCounters::handler_failures);
+      log->warn("consumer '{}': handler failed on message '{}' (attempt {}/{}): {}", name,
+                detail::printable(id), attempt, options.max_attempts,
+                detail::printable(error, 300));
+      if (attempt >= options.max_attempts)
+        return dead_letter(m, id, DeadLetterReason::kHandlerFailed, error, attempt,
+                           st.first_attempt_at_ms, replay_of);
+      until_stored("recording a failed attempt",
+                   [&] { return inbox->record_attempt_failure(name, id, error); });
+      clock->sleep_ms(backoff);
+      backoff = std::min<int64_t>(backoff * 2, options.retry_backoff_max.count());
+    }
+  }
+
+  Outcome duplicate() {
+    count(&ConsumerCounters::duplicates);
+    return Outcome::kDuplicate;
+  }
+};
+
+Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Consumer::~Consumer() = default;
+
+Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
+                        const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
+    return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  if (options.max_attempts < 1) return Status::InvalidArgument("max_attempts must be >= 1");
+  if (options.message_id.max_id_bytes < 1)
+    return Status::InvalidArgument("message_id.max_id_bytes must be >= 1");
+  if (options.message_id.user_property.empty() && options.message_id.json_field.empty() &&
+      !options.message_id.extractor)
+    return Status::InvalidArgument("no message id source configured");
+  if (options.retry_backoff_initial.count() < 0 ||
+      options.retry_backoff_max < options.retry_backoff_initial ||
+      options.store_backoff_initial.count() < 1 ||
+      options.store_backoff_max < options.store_backoff_initial)
+    return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
+
+  auto impl = std::make_unique<Impl>();
+  impl->inbox = inbox;
+  impl->name = name;
+  impl->handler = std::move(handler);
+  impl->options = options;
+  impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
+  impl->log = detail::logger_or_default(inbox->options().logger);
+  out->reset(new Consumer(std::move(impl)));
+  return Status::Ok();
+}
+
+const std::string& Consumer::name() const { return impl_->name; }
+
+Outcome Consumer::handle(const Message& message) {
+  const Outcome o = impl_->run(message, std::nullopt);
+  if (impl_->log->should_log(spdlog::level::debug))
+    impl_->log->debug("consumer '{}': message on '{}' (dup flag {}): {}", impl_->name,
+                      detail::printable(message.topic), message.dup ? 1 : 0, to_string(o));
+  return o;
+}
+
+Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
+  DeadLetter dl;
+  Status s = impl_->inbox->get_dead_letter(id, &dl);
+  if (!s.ok()) return s;
+  if (dl.consumer_name != impl_->name)
+    return Status::InvalidArgument("dead letter " + std::to_string(id) + " belongs to consumer '" +
+                                   dl.consumer_name + "', not '" + impl_->name + "'");
+  if (dl.replayed)
+    return Status::InvalidArgument("dead letter " + std::to_string(id) + " was already replayed");
+  if (dl.payload_size > static_cast<int64_t>(dl.payload.size()))
+    return Status::InvalidArgument("dead letter " + std::to_string(id) +
+                                   " holds a cut payload; it cannot be replayed");
+  *outcome = impl_->run(message_from_dead_letter(dl), id);
+  return Status::Ok();
+}
+
+bool Consumer::extract_message_id(const Message& message, std::string* id,
+                                  DeadLetterReason* reason, std::string* why) const {
+  return detail::extract_message_id(message, impl_->options.message_id, id, reason, why);
+}
+
+Health Consumer::health() const {
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  return impl_->health;
+}
+
+ConsumerCounters Consumer::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  return impl_->counters;
+}
+
+}  // namespace mqtt_inbox

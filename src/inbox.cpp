@@ -1,0 +1,565 @@
+// The SQLite store. All of the inbox's SQL for the per-message path and the dead letters
+// lives in this file.
+#include "mqtt_inbox/inbox.h"
+
+#include <sqlite3.h>
+
+#include <SQLiteCpp/SQLiteCpp.h>
+
+#include <mutex>
+
+#include "log.h"
+#include "mqtt_inbox/clock.h"
+#include "sqlite_util.h"
+#include "text.h"
+
+namespace mqtt_inbox {
+
+namespace {
+
+// 64-bit FNV-1a: a cheap fingerprint of the payload for debugging (not security).
+int64_t payload_hash(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return static_cast<int64_t>(h);
+}
+
+constexpr const char* kLookupSql =
+    "SELECT EXISTS(SELECT 1 FROM inbox_processed"
+    "              WHERE consumer_name = ?1 AND message_id = ?2),"
+    "       (SELECT id FROM inbox_dead_letters"
+    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status = 'dead'"
+    "        ORDER BY id DESC LIMIT 1),"
+    "       a.attempts, a.state, a.last_error, a.first_attempt_at"
+    "  FROM (SELECT 1) LEFT JOIN inbox_attempts a"
+    "    ON a.consumer_name = ?1 AND a.message_id = ?2";
+
+constexpr const char* kBeginAttemptSql =
+    "INSERT INTO inbox_attempts (consumer_name, message_id, attempts, first_attempt_at,"
+    "                            last_attempt_at, state)"
+    " VALUES (?1, ?2, 1, ?3, ?3, 'running')"
+    " ON CONFLICT (consumer_name, message_id) DO UPDATE"
+    "   SET attempts = attempts + 1, last_attempt_at = excluded.last_attempt_at,"
+    "       state = 'running'"
+    " RETURNING attempts";
+
+constexpr const char* kAttemptFailedSql =
+    "UPDATE inbox_attempts SET state = 'failed', last_error = ?3"
+    " WHERE consumer_name = ?1 AND message_id = ?2";
+
+constexpr const char* kClaimSql =
+    "INSERT INTO inbox_processed (consumer_name, message_id, received_at, topic,"
+    "                             message_type, correlation_id, payload_hash)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+    " ON CONFLICT (consumer_name, message_id) DO NOTHING";
+
+constexpr const char* kDeleteAttemptsSql =
+    "DELETE FROM inbox_attempts WHERE consumer_name = ?1 AND message_id = ?2";
+
+constexpr const char* kMarkReplayedSql =
+    "UPDATE inbox_dead_letters SET status = 'replayed', replayed_at = ?2 WHERE id = ?1";
+
+constexpr const char* kDeadLetterColumns =
+    "id, consumer_name, message_id, topic, payload, payload_size, properties, qos, reason,"
+    " reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at,"
+    " redeliveries, status, replayed_at";
+
+DeadLetter read_dead_letter(SQLite::Statement& q) {
+  DeadLetter d;
+  d.id = q.getColumn(0).getInt64();
+  d.consumer_name = q.getColumn(1).getString();
+  if (!q.getColumn(2).isNull()) d.message_id = q.getColumn(2).getString();
+  d.topic = q.getColumn(3).getString();
+  d.payload = q.getColumn(4).getString();
+  d.payload_size = q.getColumn(5).getInt64();
+  d.properties_json = q.getColumn(6).isNull() ? "{}" : q.getColumn(6).getString();
+  d.qos = q.getColumn(7).getInt();
+  if (!parse_dead_letter_reason(q.getColumn(8).getString(), &d.reason))
+    d.reason = DeadLetterReason::kHandlerFailed;
+  d.reason_text = q.getColumn(9).getString();
+  d.attempts = q.getColumn(10).getInt();
+  d.first_attempt_at_ms = q.getColumn(11).getInt64();
+  d.last_attempt_at_ms = q.getColumn(12).getInt64();
+  d.dead_lettered_at_ms = q.getColumn(13).getInt64();
+  d.redeliveries = q.getColumn(14).getInt();
+  d.replayed = q.getColumn(15).getString() == "replayed";
+  if (!q.getColumn(16).isNull()) d.replayed_at_ms = q.getColumn(16).getInt64();
+  return d;
+}
+
+// WHERE clause and bindings for a DeadLetterFilter.
+struct FilterSql {
+  std::string where;
+  std::vector<std::function<void(SQLite::Statement&, int)>> binds;
+};
+
+FilterSql filter_sql(const DeadLetterFilter& f) {
+  FilterSql s;
+  std::vector<std::string> terms;
+  if (f.consumer_name) {
+    terms.push_back("consumer_name = ?");
+    std::string v = *f.consumer_name;
+    s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
+  }
+  if (f.reason) {
+    terms.push_back("reason = ?");
+    std::string v = to_string(*f.reason);
+    s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
+  }
+  if (f.message_id) {
+    terms.push_back("message_id = ?");
+    std::string v = *f.message_id;
+    s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
+  }
+  if (f.since_ms) {
+    terms.push_back("dead_lettered_at >= ?");
+    int64_t v = *f.since_ms;
+    s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
+  }
+  if (f.before_ms) {
+    terms.push_back("dead_lettered_at < ?");
+    int64_t v = *f.before_ms;
+    s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
+  }
+  if (!f.include_replayed) terms.push_back("status = 'dead'");
+  for (size_t i = 0; i < terms.size(); ++i) s.where += (i ? " AND " : " WHERE ") + terms[i];
+  return s;
+}
+
+}  // namespace
+
+struct Inbox::Impl {
+  std::string path;
+  InboxOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  std::mutex mu;  // serialises use of `db` and the cached statements
+  std::unique_ptr<SQLite::Database> db;
+  std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,
+      delete_attempts, mark_replayed;
+
+  // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
+  // rethrows it. COMMIT failing leaves nothing committed.
+  template <typename Fn>
+  void write_transaction(Fn&& fn) {
+    db->exec("BEGIN IMMEDIATE");
+    try {
+      fn();
+      db->exec("COMMIT");
+    } catch (...) {
+      detail::rollback_quietly(*db);
+      throw;
+    }
+  }
+
+  // Commits the next autocommit statement without fsync, when the inbox runs FULL.
+  // See Inbox::begin_attempt for why that is enough for attempt counting.
+  struct RelaxedSync {
+    Impl& impl;
+    explicit RelaxedSync(Impl& i) : impl(i) {
+      if (impl.options.synchronous == Synchronous::kFull)
+        impl.db->exec("PRAGMA synchronous = NORMAL");
+    }
+    ~RelaxedSync() {
+      if (impl.options.synchronous == Synchronous::kFull) {
+        try {
+          impl.db->exec("PRAGMA synchronous = FULL");
+        } catch (...) {
+          // Setting a pragma outside a transaction does no I/O; if it ever fails, the
+          // connection is unusable and the next statement reports it.
+        }
+      }
+    }
+  };
+};
+
+Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Inbox::~Inbox() = default;
+
+const std::string& Inbox::path() const { return impl_->path; }
+const InboxOptions& Inbox::options() const { return impl_->options; }
+
+Status Inbox::open(const std::string& path, const InboxOptions& options,
+                   std::unique_ptr<Inbox>* out) {
+  if (path.empty()) return Status::InvalidArgument("database path is empty");
+  if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
+  if (options.cache_size_kib <= 0) return Status::InvalidArgument("cache_size_kib <= 0");
+  if (options.journal_size_limit_bytes < -1)
+    return Status::InvalidArgument("journal_size_limit_bytes < -1");
+  if (options.wal_autocheckpoint_pages < 0)
+    return Status::InvalidArgument("wal_autocheckpoint_pages < 0");
+
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->options = options;
+  impl->clock = options.clock ? options.clock : Clock::system();
+  impl->log = detail::logger_or_default(options.logger);
+  try {
+    impl->db = std::make_unique<SQLite::Database>(
+        path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI,
+        options.busy_timeout_ms, options.vfs);
+    SQLite::Database& db = *impl->db;
+
+    // auto_vacuum only takes effect before the first table is written; on a brand new
+    // file it must come before journal_mode=WAL, which writes the header.
+    if (db.execAndGet("PRAGMA page_count").getInt64() == 0)
+      db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    const std::string mode = db.execAndGet("PRAGMA journal_mode = WAL").getString();
+    if (mode != "wal")
+      return Status::InvalidArgument("cannot use WAL journal mode on " + path +
+                                     " (got '" + mode + "'); the inbox requires WAL");
+
+    int version = db.execAndGet("PRAGMA user_version").getInt();
+    if (version > kSchemaVersion)
+      return Status(Status::Code::kCorruption,
+                    "database schema version " + std::to_string(version) +
+                        " is newer than this library's " + std::to_string(kSchemaVersion));
+    if (version == 0) {
+      impl->write_transaction([&] {
+        // Re-read under the write lock: another process may have created it meanwhile.
+        if (db.execAndGet("PRAGMA user_version").getInt() == 0) db.exec(schema_sql());
+      });
+      version = db.execAndGet("PRAGMA user_version").getInt();
+      if (version != kSchemaVersion)
+        return Status::Internal("schema.sql set user_version " + std::to_string(version) +
+                                ", expected " + std::to_string(kSchemaVersion));
+    }
+
+    db.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
+                                                      : "PRAGMA synchronous = NORMAL");
+    db.exec("PRAGMA foreign_keys = ON");
+    db.exec("PRAGMA cache_size = -" + std::to_string(options.cache_size_kib));
+    db.exec("PRAGMA journal_size_limit = " + std::to_string(options.journal_size_limit_bytes));
+    db.exec("PRAGMA wal_autocheckpoint = " + std::to_string(options.wal_autocheckpoint_pages));
+
+    impl->lookup = std::make_unique<SQLite::Statement>(db, kLookupSql);
+    impl->begin_attempt = std::make_unique<SQLite::Statement>(db, kBeginAttemptSql);
+    impl->attempt_failed = std::make_unique<SQLite::Statement>(db, kAttemptFailedSql);
+    impl->claim = std::make_unique<SQLite::Statement>(db, kClaimSql);
+    impl->delete_attempts = std::make_unique<SQLite::Statement>(db, kDeleteAttemptsSql);
+    impl->mark_replayed = std::make_unique<SQLite::Statement>(db, kMarkReplayedSql);
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "opening " + path);
+  } catch (const std::exception& e) {
+    return Status::Internal("opening " + path + ": " + e.what());
+  }
+  out->reset(new Inbox(std::move(impl)));
+  return Status::Ok();
+}
+
+Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
+                     MessageState* out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  SQLite::Statement& q = *impl_->lookup;
+  detail::StatementReset reset(q);
+  try {
+    q.bind(1, consumer);
+    q.bind(2, message_id);
+    *out = MessageState{};
+    if (q.executeStep()) {
+      out->processed = q.getColumn(0).getInt() != 0;
+      if (!q.getColumn(1).isNull()) out->dead_letter_id = q.getColumn(1).getInt64();
+      if (!q.getColumn(2).isNull()) {
+        out->attempts = q.getColumn(2).getInt();
+        out->last_attempt_running = q.getColumn(3).getString() == "running";
+        out->last_error = q.getColumn(4).isNull() ? "" : q.getColumn(4).getString();
+        out->first_attempt_at_ms = q.getColumn(5).getInt64();
+      }
+    }
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "looking up message");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::begin_attempt(const std::string& consumer, const std::string& message_id,
+                            int* attempt) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    Impl::RelaxedSync relaxed(*impl_);
+    SQLite::Statement& q = *impl_->begin_attempt;
+    detail::StatementReset reset(q);
+    q.bind(1, consumer);
+    q.bind(2, message_id);
+    q.bind(3, impl_->clock->wall_ms());
+    if (!q.executeStep()) return Status::Internal("attempt upsert returned no row");
+    *attempt = q.getColumn(0).getInt();
+    // Step to SQLITE_DONE so the autocommit transaction commits before we return.
+    while (q.executeStep()) {
+    }
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "recording attempt");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::record_attempt_failure(const std::string& consumer,
+                                     const std::string& message_id,
+                                     const std::string& error) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    Impl::RelaxedSync relaxed(*impl_);
+    SQLite::Statement& q = *impl_->attempt_failed;
+    detail::StatementReset reset(q);
+    q.bind(1, consumer);
+    q.bind(2, message_id);
+    q.bind(3, error);
+    q.exec();
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "recording attempt failure");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::claim(const std::string& consumer, const Message& message,
+                    const std::string& message_id, int attempt, const Handler& handler,
+                    std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
+                    std::string* handler_error) {
+  if (impl_->options.before_claim_hook) impl_->options.before_claim_hook(consumer, message_id);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  SQLite::Database& db = *m.db;
+  try {
+    db.exec("BEGIN IMMEDIATE");
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "BEGIN IMMEDIATE");
+  }
+  // From here on, every path either commits or rolls back before returning.
+  try {
+    {
+      SQLite::Statement& q = *m.claim;
+      detail::StatementReset reset(q);
+      q.bind(1, consumer);
+      q.bind(2, message_id);
+      q.bind(3, m.clock->wall_ms());
+      if (m.options.record_metadata) {
+        q.bind(4, message.topic);
+        if (message.content_type) q.bind(5, *message.content_type);
+        if (message.correlation_data && detail::is_valid_utf8(*message.correlation_data))
+          q.bind(6, *message.correlation_data);
+        q.bind(7, payload_hash(message.payload));
+      }
+      q.exec();
+    }
+    if (db.getChanges() == 0) {
+      // Someone else's claim won (a concurrent delivery). Our begin_attempt may have
+      // re-created the attempts row after their commit deleted it; remove it with them.
+      SQLite::Statement& q = *m.delete_attempts;
+      detail::StatementReset reset(q);
+      q.bind(1, consumer);
+      q.bind(2, message_id);
+      if (q.exec() > 0) {
+        db.exec("COMMIT");
+      } else {
+        detail::rollback_quietly(db);
+      }
+      *result = ClaimResult::kDuplicate;
+      return Status::Ok();
+    }
+
+    const Delivery delivery{message, message_id, attempt};
+    try {
+      handler(db, delivery);
+    } catch (const SQLite::Exception& e) {
+      detail::rollback_quietly(db);
+      const Status s = detail::to_status(e, "handler statement");
+      if (s.is_transient_store_error()) return s;
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = e.what();
+      return Status::Ok();
+    } catch (const UndecodablePayload& e) {
+      detail::rollback_quietly(db);
+      *result = ClaimResult::kUndecodable;
+      *handler_error = e.what();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      detail::rollback_quietly(db);
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = e.what();
+      return Status::Ok();
+    } catch (...) {
+      detail::rollback_quietly(db);
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = "handler threw a non-standard exception";
+      return Status::Ok();
+    }
+    if (sqlite3_get_autocommit(db.getHandle())) {
+      // The handler ran COMMIT or ROLLBACK itself: the claim and its effect may be split.
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = "handler ended the inbox transaction (COMMIT/ROLLBACK is not allowed)";
+      m.log->error("consumer '{}', message '{}': {}", detail::printable(consumer),
+                   detail::printable(message_id), *handler_error);
+      return Status::Ok();
+    }
+
+    {
+      SQLite::Statement& q = *m.delete_attempts;
+      detail::StatementReset reset(q);
+      q.bind(1, consumer);
+      q.bind(2, message_id);
+      q.exec();
+    }
+    if (replayed_dead_letter) {
+      SQLite::Statement& q = *m.mark_replayed;
+      detail::StatementReset reset(q);
+      q.bind(1, *replayed_dead_letter);
+      q.bind(2, m.clock->wall_ms());
+      q.exec();
+    }
+    db.exec("COMMIT");
+  } catch (const SQLite::Exception& e) {
+    detail::rollback_quietly(db);
+    return detail::to_status(e, "claim transaction");
+  } catch (const std::exception& e) {
+    detail::rollback_quietly(db);
+    return Status::Internal(std::string("claim transaction: ") + e.what());
+  }
+  *result = ClaimResult::kProcessed;
+  if (m.options.after_commit_hook) m.options.after_commit_hook(consumer, message_id);
+  return Status::Ok();
+}
+
+Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,
+                              int64_t* id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  SQLite::Database& db = *m.db;
+  const int64_t now = m.clock->wall_ms();
+  try {
+    m.write_transaction([&] {
+      std::optional<int64_t> existing = replace_id;
+      if (!existing && dl.message_id) {
+        SQLite::Statement q(db,
+                            "SELECT id FROM inbox_dead_letters WHERE consumer_name = ?1"
+                            " AND message_id = ?2 AND status = 'dead' ORDER BY id DESC LIMIT 1");
+        q.bind(1, dl.consumer_name);
+        q.bind(2, *dl.message_id);
+        if (q.executeStep()) {
+          existing = q.getColumn(0).getInt64();
+          SQLite::Statement u(db,
+                              "UPDATE inbox_dead_letters SET redeliveries = redeliveries + 1"
+                              " WHERE id = ?1");
+          u.bind(1, *existing);
+          u.exec();
+        }
+      } else if (existing) {
+        SQLite::Statement u(db,
+                            "UPDATE inbox_dead_letters SET reason = ?2, reason_text = ?3,"
+                            " attempts = ?4, last_attempt_at = ?5, dead_lettered_at = ?6,"
+                            " status = 'dead', replayed_at = NULL WHERE id = ?1");
+        u.bind(1, *existing);
+        u.bind(2, to_string(dl.reason));
+        u.bind(3, dl.reason_text);
+        u.bind(4, dl.attempts);
+        u.bind(5, dl.last_attempt_at_ms);
+        u.bind(6, now);
+        if (u.exec() == 0) throw SQLite::Exception("dead letter to replace is gone", SQLITE_NOTFOUND);
+      }
+      if (!existing) {
+        SQLite::Statement q(db,
+                            "INSERT INTO inbox_dead_letters (consumer_name, message_id, topic,"
+                            " payload, payload_size, properties, qos, reason, reason_text,"
+                            " attempts, first_attempt_at, last_attempt_at, dead_lettered_at)"
+                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+        q.bind(1, dl.consumer_name);
+        if (dl.message_id) q.bind(2, *dl.message_id);
+        q.bind(3, dl.topic);
+        q.bind(4, dl.payload.data(), static_cast<int>(dl.payload.size()));
+        q.bind(5, dl.payload_size);
+        q.bind(6, dl.properties_json);
+        q.bind(7, dl.qos);
+        q.bind(8, to_string(dl.reason));
+        q.bind(9, dl.reason_text);
+        q.bind(10, dl.attempts);
+        q.bind(11, dl.first_attempt_at_ms ? dl.first_attempt_at_ms : now);
+        q.bind(12, dl.last_attempt_at_ms ? dl.last_attempt_at_ms : now);
+        q.bind(13, now);
+        q.exec();
+        existing = db.getLastInsertRowid();
+      }
+      if (dl.message_id) {
+        SQLite::Statement& q = *m.delete_attempts;
+        detail::StatementReset reset(q);
+        q.bind(1, dl.consumer_name);
+        q.bind(2, *dl.message_id);
+        q.exec();
+      }
+      *id = *existing;
+    });
+  } catch (const SQLite::Exception& e) {
+    if (e.getErrorCode() == SQLITE_NOTFOUND)
+      return Status::NotFound("dead letter " + std::to_string(*replace_id) + " not found");
+    return detail::to_status(e, "writing dead letter");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  out->clear();
+  try {
+    FilterSql f = filter_sql(filter);
+    std::string sql = std::string("SELECT ") + kDeadLetterColumns + " FROM inbox_dead_letters" +
+                      f.where + " ORDER BY id DESC";
+    if (filter.limit > 0) sql += " LIMIT " + std::to_string(filter.limit);
+    SQLite::Statement q(*impl_->db, sql);
+    for (size_t i = 0; i < f.binds.size(); ++i) f.binds[i](q, static_cast<int>(i + 1));
+    while (q.executeStep()) out->push_back(read_dead_letter(q));
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "listing dead letters");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    SQLite::Statement q(*impl_->db, std::string("SELECT ") + kDeadLetterColumns +
+                                        " FROM inbox_dead_letters WHERE id = ?1");
+    q.bind(1, id);
+    if (!q.executeStep()) return Status::NotFound("dead letter " + std::to_string(id) + " not found");
+    *out = read_dead_letter(q);
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "reading dead letter");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    FilterSql f = filter_sql(filter);
+    impl_->write_transaction([&] {
+      SQLite::Statement q(*impl_->db, "DELETE FROM inbox_dead_letters" + f.where);
+      for (size_t i = 0; i < f.binds.size(); ++i) f.binds[i](q, static_cast<int>(i + 1));
+      *removed = q.exec();
+    });
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "purging dead letters");
+  }
+  return Status::Ok();
+}
+
+Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    SQLite::Statement q(*impl_->db,
+                        "SELECT count(*) FROM inbox_processed WHERE consumer_name = ?1");
+    q.bind(1, consumer);
+    q.executeStep();
+    *rows = q.getColumn(0).getInt64();
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "counting processed rows");
+  }
+  return Status::Ok();
+}
+
+void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  fn(*impl_->db);
+}
+
+}  // namespace mqtt_inbox

@@ -1,0 +1,179 @@
+#include "message_id.h"
+
+#include <nlohmann/json.hpp>
+
+#include "log.h"
+#include "text.h"
+
+namespace mqtt_inbox::detail {
+namespace {
+
+// SAX handler that looks at one top-level field of a JSON object and ignores the rest.
+// It keeps only the nesting depth, so memory does not grow with the document.
+class TopLevelField final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  enum class Found { kNo, kString, kOtherType, kTwice };
+
+  explicit TopLevelField(const std::string& name) : name_(name) {}
+
+  Found found = Found::kNo;
+  std::string value;
+  bool top_is_object = false;
+  std::string error;
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool) override { return scalar("a boolean"); }
+  bool number_integer(number_integer_t) override { return scalar("a number"); }
+  bool number_unsigned(number_unsigned_t) override { return scalar("a number"); }
+  bool number_float(number_float_t, const string_t&) override { return scalar("a number"); }
+  bool string(string_t& s) override {
+    if (at_field()) record(Found::kString, s);
+    return true;
+  }
+  bool binary(binary_t&) override { return scalar("binary"); }
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) top_is_object = true;
+    if (at_field()) record(Found::kOtherType, "an object");
+    ++depth_;
+    expecting_value_ = false;
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (at_field()) record(Found::kOtherType, "an array");
+    ++depth_;
+    expecting_value_ = false;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    expecting_value_ = depth_ == 1 && k == name_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    error = "at byte " + std::to_string(position) + ": " + e.what();
+    return false;
+  }
+
+ private:
+  bool at_field() const { return depth_ == 1 && expecting_value_; }
+  bool scalar(const char* type) {
+    if (at_field()) record(Found::kOtherType, type);
+    return true;
+  }
+  void record(Found kind, const std::string& v) {
+    expecting_value_ = false;
+    if (found != Found::kNo) {
+      found = Found::kTwice;
+      return;
+    }
+    found = kind;
+    value = v;
+  }
+
+  const std::string& name_;
+  int depth_ = 0;
+  bool expecting_value_ = false;
+};
+
+bool fail(DeadLetterReason r, std::string text, DeadLetterReason* reason, std::string* why) {
+  *reason = r;
+  *why = std::move(text);
+  return false;
+}
+
+bool accept(const std::string& candidate, const char* source, const MessageIdOptions& options,
+            std::string* id, DeadLetterReason* reason, std::string* why) {
+  std::string bad = validate_message_id(candidate, options.max_id_bytes);
+  if (!bad.empty())
+    return fail(DeadLetterReason::kInvalidId, std::string(source) + ": " + bad, reason, why);
+  *id = candidate;
+  return true;
+}
+
+}  // namespace
+
+std::string validate_message_id(const std::string& id, size_t max_bytes) {
+  if (id.empty()) return "message id is empty";
+  if (id.size() > max_bytes)
+    return "message id is " + std::to_string(id.size()) + " bytes, longer than " +
+           std::to_string(max_bytes);
+  if (!is_valid_utf8(id)) return "message id is not valid UTF-8: '" + printable(id) + "'";
+  bool all_space = true;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const auto c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c == 0x7f)
+      return "message id contains control character \\x" +
+             std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 0xf];
+    // C1 controls U+0080..U+009F are encoded as 0xC2 0x80..0x9F.
+    if (c == 0xc2 && i + 1 < id.size() && static_cast<unsigned char>(id[i + 1]) <= 0x9f)
+      return "message id contains a C1 control character";
+    if (c != ' ' && c != '\t') all_space = false;
+  }
+  if (all_space) return "message id is only whitespace";
+  return "";
+}
+
+bool extract_message_id(const Message& message, const MessageIdOptions& options,
+                        std::string* id, DeadLetterReason* reason, std::string* why) {
+  // 1. MQTT 5 user property: present means it decides.
+  if (!options.user_property.empty()) {
+    if (const std::string* v = message.user_property(options.user_property))
+      return accept(*v, ("user property '" + options.user_property + "'").c_str(), options, id,
+                    reason, why);
+  }
+
+  // 2. Top-level field of a JSON object payload.
+  std::string json_problem;
+  if (!options.json_field.empty()) {
+    TopLevelField sax(options.json_field);
+    const bool parsed = nlohmann::json::sax_parse(message.payload, &sax,
+                                                  nlohmann::json::input_format_t::json,
+                                                  /*strict=*/true, /*ignore_comments=*/false);
+    const std::string field = "JSON field '" + options.json_field + "'";
+    if (!parsed) {
+      json_problem = "payload is not valid JSON " + sax.error;
+    } else if (sax.found == TopLevelField::Found::kString) {
+      return accept(sax.value, field.c_str(), options, id, reason, why);
+    } else if (sax.found == TopLevelField::Found::kTwice) {
+      return fail(DeadLetterReason::kInvalidId, field + " appears more than once", reason, why);
+    } else if (sax.found == TopLevelField::Found::kOtherType) {
+      return fail(DeadLetterReason::kInvalidId, field + " is not a string", reason, why);
+    }
+  }
+
+  // 3. The application's extractor.
+  if (options.extractor) {
+    try {
+      if (std::optional<std::string> v = options.extractor(message))
+        return accept(*v, "extractor", options, id, reason, why);
+    } catch (const std::exception& e) {
+      return fail(DeadLetterReason::kUndecodablePayload,
+                  std::string("message id extractor threw: ") + e.what(), reason, why);
+    } catch (...) {
+      return fail(DeadLetterReason::kUndecodablePayload, "message id extractor threw", reason,
+                  why);
+    }
+  }
+
+  if (!json_problem.empty())
+    return fail(DeadLetterReason::kUndecodablePayload,
+                "no message id: " + json_problem, reason, why);
+  return fail(DeadLetterReason::kMissingId,
+              "no message id in " +
+                  std::string(options.user_property.empty()
+                                  ? ""
+                                  : "user property '" + options.user_property + "', ") +
+                  (options.json_field.empty() ? "" : "JSON field '" + options.json_field + "', ") +
+                  (options.extractor ? "extractor" : "any configured source"),
+              reason, why);
+}
+
+}  // namespace mqtt_inbox::detail

@@ -1,0 +1,374 @@
+// The MQTT layer. Paho C++ is included here and nowhere else in the library.
+#include "mqtt_inbox/subscriber.h"
+
+#include <mqtt/async_client.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "log.h"
+
+namespace mqtt_inbox {
+
+bool topic_matches(const std::string& filter_in, const std::string& topic) {
+  std::string filter = filter_in;
+  if (filter.rfind("$share/", 0) == 0) {  // $share/{group}/{filter}, MQTT 5.0 4.8.2
+    const size_t slash = filter.find('/', 7);
+    if (slash == std::string::npos) return false;
+    filter = filter.substr(slash + 1);
+  }
+  if (!topic.empty() && topic[0] == '$' && !filter.empty() && (filter[0] == '+' || filter[0] == '#'))
+    return false;  // MQTT 3.1.1 section 4.7.2
+  size_t f = 0, t = 0;
+  for (;;) {
+    const size_t fe = filter.find('/', f);
+    const std::string level = filter.substr(f, fe == std::string::npos ? std::string::npos : fe - f);
+    if (level == "#") return true;  // matches the parent level too ("a/#" matches "a")
+    if (t > topic.size()) return false;
+    const size_t te = topic.find('/', t);
+    const std::string tlevel = topic.substr(t, te == std::string::npos ? std::string::npos : te - t);
+    if (level != "+" && level != tlevel) return false;
+    if (fe == std::string::npos) return te == std::string::npos;
+    if (te == std::string::npos) {
+      // Topic ended; only a trailing "#" level can still match.
+      return filter.compare(fe + 1, std::string::npos, "#") == 0;
+    }
+    f = fe + 1;
+    t = te + 1;
+  }
+}
+
+namespace {
+
+Message to_message(const mqtt::message& pm) {
+  Message m;
+  m.topic = pm.get_topic();
+  m.payload = pm.get_payload();
+  m.qos = pm.get_qos();
+  m.dup = pm.is_duplicate();
+  const mqtt::properties& props = pm.get_properties();
+  if (props.size() == 0) return m;
+  const size_t n = props.count(mqtt::property::USER_PROPERTY);
+  for (size_t i = 0; i < n; ++i) {
+    auto pair = mqtt::get<mqtt::string_pair>(props, mqtt::property::USER_PROPERTY, i);
+    m.user_properties.emplace_back(std::get<0>(pair), std::get<1>(pair));
+  }
+  if (props.contains(mqtt::property::CONTENT_TYPE))
+    m.content_type = mqtt::get<std::string>(props, mqtt::property::CONTENT_TYPE);
+  if (props.contains(mqtt::property::RESPONSE_TOPIC))
+    m.response_topic = mqtt::get<std::string>(props, mqtt::property::RESPONSE_TOPIC);
+  if (props.contains(mqtt::property::CORRELATION_DATA))
+    m.correlation_data = mqtt::get<std::string>(props, mqtt::property::CORRELATION_DATA);
+  if (props.contains(mqtt::property::PAYLOAD_FORMAT_INDICATOR))
+    m.payload_format_indicator =
+        mqtt::get<uint8_t>(props, mqtt::property::PAYLOAD_FORMAT_INDICATOR);
+  if (props.contains(mqtt::property::MESSAGE_EXPIRY_INTERVAL))
+    m.message_expiry_interval_s =
+        mqtt::get<uint32_t>(props, mqtt::property::MESSAGE_EXPIRY_INTERVAL);
+  return m;
+}
+
+}  // namespace
+
+struct Subscriber::Impl {
+  SubscriberOptions options;
+  std::shared_ptr<spdlog::logger> log;
+  std::vector<std::pair<std::string, Consumer*>> routes;
+  std::unique_ptr<mqtt::async_client> client;
+
+  std::mutex mu;  // guards the fields below and pairs with cv; never held across Paho calls
+  std::condition_variable cv;
+  bool started = false;
+  bool stopping = false;
+  bool connection_lost = false;
+  std::thread supervisor;
+
+  std::atomic<bool> connected{false};
+  std::atomic<int> in_callback{0};
+  std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
+
+  // Paho's message callback: runs on Paho's receive thread with Paho's lock held, and the
+  // PUBACK leaves when it returns. So: return only after the consumer has a durable outcome.
+  void on_message(const mqtt::const_message_ptr& pm) {
+    in_callback.fetch_add(1);
+    try {
+      ++received;
+      const Message m = to_message(*pm);
+      Consumer* target = nullptr;
+      for (const auto& r : routes)
+        if (topic_matches(r.first, m.topic)) {
+          target = r.second;
+          break;
+        }
+      if (target) {
+        target->handle(m);
+      } else {
+        // The persistent session can hold subscriptions from an earlier configuration.
+        // The message is not dropped silently: it goes to the first consumer, where no
+        // handler matches... it is recorded as a dead letter through the message-id
+        // path of that consumer with an explicit reason text.
+        log->error("message on topic '{}' matches no subscription of this client (a stale "
+                   "subscription kept by the persistent session?); handing it to consumer '{}'",
+                   detail::printable(m.topic), routes.front().second->name());
+        routes.front().second->handle(m);
+      }
+    } catch (const std::exception& e) {
+      // Consumer::handle never throws; reaching here means the library itself failed (e.g.
+      // out of memory) before the message had a durable outcome. Returning would send the
+      // PUBACK for an unrecorded message, so end the process: the broker redelivers.
+      log->critical("internal failure in the message callback: {}; aborting so the message "
+                    "is not acked",
+                    e.what());
+      log->flush();
+      std::abort();
+    } catch (...) {
+      log->critical("internal failure in the message callback; aborting so the message is "
+                    "not acked");
+      log->flush();
+      std::abort();
+    }
+    in_callback.fetch_sub(1);
+  }
+
+  // Built once and kept for the client's lifetime. Paho C++ 1.2.0 copies connect_options
+  // without re-pointing the C struct at the copy's properties, so the copy passed to
+  // connect() points at *these* properties, which must outlive every connect().
+  mqtt::connect_options conn_opts;
+
+  mqtt::connect_options make_connect_options() const {
+    mqtt::connect_options_builder b;
+    if (options.mqtt_version == MqttVersion::kV5) {
+      b.mqtt_version(MQTTVERSION_5);
+      b.clean_start(false);
+    } else {
+      b.mqtt_version(MQTTVERSION_3_1_1);
+      b.clean_session(false);
+    }
+    b.keep_alive_interval(std::chrono::seconds(options.keep_alive_s));
+    b.connect_timeout(std::chrono::milliseconds(options.connect_timeout_ms));
+    b.automatic_reconnect(false);  // ours: we need CONNACK's session-present flag
+    if (!options.username.empty()) b.user_name(options.username);
+    if (!options.password.empty()) b.password(options.password);
+    return b.finalize();
+  }
+
+  // One connection attempt: CONNECT, then SUBSCRIBE if the broker has no session for us.
+  bool connect_once() {
+    try {
+      mqtt::token_ptr tok = client->connect(conn_opts);
+      if (!tok->wait_for(std::chrono::milliseconds(options.connect_timeout_ms + 1000))) {
+        log->warn("connect to {} timed out", options.broker_uri);
+        return false;
+      }
+      const bool session_present = tok->get_connect_response().is_session_present();
+      const int64_t n = ++connect_count;
+      if (!session_present) {
+        if (n > 1) {
+          ++lost_sessions;
+          log->warn("broker {} reports no session for client '{}' on reconnect: messages "
+                    "published while disconnected may have been missed (session expired or "
+                    "broker without persistence); subscribing again",
+                    options.broker_uri, options.client_id);
+        } else {
+          log->info("broker {} has no session for client '{}' (first connection, or the "
+                    "session expired); subscribing",
+                    options.broker_uri, options.client_id);
+        }
+        for (const auto& r : routes) {
+          mqtt::token_ptr st = client->subscribe(r.first, 1);
+          if (!st->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
+            log->warn("subscribe to '{}' timed out", r.first);
+            client->disconnect();
+            return false;
+          }
+          const auto codes = st->get_subscribe_response().get_reason_codes();
+          if (!codes.empty() && codes.front() >= 0x80) {
+            log->error("broker refused subscription '{}' (reason code {})", r.first,
+                       static_cast<int>(codes.front()));
+            client->disconnect();
+            return false;
+          }
+        }
+      } else {
+        log->info("connected to {} with session present (client '{}')", options.broker_uri,
+                  options.client_id);
+      }
+      return true;
+    } catch (const mqtt::exception& e) {
+      log->warn("connect to {} failed: {}", options.broker_uri, e.what());
+      return false;
+    }
+  }
+
+  void supervise() {
+    int backoff = options.reconnect_backoff_initial_ms;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (stopping) return;
+      }
+      if (connect_once()) {
+        backoff = options.reconnect_backoff_initial_ms;
+        std::unique_lock<std::mutex> lock(mu);
+        connection_lost = false;
+        connected = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return stopping || connection_lost; });
+        connected = false;
+        if (stopping) return;
+        continue;  // reconnect at once after a loss; back off only on failures
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::milliseconds(backoff), [&] { return stopping; });
+      backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
+    }
+  }
+};
+
+Subscriber::Subscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Subscriber::~Subscriber() {
+  if (!stop().ok()) {
+    // The callback is still blocked on the store: destroying the client would hang.
+    (void)impl_->client.release();
+  }
+}
+
+Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subscriber>* out) {
+  if (options.broker_uri.empty()) return Status::InvalidArgument("broker_uri is empty");
+  if (options.client_id.empty())
+    return Status::InvalidArgument(
+        "client_id is empty: the broker keeps the session (and the unacknowledged messages) "
+        "under a stable client id");
+  if (options.clean_session)
+    return Status::InvalidArgument(
+        "clean_session/clean_start=true would void redelivery: the broker would discard "
+        "unacknowledged messages on reconnect (MQTT 3.1.1 section 3.1.2.4)");
+  if (options.mqtt_version == MqttVersion::kV5 && options.session_expiry_s == 0)
+    return Status::InvalidArgument(
+        "session_expiry_s=0 would void redelivery: with MQTT 5 the session ends at "
+        "disconnect and unacknowledged messages are lost (MQTT 5.0 section 3.1.2.11.2)");
+  if (options.keep_alive_s <= 0 || options.keep_alive_s > 65535)
+    return Status::InvalidArgument("keep_alive_s must be 1..65535");
+  if (options.connect_timeout_ms <= 0 || options.reconnect_backoff_initial_ms <= 0 ||
+      options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms ||
+      options.stop_timeout_ms < 0)
+    return Status::InvalidArgument("timeouts must be > 0 and backoff initial <= max");
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->log = detail::logger_or_default(options.logger);
+  try {
+    mqtt::create_options co(options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5
+                                                                     : MQTTVERSION_3_1_1);
+    // No client-side persistence: inbound QoS 1 state lives on the broker, and the
+    // inbox's SQLite file is the only local record that matters.
+    impl->client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id,
+                                                        co, nullptr);
+  } catch (const mqtt::exception& e) {
+    return Status::InvalidArgument(std::string("cannot create MQTT client: ") + e.what());
+  }
+  out->reset(new Subscriber(std::move(impl)));
+  return Status::Ok();
+}
+
+Status Subscriber::subscribe(const std::string& topic_filter, Consumer* consumer) {
+  if (!consumer) return Status::InvalidArgument("consumer is null");
+  if (topic_filter.empty()) return Status::InvalidArgument("topic filter is empty");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->started) return Status::InvalidArgument("subscribe() must be called before start()");
+  for (const auto& r : impl_->routes)
+    if (r.first == topic_filter)
+      return Status::InvalidArgument("topic filter '" + topic_filter + "' already has a consumer");
+  impl_->routes.emplace_back(topic_filter, consumer);
+  return Status::Ok();
+}
+
+Status Subscriber::start() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.started) return Status::InvalidArgument("already started");
+    if (m.routes.empty()) return Status::InvalidArgument("no subscriptions: call subscribe() first");
+    m.started = true;
+  }
+  // Everything that handles messages is in place before the first CONNECT, because
+  // redeliveries arrive right after CONNACK.
+  m.client->set_message_callback([&m](mqtt::const_message_ptr pm) { m.on_message(pm); });
+  m.client->set_connection_lost_handler([&m](const std::string& cause) {
+    m.log->warn("connection to {} lost: {}", m.options.broker_uri,
+                cause.empty() ? "no reason given" : cause);
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.connection_lost = true;
+    m.cv.notify_all();
+  });
+  m.client->set_disconnected_handler([&m](const mqtt::properties&, mqtt::ReasonCode rc) {
+    m.log->warn("broker {} disconnected us (reason code {})", m.options.broker_uri,
+                static_cast<int>(rc));
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.connection_lost = true;
+    m.cv.notify_all();
+  });
+  m.conn_opts = m.make_connect_options();
+  if (m.options.mqtt_version == MqttVersion::kV5) {
+    // Set on the member itself, not through the builder (see conn_opts).
+    m.conn_opts.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL,
+                                 static_cast<int>(m.options.session_expiry_s)}});
+  }
+  m.supervisor = std::thread([&m] { m.supervise(); });
+  return Status::Ok();
+}
+
+bool Subscriber::wait_connected(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  return impl_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                            [&] { return impl_->connected.load() || impl_->stopping; }) &&
+         impl_->connected.load();
+}
+
+bool Subscriber::is_connected() const { return impl_->connected.load(); }
+
+Status Subscriber::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (!m.started || m.stopping) {
+      m.stopping = true;
+      return m.in_callback.load() == 0 ? Status::Ok()
+                                       : Status(Status::Code::kBusy, "message still in callback");
+    }
+    m.stopping = true;
+    m.cv.notify_all();
+  }
+  if (m.supervisor.joinable()) m.supervisor.join();
+
+  // Wait for a message in the callback to reach its durable outcome.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(m.options.stop_timeout_ms);
+  while (m.in_callback.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (m.in_callback.load() > 0) {
+    m.log->error("stop: a message is still waiting for the store after {} ms; it will not be "
+                 "acked before it commits. Exit the process; the broker redelivers it.",
+                 m.options.stop_timeout_ms);
+    return Status(Status::Code::kBusy, "a message is still waiting for the store");
+  }
+  try {
+    if (m.client->is_connected())
+      m.client->disconnect()->wait_for(std::chrono::milliseconds(m.options.stop_timeout_ms));
+  } catch (const mqtt::exception& e) {
+    m.log->info("disconnect: {}", e.what());
+  }
+  m.connected = false;
+  return Status::Ok();
+}
+
+int64_t Subscriber::messages_received() const { return impl_->received.load(); }
+int64_t Subscriber::connects() const { return impl_->connect_count.load(); }
+int64_t Subscriber::sessions_lost() const { return impl_->lost_sessions.load(); }
+
+}  // namespace mqtt_inbox
