@@ -1,0 +1,121 @@
+// Message-id extraction from untrusted input: sources, precedence, and every way an id
+// can be unusable. Pure functions; no database.
+#include <gtest/gtest.h>
+
+#include "message_id.h"
+
+namespace mqtt_inbox::detail {
+namespace {
+
+struct Result {
+  bool ok;
+  std::string id;
+  DeadLetterReason reason;
+  std::string why;
+};
+
+Result extract(const std::string& payload,
+               std::vector<std::pair<std::string, std::string>> props = {},
+               MessageIdOptions o = {}) {
+  Message m;
+  m.topic = "t";
+  m.payload = payload;
+  m.user_properties = std::move(props);
+  Result r{};
+  r.ok = extract_message_id(m, o, &r.id, &r.reason, &r.why);
+  return r;
+}
+
+TEST(MessageId, UserPropertyComesFirst) {
+  const Result r = extract(R"({"message_id":"from-json"})", {{"message-id", "from-prop"}});
+  ASSERT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.id, "from-prop");
+}
+
+TEST(MessageId, PresentButInvalidPropertyDoesNotFallThrough) {
+  const Result r = extract(R"({"message_id":"from-json"})", {{"message-id", " "}});
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId);
+}
+
+TEST(MessageId, TopLevelJsonFieldOnly) {
+  EXPECT_EQ(extract(R"({"a":{"message_id":"nested"},"message_id":"top"})").id, "top");
+  const Result nested = extract(R"({"a":{"message_id":"nested"}})");
+  EXPECT_FALSE(nested.ok);
+  EXPECT_EQ(nested.reason, DeadLetterReason::kMissingId);
+  EXPECT_EQ(extract(R"([{"message_id":"in-array"}])").reason, DeadLetterReason::kMissingId);
+}
+
+TEST(MessageId, WrongJsonTypesAreInvalid) {
+  for (const char* p : {R"({"message_id":42})", R"({"message_id":null})",
+                        R"({"message_id":true})", R"({"message_id":{}})",
+                        R"({"message_id":["x"]})", R"({"message_id":1.5})"}) {
+    const Result r = extract(p);
+    EXPECT_FALSE(r.ok) << p;
+    EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId) << p;
+  }
+}
+
+TEST(MessageId, AmbiguousDuplicateKeyIsInvalid) {
+  const Result r = extract(R"({"message_id":"a","message_id":"b"})");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId);
+}
+
+TEST(MessageId, UndecodablePayloads) {
+  for (const std::string& p : {std::string(""), std::string("{"), std::string("{\"message_id\":\"abc"),
+                              std::string("\xff\xfe"), std::string("nope")}) {
+    const Result r = extract(p);
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.reason, DeadLetterReason::kUndecodablePayload) << p;
+  }
+}
+
+TEST(MessageId, ValidationRules) {
+  EXPECT_EQ(validate_message_id("abc-123", 256), "");
+  EXPECT_EQ(validate_message_id("ünïcode-✓", 256), "");
+  EXPECT_NE(validate_message_id("", 256), "");
+  EXPECT_NE(validate_message_id(" \t ", 256), "");
+  EXPECT_NE(validate_message_id(std::string(257, 'a'), 256), "");
+  EXPECT_EQ(validate_message_id(std::string(256, 'a'), 256), "");
+  EXPECT_NE(validate_message_id("a\nb", 256), "");
+  EXPECT_NE(validate_message_id(std::string("a\0b", 3), 256), "");
+  EXPECT_NE(validate_message_id("a\x7f", 256), "");
+  EXPECT_NE(validate_message_id("a\xc2\x85", 256), "");  // U+0085, a C1 control
+  EXPECT_NE(validate_message_id("\xc0\xaf", 256), "");   // overlong
+  EXPECT_NE(validate_message_id("\xed\xa0\x80", 256), "");  // surrogate
+  EXPECT_NE(validate_message_id("\xff", 256), "");
+}
+
+TEST(MessageId, SeveralKibLongIdIsInvalidNotTruncated) {
+  const std::string id(4096, 'k');
+  const Result r = extract("{}", {{"message-id", id}});
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId);
+}
+
+TEST(MessageId, ExtractorIsTheLastSource) {
+  MessageIdOptions o;
+  o.json_field.clear();
+  o.extractor = [](const Message& m) -> std::optional<std::string> {
+    if (m.topic == "t") return std::string("from-extractor");
+    return std::nullopt;
+  };
+  EXPECT_EQ(extract("binary\x01payload", {}, o).id, "from-extractor");
+  o.extractor = [](const Message&) -> std::optional<std::string> {
+    throw std::runtime_error("cannot decode");
+  };
+  const Result r = extract("x", {}, o);
+  EXPECT_EQ(r.reason, DeadLetterReason::kUndecodablePayload);
+  EXPECT_NE(r.why.find("cannot decode"), std::string::npos);
+}
+
+TEST(MessageId, DeeplyNestedJsonDoesNotExhaustMemoryOrStack) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const Result r = extract(deep);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kMissingId);
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::detail

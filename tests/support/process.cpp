@@ -1,0 +1,195 @@
+#include "support/process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+namespace mqtt_inbox::test {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/mqtt_inbox_test.XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Child::Child(std::vector<std::string> argv, const std::string& log_path) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    if (!log_path.empty()) {
+      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Child::~Child() {
+  if (running()) {
+    kill(pid_, SIGKILL);
+    wait(std::chrono::seconds(5));
+  }
+}
+
+void Child::signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+bool Child::running() {
+  if (reaped_) return false;
+  int st = 0;
+  const pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    status_ = st;
+    return false;
+  }
+  return r == 0;
+}
+
+int Child::wait(std::chrono::milliseconds timeout) {
+  if (wait_until([&] { return !running(); }, timeout)) return status_;
+  return -1;
+}
+
+bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (cond()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return cond();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    throw std::runtime_error("cannot find a free port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+namespace {
+
+bool port_open(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string mosquitto_binary() {
+  if (const char* env = std::getenv("MQTT_INBOX_MOSQUITTO")) return env;
+  for (const char* p : {"/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/usr/bin/mosquitto"})
+    if (access(p, X_OK) == 0) return p;
+  throw std::runtime_error("mosquitto not found (apt-get install mosquitto)");
+}
+
+}  // namespace
+
+Broker::Broker(Config config) : config_(config) {
+  log_ = dir_.file("mosquitto.log");
+  for (int tries = 0; tries < 5; ++tries) {
+    port_ = free_port();
+    try {
+      start();
+      return;
+    } catch (const std::runtime_error&) {
+      stop();
+    }
+  }
+  throw std::runtime_error("mosquitto did not start; see " + log_);
+}
+
+Broker::~Broker() { stop(); }
+
+void Broker::start() {
+  const std::string conf = dir_.file("mosquitto.conf");
+  {
+    std::ofstream f(conf);
+    f << "listener " << port_ << " 127.0.0.1\n"
+      << "allow_anonymous true\n"
+      << "persistence " << (config_.persistence ? "true" : "false") << "\n"
+      << "persistence_location " << dir_.path() << "/\n"
+      << "max_queued_messages " << config_.max_queued_messages << "\n"
+      << "log_dest file " << log_ << "\n"
+      << "log_type all\n";
+    // Started as root, mosquitto drops to the `mosquitto` user, which cannot write our
+    // folder: it would then run without persistence (guarantees.md section 2).
+    if (geteuid() == 0) f << "user root\n";
+  }
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    const int fd = open((log_ + ".stderr").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    const std::string bin = mosquitto_binary();
+    execl(bin.c_str(), bin.c_str(), "-c", conf.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (!wait_until([&] { return port_open(port_); }, std::chrono::seconds(10)))
+    throw std::runtime_error("mosquitto did not open port " + std::to_string(port_));
+}
+
+void Broker::stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  int st = 0;
+  for (int i = 0; i < 500 && waitpid(pid_, &st, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (waitpid(pid_, &st, WNOHANG) == 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &st, 0);
+  }
+  pid_ = -1;
+}
+
+std::string built_program(const std::string& name) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const auto dir = std::filesystem::path(self).parent_path();
+  for (const auto& candidate : {dir / name, dir.parent_path() / "examples" / name})
+    if (std::filesystem::exists(candidate)) return candidate.string();
+  throw std::runtime_error("program not built: " + name);
+}
+
+}  // namespace mqtt_inbox::test

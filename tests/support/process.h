@@ -1,0 +1,86 @@
+// Test support: temporary folders, child processes and a real mosquitto broker.
+// No mocks: tests run against a real broker on 127.0.0.1 and real SQLite files.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mqtt_inbox::test {
+
+// A fresh folder under $TMPDIR (or /tmp), removed with its content on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A child process started with execv. Killed (SIGKILL) on destruction if still running.
+class Child {
+ public:
+  // argv[0] is the program path. stdout/stderr go to `log_path` if given.
+  explicit Child(std::vector<std::string> argv, const std::string& log_path = "");
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void signal(int sig);
+  // Waits for exit; returns the raw wait status, or -1 on timeout.
+  int wait(std::chrono::milliseconds timeout);
+  bool running();
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// Polls `cond` every 20 ms until it is true or `timeout` passed; returns its last value.
+bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+
+// A free TCP port on 127.0.0.1 (bound to port 0, then released).
+int free_port();
+
+// A mosquitto broker on 127.0.0.1:<free port>, configured as the guarantee needs
+// (guarantees.md section 2): persistence on, no queue limit, and `user root` when run as
+// root so that persistence stays writable. Stopped on destruction.
+class Broker {
+ public:
+  struct Config {
+    bool persistence = true;
+    int max_queued_messages = 0;  // 0 = unlimited
+  };
+  Broker() : Broker(Config{}) {}
+  explicit Broker(Config config);
+  ~Broker();
+
+  std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  // Stops gracefully (SIGTERM: mosquitto saves its persistence file) / starts again on
+  // the same port with the same persistence folder.
+  void stop();
+  void start();
+  const std::string& log_path() const { return log_; }
+
+ private:
+  Config config_;
+  TempDir dir_;
+  int port_ = 0;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+// Path of a program built next to the tests (the examples and test helpers), from the
+// directory of the running test binary.
+std::string built_program(const std::string& name);
+
+}  // namespace mqtt_inbox::test
