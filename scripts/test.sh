@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The test suite: installs what is missing, builds, and runs every ctest suite.
+#
+#   scripts/test.sh [--quick]
+#
+# Stages: deps, build + ctest (unit and integration: real SQLite files and a real
+# mosquitto started by the tests on a free 127.0.0.1 port), the same under
+# AddressSanitizer+UndefinedBehaviorSanitizer and under ThreadSanitizer, the fuzzers for a
+# bounded time, and a cross build for aarch64 whose tests run under qemu.
+# --quick runs only the first two. Each stage prints its duration.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+JOBS="${JOBS:-2}"
+FAILED=0
+# Only instrumented binaries read these.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+
+build_and_test() {  # build_and_test DIR [cmake args...]
+  local dir="$1"; shift
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DMQTT_INBOX_WARNINGS_AS_ERRORS=ON "$@" >/dev/null &&
+    cmake --build "$dir" -j "$JOBS" &&
+    (cd "$dir" && ctest --output-on-failure --timeout 300 -j "$JOBS")
+}
+
+stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
+stage "build+test" build_and_test "$ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo || FAILED=1
+
+if [ $QUICK -eq 0 ]; then
+  stage "asan+ubsan" build_and_test "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" || FAILED=1
+  stage tsan build_and_test "$ROOT/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread || FAILED=1
+  if [ -x "$ROOT/scripts/fuzz.sh" ]; then
+    stage fuzz "$ROOT/scripts/fuzz.sh" || FAILED=1
+  fi
+  stage cross-aarch64 "$ROOT/scripts/cross-aarch64.sh" || FAILED=1
+fi
+
+print_stage_summary
+exit $FAILED
