@@ -1,0 +1,279 @@
+// bench_consumer: the MQTT side of the benchmarks.
+//   --mode inbox    Inbox + Consumer + Subscriber running ledger::apply_credit (the ledger
+//                   example's handler), synchronous FULL or NORMAL.
+//   --mode ceiling  a bare Paho callback subscriber that does nothing: the transport
+//                   ceiling for the same stream (same persistent session, QoS 1).
+//   --phase setup   connect once with the persistent session, subscribe, disconnect: the
+//                   broker then queues messages for this client while it is offline.
+//   --phase run     consume until --count messages are done (committed, in inbox mode),
+//                   then print one JSON line and a human summary.
+//   --latency       also record publish->commit (inbox) or publish->callback (ceiling)
+//                   latency from the t_pub_ns field in each payload, split into stages:
+//                     transport   publish -> message callback entered
+//                     pre_claim   callback -> claim transaction begins (id extraction,
+//                                 lookup read, attempt record)
+//                     claim       claim transaction: insert, handler, COMMIT (fsync)
+//                   In this mode the message id comes from an extractor (which stamps the
+//                   callback entry time) instead of the built-in JSON field reader.
+//   --ready-file F  written once connected (the live phase starts the publisher then).
+#include <CLI/CLI.hpp>
+#include <mqtt/async_client.h>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <mqtt_inbox/mqtt_inbox.h>
+
+#include "../examples/ledger.h"
+#include "bench_util.h"
+
+namespace {
+
+int64_t t_pub_of(const std::string& payload) {
+  const size_t at = payload.find("\"t_pub_ns\":");
+  if (at == std::string::npos) return 0;
+  return std::strtoll(payload.c_str() + at + 11, nullptr, 10);
+}
+
+std::string id_of(const std::string& payload) {
+  const size_t at = payload.find("\"message_id\":\"");
+  if (at == std::string::npos) return {};
+  const size_t b = at + 14, e = payload.find('"', b);
+  return e == std::string::npos ? std::string() : payload.substr(b, e - b);
+}
+
+struct Done {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int64_t> n{0};
+  int64_t target = 0;
+  std::atomic<int64_t> t_first{0}, t_last{0};
+  void one() {
+    const int64_t now = bench::now_ns();
+    int64_t zero = 0;
+    t_first.compare_exchange_strong(zero, now);
+    const int64_t k = ++n;
+    if (k >= target) {
+      t_last = now;
+      std::lock_guard<std::mutex> lock(mu);
+      cv.notify_all();
+    }
+  }
+  bool wait(int timeout_s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(timeout_s), [&] { return n >= target; });
+  }
+};
+
+// Per-message stage times, filled on Paho's receive thread (one message at a time).
+struct Stages {
+  int64_t t_pub = 0, t_cb = 0, t_claim = 0;
+};
+thread_local Stages g_cur;
+
+struct Samples {
+  std::mutex mu;
+  std::vector<double> total, transport, pre_claim, claim;
+  void add(const Stages& s, int64_t t_end) {
+    if (s.t_pub == 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    total.push_back((t_end - s.t_pub) / 1e6);
+    if (s.t_cb) transport.push_back((s.t_cb - s.t_pub) / 1e6);
+    if (s.t_cb && s.t_claim) pre_claim.push_back((s.t_claim - s.t_cb) / 1e6);
+    if (s.t_claim) claim.push_back((t_end - s.t_claim) / 1e6);
+  }
+};
+
+void add_dist(bench::Json& j, const std::string& name, const std::vector<double>& v) {
+  if (v.empty()) return;
+  j.add(name + "_p50_ms", bench::percentile(v, 50))
+      .add(name + "_p99_ms", bench::percentile(v, 99))
+      .add(name + "_max_ms", *std::max_element(v.begin(), v.end()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MQTT consumer side of the mqtt-inbox benchmarks"};
+  std::string mode = "inbox", phase = "run", broker, topic, client_id, db_path, sync = "full",
+              label, ready_file;
+  int count = 20000, timeout_s = 600;
+  bool latency = false, no_metadata = false;
+  app.add_option("--mode", mode)->check(CLI::IsMember({"inbox", "ceiling"}));
+  app.add_option("--phase", phase)->check(CLI::IsMember({"setup", "run"}));
+  app.add_option("--broker", broker)->required();
+  app.add_option("--topic", topic)->required();
+  app.add_option("--client-id", client_id)->required();
+  app.add_option("--db", db_path, "Database file (inbox mode; deleted first)");
+  app.add_option("--sync", sync)->check(CLI::IsMember({"full", "normal"}));
+  app.add_option("--count", count, "Messages to wait for");
+  app.add_option("--timeout", timeout_s, "Give up after this many seconds");
+  app.add_option("--label", label, "Name in the JSON line");
+  app.add_option("--ready-file", ready_file, "Touched once connected");
+  app.add_flag("--latency", latency, "Record per-message latency stages");
+  app.add_flag("--no-metadata", no_metadata, "InboxOptions::record_metadata = false");
+  CLI11_PARSE(app, argc, argv);
+  if (label.empty()) label = mode + "_" + sync;
+
+  if (phase == "setup") {
+    mqtt::async_client cli(broker, client_id, mqtt::create_options(MQTTVERSION_3_1_1), nullptr);
+    auto opts = mqtt::connect_options_builder()
+                    .mqtt_version(MQTTVERSION_3_1_1)
+                    .clean_session(false)
+                    .finalize();
+    try {
+      cli.connect(opts)->wait();
+      cli.subscribe(topic, 1)->wait();
+      cli.disconnect()->wait();
+    } catch (const mqtt::exception& e) {
+      std::fprintf(stderr, "bench_consumer setup: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
+
+  Done done;
+  done.target = count;
+  Samples samples;
+  const int64_t t_start = bench::now_ns();
+
+  if (mode == "ceiling") {
+    mqtt::async_client cli(broker, client_id, mqtt::create_options(MQTTVERSION_3_1_1), nullptr);
+    cli.set_message_callback([&](mqtt::const_message_ptr m) {
+      if (latency) {
+        Stages s;
+        s.t_pub = t_pub_of(m->get_payload());
+        s.t_cb = bench::now_ns();
+        samples.add(s, s.t_cb);
+      }
+      done.one();
+    });
+    auto opts = mqtt::connect_options_builder()
+                    .mqtt_version(MQTTVERSION_3_1_1)
+                    .clean_session(false)
+                    .finalize();
+    try {
+      auto tok = cli.connect(opts);
+      tok->wait();
+      if (!tok->get_connect_response().is_session_present()) cli.subscribe(topic, 1)->wait();
+      if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
+      if (!done.wait(timeout_s)) {
+        std::fprintf(stderr, "ceiling: timeout after %lld of %d\n",
+                     static_cast<long long>(done.n.load()), count);
+        return 1;
+      }
+      cli.disconnect()->wait();
+    } catch (const mqtt::exception& e) {
+      std::fprintf(stderr, "bench_consumer ceiling: %s\n", e.what());
+      return 1;
+    }
+  } else {
+    if (db_path.empty()) {
+      std::fprintf(stderr, "--db is required in inbox mode\n");
+      return 2;
+    }
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_path + suffix);
+    auto log = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
+    mqtt_inbox::InboxOptions io;
+    io.logger = log;
+    io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
+    io.record_metadata = !no_metadata;
+    io.after_commit_hook = [&](const std::string&, const std::string&) {
+      if (latency) samples.add(g_cur, bench::now_ns());
+      done.one();
+    };
+    if (latency)
+      io.before_claim_hook = [&](const std::string&, const std::string&) {
+        g_cur.t_claim = bench::now_ns();
+      };
+    std::unique_ptr<mqtt_inbox::Inbox> inbox;
+    if (auto s = mqtt_inbox::Inbox::open(db_path, io, &inbox); !s.ok()) {
+      std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
+    mqtt_inbox::ConsumerOptions co;
+    if (latency) {
+      co.message_id.user_property.clear();
+      co.message_id.json_field.clear();
+      co.message_id.extractor = [](const mqtt_inbox::Message& m) -> std::optional<std::string> {
+        g_cur = Stages{};
+        g_cur.t_cb = bench::now_ns();
+        g_cur.t_pub = t_pub_of(m.payload);
+        std::string id = id_of(m.payload);
+        if (id.empty()) return std::nullopt;
+        return id;
+      };
+    }
+    std::unique_ptr<mqtt_inbox::Consumer> consumer;
+    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, co,
+                                              &consumer);
+        !s.ok()) {
+      std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    mqtt_inbox::SubscriberOptions so;
+    so.broker_uri = broker;
+    so.client_id = client_id;
+    so.logger = log;
+    std::unique_ptr<mqtt_inbox::Subscriber> sub;
+    if (auto s = mqtt_inbox::Subscriber::create(so, &sub); !s.ok()) {
+      std::fprintf(stderr, "subscriber: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    (void)sub->subscribe(topic, consumer.get());
+    (void)sub->start();
+    if (!sub->wait_connected(30000)) {
+      std::fprintf(stderr, "inbox: not connected after 30 s\n");
+      return 1;
+    }
+    if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
+    if (!done.wait(timeout_s)) {
+      std::fprintf(stderr, "inbox: timeout after %lld of %d\n",
+                   static_cast<long long>(done.n.load()), count);
+      std::_Exit(1);
+    }
+    (void)sub->stop();
+    const auto c = consumer->counters();
+    if (c.processed != count || c.dead_lettered != 0)
+      std::fprintf(stderr, "inbox: WARNING processed=%lld dead_lettered=%lld duplicates=%lld\n",
+                   static_cast<long long>(c.processed), static_cast<long long>(c.dead_lettered),
+                   static_cast<long long>(c.duplicates));
+  }
+
+  const double secs = (done.t_last - done.t_first) / 1e9;
+  const double wall = (done.t_last - t_start) / 1e9;
+  const double rate = (count - 1) / secs;  // first message starts the clock
+  bench::Json j;
+  j.add("bench", "consumer")
+      .add("label", label)
+      .add("mode", mode)
+      .add("sync", mode == "inbox" ? sync : std::string("none"))
+      .add("count", count)
+      .add("seconds", secs)
+      .add("seconds_incl_connect", wall)
+      .add("msgs_per_s", rate);
+  if (latency) {
+    add_dist(j, "latency", samples.total);
+    add_dist(j, "transport", samples.transport);
+    add_dist(j, "pre_claim", samples.pre_claim);
+    add_dist(j, "claim", samples.claim);
+  }
+  j.print();
+  std::fprintf(stderr, "consumer[%s]: %d msgs in %.2f s = %.0f msg/s", label.c_str(), count, secs,
+               rate);
+  if (latency && !samples.total.empty())
+    std::fprintf(stderr, "; latency p50 %.2f ms p99 %.2f ms max %.2f ms",
+                 bench::percentile(samples.total, 50), bench::percentile(samples.total, 99),
+                 *std::max_element(samples.total.begin(), samples.total.end()));
+  std::fprintf(stderr, "\n");
+  return 0;
+}
