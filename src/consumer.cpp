@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "message_id.h"
+#include "properties_json.h"
 #include "mqtt_inbox/clock.h"
 #include "text.h"
 
@@ -49,69 +50,6 @@ bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
 }
 
 namespace {
-
-// Bytes that may not be UTF-8 go into JSON as {"hex": "..."} so nothing is lost or
-// replaced (nlohmann::json refuses invalid UTF-8 when dumping).
-nlohmann::json json_bytes(const std::string& s) {
-  if (detail::is_valid_utf8(s)) return s;
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(s.size() * 2);
-  for (unsigned char c : s) {
-    hex.push_back(kHex[c >> 4]);
-    hex.push_back(kHex[c & 0xf]);
-  }
-  return nlohmann::json{{"hex", hex}};
-}
-
-std::string from_json_bytes(const nlohmann::json& j) {
-  if (j.is_string()) return j.get<std::string>();
-  std::string out;
-  const std::string hex = j.value("hex", "");
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
-std::string properties_json(const Message& m) {
-  nlohmann::json j = nlohmann::json::object();
-  if (!m.user_properties.empty()) {
-    nlohmann::json ups = nlohmann::json::array();
-    for (const auto& p : m.user_properties)
-      ups.push_back(nlohmann::json::array({json_bytes(p.first), json_bytes(p.second)}));
-    j["user_properties"] = std::move(ups);
-  }
-  if (m.content_type) j["content_type"] = json_bytes(*m.content_type);
-  if (m.response_topic) j["response_topic"] = json_bytes(*m.response_topic);
-  if (m.correlation_data) j["correlation_data"] = json_bytes(*m.correlation_data);
-  if (m.payload_format_indicator) j["payload_format_indicator"] = *m.payload_format_indicator;
-  if (m.message_expiry_interval_s) j["message_expiry_interval_s"] = *m.message_expiry_interval_s;
-  if (m.dup) j["dup"] = true;
-  return j.dump();
-}
-
-// Rebuilds the Message a dead letter was made from (for replay).
-Message message_from_dead_letter(const DeadLetter& dl) {
-  Message m;
-  m.topic = dl.topic;
-  m.payload = dl.payload;
-  m.qos = dl.qos;
-  const nlohmann::json j = nlohmann::json::parse(dl.properties_json, nullptr, false);
-  if (!j.is_object()) return m;
-  if (auto it = j.find("user_properties"); it != j.end() && it->is_array())
-    for (const auto& p : *it)
-      if (p.is_array() && p.size() == 2)
-        m.user_properties.emplace_back(from_json_bytes(p[0]), from_json_bytes(p[1]));
-  if (auto it = j.find("content_type"); it != j.end()) m.content_type = from_json_bytes(*it);
-  if (auto it = j.find("response_topic"); it != j.end()) m.response_topic = from_json_bytes(*it);
-  if (auto it = j.find("correlation_data"); it != j.end())
-    m.correlation_data = from_json_bytes(*it);
-  if (auto it = j.find("payload_format_indicator"); it != j.end() && it->is_number_unsigned())
-    m.payload_format_indicator = it->get<uint8_t>();
-  if (auto it = j.find("message_expiry_interval_s"); it != j.end() && it->is_number_unsigned())
-    m.message_expiry_interval_s = it->get<uint32_t>();
-  return m;
-}
 
 }  // namespace
 
@@ -189,7 +127,7 @@ struct Consumer::Impl {
     dl.topic = m.topic;
     dl.payload = m.payload.substr(0, options.dead_letter_payload_bytes);
     dl.payload_size = static_cast<int64_t>(m.payload.size());
-    dl.properties_json = properties_json(m);
+    dl.properties_json = detail::properties_json(m);
     dl.qos = m.qos;
     dl.reason = reason;
     dl.reason_text = text;
@@ -354,7 +292,7 @@ Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
   if (dl.payload_size > static_cast<int64_t>(dl.payload.size()))
     return Status::InvalidArgument("dead letter " + std::to_string(id) +
                                    " holds a cut payload; it cannot be replayed");
-  *outcome = impl_->run(message_from_dead_letter(dl), id);
+  *outcome = impl_->run(detail::message_from_dead_letter(dl), id);
   return Status::Ok();
 }
 

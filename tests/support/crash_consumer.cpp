@@ -3,7 +3,8 @@
 // redelivers and what the database holds afterwards.
 //
 //   crash_consumer BROKER CLIENT_ID TOPIC DB [--crash-after-commit ID] [--crash-in-handler ID]
-//                  [--fail-handler ID] [--max-attempts N] [--mqtt-version 3.1.1|5]
+//                  [--fail-handler ID] [--max-attempts N] [--max-payload BYTES]
+//                  [--mqtt-version 3.1.1|5]
 //
 // --crash-after-commit ID  SIGKILL itself after ID's commit, before the callback returns
 //                          (so before the PUBACK).
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     else if (flag == "--crash-in-handler") crash_in_handler = value;
     else if (flag == "--fail-handler") fail_handler = value;
     else if (flag == "--max-attempts") copts.max_attempts = std::stoi(value);
+    else if (flag == "--max-payload") copts.max_payload_bytes = std::stoul(value);
     else if (flag == "--mqtt-version")
       mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
