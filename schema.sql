@@ -1,9 +1,17 @@
--- mqtt-inbox schema: the one source of truth. The library embeds this file at build time
--- and applies it, in one transaction, when it opens a database whose PRAGMA user_version
--- is 0. Later versions add numbered migrations in src/migrations.cpp; they never edit
--- what a released version created.
+-- mqtt-inbox schema: the one source of truth. The library embeds this file at build time.
 --
--- Time columns hold Unix time in milliseconds (wall clock, UTC) as INTEGER.
+-- It is a sequence of steps, each opened by a line "-- @version N" and ending with
+-- PRAGMA user_version = N. Opening a database applies, in order and each in its own
+-- transaction, every step above the database's user_version: a new file gets them all,
+-- a file made by an older release gets exactly the steps it lacks. A released step is
+-- never edited; a change is a new step at the end.
+--
+-- Time columns hold milliseconds as INTEGER. *_at columns of dead letters and attempts
+-- are Unix wall-clock time; received_at of inbox_processed and inbox_messages is the
+-- inbox's retention clock (see README "Clock safety"), which never jumps with the wall
+-- clock.
+
+-- @version 1
 
 -- auto_vacuum must be chosen before the first table exists; INCREMENTAL lets the
 -- retention pass give freed pages back to the file system (PRAGMA incremental_vacuum).
@@ -80,3 +88,35 @@ CREATE TABLE IF NOT EXISTS inbox_meta (
 ) WITHOUT ROWID;
 
 PRAGMA user_version = 1;
+
+-- @version 2
+-- Store-then-process: messages are stored on receipt (the PUBACK follows that commit) and
+-- processed later by workers, in arrival order per aggregate key. (consumer_name,
+-- message_id) is unique, so a redelivery is dropped at receipt; a row marked 'done' in
+-- the same transaction as the business change is never processed twice.
+CREATE TABLE IF NOT EXISTS inbox_messages (
+    seq             INTEGER PRIMARY KEY,  -- arrival order; breaks received_at ties
+    consumer_name   TEXT    NOT NULL,
+    message_id      TEXT    NOT NULL,
+    aggregate_key   TEXT    NOT NULL DEFAULT '',
+    topic           TEXT    NOT NULL,
+    payload         BLOB,                 -- NULL once a done row is compacted
+    properties      TEXT,                 -- MQTT 5 properties as a JSON object
+    qos             INTEGER NOT NULL,
+    received_at     INTEGER NOT NULL,     -- retention clock, ms
+    status          TEXT    NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'processing', 'done', 'dead')),
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    claimed_at      INTEGER,              -- wall clock, ms
+    claimant        TEXT,
+    next_attempt_at INTEGER NOT NULL DEFAULT 0,  -- wall clock, ms: retry backoff
+    last_error      TEXT,
+    done_at         INTEGER,              -- retention clock, ms
+    UNIQUE (consumer_name, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_messages_work
+    ON inbox_messages (consumer_name, status, aggregate_key, seq);
+CREATE INDEX IF NOT EXISTS inbox_messages_received_at
+    ON inbox_messages (received_at);
+
+PRAGMA user_version = 2;

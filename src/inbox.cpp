@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "mqtt_inbox/clock.h"
+#include "schema.h"
 #include "sqlite_util.h"
 #include "text.h"
 
@@ -212,21 +213,24 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
       return Status::InvalidArgument("cannot use WAL journal mode on " + path +
                                      " (got '" + mode + "'); the inbox requires WAL");
 
-    int version = db.execAndGet("PRAGMA user_version").getInt();
+    const int version = db.execAndGet("PRAGMA user_version").getInt();
     if (version > kSchemaVersion)
       return Status(Status::Code::kCorruption,
                     "database schema version " + std::to_string(version) +
                         " is newer than this library's " + std::to_string(kSchemaVersion));
-    if (version == 0) {
+    for (const detail::SchemaStep& step : detail::schema_steps()) {
+      if (step.version <= version) continue;
       impl->write_transaction([&] {
-        // Re-read under the write lock: another process may have created it meanwhile.
-        if (db.execAndGet("PRAGMA user_version").getInt() == 0) db.exec(schema_sql());
+        // Re-read under the write lock: another process may have migrated meanwhile.
+        if (db.execAndGet("PRAGMA user_version").getInt() < step.version) db.exec(step.sql);
       });
-      version = db.execAndGet("PRAGMA user_version").getInt();
-      if (version != kSchemaVersion)
-        return Status::Internal("schema.sql set user_version " + std::to_string(version) +
-                                ", expected " + std::to_string(kSchemaVersion));
+      if (version > 0)
+        impl->log->info("{}: schema migrated to version {}", path, step.version);
     }
+    const int now_version = db.execAndGet("PRAGMA user_version").getInt();
+    if (now_version != kSchemaVersion)
+      return Status::Internal("schema.sql ends at user_version " + std::to_string(now_version) +
+                              ", expected " + std::to_string(kSchemaVersion));
 
     db.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
                                                       : "PRAGMA synchronous = NORMAL");

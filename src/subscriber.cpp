@@ -77,7 +77,7 @@ Message to_message(const mqtt::message& pm) {
 struct Subscriber::Impl {
   SubscriberOptions options;
   std::shared_ptr<spdlog::logger> log;
-  std::vector<std::pair<std::string, Consumer*>> routes;
+  std::vector<std::pair<std::string, MessageSink*>> routes;
   std::unique_ptr<mqtt::async_client> client;
 
   std::mutex mu;  // guards the fields below and pairs with cv; never held across Paho calls
@@ -98,7 +98,7 @@ struct Subscriber::Impl {
     try {
       ++received;
       const Message m = to_message(*pm);
-      Consumer* target = nullptr;
+      MessageSink* target = nullptr;
       for (const auto& r : routes)
         if (topic_matches(r.first, m.topic)) {
           target = r.second;
@@ -108,9 +108,8 @@ struct Subscriber::Impl {
         target->handle(m);
       } else {
         // The persistent session can hold subscriptions from an earlier configuration.
-        // The message is not dropped silently: it goes to the first consumer, where no
-        // handler matches... it is recorded as a dead letter through the message-id
-        // path of that consumer with an explicit reason text.
+        // Dropping the message silently is not an option: it goes to the first sink,
+        // which processes or dead-letters it like any other message.
         log->error("message on topic '{}' matches no subscription of this client (a stale "
                    "subscription kept by the persistent session?); handing it to consumer '{}'",
                    detail::printable(m.topic), routes.front().second->name());
@@ -276,8 +275,8 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
   return Status::Ok();
 }
 
-Status Subscriber::subscribe(const std::string& topic_filter, Consumer* consumer) {
-  if (!consumer) return Status::InvalidArgument("consumer is null");
+Status Subscriber::subscribe(const std::string& topic_filter, MessageSink* consumer) {
+  if (!consumer) return Status::InvalidArgument("sink is null");
   if (topic_filter.empty()) return Status::InvalidArgument("topic filter is empty");
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->started) return Status::InvalidArgument("subscribe() must be called before start()");

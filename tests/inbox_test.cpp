@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "schema.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -380,6 +381,61 @@ TEST_F(InboxTest, PurgeAndFilterDeadLetters) {
   EXPECT_EQ(removed, 1);
   EXPECT_EQ(count("inbox_dead_letters"), 1);
   EXPECT_EQ(count("inbox_dead_letters", "reason = 'handler_failed'"), 1);
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test
+
+namespace mqtt_inbox::test {
+namespace {
+
+std::string schema_of(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  SQLite::Statement q(db, "SELECT type || ' ' || name || ': ' || sql FROM sqlite_master"
+                          " WHERE name LIKE 'inbox_%' ORDER BY name");
+  std::string out;
+  while (q.executeStep()) out += q.getColumn(0).getString() + "\n";
+  return out;
+}
+
+// A database made by the previous release (schema step 1 only, with rows) opens with
+// this one: it is migrated in place, keeps its rows, and ends with the same schema as a
+// new database.
+TEST(Migration, PreviousSchemaVersionUpgradesInPlaceKeepingRows) {
+  TempDir dir;
+  const std::string old_db = dir.file("v1.db");
+  {
+    SQLite::Database db(old_db, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA journal_mode = WAL");
+    ASSERT_EQ(detail::schema_steps().front().version, 1);
+    db.exec(detail::schema_steps().front().sql);
+    db.exec("INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
+            " VALUES ('ledger', 'old-1', 1000), ('ledger', 'old-2', 2000)");
+    db.exec("INSERT INTO inbox_dead_letters (consumer_name, topic, payload, payload_size, qos,"
+            " reason, reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at)"
+            " VALUES ('ledger', 't', x'00', 1, 1, 'missing_id', 'no id', 0, 1, 1, 1)");
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 1);
+  }
+  std::unique_ptr<Inbox> inbox;
+  const Status s = Inbox::open(old_db, {}, &inbox);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(query_int(old_db, "PRAGMA user_version"), kSchemaVersion);
+  EXPECT_EQ(query_int(old_db, "SELECT count(*) FROM inbox_processed"), 2);
+  EXPECT_EQ(query_int(old_db, "SELECT count(*) FROM inbox_dead_letters"), 1);
+
+  // The old claims still deduplicate.
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", [](SQLite::Database&, const Delivery&) {}, {}, &c).ok());
+  Message m;
+  m.payload = R"({"message_id":"old-1"})";
+  EXPECT_EQ(c->handle(m), Outcome::kDuplicate);
+  c.reset();
+  inbox.reset();
+
+  const std::string new_db = dir.file("new.db");
+  ASSERT_TRUE(Inbox::open(new_db, {}, &inbox).ok());
+  inbox.reset();
+  EXPECT_EQ(schema_of(old_db), schema_of(new_db));
 }
 
 }  // namespace

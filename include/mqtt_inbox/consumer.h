@@ -36,14 +36,6 @@
 
 namespace mqtt_inbox {
 
-enum class Outcome {
-  kProcessed,            // the handler's effect committed with the claim
-  kDuplicate,            // already processed by this consumer: handler not run
-  kDeadLettered,         // written to the dead letters now
-  kAlreadyDeadLettered,  // a redelivery of a message already dead-lettered
-};
-const char* to_string(Outcome outcome);
-
 // A snapshot of the store's health as seen by this consumer's per-message path.
 struct Health {
   bool stuck = false;            // a message is waiting for the store right now
@@ -63,20 +55,20 @@ struct ConsumerCounters {
   int64_t store_retries = 0;    // store operations retried after a failure
 };
 
-class Consumer {
+class Consumer final : public MessageSink {
  public:
   // `inbox` must outlive the Consumer. `name` is the consumer name recorded in every row
   // (non-empty, at most 200 bytes). Errors: kInvalidArgument for a bad name or options.
   static Status create(Inbox* inbox, const std::string& name, Handler handler,
                        const ConsumerOptions& options, std::unique_ptr<Consumer>* out);
-  ~Consumer();
+  ~Consumer() override;
 
-  const std::string& name() const;
+  const std::string& name() const override;
 
   // Processes one delivery; see the header comment. Never throws. Blocks while the store
   // fails, for as long as it fails: a message that has not reached a durable outcome is
   // never reported as done (see README "Stopping while the store is stuck").
-  Outcome handle(const Message& message);
+  Outcome handle(const Message& message) override;
 
   // Sends dead letter `id` (which must belong to this consumer) back through the
   // claim-and-handler path as a new attempt series. On success the row is marked

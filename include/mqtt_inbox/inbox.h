@@ -30,7 +30,7 @@ namespace mqtt_inbox {
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();

@@ -41,6 +41,28 @@ struct Message {
   }
 };
 
+// What the per-message path reports once a delivery has a durable outcome.
+enum class Outcome {
+  kProcessed,            // the effect committed with the claim (or, store-then-process,
+                         // the message was stored for the workers)
+  kDuplicate,            // already processed (or stored) under this consumer: skipped
+  kDeadLettered,         // written to the dead letters now
+  kAlreadyDeadLettered,  // a redelivery of a message already dead-lettered
+};
+const char* to_string(Outcome outcome);
+
+// Where a transport hands each delivery. handle() returns only once the delivery has a
+// durable outcome, so the transport may acknowledge it (send the PUBACK) right after.
+// Implemented by Consumer (process in the callback) and by the store-then-process
+// receiver. Implementations must not throw.
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  virtual Outcome handle(const Message& message) = 0;
+  // The consumer name recorded with every row (used in logs).
+  virtual const std::string& name() const = 0;
+};
+
 // A Message together with the producer-assigned id the consumer extracted from it.
 // Handlers receive this.
 struct Delivery {

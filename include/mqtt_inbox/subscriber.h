@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "mqtt_inbox/consumer.h"
+#include "mqtt_inbox/message.h"
 #include "mqtt_inbox/status.h"
 
 namespace spdlog {
@@ -76,10 +76,10 @@ class Subscriber {
   ~Subscriber();
 
   // Routes messages matching `topic_filter` (MQTT wildcards + and #; a "$share/group/"
-  // prefix is allowed) to `consumer`, subscribed at QoS 1. One consumer per filter; call
-  // before start(). A message matching several filters goes to the first one added.
-  // `consumer` must outlive the Subscriber.
-  Status subscribe(const std::string& topic_filter, Consumer* consumer);
+  // prefix is allowed) to `sink` (a Consumer, or a store-then-process receiver),
+  // subscribed at QoS 1. One sink per filter; call before start(). A message matching
+  // several filters goes to the first one added. `sink` must outlive the Subscriber.
+  Status subscribe(const std::string& topic_filter, MessageSink* sink);
 
   // Starts connecting in the background and returns at once; the device may boot before
   // the network is up. Use wait_connected() to wait for the first CONNACK.
