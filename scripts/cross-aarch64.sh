@@ -109,7 +109,11 @@ deps() {
   # Always refresh the lists when something is missing (a fresh machine has
   # none for the new architecture; multiarch also needs the same version of
   # each Multi-Arch: same package for both architectures).
-  apt_get update -q
+  if ! apt_get update -q; then
+    # e.g. one mirror index failing its size/hash check: the simulation below
+    # still shows whether what is needed can be installed consistently.
+    echo "WARNING: apt-get update reported errors (above); continuing" >&2
+  fi
   local sim
   sim="$(LC_ALL=C apt-get -s --no-install-recommends install "${want[@]}" 2>&1)" || {
     echo "$sim" >&2; echo "apt cannot resolve the cross packages" >&2; exit 1; }
@@ -224,27 +228,59 @@ verify() {
 }
 
 # ---------------------------------------------------------------- test --
-run_ctest() {
-  local label_args=("$@")
-  local exclude=()
-  if [ -n "${MQTT_INBOX_CROSS_CTEST_EXCLUDE:-}" ]; then
-    exclude=(-E "$MQTT_INBOX_CROSS_CTEST_EXCLUDE")
+# Tests that start a *target* program themselves (crash and poison tests
+# exec crash_consumer) need that program run under qemu too: without
+# binfmt_misc the host kernel cannot exec an ARM binary. The fixture does that
+# when it honours MQTT_INBOX_TEST_EMULATOR (exported below). With a fixture
+# that does not, and no binfmt handler, the suites of the test sources that
+# start children (they use support/child_consumer.h, Child or
+# built_program) are left out by default.
+# MQTT_INBOX_CROSS_CTEST_EXCLUDE (even set to "") overrides the default.
+QEMU_BIN="$(command -v qemu-aarch64 || true)"
+if [ -n "$QEMU_BIN" ]; then
+  export MQTT_INBOX_TEST_EMULATOR="$QEMU_BIN -L /"
+fi
+default_exclude() {
+  if [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] \
+     || grep -rqs MQTT_INBOX_TEST_EMULATOR "$SOURCE_DIR/tests"; then
+    return
   fi
-  ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout "$CTEST_TIMEOUT" \
-    -j "$JOBS" "${exclude[@]}" "${label_args[@]}"
+  local files suites
+  files="$(grep -lE 'child_consumer\.h|\bChild\b|built_program' "$SOURCE_DIR"/tests/*.cpp 2>/dev/null || true)"
+  [ -n "$files" ] || return 0
+  # shellcheck disable=SC2086
+  suites="$(grep -ohE '^(TYPED_)?TEST(_F|_P)?\( *[A-Za-z0-9_]+' $files \
+            | sed -E 's/.*\( *//' | sort -u | paste -sd'|' -)"
+  [ -n "$suites" ] && echo "(^|/)($suites)\."
 }
 
-# The project labels its tests; integration tests carry the label
-# "integration" (they need mosquitto). Without labels everything runs at once.
+TEST_FAILED=()
+run_ctest() {
+  local exclude_re exclude=()
+  exclude_re="${MQTT_INBOX_CROSS_CTEST_EXCLUDE-$(default_exclude)}"
+  if [ -n "$exclude_re" ]; then
+    echo "not run under qemu: tests matching '$exclude_re'" \
+         "(they exec target programs; see docs/cross-compiling.md)"
+    exclude=(-E "$exclude_re")
+  fi
+  ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout "$CTEST_TIMEOUT" \
+    -j "$JOBS" "${exclude[@]}" "$@"
+}
+
+# The project labels its tests "unit" and "integration" (the latter start a
+# mosquitto). Without labels everything runs in the unit stage.
 has_label() {
-  ctest --test-dir "$BUILD_DIR" --print-labels 2>/dev/null | grep -qx "  $1"
+  # (not piped into grep -q: with pipefail, ctest's SIGPIPE would fail the test)
+  local labels
+  labels="$(ctest --test-dir "$BUILD_DIR" --print-labels 2>/dev/null || true)"
+  grep -qx "  $1" <<<"$labels"
 }
 
 test_unit() {
   if has_label integration; then
-    run_ctest -LE integration
+    run_ctest -LE integration || TEST_FAILED+=(unit)
   else
-    run_ctest
+    run_ctest || TEST_FAILED+=(unit)
   fi
 }
 
@@ -255,7 +291,7 @@ test_integration() {
   fi
   command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || {
     echo "mosquitto is not installed; skipping integration tests" >&2; return; }
-  run_ctest -L integration
+  run_ctest -L integration || TEST_FAILED+=(integration)
 }
 
 T0=$SECONDS
@@ -271,3 +307,7 @@ fi
 log "summary"
 printf '  %s\n' "${SUMMARY[@]}"
 printf '  %-10s %4ds\n' total $((SECONDS - T0))
+if [ ${#TEST_FAILED[@]} -gt 0 ]; then
+  echo "FAILED under qemu-aarch64: ${TEST_FAILED[*]} tests" >&2
+  exit 1
+fi
