@@ -25,6 +25,11 @@
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 
+namespace mqtt_inbox {
+// Readable outcomes in failure messages (found by ADL; internal to this test).
+[[maybe_unused]] static void PrintTo(Outcome o, std::ostream* os) { *os << to_string(o); }
+}  // namespace mqtt_inbox
+
 namespace mqtt_inbox::test {
 namespace {
 
@@ -205,7 +210,9 @@ class PowerLossTest : public ::testing::Test {
       if (full) {
         // A commit that was fsynced before the cut survives even if its PUBACK never left.
         const bool committed_unacked = point == CutPoint::kAfterCommitBeforeAck;
-        if (committed_unacked) EXPECT_EQ(present.count(id_of(*unacked)), 1u);
+        if (committed_unacked) {
+          EXPECT_EQ(present.count(id_of(*unacked)), 1u);
+        }
         EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"),
                   static_cast<int64_t>(acked.size()) + (committed_unacked ? 1 : 0));
         // The attempts row of every message was deleted by its fsynced claim commit.

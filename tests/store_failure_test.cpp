@@ -33,6 +33,11 @@
 #include "support/ledger_fixture.h"
 #include "support/publisher.h"
 
+namespace mqtt_inbox {
+// Readable outcomes in failure messages (found by ADL; internal to this test).
+[[maybe_unused]] static void PrintTo(Outcome o, std::ostream* os) { *os << to_string(o); }
+}  // namespace mqtt_inbox
+
 namespace mqtt_inbox::test {
 namespace {
 
@@ -200,23 +205,33 @@ struct FaultCase {
   const char* status_word;  // how the Status names it in health().last_error
 };
 
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
 class InjectedStoreFault : public StoreFailureTest,
                            public ::testing::WithParamInterface<FaultCase> {};
 
 // A fault that lasts N calls and then clears by itself: handle() absorbs every failure
 // (one store retry per injected failure, none swallowed), then applies the message once.
+// N is above max_attempts (5): a store failure counted as a handler attempt would
+// dead-letter the message instead.
 TEST_P(InjectedStoreFault, FaultForNextCallsIsRetriedThenAppliedOnce) {
   const FaultCase& c = GetParam();
+  constexpr int kFailures = 8;
   open();
   apply_warmup(3);
-  const int64_t retries_before = consumer_->counters().store_retries;
+  const ConsumerCounters before = consumer_->counters();
   const uint64_t injected_before = vfs_.injected();
-  vfs_.arm(Fault::next(c.op, 4, c.error, c.kind));
+  vfs_.arm(Fault::next(c.op, kFailures, c.error, c.kind));
   EXPECT_EQ(consumer_->handle(credit_message("n-1", "nina", 7)), Outcome::kProcessed);
-  EXPECT_EQ(vfs_.injected() - injected_before, 4u);
-  // Each injected failure surfaced as a store error and was retried: a failure that
-  // SQLite swallowed, or that the consumer treated as success, would break this.
-  EXPECT_EQ(consumer_->counters().store_retries - retries_before, 4);
+  EXPECT_EQ(vfs_.injected() - injected_before, static_cast<uint64_t>(kFailures));
+  // Each injected failure surfaced as a store error and was retried as one: a failure
+  // that SQLite swallowed, or that the consumer treated as success or as a handler
+  // failure, would break this.
+  const ConsumerCounters after = consumer_->counters();
+  EXPECT_EQ(after.store_retries - before.store_retries, kFailures);
+  EXPECT_EQ(after.handler_failures, before.handler_failures);
+  EXPECT_EQ(after.dead_lettered, 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
   EXPECT_NE(consumer_->health().last_error.find(c.status_word), std::string::npos)
       << consumer_->health().last_error;
   EXPECT_EQ(rows_for("n-1"), 1);
