@@ -90,7 +90,6 @@ deps() {
      && [ "$(dpkg --print-architecture)" != "$ARCH" ]; then
     echo "enabling the $ARCH architecture"
     "${SUDO[@]}" dpkg --add-architecture "$ARCH"
-    NEED_UPDATE=1
   fi
   local want=() p
   for p in "${HOST_PKGS[@]}" "${INDEP_PKGS[@]}"; do is_installed "$p" || want+=("$p"); done
