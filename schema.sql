@@ -118,5 +118,9 @@ CREATE INDEX IF NOT EXISTS inbox_messages_work
     ON inbox_messages (consumer_name, status, aggregate_key, seq);
 CREATE INDEX IF NOT EXISTS inbox_messages_received_at
     ON inbox_messages (received_at);
+-- Serves compaction: only 'done' rows that still hold their payload (a short window), so
+-- the pruner never scans the days of compacted rows kept for deduplication.
+CREATE INDEX IF NOT EXISTS inbox_messages_compact
+    ON inbox_messages (consumer_name, done_at) WHERE status = 'done' AND payload IS NOT NULL;
 
 PRAGMA user_version = 2;

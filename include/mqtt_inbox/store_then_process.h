@@ -1,0 +1,263 @@
+// StoreThenProcess: the second inbox mode. The message callback only stores the raw
+// message (one INSERT, one commit) and returns, so the PUBACK follows durable *receipt*;
+// worker threads process the stored rows later, in arrival order per aggregate key, each
+// in a transaction that also marks the row done. SQLite only: no MQTT in it (it is a
+// MessageSink, so the Subscriber or any other transport can feed it).
+//
+// Choose it over Consumer when the handler is too slow for Paho's receive thread, when
+// messages must be processed in order per device, or when messages must be re-run after
+// a bug fix (replay). It costs one extra write per message (store, then process) and the
+// latency between receipt and processing. docs/store-then-process.md has the details.
+//
+// Receipt, in handle(), for one message:
+//  1. payload over max_payload_bytes                -> dead letter payload_too_large
+//  2. producer id as Consumer extracts it (options.h) -> dead letter missing_id,
+//                                                      invalid_id, undecodable_payload
+//  3. aggregate key from options.aggregate_key (a throw -> dead letter undecodable_payload)
+//  4. INSERT INTO inbox_messages ... ON CONFLICT (consumer, id) DO NOTHING, committed with
+//     the Inbox's synchronous setting (FULL by default: survives power loss). No row
+//     changed -> Outcome::kDuplicate; else kProcessed ("stored for the workers").
+//  While the store fails, handle() does not return (capped backoff; health()).
+//
+// Workers (start()): `workers` threads, each with its own SQLite connection to the
+// Inbox's file. A worker claims a batch in a short BEGIN IMMEDIATE transaction
+// (status 'processing', claimed_at, claimant) and runs, per row in seq order:
+// prepare (optional, no transaction) then the handler inside BEGIN IMMEDIATE on its own
+// connection; the row is marked 'done' in that same transaction. A handler that throws:
+// attempts+1, last_error, next_attempt_at = now + backoff, back to 'pending'; after
+// max_attempts: dead letter handler_failed (handler_crashed when the last attempts were
+// expired claims) and status 'dead' (a redelivery stays a duplicate).
+//
+// Ordering rule: within one aggregate key rows are processed in seq (arrival) order. An
+// aggregate with a 'processing' row is not claimed from at all, and its first unfinished
+// row (lowest seq, 'pending') must be due (next_attempt_at <= now): a row waiting for a
+// retry blocks the rows after it. A 'dead' row no longer blocks: the aggregate moves on.
+// Across aggregates, rows are processed in parallel by the workers.
+//
+// Thread safety: handle() may be called from several threads; every other method is safe
+// from any thread. health() and counters() never wait for the store. Errors: methods
+// return a Status and never throw; the handler signals failure by throwing.
+#pragma once
+
+#include <any>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mqtt_inbox/consumer.h"
+#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/message.h"
+#include "mqtt_inbox/options.h"
+#include "mqtt_inbox/status.h"
+
+namespace SQLite {
+class Database;
+}
+
+namespace mqtt_inbox {
+
+// One stored message as a worker hands it to the application.
+struct StoredDelivery {
+  const Message& message;           // topic, payload, qos, MQTT 5 properties as received
+  const std::string& message_id;    // the producer's id
+  const std::string& aggregate_key; // "" unless an extractor is configured
+  int64_t seq;                      // arrival order (inbox_messages.seq)
+  int64_t received_at_ms;           // when it was stored (retention clock, ms)
+  int attempt;                      // 1-based; counts failures and expired claims
+  // What the prepare function returned for this attempt; empty without one.
+  const std::any& prepared;
+};
+
+// The business change. Runs inside the worker's BEGIN IMMEDIATE transaction on the
+// worker's own connection; the row is marked 'done' in the same transaction. The rules
+// of handler.h apply (no BEGIN/COMMIT/ROLLBACK; throw to fail; UndecodablePayload for
+// input that can never succeed). It holds SQLite's single write lock while it runs:
+// receipt (handle()) waits for it, so keep it short. Put slow work in a PrepareFn.
+using StoredHandler = std::function<void(SQLite::Database& db, const StoredDelivery& d)>;
+
+// Optional first phase: runs before the transaction, holding no lock (d.prepared is
+// empty here). Its result reaches the handler as d.prepared. Use it for slow, read-only
+// or idempotent work (parsing, computing, an idempotent remote call). It may run more
+// than once per message (retries, a lost claim); throwing counts as a failed attempt.
+using PrepareFn = std::function<std::any(const StoredDelivery& d)>;
+
+// Adapts a Consumer-style Handler (handler.h): same Delivery, same transaction rules.
+StoredHandler stored_handler(Handler handler);
+
+// Aggregate key extractors for StoreThenProcessOptions::aggregate_key.
+// The topic level at `index` (0-based; "sensors/dev-7/temp" level 1 is "dev-7"), or ""
+// when the topic has fewer levels.
+std::function<std::string(const Message&)> aggregate_key_from_topic_level(size_t index);
+// A top-level string (or integer, as text) field of a JSON object payload, or "" when the
+// payload is no JSON object or lacks the field.
+std::function<std::string(const Message&)> aggregate_key_from_json_field(std::string field);
+
+struct StoreThenProcessOptions {
+  // Id extraction, payload limit and dead-letter payload cut: as for Consumer (options.h).
+  // Its retry_backoff_* fields are the backoff between handler attempts of one row
+  // (default 100 ms, doubled, capped at 2000 ms), max_attempts (default 5) the limit
+  // after which a row is dead-lettered, store_backoff_* the receipt's wait while the
+  // store fails.
+  ConsumerOptions consumer;
+
+  // The aggregate key of a message (e.g. a device id). Default empty = "" for every
+  // message: one aggregate, all rows in arrival order, one at a time. A throw
+  // dead-letters the message as undecodable_payload at receipt.
+  std::function<std::string(const Message&)> aggregate_key;
+
+  // Optional first phase of the handler (see PrepareFn). Default none.
+  PrepareFn prepare;
+
+  // Worker threads started by start(). Default 2. 0 = receipt only (the rows are
+  // processed by another StoreThenProcess with the same name, in this or another
+  // process). Each worker opens its own connection.
+  int workers = 2;
+
+  // Rows claimed per claim transaction, at most. Default 16, >= 1. Larger batches cost
+  // fewer claim commits; a worker that dies strands its batch until the lease expires.
+  int batch_size = 16;
+
+  // How long an idle worker sleeps before looking again, ms. handle() in this process
+  // wakes the workers at once; the poll only matters for rows stored by other processes
+  // and for retries that become due. Default 200.
+  int64_t poll_interval_ms = 200;
+
+  // A claim older than this is presumed dead (the worker crashed or hangs) and the reaper
+  // returns it to 'pending', counting one attempt on the row that was running. Wall clock,
+  // ms. Default 60000. Must exceed the longest prepare + handler run; a live worker whose
+  // claim was reaped notices it and drops the row, so a short lease costs re-runs of
+  // prepare, never a double effect. A worker renews the lease of its batch at each row.
+  int64_t lease_ms = 60000;
+
+  // How often the pool runs the reaper, ms. Default 0 = lease_ms / 4.
+  int64_t reap_interval_ms = 0;
+
+  // Retention of finished rows (see prune()). Durations on the retention clock, ms.
+  // compact_after_ms: 'done' rows lose payload and properties this long after done_at.
+  // Default 1 hour; 0 = compact at the next prune. Compacted rows cannot be replayed.
+  int64_t compact_after_ms = 3600LL * 1000;
+  // dedup_retention_ms: 'done' and 'dead' rows are deleted this long after received_at;
+  // until then a redelivery of the id is dropped. Size it like the inbox's dedup window:
+  // the broker's session expiry plus the longest offline period. Default 7 days.
+  int64_t dedup_retention_ms = 7LL * 24 * 3600 * 1000;
+  // How often the pool runs prune(), ms. Default 600000 (10 min); 0 = never (call it
+  // yourself, or let the general pruner do it).
+  int64_t prune_interval_ms = 600000;
+
+  // A handler transaction that held the write lock longer than this is logged as a
+  // warning (receipt waited for it), ms. Default 1000; 0 = never.
+  int64_t slow_handler_warn_ms = 1000;
+
+  // Test hook: called inside a worker right before the handler transaction begins (after
+  // prepare), with the message id. Lets a test kill the process mid-processing.
+  std::function<void(const std::string& message_id)> before_handler_hook;
+};
+
+// Which rows a replay resets. Unset fields match everything; all set fields must match.
+// The consumer is always the StoreThenProcess's own name.
+struct ReplayFilter {
+  std::optional<int64_t> received_since_ms;   // received_at >= this
+  std::optional<int64_t> received_before_ms;  // received_at < this
+  std::optional<std::string> aggregate_key;
+  std::optional<std::string> message_id;
+  bool include_dead = false;  // also rows dead-lettered by the workers
+};
+
+struct ReplayResult {
+  int64_t reset = 0;            // rows set back to 'pending'
+  int64_t not_replayable = 0;   // matching rows whose payload was already compacted
+  int64_t in_flight = 0;        // matching rows 'processing' now: left alone
+};
+
+struct StoredPruneResult {
+  int64_t compacted = 0;  // done rows whose payload was dropped
+  int64_t deleted = 0;    // done/dead rows deleted after the dedup window
+};
+
+// Counters since the object was created (this process only).
+struct StoreThenProcessCounters {
+  int64_t stored = 0;            // messages stored at receipt
+  int64_t duplicates = 0;        // deliveries dropped at receipt (id already stored)
+  int64_t dead_lettered = 0;     // receipt and worker dead letters written
+  int64_t processed = 0;         // rows marked done by this process's workers
+  int64_t handler_failures = 0;  // prepare/handler attempts that threw
+  int64_t claims_lost = 0;       // rows a worker dropped because its claim was reaped
+  int64_t reaped = 0;            // expired claims returned to pending by the reaper
+  int64_t store_retries = 0;     // receipt store operations retried
+  int64_t worker_store_errors = 0;  // worker/reaper SQLite failures (retried)
+  std::string last_worker_error;    // text of the latest of those ("" if none)
+};
+
+// Row counts by status for this consumer (inspection, tests, the admin tool).
+struct StoreThenProcessStats {
+  int64_t pending = 0, processing = 0, done = 0, dead = 0;
+};
+
+class StoreThenProcess final : public MessageSink {
+ public:
+  // `inbox` must outlive the object; its path, VFS, busy timeout and synchronous setting
+  // are used for the worker connections, its clock for every timestamp, its logger for
+  // logs. `name`: consumer name (1..200 bytes of UTF-8). Opens one maintenance
+  // connection (reaper, replay, prune); starts no thread. Errors: kInvalidArgument for bad
+  // arguments; store codes if the connection cannot be opened.
+  static Status create(Inbox* inbox, const std::string& name, StoredHandler handler,
+                       const StoreThenProcessOptions& options,
+                       std::unique_ptr<StoreThenProcess>* out);
+  // Stops the workers (see stop()).
+  ~StoreThenProcess() override;
+
+  const std::string& name() const override;
+
+  // Receipt; see the header comment. Never throws. Returns only once the message has a
+  // durable outcome, blocking (with capped backoff) while the store fails. Safe to call
+  // before start() and without workers.
+  Outcome handle(const Message& message) override;
+
+  // Starts the worker threads and the periodic reaper/pruner. Call once; the business
+  // tables must exist. Errors: kInvalidArgument if already started; store codes if a
+  // worker connection cannot be opened (then nothing is started).
+  Status start();
+
+  // Asks the workers to finish the row they are in, releases the rest of their batches
+  // (back to 'pending', no attempt counted) and joins them. Idempotent. Returns kBusy if
+  // releasing failed (those rows wait for the lease).
+  Status stop();
+
+  // Returns claims of this consumer older than lease_ms to 'pending' and counts one
+  // attempt on the row each expired batch was running (its lowest-seq row still
+  // 'processing'); the rest of the batch never started and is not counted. Runs
+  // periodically while started; callable at any time. *reaped: rows returned.
+  Status reap(int64_t* reaped);
+
+  // Deliberate re-run: rows matching `filter` ('done', and 'dead' if include_dead) go
+  // back to 'pending' with attempts 0, and the workers process them again: their
+  // business effects are applied again. That is the point (after a bug fix); a handler
+  // that must not double an effect has to make it idempotent itself. Rows keep their seq,
+  // so a replayed row runs before the later rows of its aggregate that are still
+  // unfinished. Compacted rows are counted in not_replayable and left alone.
+  Status replay(const ReplayFilter& filter, ReplayResult* result);
+
+  // Retention: compacts 'done' rows older than compact_after_ms (by done_at) and deletes
+  // 'done'/'dead' rows older than dedup_retention_ms (by received_at), in short
+  // transactions of at most 500 rows. Runs periodically while started (prune_interval_ms);
+  // callable at any time.
+  Status prune(StoredPruneResult* result);
+
+  // Row counts by status for this consumer.
+  Status stats(StoreThenProcessStats* out);
+
+  // Receipt's view of the store (stuck = a message is waiting to be stored and so not
+  // acked). Never waits for the store.
+  Health health() const;
+  StoreThenProcessCounters counters() const;
+
+ private:
+  struct Impl;
+  explicit StoreThenProcess(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox
