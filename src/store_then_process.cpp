@@ -44,19 +44,22 @@ constexpr const char* kInsertSql =
 constexpr const char* kExistsSql =
     "SELECT EXISTS(SELECT 1 FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2)";
 
-// Candidates for a claim, oldest first. An aggregate with a 'processing' row is skipped
-// entirely; within an aggregate, `gate` is the largest next_attempt_at of this row and
-// every earlier pending row, so a row waiting for its retry blocks all rows after it.
-constexpr const char* kCandidatesSql =
-    "WITH open AS ("
-    "  SELECT seq, aggregate_key,"
-    "         max(next_attempt_at) OVER (PARTITION BY aggregate_key ORDER BY seq"
-    "                                    ROWS UNBOUNDED PRECEDING) AS gate"
-    "    FROM inbox_messages"
-    "   WHERE consumer_name = ?1 AND status = 'pending'"
-    "     AND aggregate_key NOT IN (SELECT aggregate_key FROM inbox_messages"
-    "                                WHERE consumer_name = ?1 AND status = 'processing'))"
-    " SELECT seq, aggregate_key FROM open WHERE gate <= ?2 ORDER BY seq LIMIT ?3";
+// Claim candidates, found with index seeks on inbox_messages_work (consumer_name,
+// status, aggregate_key, seq) rather than a scan of the backlog: the aggregates with
+// pending rows one by one (skip-scan), aggregates with a 'processing' row, and the first
+// pending rows of one aggregate in seq order.
+constexpr const char* kFirstAggregateSql =
+    "SELECT min(aggregate_key) FROM inbox_messages WHERE consumer_name = ?1 AND status = 'pending'";
+constexpr const char* kNextAggregateSql =
+    "SELECT min(aggregate_key) FROM inbox_messages"
+    " WHERE consumer_name = ?1 AND status = 'pending' AND aggregate_key > ?2";
+constexpr const char* kBusyAggregatesSql =
+    "SELECT DISTINCT aggregate_key FROM inbox_messages"
+    " WHERE consumer_name = ?1 AND status = 'processing'";
+constexpr const char* kAggregateHeadSql =
+    "SELECT seq, next_attempt_at FROM inbox_messages"
+    " WHERE consumer_name = ?1 AND status = 'pending' AND aggregate_key = ?2"
+    " ORDER BY seq LIMIT ?3";
 
 constexpr const char* kClaimRowSql =
     "UPDATE inbox_messages SET status = 'processing', claimed_at = ?2, claimant = ?3"
@@ -403,7 +406,7 @@ struct StoreThenProcess::Impl {
   struct Worker {
     int index = 0;
     std::unique_ptr<SQLite::Database> db;
-    std::unique_ptr<SQLite::Statement> candidates, claim_row, owned, done, close_dl, renew,
+    std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
         failed, release, dead;
     Synchronous handler_sync = Synchronous::kFull;
     std::optional<Synchronous> current_sync;
@@ -463,7 +466,10 @@ struct StoreThenProcess::Impl {
 
   void prepare_worker(Worker& w) {
     SQLite::Database& db = *w.db;
-    w.candidates = std::make_unique<SQLite::Statement>(db, kCandidatesSql);
+    w.first_agg = std::make_unique<SQLite::Statement>(db, kFirstAggregateSql);
+    w.next_agg = std::make_unique<SQLite::Statement>(db, kNextAggregateSql);
+    w.busy_aggs = std::make_unique<SQLite::Statement>(db, kBusyAggregatesSql);
+    w.agg_head = std::make_unique<SQLite::Statement>(db, kAggregateHeadSql);
     w.claim_row = std::make_unique<SQLite::Statement>(db, kClaimRowSql);
     w.owned = std::make_unique<SQLite::Statement>(db, kOwnedSql);
     w.done = std::make_unique<SQLite::Statement>(db, kDoneSql);
@@ -472,7 +478,44 @@ struct StoreThenProcess::Impl {
     w.failed = std::make_unique<SQLite::Statement>(db, kFailedSql);
     w.release = std::make_unique<SQLite::Statement>(db, kReleaseSql);
     w.dead = std::make_unique<SQLite::Statement>(db, kDeadSql);
-    w.handler_sync = inbox->options().synchronous;
+    w.handler_sync = options.worker_synchronous;
+  }
+
+  // The claimable rows (seq, aggregate), oldest first. An aggregate with a 'processing'
+  // row is skipped; within an aggregate, rows are taken in seq order up to the first one
+  // whose next_attempt_at is in the future: a row waiting for its retry blocks the rows
+  // after it. Cost: one index seek per aggregate with pending rows, plus batch_size rows
+  // of each; never a scan of the whole backlog.
+  std::vector<std::pair<int64_t, std::string>> candidates(Worker& w, int64_t now) {
+    std::set<std::string> busy;
+    {
+      SQLite::Statement& q = *w.busy_aggs;
+      detail::StatementReset reset(q);
+      q.bind(1, name);
+      while (q.executeStep()) busy.insert(q.getColumn(0).getString());
+    }
+    std::vector<std::pair<int64_t, std::string>> out;
+    std::optional<std::string> key;
+    for (;;) {
+      SQLite::Statement& q = key ? *w.next_agg : *w.first_agg;
+      detail::StatementReset reset(q);
+      q.bind(1, name);
+      if (key) q.bind(2, *key);
+      if (!q.executeStep() || q.getColumn(0).isNull()) break;
+      key = q.getColumn(0).getString();
+      if (busy.count(*key)) continue;
+      SQLite::Statement& h = *w.agg_head;
+      detail::StatementReset reset_h(h);
+      h.bind(1, name);
+      h.bind(2, *key);
+      h.bind(3, static_cast<int64_t>(options.batch_size));
+      while (h.executeStep()) {
+        if (h.getColumn(1).getInt64() > now) break;
+        out.emplace_back(h.getColumn(0).getInt64(), *key);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
   // Claims a batch: rows of at most ceil(eligible aggregates / workers) aggregates (so
@@ -482,15 +525,7 @@ struct StoreThenProcess::Impl {
     const int64_t now = clock->wall_ms();
     w.set_sync(Synchronous::kNormal);
     return transaction(*w.db, "claiming rows", [&] {
-      std::vector<std::pair<int64_t, std::string>> cand;
-      {
-        SQLite::Statement& q = *w.candidates;
-        detail::StatementReset reset(q);
-        q.bind(1, name);
-        q.bind(2, now);
-        q.bind(3, static_cast<int64_t>(options.batch_size) * std::max(1, options.workers));
-        while (q.executeStep()) cand.emplace_back(q.getColumn(0).getInt64(), q.getColumn(1).getString());
-      }
+      const std::vector<std::pair<int64_t, std::string>> cand = candidates(w, now);
       if (cand.empty()) return;
       std::vector<std::string> order;  // aggregates by their oldest eligible row
       for (const auto& c : cand)

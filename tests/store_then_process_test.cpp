@@ -375,6 +375,36 @@ TEST_F(StoreThenProcessTest, ReaperReturnsExpiredClaimsCountingTheRunningRowOnly
             (std::vector<std::string>{"x-0:2", "x-1:1", "x-2:1"}));
 }
 
+// Two-phase handler: the slow part runs in prepare, outside the write lock, and its result
+// reaches the handler. A prepare that outlives the lease loses its claim: the reaper
+// returns the row, another run processes it, and the late worker drops it: one effect.
+TEST_F(StoreThenProcessTest, SlowPrepareThatLosesItsClaimNeverDoublesTheEffect) {
+  auto o = fast_options();
+  o.lease_ms = 60;
+  o.reap_interval_ms = 10;
+  o.prepare = [](const StoredDelivery& d) -> std::any {
+    if (d.message_id == "slow-1" && d.attempt == 1) std::this_thread::sleep_for(300ms);
+    return d.seq * 10;
+  };
+  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) {
+    if (std::any_cast<int64_t>(d.prepared) != d.seq * 10) throw std::runtime_error("prepared lost");
+    record_run(db, d);
+  }, o);
+  ASSERT_EQ(stp->handle(reading("s", "slow-1")), Outcome::kProcessed);
+  ASSERT_EQ(stp->handle(reading("s", "slow-2")), Outcome::kProcessed);
+  ASSERT_EQ(stp->handle(reading("t", "fast-1")), Outcome::kProcessed);
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_runs(3));
+  ASSERT_TRUE(wait_settled());
+  std::this_thread::sleep_for(400ms);  // the slow first run has finished by now
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(q("SELECT count(*) FROM runs"), 3);
+  EXPECT_EQ(column(db_path_, "SELECT message_id || ':' || attempt FROM runs WHERE device = 's' ORDER BY id"),
+            (std::vector<std::string>{"slow-1:2", "slow-2:1"}));
+  EXPECT_GE(stp->counters().claims_lost, 1);
+  EXPECT_GE(stp->counters().reaped, 1);
+}
+
 // ---------------------------------------------------------------- child processes
 
 class StpChildTest : public ChildConsumerTest {

@@ -151,6 +151,17 @@ struct StoreThenProcessOptions {
   // warning (receipt waited for it), ms. Default 1000; 0 = never.
   int64_t slow_handler_warn_ms = 1000;
 
+  // Durability of the workers' handler commits (row 'done' + business change). Default
+  // kNormal (no fsync), whatever the Inbox uses for receipt: the row is already durable
+  // (receipt commits with the Inbox's setting, FULL by default), and the 'done' mark and
+  // the business change are one transaction, so a power loss can only roll both back
+  // together; the row is then 'pending' again and processed again: still exactly one
+  // effect in the file. What a power loss can cost is the effects of the last few
+  // processed rows until the workers re-run them. In exchange a worker holds the write
+  // lock for microseconds instead of an fsync, and receipt (the PUBACK) waits less. Set
+  // kFull if the effects must be durable the moment they commit.
+  Synchronous worker_synchronous = Synchronous::kNormal;
+
   // Test hook: called inside a worker right before the handler transaction begins (after
   // prepare), with the message id. Lets a test kill the process mid-processing.
   std::function<void(const std::string& message_id)> before_handler_hook;
