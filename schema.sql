@@ -124,3 +124,13 @@ CREATE INDEX IF NOT EXISTS inbox_messages_compact
     ON inbox_messages (consumer_name, done_at) WHERE status = 'done' AND payload IS NOT NULL;
 
 PRAGMA user_version = 2;
+
+-- @version 3
+-- Dead letters have their own retention, measured on the retention clock like
+-- inbox_processed.received_at, so a wall-clock jump cannot expire them early.
+ALTER TABLE inbox_dead_letters ADD COLUMN retention_at INTEGER;  -- retention clock, ms
+UPDATE inbox_dead_letters SET retention_at = dead_lettered_at WHERE retention_at IS NULL;
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_retention
+    ON inbox_dead_letters (retention_at);
+
+PRAGMA user_version = 3;

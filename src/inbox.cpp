@@ -6,10 +6,15 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <mutex>
+#include <vector>
 
 #include "log.h"
 #include "mqtt_inbox/clock.h"
+#include "inbox_impl.h"
 #include "schema.h"
 #include "sqlite_util.h"
 #include "text.h"
@@ -132,53 +137,95 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
 
 }  // namespace
 
-struct Inbox::Impl {
-  std::string path;
-  InboxOptions options;
-  Clock* clock = nullptr;
-  std::shared_ptr<spdlog::logger> log;
-  std::mutex mu;  // serialises use of `db` and the cached statements
-  std::unique_ptr<SQLite::Database> db;
-  std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,
-      delete_attempts, mark_replayed;
+Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-  // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
-  // rethrows it. COMMIT failing leaves nothing committed.
-  template <typename Fn>
-  void write_transaction(Fn&& fn) {
-    db->exec("BEGIN IMMEDIATE");
+Inbox::~Inbox() {
+  // Best effort: a clock that restarts from an older value only keeps rows longer.
+  (void)persist_retention_clock();
+}
+
+int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
+
+Status Inbox::persist_retention_clock() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  try {
+    SQLite::Statement q(*impl_->db,
+                        "INSERT INTO inbox_meta (key, value) VALUES ('retention_clock_ms', ?1)"
+                        " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+    q.bind(1, std::to_string(impl_->retention_clock()));
+    q.exec();
+  } catch (const SQLite::Exception& e) {
+    return impl_->store_error(detail::to_status(e, "persisting the retention clock"));
+  }
+  return Status::Ok();
+}
+
+namespace {
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+}
+}  // namespace
+
+InboxStats Inbox::stats() const {
+  const Impl& m = *impl_;
+  InboxStats s;
+  s.processed = m.processed.load();
+  s.duplicates = m.duplicates.load();
+  s.dead_lettered = m.dead_lettered.load();
+  s.retries = m.retries.load();
+  s.store_errors = m.store_errors.load();
+  s.pruned = m.pruned.load();
+  s.dead_letters_pruned = m.dead_letters_pruned.load();
+  const int64_t seen = s.processed + s.duplicates;
+  s.duplicate_ratio = seen ? static_cast<double>(s.duplicates) / static_cast<double>(seen) : 0.0;
+
+  const uint64_t n = std::min<uint64_t>(m.latency_next.load(), Impl::kLatencySamples);
+  std::vector<int32_t> lat;
+  lat.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) lat.push_back(m.latency_us[i].load(std::memory_order_relaxed));
+  if (!lat.empty()) {
+    std::sort(lat.begin(), lat.end());
+    s.commit_p50_us = lat[lat.size() / 2];
+    s.commit_p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  }
+  s.commit_max_us = m.commit_max_us.load();
+  s.db_bytes = file_size(m.path);
+  s.wal_bytes = file_size(m.path + "-wal");
+  s.schema_version = kSchemaVersion;
+  s.retention_clock_ms = m.retention_clock();
+  {
+    std::lock_guard<std::mutex> lock(m.stats_mu);
+    s.consumers = m.consumer_rows;
+    s.rows_measured_at = m.rows_measured_at;
+  }
+  return s;
+}
+
+Status Inbox::refresh_row_stats() {
+  std::map<std::string, ConsumerRows> rows;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
     try {
-      fn();
-      db->exec("COMMIT");
-    } catch (...) {
-      detail::rollback_quietly(*db);
-      throw;
+      SQLite::Statement q(*impl_->db,
+                          "SELECT consumer_name, count(*), min(received_at), max(received_at)"
+                          " FROM inbox_processed GROUP BY consumer_name");
+      while (q.executeStep()) {
+        ConsumerRows r;
+        r.rows = q.getColumn(1).getInt64();
+        r.oldest_received_at = q.getColumn(2).getInt64();
+        r.newest_received_at = q.getColumn(3).getInt64();
+        rows[q.getColumn(0).getString()] = r;
+      }
+    } catch (const SQLite::Exception& e) {
+      return impl_->store_error(detail::to_status(e, "measuring rows"));
     }
   }
-
-  // Commits the next autocommit statement without fsync, when the inbox runs FULL.
-  // See Inbox::begin_attempt for why that is enough for attempt counting.
-  struct RelaxedSync {
-    Impl& impl;
-    explicit RelaxedSync(Impl& i) : impl(i) {
-      if (impl.options.synchronous == Synchronous::kFull)
-        impl.db->exec("PRAGMA synchronous = NORMAL");
-    }
-    ~RelaxedSync() {
-      if (impl.options.synchronous == Synchronous::kFull) {
-        try {
-          impl.db->exec("PRAGMA synchronous = FULL");
-        } catch (...) {
-          // Setting a pragma outside a transaction does no I/O; if it ever fails, the
-          // connection is unusable and the next statement reports it.
-        }
-      }
-    }
-  };
-};
-
-Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Inbox::~Inbox() = default;
+  std::lock_guard<std::mutex> lock(impl_->stats_mu);
+  impl_->consumer_rows = std::move(rows);
+  impl_->rows_measured_at = impl_->retention_clock();
+  return Status::Ok();
+}
 
 const std::string& Inbox::path() const { return impl_->path; }
 const InboxOptions& Inbox::options() const { return impl_->options; }
@@ -232,6 +279,22 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
       return Status::Internal("schema.sql ends at user_version " + std::to_string(now_version) +
                               ", expected " + std::to_string(kSchemaVersion));
 
+    // The retention clock continues from its persisted value, or from the newest row if
+    // the process died before persisting (both only ever move it forward).
+    {
+      int64_t base = 0;
+      SQLite::Statement q(db, "SELECT value FROM inbox_meta WHERE key = 'retention_clock_ms'");
+      if (q.executeStep()) base = std::stoll(q.getColumn(0).getString());
+      else base = impl->clock->wall_ms();  // a new database starts at the wall clock
+      for (const char* t : {"inbox_processed", "inbox_messages"}) {
+        const int64_t newest =
+            db.execAndGet(std::string("SELECT coalesce(max(received_at), 0) FROM ") + t).getInt64();
+        base = std::max(base, newest);
+      }
+      impl->clock_base_ms = base;
+      impl->steady_base_ms = impl->clock->steady_ms();
+    }
+
     db.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
                                                       : "PRAGMA synchronous = NORMAL");
     db.exec("PRAGMA foreign_keys = ON");
@@ -265,6 +328,7 @@ Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
     *out = MessageState{};
     if (q.executeStep()) {
       out->processed = q.getColumn(0).getInt() != 0;
+      if (out->processed) ++impl_->duplicates;  // the caller skips it as a duplicate
       if (!q.getColumn(1).isNull()) out->dead_letter_id = q.getColumn(1).getInt64();
       if (!q.getColumn(2).isNull()) {
         out->attempts = q.getColumn(2).getInt();
@@ -274,7 +338,7 @@ Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
       }
     }
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "looking up message");
+    return impl_->store_error(detail::to_status(e, "looking up message"));
   }
   return Status::Ok();
 }
@@ -295,7 +359,7 @@ Status Inbox::begin_attempt(const std::string& consumer, const std::string& mess
     while (q.executeStep()) {
     }
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "recording attempt");
+    return impl_->store_error(detail::to_status(e, "recording attempt"));
   }
   return Status::Ok();
 }
@@ -313,8 +377,9 @@ Status Inbox::record_attempt_failure(const std::string& consumer,
     q.bind(3, error);
     q.exec();
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "recording attempt failure");
+    return impl_->store_error(detail::to_status(e, "recording attempt failure"));
   }
+  ++impl_->retries;
   return Status::Ok();
 }
 
@@ -326,10 +391,11 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   SQLite::Database& db = *m.db;
+  const auto started = std::chrono::steady_clock::now();
   try {
     db.exec("BEGIN IMMEDIATE");
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "BEGIN IMMEDIATE");
+    return impl_->store_error(detail::to_status(e, "BEGIN IMMEDIATE"));
   }
   // From here on, every path either commits or rolls back before returning.
   try {
@@ -338,7 +404,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
       detail::StatementReset reset(q);
       q.bind(1, consumer);
       q.bind(2, message_id);
-      q.bind(3, m.clock->wall_ms());
+      q.bind(3, m.retention_clock());
       if (m.options.record_metadata) {
         q.bind(4, message.topic);
         if (message.content_type) q.bind(5, *message.content_type);
@@ -361,6 +427,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
         detail::rollback_quietly(db);
       }
       *result = ClaimResult::kDuplicate;
+      ++m.duplicates;
       return Status::Ok();
     }
 
@@ -416,12 +483,17 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     db.exec("COMMIT");
   } catch (const SQLite::Exception& e) {
     detail::rollback_quietly(db);
-    return detail::to_status(e, "claim transaction");
+    return impl_->store_error(detail::to_status(e, "claim transaction"));
   } catch (const std::exception& e) {
     detail::rollback_quietly(db);
     return Status::Internal(std::string("claim transaction: ") + e.what());
   }
   *result = ClaimResult::kProcessed;
+  ++m.processed;
+  m.last_commit_steady_ms = m.clock->steady_ms();
+  m.record_latency(std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - started)
+                       .count());
   if (m.options.after_commit_hook) m.options.after_commit_hook(consumer, message_id);
   return Status::Ok();
 }
@@ -432,6 +504,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
   Impl& m = *impl_;
   SQLite::Database& db = *m.db;
   const int64_t now = m.clock->wall_ms();
+  bool counted = false;  // a new or replaced dead letter, not a redelivery bump
   try {
     m.write_transaction([&] {
       std::optional<int64_t> existing = replace_id;
@@ -461,13 +534,15 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         u.bind(5, dl.last_attempt_at_ms);
         u.bind(6, now);
         if (u.exec() == 0) throw SQLite::Exception("dead letter to replace is gone", SQLITE_NOTFOUND);
+        counted = true;
       }
       if (!existing) {
         SQLite::Statement q(db,
                             "INSERT INTO inbox_dead_letters (consumer_name, message_id, topic,"
                             " payload, payload_size, properties, qos, reason, reason_text,"
-                            " attempts, first_attempt_at, last_attempt_at, dead_lettered_at)"
-                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+                            " attempts, first_attempt_at, last_attempt_at, dead_lettered_at,"
+                            " retention_at)"
+                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
         q.bind(1, dl.consumer_name);
         if (dl.message_id) q.bind(2, *dl.message_id);
         q.bind(3, dl.topic);
@@ -481,8 +556,10 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         q.bind(11, dl.first_attempt_at_ms ? dl.first_attempt_at_ms : now);
         q.bind(12, dl.last_attempt_at_ms ? dl.last_attempt_at_ms : now);
         q.bind(13, now);
+        q.bind(14, m.retention_clock());
         q.exec();
         existing = db.getLastInsertRowid();
+        counted = true;
       }
       if (dl.message_id) {
         SQLite::Statement& q = *m.delete_attempts;
@@ -496,8 +573,9 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
   } catch (const SQLite::Exception& e) {
     if (e.getErrorCode() == SQLITE_NOTFOUND)
       return Status::NotFound("dead letter " + std::to_string(*replace_id) + " not found");
-    return detail::to_status(e, "writing dead letter");
+    return impl_->store_error(detail::to_status(e, "writing dead letter"));
   }
+  if (counted) ++m.dead_lettered;
   return Status::Ok();
 }
 
@@ -513,7 +591,7 @@ Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<Dead
     for (size_t i = 0; i < f.binds.size(); ++i) f.binds[i](q, static_cast<int>(i + 1));
     while (q.executeStep()) out->push_back(read_dead_letter(q));
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "listing dead letters");
+    return impl_->store_error(detail::to_status(e, "listing dead letters"));
   }
   return Status::Ok();
 }
@@ -527,7 +605,7 @@ Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
     if (!q.executeStep()) return Status::NotFound("dead letter " + std::to_string(id) + " not found");
     *out = read_dead_letter(q);
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "reading dead letter");
+    return impl_->store_error(detail::to_status(e, "reading dead letter"));
   }
   return Status::Ok();
 }
@@ -542,7 +620,7 @@ Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* remove
       *removed = q.exec();
     });
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "purging dead letters");
+    return impl_->store_error(detail::to_status(e, "purging dead letters"));
   }
   return Status::Ok();
 }
@@ -556,7 +634,7 @@ Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
     q.executeStep();
     *rows = q.getColumn(0).getInt64();
   } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "counting processed rows");
+    return impl_->store_error(detail::to_status(e, "counting processed rows"));
   }
   return Status::Ok();
 }

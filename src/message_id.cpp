@@ -110,7 +110,7 @@ std::string validate_message_id(const std::string& id, size_t max_bytes) {
   for (size_t i = 0; i < id.size(); ++i) {
     const auto c = static_cast<unsigned char>(id[i]);
     if (c < 0x20 || c == 0x7f)
-      return "message id contains control character \\x" +
+      return "message id contains control character 0x" +
              std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 0xf];
     // C1 controls U+0080..U+009F are encoded as 0xC2 0x80..0x9F.
     if (c == 0xc2 && i + 1 < id.size() && static_cast<unsigned char>(id[i + 1]) <= 0x9f)
@@ -166,14 +166,13 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
   if (!json_problem.empty())
     return fail(DeadLetterReason::kUndecodablePayload,
                 "no message id: " + json_problem, reason, why);
-  return fail(DeadLetterReason::kMissingId,
-              "no message id in " +
-                  std::string(options.user_property.empty()
-                                  ? ""
-                                  : "user property '" + options.user_property + "', ") +
-                  (options.json_field.empty() ? "" : "JSON field '" + options.json_field + "', ") +
-                  (options.extractor ? "extractor" : "any configured source"),
-              reason, why);
+  std::string sources;
+  auto add = [&](const std::string& source) { sources += (sources.empty() ? "" : ", ") + source; };
+  if (!options.user_property.empty()) add("user property '" + options.user_property + "'");
+  if (!options.json_field.empty()) add("JSON field '" + options.json_field + "'");
+  if (options.extractor) add("the extractor");
+  return fail(DeadLetterReason::kMissingId, "no message id (looked in " + sources + ")", reason,
+              why);
 }
 
 }  // namespace mqtt_inbox::detail

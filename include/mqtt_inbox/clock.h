@@ -17,7 +17,8 @@ class Clock {
   virtual int64_t wall_ms() = 0;
   // Monotonic ms since an arbitrary origin; never goes back within one process.
   virtual int64_t steady_ms() = 0;
-  // Blocks the calling thread for about `ms`. Only used for retry backoff.
+  // Blocks the calling thread for about `ms`. Used for retry backoff and the pruner's
+  // pause between batches.
   virtual void sleep_ms(int64_t ms) = 0;
 
   // The process-wide system clock (std::chrono::system_clock / steady_clock).

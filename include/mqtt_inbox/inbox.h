@@ -24,13 +24,14 @@
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -127,7 +128,25 @@ class Inbox {
   // tests that need plain SQL on the same connection. `fn` must not throw.
   void with_connection(const std::function<void(SQLite::Database&)>& fn);
 
+  // --- retention clock and stats ---
+
+  // The retention clock, ms: received_at of new claims. Starts at the wall clock when the
+  // database is created, then advances only with the monotonic clock while an Inbox is
+  // open, and continues from its persisted value after a restart, so wall-clock jumps
+  // never move it (README "Clock safety"). Cheap; any thread.
+  int64_t retention_clock_ms() const;
+  // Stores the retention clock in inbox_meta (the Pruner does this every pass, and the
+  // destructor once). Errors: store codes.
+  Status persist_retention_clock();
+
+  // A snapshot of counters, commit latency, file sizes and the last row measurement.
+  // Cheap and safe from any thread: never waits for the store (stats.h).
+  InboxStats stats() const;
+  // Measures rows per consumer now (one aggregate query under the connection lock).
+  Status refresh_row_stats();
+
  private:
+  friend class Pruner;
   struct Impl;
   explicit Inbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

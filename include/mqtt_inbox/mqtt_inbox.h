@@ -8,6 +8,8 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/retention.h"
+#include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/subscriber.h"
 #include "mqtt_inbox/version.h"

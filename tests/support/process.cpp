@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -29,6 +30,14 @@ TempDir::~TempDir() {
 }
 
 Child::Child(std::vector<std::string> argv, const std::string& log_path) {
+  // In a cross build the child is a target binary: run it under the same emulator as the
+  // test itself (ctest passes CMAKE_CROSSCOMPILING_EMULATOR in this variable).
+  if (const char* emu = std::getenv("MQTT_INBOX_TEST_EMULATOR"); emu && *emu) {
+    std::vector<std::string> prefix;
+    std::istringstream words(emu);
+    for (std::string w; words >> w;) prefix.push_back(w);
+    argv.insert(argv.begin(), prefix.begin(), prefix.end());
+  }
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);

@@ -1,0 +1,123 @@
+// Retention: how long processed message ids are remembered, the pruner that forgets
+// them, and the storage hygiene that keeps a flash-based inbox bounded.
+//
+// Retention is a correctness setting. An id pruned before its last possible redelivery
+// lets that duplicate through, and nothing reports it. So the window is checked against
+// a declared redelivery horizon:
+//
+//   horizon = max(broker session expiry, longest offline period) + replay window
+//   required: window >= horizon + margin
+//
+// A shorter window is refused (kInvalidArgument) unless allow_window_below_horizon is
+// set, and then a warning is logged once per Pruner.
+//
+// Time: the pruner compares received_at with the inbox's retention clock
+// (Inbox::retention_clock_ms), which advances only with the monotonic clock while the
+// inbox runs and is persisted in the database. Wall-clock jumps (a gateway booting at
+// 1970 and stepping forward at NTP sync, an operator setting the clock back) therefore
+// never make a row look older than it is: a row is pruned only after at least `window`
+// of real running time. Downtime does not count, so rows can live longer than the
+// window in wall-clock terms, which is the safe direction. README "Clock safety".
+//
+// Thread safety: a Pruner is thread-safe. prune_once() and the background thread take
+// the Inbox's connection for one batch at a time, so a message commit never waits for
+// more than one batch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/stats.h"
+#include "mqtt_inbox/status.h"
+
+namespace mqtt_inbox {
+
+struct RetentionOptions {
+  // How long a processed message id is remembered, in ms of the retention clock.
+  // Default 8 days (the 7-day default session expiry plus a day of margin).
+  std::chrono::milliseconds window = std::chrono::hours(8 * 24);
+
+  // The declared redelivery horizon. broker_session_expiry should match the broker's
+  // session expiry (SubscriberOptions::session_expiry_s for MQTT 5; mosquitto's
+  // persistent_client_expiration for 3.1.1); max_offline is the longest time a device may
+  // be away; replay_window covers deliberate re-sends by producers or operators.
+  // Defaults 7 days, 0, 0.
+  std::chrono::milliseconds broker_session_expiry = std::chrono::hours(7 * 24);
+  std::chrono::milliseconds max_offline{0};
+  std::chrono::milliseconds replay_window{0};
+  // Required headroom above the horizon. Default 1 hour.
+  std::chrono::milliseconds margin = std::chrono::hours(1);
+  // Accept a window below horizon + margin (a loud warning is logged once). Default false.
+  bool allow_window_below_horizon = false;
+
+  // Rows deleted per transaction. Default 500. Bounds how long a message commit can wait.
+  int batch_rows = 500;
+  // Time one pass may spend deleting, ms; the rest is left for the next pass. Default 2000.
+  std::chrono::milliseconds pass_budget{2000};
+  // Pause between batches so message commits get the write lock. Default 2 ms.
+  std::chrono::milliseconds batch_pause{2};
+  // Period of the background thread (start()). Default 60 s.
+  std::chrono::milliseconds period{60000};
+
+  // Dead letters are kept this long (retention clock), independently of the window.
+  // 0 keeps them until purged by hand. Default 30 days.
+  std::chrono::milliseconds dead_letter_window = std::chrono::hours(30 * 24);
+
+  // After a pass that deleted rows, give freed pages back to the file system with
+  // PRAGMA incremental_vacuum (the schema uses auto_vacuum=INCREMENTAL). Default true.
+  bool incremental_vacuum = true;
+  // Checkpoint policy per pass: PASSIVE always; TRUNCATE (shrinks the WAL file to zero)
+  // when no claim committed during the last `period`. Default true.
+  bool checkpoint = true;
+
+  // Every pass also logs a one-line stats summary at info level when this many ms have
+  // passed since the last one. 0 = never. Default 300000 (5 min).
+  int64_t stats_log_period_ms = 300000;
+  // If set, every pass writes InboxStats in Prometheus text format to this path
+  // (atomically: a temporary file, then rename), for node_exporter's textfile collector.
+  std::string prometheus_textfile;
+};
+
+// Outcome of one pass.
+struct PruneResult {
+  int64_t processed_deleted = 0;     // inbox_processed rows
+  int64_t dead_letters_deleted = 0;
+  int64_t batches = 0;
+  bool budget_exhausted = false;     // rows were left for the next pass
+  int64_t pages_freed = 0;           // by incremental_vacuum
+  int64_t duration_ms = 0;
+  int64_t cutoff = 0;                // rows with received_at < cutoff were eligible
+};
+
+class Pruner {
+ public:
+  // Validates `options` against the horizon (see the header comment) and records the
+  // declared horizon in the database (inbox_meta) so tools can check against it.
+  // `inbox` must outlive the Pruner. Errors: kInvalidArgument.
+  static Status create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out);
+  ~Pruner();  // stops the background thread
+
+  // One pass: delete expired ids in batches (own short transaction each, selected
+  // through the received_at index), then expired dead letters, then vacuum, checkpoint,
+  // refresh row stats, and log/export stats. Never touches dead letters inside the
+  // window, nor any row younger than the window. Errors: store codes (the pass stops;
+  // what was deleted stays deleted).
+  Status prune_once(PruneResult* result);
+
+  // Runs prune_once() every `period` on a thread owned by the Pruner, until stop().
+  Status start();
+  void stop();
+
+  // horizon + margin, in ms: the smallest window accepted without the override.
+  static int64_t required_window_ms(const RetentionOptions& options);
+
+ private:
+  struct Impl;
+  explicit Pruner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox

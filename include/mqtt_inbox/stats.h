@@ -1,0 +1,57 @@
+// Stats: a snapshot of what an Inbox has done and holds. Inbox::stats() is cheap and safe
+// from any thread: counters are atomics, the latency histogram is lock-free, file sizes
+// come from stat(2), and row counts are those the last retention pass (or
+// Inbox::refresh_row_stats) measured, so taking a snapshot never waits for the store.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace mqtt_inbox {
+
+struct ConsumerRows {
+  int64_t rows = 0;                // rows in inbox_processed for this consumer
+  int64_t oldest_received_at = 0;  // retention clock, ms (0 if no rows)
+  int64_t newest_received_at = 0;
+};
+
+struct InboxStats {
+  // Counters since this Inbox was opened (this process).
+  int64_t processed = 0;        // claims committed with their effect
+  int64_t duplicates = 0;       // deliveries skipped because the claim existed
+  int64_t dead_lettered = 0;    // dead letters written (redeliveries of one not counted)
+  int64_t retries = 0;          // handler attempts that failed and were retried or gave up
+  int64_t store_errors = 0;     // store operations that failed (and were retried)
+  int64_t pruned = 0;           // inbox_processed rows deleted by retention passes
+  int64_t dead_letters_pruned = 0;
+  // duplicates / (processed + duplicates); 0 when nothing was seen.
+  double duplicate_ratio = 0;
+
+  // Latency of the claim transaction, BEGIN IMMEDIATE to COMMIT returned (the handler
+  // and the fsync included), in microseconds, over the last 4096 claims.
+  int64_t commit_p50_us = 0;
+  int64_t commit_p99_us = 0;
+  int64_t commit_max_us = 0;   // since open
+
+  // Files, bytes (0 if absent).
+  int64_t db_bytes = 0;
+  int64_t wal_bytes = 0;
+
+  int schema_version = 0;
+  int64_t retention_clock_ms = 0;  // see README "Clock safety"
+
+  // As measured by the last retention pass or refresh_row_stats(); rows_measured_at is
+  // the retention clock then (0 = never measured).
+  std::map<std::string, ConsumerRows> consumers;
+  int64_t rows_measured_at = 0;
+};
+
+// One line for logs: "processed=... duplicates=... p99=...us db=...B wal=...B".
+std::string summary_line(const InboxStats& s);
+
+// Prometheus text exposition format (version 0.0.4), for a node exporter's textfile
+// collector. Metric names start with mqtt_inbox_.
+std::string prometheus_text(const InboxStats& s);
+
+}  // namespace mqtt_inbox

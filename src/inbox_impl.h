@@ -1,0 +1,110 @@
+// Internal: the Inbox's state, shared by inbox.cpp and retention.cpp (the Pruner works
+// on the Inbox's own connection, one batch at a time under its mutex).
+#pragma once
+
+#include <SQLiteCpp/SQLiteCpp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "log.h"
+#include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/stats.h"
+#include "sqlite_util.h"
+
+namespace mqtt_inbox {
+
+struct Inbox::Impl {
+  std::string path;
+  InboxOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  std::mutex mu;  // serialises use of `db` and the cached statements
+  std::unique_ptr<SQLite::Database> db;
+  std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,
+      delete_attempts, mark_replayed;
+
+  // Retention clock (README "Clock safety"): clock_base_ms at steady time steady_base_ms;
+  // advances only with the monotonic clock. Both are fixed after open.
+  int64_t clock_base_ms = 0;
+  int64_t steady_base_ms = 0;
+  mutable std::atomic<int64_t> clock_high{0};  // never report less than before
+  int64_t retention_clock() const {
+    int64_t t = clock_base_ms + (clock->steady_ms() - steady_base_ms);
+    int64_t seen = clock_high.load(std::memory_order_relaxed);
+    while (t > seen && !clock_high.compare_exchange_weak(seen, t)) {
+    }
+    return std::max(t, seen);
+  }
+
+  // Counters and latency, readable from any thread without `mu`.
+  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0},
+      store_errors{0}, pruned{0}, dead_letters_pruned{0}, commit_max_us{0};
+  std::atomic<int64_t> last_commit_steady_ms{0};
+  static constexpr size_t kLatencySamples = 4096;
+  std::array<std::atomic<int32_t>, kLatencySamples> latency_us{};
+  std::atomic<uint64_t> latency_next{0};
+  void record_latency(int64_t us) {
+    const auto v = static_cast<int32_t>(std::min<int64_t>(us, INT32_MAX));
+    latency_us[latency_next.fetch_add(1, std::memory_order_relaxed) % kLatencySamples].store(
+        v, std::memory_order_relaxed);
+    int64_t seen = commit_max_us.load(std::memory_order_relaxed);
+    while (us > seen && !commit_max_us.compare_exchange_weak(seen, us)) {
+    }
+  }
+
+  // Row statistics from the last measurement (guarded by stats_mu, never held across I/O).
+  mutable std::mutex stats_mu;
+  std::map<std::string, ConsumerRows> consumer_rows;
+  int64_t rows_measured_at = 0;
+
+  // Counts a failed store operation and passes the Status through.
+  Status store_error(Status s) {
+    if (s.is_transient_store_error()) ++store_errors;
+    return s;
+  }
+
+  // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
+  // rethrows it. COMMIT failing leaves nothing committed.
+  template <typename Fn>
+  void write_transaction(Fn&& fn) {
+    db->exec("BEGIN IMMEDIATE");
+    try {
+      fn();
+      db->exec("COMMIT");
+    } catch (...) {
+      detail::rollback_quietly(*db);
+      throw;
+    }
+  }
+
+  // Commits the next autocommit statement without fsync, when the inbox runs FULL.
+  // See Inbox::begin_attempt for why that is enough for attempt counting.
+  struct RelaxedSync {
+    Impl& impl;
+    explicit RelaxedSync(Impl& i) : impl(i) {
+      if (impl.options.synchronous == Synchronous::kFull)
+        impl.db->exec("PRAGMA synchronous = NORMAL");
+    }
+    ~RelaxedSync() {
+      if (impl.options.synchronous == Synchronous::kFull) {
+        try {
+          impl.db->exec("PRAGMA synchronous = FULL");
+        } catch (...) {
+          // Setting a pragma outside a transaction does no I/O; if it ever fails, the
+          // connection is unusable and the next statement reports it.
+        }
+      }
+    }
+  };
+};
+
+
+}  // namespace mqtt_inbox

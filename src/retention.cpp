@@ -1,0 +1,239 @@
+// The pruner: forgets processed ids after the retention window, in short batches on the
+// Inbox's own connection, and keeps the files small (incremental vacuum, checkpoints).
+#include "mqtt_inbox/retention.h"
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "inbox_impl.h"
+
+namespace mqtt_inbox {
+
+namespace {
+
+constexpr const char* kPruneProcessedSql =
+    "DELETE FROM inbox_processed WHERE (consumer_name, message_id) IN ("
+    "  SELECT consumer_name, message_id FROM inbox_processed"
+    "  WHERE received_at < ?1 ORDER BY received_at LIMIT ?2)";
+
+constexpr const char* kPruneDeadLettersSql =
+    "DELETE FROM inbox_dead_letters WHERE id IN ("
+    "  SELECT id FROM inbox_dead_letters WHERE retention_at < ?1"
+    "  ORDER BY retention_at LIMIT ?2)";
+
+std::string format_ms(int64_t ms) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f h", static_cast<double>(ms) / 3.6e6);
+  return buf;
+}
+
+}  // namespace
+
+struct Pruner::Impl {
+  Inbox* inbox = nullptr;
+  Inbox::Impl* store = nullptr;
+  RetentionOptions options;
+  std::mutex pass_mu;  // one pass at a time
+  std::mutex mu;       // guards stopping/thread, pairs with cv
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread thread;
+  int64_t last_stats_log_ms = 0;
+
+  // Deletes up to batch_rows rows with `sql` in one short transaction; returns the count.
+  int64_t delete_batch(const char* sql, int64_t cutoff) {
+    std::lock_guard<std::mutex> lock(store->mu);
+    int64_t n = 0;
+    store->write_transaction([&] {
+      SQLite::Statement q(*store->db, sql);
+      q.bind(1, cutoff);
+      q.bind(2, options.batch_rows);
+      n = q.exec();
+    });
+    return n;
+  }
+
+  // Deletes everything older than `cutoff` with `sql`, batch by batch, until done or the
+  // pass budget is spent. Yields between batches so message commits get the lock.
+  int64_t delete_expired(const char* sql, int64_t cutoff, int64_t deadline_ms, PruneResult* r) {
+    int64_t total = 0;
+    for (;;) {
+      if (store->clock->steady_ms() >= deadline_ms) {
+        r->budget_exhausted = true;
+        return total;
+      }
+      const int64_t n = delete_batch(sql, cutoff);
+      ++r->batches;
+      total += n;
+      if (n < options.batch_rows) return total;
+      store->clock->sleep_ms(options.batch_pause.count());
+    }
+  }
+
+  void hygiene(PruneResult* r) {
+    std::lock_guard<std::mutex> lock(store->mu);
+    SQLite::Database& db = *store->db;
+    if (options.incremental_vacuum && (r->processed_deleted > 0 || r->dead_letters_deleted > 0)) {
+      const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
+      db.exec("PRAGMA incremental_vacuum");
+      r->pages_freed = before - db.execAndGet("PRAGMA freelist_count").getInt64();
+    }
+    if (options.checkpoint) {
+      // TRUNCATE when idle: nothing committed during the last period. A busy reader makes
+      // it return SQLITE_BUSY-like partial results, which is fine: try again next pass.
+      const bool idle = store->clock->steady_ms() - store->last_commit_steady_ms.load() >=
+                        options.period.count();
+      (void)sqlite3_wal_checkpoint_v2(db.getHandle(), nullptr,
+                                      idle ? SQLITE_CHECKPOINT_TRUNCATE : SQLITE_CHECKPOINT_PASSIVE,
+                                      nullptr, nullptr);
+    }
+  }
+
+  void report() {
+    const InboxStats s = inbox->stats();
+    if (options.stats_log_period_ms > 0) {
+      const int64_t now = store->clock->steady_ms();
+      if (last_stats_log_ms == 0 || now - last_stats_log_ms >= options.stats_log_period_ms) {
+        last_stats_log_ms = now;
+        store->log->info("inbox {}: {}", store->path, summary_line(s));
+      }
+    }
+    if (!options.prometheus_textfile.empty()) {
+      const std::string tmp = options.prometheus_textfile + ".tmp";
+      {
+        std::ofstream f(tmp, std::ios::trunc);
+        f << prometheus_text(s);
+        if (!f) {
+          store->log->warn("cannot write {}", tmp);
+          return;
+        }
+      }
+      if (std::rename(tmp.c_str(), options.prometheus_textfile.c_str()) != 0)
+        store->log->warn("cannot rename {} to {}", tmp, options.prometheus_textfile);
+    }
+  }
+};
+
+Pruner::Pruner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Pruner::~Pruner() { stop(); }
+
+int64_t Pruner::required_window_ms(const RetentionOptions& o) {
+  return std::max(o.broker_session_expiry, o.max_offline).count() + o.replay_window.count() +
+         o.margin.count();
+}
+
+Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (options.window.count() <= 0) return Status::InvalidArgument("retention window must be > 0");
+  if (options.batch_rows < 1) return Status::InvalidArgument("batch_rows must be >= 1");
+  if (options.period.count() < 1 || options.pass_budget.count() < 1 ||
+      options.batch_pause.count() < 0 || options.dead_letter_window.count() < 0 ||
+      options.broker_session_expiry.count() < 0 || options.max_offline.count() < 0 ||
+      options.replay_window.count() < 0 || options.margin.count() < 0)
+    return Status::InvalidArgument("retention durations must not be negative (period, budget > 0)");
+  const int64_t required = required_window_ms(options);
+  auto impl = std::make_unique<Impl>();
+  impl->inbox = inbox;
+  impl->store = inbox->impl_.get();
+  impl->options = options;
+  if (options.window.count() < required) {
+    const std::string what =
+        "retention window " + format_ms(options.window.count()) +
+        " is shorter than the redelivery horizon plus margin (" + format_ms(required) +
+        " = max(session expiry, max offline) + replay window + margin): a redelivery after the "
+        "window would be processed again";
+    if (!options.allow_window_below_horizon) return Status::InvalidArgument(what);
+    impl->store->log->warn("RETENTION OVERRIDE: {}. Accepted because "
+                           "allow_window_below_horizon is set.",
+                           what);
+  }
+  // Record the declared horizon so the admin tool can refuse shorter manual prunes.
+  {
+    std::lock_guard<std::mutex> lock(impl->store->mu);
+    try {
+      SQLite::Statement q(*impl->store->db,
+                          "INSERT INTO inbox_meta (key, value) VALUES ('required_window_ms', ?1)"
+                          " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+      q.bind(1, std::to_string(required));
+      q.exec();
+    } catch (const SQLite::Exception& e) {
+      return impl->store->store_error(detail::to_status(e, "recording the retention horizon"));
+    }
+  }
+  out->reset(new Pruner(std::move(impl)));
+  return Status::Ok();
+}
+
+Status Pruner::prune_once(PruneResult* result) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> pass(m.pass_mu);
+  PruneResult r;
+  const int64_t start = m.store->clock->steady_ms();
+  const int64_t deadline = start + m.options.pass_budget.count();
+  const int64_t now = m.store->retention_clock();
+  r.cutoff = now - m.options.window.count();
+  try {
+    r.processed_deleted = m.delete_expired(kPruneProcessedSql, r.cutoff, deadline, &r);
+    m.store->pruned += r.processed_deleted;
+    if (m.options.dead_letter_window.count() > 0) {
+      r.dead_letters_deleted = m.delete_expired(
+          kPruneDeadLettersSql, now - m.options.dead_letter_window.count(), deadline, &r);
+      m.store->dead_letters_pruned += r.dead_letters_deleted;
+    }
+  } catch (const SQLite::Exception& e) {
+    r.duration_ms = m.store->clock->steady_ms() - start;
+    *result = r;
+    return m.store->store_error(detail::to_status(e, "retention pass"));
+  }
+  // Writes first, checkpoint last, so a TRUNCATE leaves an empty WAL.
+  Status s = m.inbox->persist_retention_clock();
+  if (s.ok()) s = m.inbox->refresh_row_stats();
+  try {
+    m.hygiene(&r);
+  } catch (const SQLite::Exception& e) {
+    if (s.ok()) s = m.store->store_error(detail::to_status(e, "vacuum/checkpoint"));
+  }
+  r.duration_ms = m.store->clock->steady_ms() - start;
+  if (r.processed_deleted || r.dead_letters_deleted)
+    m.store->log->info("retention pass: {} ids and {} dead letters deleted in {} batches, {} pages "
+                       "freed, {} ms{}",
+                       r.processed_deleted, r.dead_letters_deleted, r.batches, r.pages_freed,
+                       r.duration_ms, r.budget_exhausted ? " (budget spent, more next pass)" : "");
+  m.report();
+  *result = r;
+  return s;
+}
+
+Status Pruner::start() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (m.thread.joinable()) return Status::InvalidArgument("already started");
+  m.stopping = false;
+  m.thread = std::thread([this] {
+    Impl& im = *impl_;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(im.mu);
+        if (im.cv.wait_for(l, im.options.period, [&] { return im.stopping; })) return;
+      }
+      PruneResult r;
+      const Status s = prune_once(&r);
+      if (!s.ok()) im.store->log->warn("retention pass failed: {}", s.to_string());
+    }
+  });
+  return Status::Ok();
+}
+
+void Pruner::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+    m.cv.notify_all();
+  }
+  if (m.thread.joinable()) m.thread.join();
+}
+
+}  // namespace mqtt_inbox
