@@ -224,7 +224,8 @@ class StoreThenProcess final : public MessageSink {
 
   // Receipt; see the header comment. Never throws. Returns only once the message has a
   // durable outcome, blocking (with capped backoff) while the store fails. Safe to call
-  // before start() and without workers.
+  // before start() and without workers. An internal error that is not a store failure
+  // (std::bad_alloc) aborts the process rather than let an unstored message be acked.
   Outcome handle(const Message& message) override;
 
   // Starts the worker threads and the periodic reaper/pruner. Call once; the business
@@ -233,8 +234,9 @@ class StoreThenProcess final : public MessageSink {
   Status start();
 
   // Asks the workers to finish the row they are in, releases the rest of their batches
-  // (back to 'pending', no attempt counted) and joins them. Idempotent. Returns kBusy if
-  // releasing failed (those rows wait for the lease).
+  // (back to 'pending', no attempt counted) and joins them. Idempotent; returns OK. Rows
+  // it could not release (the store is failing) return after the lease. Receipt keeps
+  // working after stop(): stored rows wait for the next start().
   Status stop();
 
   // Returns claims of this consumer older than lease_ms to 'pending' and counts one
