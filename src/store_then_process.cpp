@@ -180,9 +180,9 @@ struct StoreThenProcess::Impl {
   bool started = false;
   std::vector<std::thread> threads;
 
-  // The retention clock: received_at and done_at. The one place to swap in the inbox's
-  // jump-safe retention clock.
-  int64_t retention_now() { return clock->wall_ms(); }
+  // The retention clock (received_at, done_at): the Inbox's, which wall-clock jumps
+  // cannot move, so retention and replay ranges are measured like inbox_processed's.
+  int64_t retention_now() { return inbox->retention_clock_ms(); }
 
   void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1) {
     std::lock_guard<std::mutex> lock(state_mu);

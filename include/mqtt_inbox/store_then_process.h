@@ -168,7 +168,8 @@ struct StoreThenProcessOptions {
 };
 
 // Which rows a replay resets. Unset fields match everything; all set fields must match.
-// The consumer is always the StoreThenProcess's own name.
+// The consumer is always the StoreThenProcess's own name. Times are on the Inbox's
+// retention clock (Inbox::retention_clock_ms() is "now"), like received_at.
 struct ReplayFilter {
   std::optional<int64_t> received_since_ms;   // received_at >= this
   std::optional<int64_t> received_before_ms;  // received_at < this
