@@ -6,7 +6,13 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <mutex>
@@ -142,6 +148,9 @@ Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Inbox::~Inbox() {
   // Best effort: a clock that restarts from an older value only keeps rows longer.
   (void)persist_retention_clock();
+  const int fd = impl_->lock_fd;
+  impl_.reset();  // close the database before giving up the lock
+  if (fd >= 0) ::close(fd);
 }
 
 int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
@@ -245,6 +254,23 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
   impl->options = options;
   impl->clock = options.clock ? options.clock : Clock::system();
   impl->log = detail::logger_or_default(options.logger);
+  if (options.exclusive) {
+    const std::string lock_path = path + ".lock";
+    impl->lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (impl->lock_fd < 0)
+      return Status(Status::Code::kIoError, "cannot open lock file " + lock_path + ": " +
+                                                std::strerror(errno));
+    if (::flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(impl->lock_fd);
+      impl->lock_fd = -1;
+      if (err == EWOULDBLOCK)
+        return Status(Status::Code::kBusy,
+                      path + " is in use by another consumer (" + lock_path +
+                          " is locked): run one consumer process per database");
+      return Status(Status::Code::kIoError, "cannot lock " + lock_path + ": " + std::strerror(err));
+    }
+  }
   try {
     impl->db = std::make_unique<SQLite::Database>(
         path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI,

@@ -26,6 +26,7 @@ struct Inbox::Impl {
   InboxOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
+  int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
   std::mutex mu;  // serialises use of `db` and the cached statements
   std::unique_ptr<SQLite::Database> db;
   std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,

@@ -3,7 +3,15 @@
 
 #include <mqtt/async_client.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -87,6 +95,7 @@ struct Subscriber::Impl {
   bool connection_lost = false;
   std::thread supervisor;
 
+  int client_lock_fd = -1;
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
@@ -211,15 +220,26 @@ struct Subscriber::Impl {
         if (stopping) return;
       }
       if (connect_once()) {
-        backoff = options.reconnect_backoff_initial_ms;
-        std::unique_lock<std::mutex> lock(mu);
-        connection_lost = false;
-        connected = true;
-        cv.notify_all();
-        cv.wait(lock, [&] { return stopping || connection_lost; });
-        connected = false;
-        if (stopping) return;
-        continue;  // reconnect at once after a loss; back off only on failures
+        const auto since = std::chrono::steady_clock::now();
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          connection_lost = false;
+          connected = true;
+          cv.notify_all();
+          cv.wait(lock, [&] { return stopping || connection_lost; });
+          connected = false;
+          if (stopping) return;
+        }
+        const auto lived = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - since)
+                               .count();
+        if (lived >= options.unstable_connection_ms) {
+          backoff = options.reconnect_backoff_initial_ms;
+          continue;  // a stable connection was lost: reconnect at once
+        }
+        log->warn("connection lost {} ms after it was made; backing off {} ms before "
+                  "reconnecting (is another client using client id '{}'?)",
+                  lived, backoff, options.client_id);
       }
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(backoff), [&] { return stopping; });
@@ -234,7 +254,9 @@ Subscriber::~Subscriber() {
   if (!stop().ok()) {
     // The callback is still blocked on the store: destroying the client would hang.
     (void)impl_->client.release();
+    return;  // and the client-id lock stays held while that client lives
   }
+  if (impl_->client_lock_fd >= 0) ::close(impl_->client_lock_fd);
 }
 
 Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subscriber>* out) {
@@ -293,6 +315,30 @@ Status Subscriber::start() {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.started) return Status::InvalidArgument("already started");
     if (m.routes.empty()) return Status::InvalidArgument("no subscriptions: call subscribe() first");
+    if (!m.options.client_id_lock_dir.empty()) {
+      std::string name;  // the client id, made safe for a file name
+      for (unsigned char c : m.options.client_id) {
+        if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+          name.push_back(static_cast<char>(c));
+        } else {
+          char hex[4];
+          std::snprintf(hex, sizeof hex, "%%%02x", c);
+          name += hex;
+        }
+      }
+      const std::string path = m.options.client_id_lock_dir + "/mqtt-inbox-client-" + name + ".lock";
+      m.client_lock_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (m.client_lock_fd < 0)
+        return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
+      if (::flock(m.client_lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        ::close(m.client_lock_fd);
+        m.client_lock_fd = -1;
+        return Status(Status::Code::kBusy,
+                      "client id '" + m.options.client_id + "' is in use by another process on "
+                      "this host (" + path + " is locked); two clients with one id take the "
+                      "session from each other");
+      }
+    }
     m.started = true;
   }
   // Everything that handles messages is in place before the first CONNECT, because
@@ -306,8 +352,13 @@ Status Subscriber::start() {
     m.cv.notify_all();
   });
   m.client->set_disconnected_handler([&m](const mqtt::properties&, mqtt::ReasonCode rc) {
-    m.log->warn("broker {} disconnected us (reason code {})", m.options.broker_uri,
-                static_cast<int>(rc));
+    if (rc == mqtt::ReasonCode::SESSION_TAKEN_OVER)
+      m.log->error("broker {} disconnected us: session taken over by another client with "
+                   "client id '{}' (MQTT 5 reason code 0x8E)",
+                   m.options.broker_uri, m.options.client_id);
+    else
+      m.log->warn("broker {} disconnected us (reason code {})", m.options.broker_uri,
+                  static_cast<int>(rc));
     std::lock_guard<std::mutex> lock(m.mu);
     m.connection_lost = true;
     m.cv.notify_all();

@@ -59,6 +59,19 @@ TEST_F(InboxTest, OpenAppliesSchemaInWalMode) {
   EXPECT_EQ(count("inbox_processed"), 1);
 }
 
+TEST_F(InboxTest, SecondConsumerProcessOnTheSameDatabaseIsRefused) {
+  std::unique_ptr<Inbox> second;
+  const Status s = Inbox::open(db_path_, {}, &second);
+  EXPECT_EQ(s.code(), Status::Code::kBusy) << s.to_string();
+  EXPECT_NE(s.message().find("one consumer process per database"), std::string::npos);
+  InboxOptions inspect;
+  inspect.exclusive = false;  // what the admin tool does
+  EXPECT_TRUE(Inbox::open(db_path_, inspect, &second).ok());
+  second.reset();
+  inbox_.reset();  // the lock goes with the first Inbox
+  EXPECT_TRUE(Inbox::open(db_path_, {}, &second).ok());
+}
+
 TEST_F(InboxTest, RefusesDatabaseFromNewerSchema) {
   inbox_->with_connection([](SQLite::Database& db) { db.exec("PRAGMA user_version = 99"); });
   inbox_.reset();
@@ -99,6 +112,7 @@ TEST_F(InboxTest, ConcurrentDuplicateCommitsExactlyOnce) {
   };
   InboxOptions o;
   o.before_claim_hook = barrier;
+  o.exclusive = false;  // two connections in one process on purpose
   auto inbox_a = open_ledger_inbox(db_path_, o);
   auto inbox_b = open_ledger_inbox(db_path_, o);
   std::atomic<int> calls{0};

@@ -381,6 +381,7 @@ class BrokerStoreTest : public StoreFailureTest {
     SubscriberOptions o;
     o.broker_uri = broker_.uri();
     o.client_id = client_id;
+    o.client_id_lock_dir = dir_.path();  // tests run in parallel with the same ids
     o.mqtt_version = MqttVersion::kV5;
     o.keep_alive_s = keep_alive_s;
     o.reconnect_backoff_initial_ms = 50;

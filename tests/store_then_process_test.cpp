@@ -125,6 +125,7 @@ TEST_F(StoreThenProcessTest, DuplicatesThroughMosquittoAreDropped) {
   SubscriberOptions so;
   so.broker_uri = broker.uri();
   so.client_id = "stp-dups";
+  so.client_id_lock_dir = dir_.path();
   so.mqtt_version = MqttVersion::kV5;
   std::unique_ptr<Subscriber> sub;
   ASSERT_TRUE(Subscriber::create(so, &sub).ok());
@@ -227,6 +228,7 @@ TEST_F(StoreThenProcessTest, ThreeAggregatesAreProcessedInReceivedOrderEach) {
   SubscriberOptions so;
   so.broker_uri = broker.uri();
   so.client_id = "stp-order";
+  so.client_id_lock_dir = dir_.path();
   so.mqtt_version = MqttVersion::kV5;
   std::unique_ptr<Subscriber> sub;
   ASSERT_TRUE(Subscriber::create(so, &sub).ok());

@@ -65,6 +65,7 @@ class SubscriberTest : public ::testing::TestWithParam<MqttVersion> {
     SubscriberOptions o;
     o.broker_uri = broker_.uri();
     o.client_id = client_id;
+    o.client_id_lock_dir = dir_.path();  // the mqtt311 and mqtt5 variants run in parallel
     o.mqtt_version = GetParam();
     o.reconnect_backoff_initial_ms = 50;
     o.reconnect_backoff_max_ms = 200;
@@ -170,6 +171,56 @@ TEST_P(SubscriberTest, ReconnectsAfterBrokerRestart) {
   EXPECT_GE(sub->connects(), 2);
   EXPECT_EQ(sub->sessions_lost(), 0);
   EXPECT_TRUE(sub->stop().ok());
+}
+
+// One consumer per client id on a host: a second process (here: a second Subscriber)
+// with the same id gets a clear error instead of taking the session over.
+TEST_P(SubscriberTest, SecondSubscriberWithSameClientIdIsRefused) {
+  auto first = make_subscriber("ledger-twice");
+  ASSERT_TRUE(first->start().ok());
+  auto second = make_subscriber("ledger-twice");
+  const Status s = second->start();
+  EXPECT_EQ(s.code(), Status::Code::kBusy) << s.to_string();
+  EXPECT_NE(s.message().find("ledger-twice"), std::string::npos);
+  EXPECT_TRUE(first->wait_connected(10000));
+  EXPECT_TRUE(first->stop().ok());
+}
+
+// Two clients with one id on different hosts (simulated with separate lock folders) take
+// the session from each other. When the other one goes away, ours comes back with the
+// session and applies what was published, once.
+TEST_P(SubscriberTest, RecoversTheSessionAfterATakeover) {
+  TempDir other_host;
+  auto make = [&](const std::string& lock_dir) {
+    SubscriberOptions o;
+    o.broker_uri = broker_.uri();
+    o.client_id = "ledger-takeover";
+    o.client_id_lock_dir = lock_dir;
+    o.mqtt_version = GetParam();
+    o.reconnect_backoff_initial_ms = 100;
+    o.reconnect_backoff_max_ms = 800;
+    std::unique_ptr<Subscriber> s;
+    EXPECT_TRUE(Subscriber::create(o, &s).ok());
+    EXPECT_TRUE(s->subscribe("credits/#", consumer_.get()).ok());
+    return s;
+  };
+  auto a = make(dir_.path());
+  ASSERT_TRUE(a->start().ok());
+  ASSERT_TRUE(a->wait_connected(10000));
+  {
+    auto b = make(other_host.path());
+    ASSERT_TRUE(b->start().ok());
+    ASSERT_TRUE(b->wait_connected(10000));
+    ASSERT_TRUE(wait_until([&] { return !a->is_connected(); }, std::chrono::seconds(10)));
+    EXPECT_TRUE(b->stop().ok());
+  }
+  ASSERT_TRUE(a->wait_connected(15000));
+  EXPECT_GE(a->connects(), 2);
+  TestPublisher pub(broker_.uri(), mqtt5());
+  for (int i = 0; i < 5; ++i) pub.credit("credits/t", "t-" + std::to_string(i), "z", 7);
+  ASSERT_TRUE(wait_until([&] { return ledger_rows() == 5; }, std::chrono::seconds(20)));
+  EXPECT_EQ(total_balance(), 35);
+  EXPECT_TRUE(a->stop().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, SubscriberTest,

@@ -11,5 +11,6 @@
 #include "mqtt_inbox/retention.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
+#include "mqtt_inbox/store_then_process.h"
 #include "mqtt_inbox/subscriber.h"
 #include "mqtt_inbox/version.h"

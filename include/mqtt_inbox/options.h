@@ -55,6 +55,13 @@ struct InboxOptions {
   // Turning it off makes rows smaller (fewer bytes written per message on flash).
   bool record_metadata = true;
 
+  // Hold an exclusive advisory lock (flock(2) on "<path>.lock") while the Inbox is open,
+  // so a second consumer process on the same database fails at open with kBusy instead
+  // of competing for every message. Default true. Tools that only inspect or repair a
+  // live database (the admin tool) set it false. flock is per host: it does not protect a
+  // database on a network file system shared by two hosts (don't do that with SQLite).
+  bool exclusive = true;
+
   // SQLite VFS to open the file with (https://sqlite.org/vfs.html). Default "" = the
   // platform default. The fault-injection tests pass a wrapping VFS here.
   std::string vfs;

@@ -60,6 +60,18 @@ struct SubscriberOptions {
   // Credentials; empty means none.
   std::string username;
   std::string password;
+  // Folder for the client-id lock: start() takes an exclusive flock(2) on
+  // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host with the same
+  // client id fails with kBusy instead of taking the session over (the broker closes the
+  // older connection whenever a client with the same id connects, MQTT 3.1.1 section
+  // 3.1.4, and two such clients can push each other off forever). Default "/tmp";
+  // "" disables the lock.
+  std::string client_id_lock_dir = "/tmp";
+  // A connection lost within this many ms of being made counts as unstable (for example
+  // another client, on another host, using the same client id): reconnects then back
+  // off exponentially up to reconnect_backoff_max_ms instead of reconnecting at once,
+  // so two such clients do not storm the broker. Default 10000.
+  int unstable_connection_ms = 10000;
   // How long stop() waits for a message that is in the callback, ms. Default 10000.
   int stop_timeout_ms = 10000;
   // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
@@ -81,8 +93,9 @@ class Subscriber {
   // several filters goes to the first one added. `sink` must outlive the Subscriber.
   Status subscribe(const std::string& topic_filter, MessageSink* sink);
 
-  // Starts connecting in the background and returns at once; the device may boot before
-  // the network is up. Use wait_connected() to wait for the first CONNACK.
+  // Takes the client-id lock, then starts connecting in the background and returns at
+  // once; the device may boot before the network is up. Use wait_connected() to wait for
+  // the first CONNACK. Errors: kBusy if another process holds the client-id lock.
   Status start();
 
   // True once connected and subscribed, or until `timeout_ms` elapsed.

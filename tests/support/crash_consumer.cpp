@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   mqtt_inbox::SubscriberOptions mqtt;
   mqtt.broker_uri = argv[1];
   mqtt.client_id = argv[2];
+  // Tests run in parallel with the same client id against different brokers: keep the
+  // client-id lock next to the test's database.
+  mqtt.client_id_lock_dir = std::string(argv[4]).substr(0, std::string(argv[4]).rfind('/'));
   const std::string topic = argv[3], db_path = argv[4];
   std::string crash_after_commit, crash_in_handler, fail_handler;
   mqtt_inbox::ConsumerOptions copts;

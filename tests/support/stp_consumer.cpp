@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   mqtt_inbox::SubscriberOptions mqtt;
   mqtt.broker_uri = argv[1];
   mqtt.client_id = argv[2];
+  // Tests run in parallel with the same client id against different brokers: keep the
+  // client-id lock next to the test's database.
+  mqtt.client_id_lock_dir = std::string(argv[4]).substr(0, std::string(argv[4]).rfind('/'));
   mqtt.reconnect_backoff_initial_ms = 50;
   mqtt.reconnect_backoff_max_ms = 200;
   const std::string topic = argv[3], db_path = argv[4];
