@@ -148,7 +148,10 @@ std::string iso(int64_t ms) {
 std::string human_ms(int64_t ms) {
   char buf[48];
   const double a = static_cast<double>(ms < 0 ? -ms : ms);
-  if (a >= 86400000.0) std::snprintf(buf, sizeof buf, "%.1fd", ms / 86400000.0);
+  if (a >= 86400000.0 && ms % 3600000 == 0)
+    std::snprintf(buf, sizeof buf, "%lldd%s", static_cast<long long>(ms / 86400000),
+                  ms % 86400000 ? (" " + std::to_string(ms % 86400000 / 3600000) + "h").c_str() : "");
+  else if (a >= 86400000.0) std::snprintf(buf, sizeof buf, "%.1fd", ms / 86400000.0);
   else if (a >= 3600000.0) std::snprintf(buf, sizeof buf, "%.1fh", ms / 3600000.0);
   else if (a >= 60000.0) std::snprintf(buf, sizeof buf, "%.1fm", ms / 60000.0);
   else std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
