@@ -160,7 +160,8 @@ Status Inbox::persist_retention_clock() {
   try {
     SQLite::Statement q(*impl_->db,
                         "INSERT INTO inbox_meta (key, value) VALUES ('retention_clock_ms', ?1)"
-                        " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+                        " ON CONFLICT (key) DO UPDATE SET value = CAST(max(CAST(value AS INTEGER),"
+                        " CAST(excluded.value AS INTEGER)) AS TEXT)");
     q.bind(1, std::to_string(impl_->retention_clock()));
     q.exec();
   } catch (const SQLite::Exception& e) {
@@ -323,6 +324,21 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
 
     db.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
                                                       : "PRAGMA synchronous = NORMAL");
+    // synchronous is a per-connection setting that the file does not keep; record the
+    // owner's choice so `mqtt-inbox check` can report it. Choosing kNormal through the
+    // API is the explicit opt-in, recorded as such.
+    if (options.exclusive) {
+      const bool full = options.synchronous == Synchronous::kFull;
+      SQLite::Statement q(db, "SELECT value FROM inbox_meta WHERE key = 'synchronous'");
+      if (!q.executeStep() || q.getColumn(0).getString() != (full ? "full" : "normal")) {
+        SQLite::Statement u(db, "INSERT INTO inbox_meta (key, value) VALUES ('synchronous', ?1),"
+                                " ('synchronous_opt_in', ?2)"
+                                " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+        u.bind(1, full ? "full" : "normal");
+        u.bind(2, full ? "false" : "true");
+        u.exec();
+      }
+    }
     db.exec("PRAGMA foreign_keys = ON");
     db.exec("PRAGMA cache_size = -" + std::to_string(options.cache_size_kib));
     db.exec("PRAGMA journal_size_limit = " + std::to_string(options.journal_size_limit_bytes));

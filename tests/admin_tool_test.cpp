@@ -299,19 +299,24 @@ TEST(AdminTool, SchemaVersionsMigrateAndSettingsThatVoidTheGuarantee) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.j()["problems"].dump().find("journal_mode"), std::string::npos);
 
-  // synchronous below FULL recorded without an opt-in (the proposed inbox_meta keys).
+  // Inbox::open records the owner's synchronous setting; FULL passes.
   const std::string sync_db = dir.file("sync.db");
   make_ledger_db(sync_db);
+  EXPECT_EQ(query_int(sync_db, "SELECT count(*) FROM inbox_meta WHERE key = 'synchronous'"
+                               " AND value = 'full'"), 1);
+  EXPECT_EQ(tool({"check", sync_db}).code, 0);
+  // synchronous below FULL recorded without an opt-in.
   {
     SQLite::Database d(sync_db, SQLite::OPEN_READWRITE);
-    d.exec("INSERT INTO inbox_meta (key, value) VALUES ('synchronous', 'normal')");
+    d.exec("INSERT OR REPLACE INTO inbox_meta (key, value) VALUES ('synchronous', 'normal'),"
+           " ('synchronous_opt_in', 'false')");
   }
   r = tool({"check", sync_db, "--json"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.j()["problems"].dump().find("synchronous"), std::string::npos);
   {
     SQLite::Database d(sync_db, SQLite::OPEN_READWRITE);
-    d.exec("INSERT INTO inbox_meta (key, value) VALUES ('synchronous_opt_in', 'true')");
+    d.exec("INSERT OR REPLACE INTO inbox_meta (key, value) VALUES ('synchronous_opt_in', 'true')");
   }
   EXPECT_EQ(tool({"check", sync_db}).code, 0);
 
