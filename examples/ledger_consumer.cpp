@@ -64,7 +64,19 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // 3. The subscriber: redeliveries can arrive as soon as it connects.
+  // 3. Retention: forget ids once the broker can no longer redeliver them. The window
+  //    must cover the session expiry the subscriber asks for (checked by Pruner::create).
+  mqtt_inbox::RetentionOptions retention;
+  retention.broker_session_expiry = std::chrono::seconds(mqtt.session_expiry_s);
+  retention.window = retention.broker_session_expiry + std::chrono::hours(24);
+  std::unique_ptr<mqtt_inbox::Pruner> pruner;
+  if (auto s = mqtt_inbox::Pruner::create(inbox.get(), retention, &pruner); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 1;
+  }
+  (void)pruner->start();
+
+  // 4. The subscriber: redeliveries can arrive as soon as it connects.
   std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
   if (auto s = mqtt_inbox::Subscriber::create(mqtt, &subscriber); !s.ok()) {
     log->error("{}", s.to_string());
@@ -83,6 +95,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
   const mqtt_inbox::Status stopped = subscriber->stop();
+  pruner->stop();
   const auto c = consumer->counters();
   std::printf("ledger_consumer: processed=%lld duplicates=%lld dead_lettered=%lld "
               "already_dead_lettered=%lld handler_failures=%lld store_retries=%lld\n",
