@@ -1,0 +1,57 @@
+# cpack -G DEB in the build, unpack the .deb with dpkg -x into a scratch root, then build
+# and run the find_package consumer and a pkg-config compile against that root.
+#   cmake -DBUILD=<build> -DWORK=<scratch> -DSRC=<tests/package> [-DGENERATOR=..] -P deb_test.cmake
+function(run)
+  message(STATUS "+ ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}/out" "${WORK}/root")
+run(cpack -G DEB --config "${BUILD}/CPackConfig.cmake" -B "${WORK}/out")
+file(GLOB debs "${WORK}/out/*.deb")
+list(LENGTH debs n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "expected one .deb, found: ${debs}")
+endif()
+run(dpkg-deb --info ${debs})
+run(dpkg-deb --contents ${debs})
+run(dpkg -x ${debs} "${WORK}/root")
+
+set(root "${WORK}/root/usr")
+file(GLOB_RECURSE cfg "${root}/*/mqtt_inbox-config.cmake")
+file(GLOB_RECURSE pc "${root}/*/mqtt_inbox.pc")
+if(NOT cfg OR NOT pc OR NOT EXISTS "${root}/share/mqtt_inbox/schema.sql")
+  message(FATAL_ERROR "the .deb lacks the config, the .pc file or schema.sql")
+endif()
+
+# find_package against the unpacked root (static and shared targets).
+run(${CMAKE_COMMAND} -DSOURCE=${SRC}/find_package -DBINARY=${WORK}/find_package
+  -DGENERATOR=${GENERATOR} "-DARGS=-DCMAKE_PREFIX_PATH=${root}" "-DRUN=consumer|core_only"
+  -P ${SRC}/run_consumer.cmake)
+run(${CMAKE_COMMAND} -DSOURCE=${SRC}/find_package -DBINARY=${WORK}/find_package_shared
+  -DGENERATOR=${GENERATOR} "-DARGS=-DCMAKE_PREFIX_PATH=${root}|-DMQTT_INBOX_LINKAGE=_shared"
+  "-DRUN=consumer" -P ${SRC}/run_consumer.cmake)
+
+# pkg-config: the relocatable .pc files from the unpacked root, shared libraries.
+find_program(PKG_CONFIG pkg-config)
+find_program(CXX NAMES c++ g++)
+if(PKG_CONFIG AND CXX)
+  get_filename_component(pcdir "${pc}" DIRECTORY)
+  set(ENV{PKG_CONFIG_PATH} "${pcdir}")
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs mqtt_inbox
+    OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config mqtt_inbox failed")
+  endif()
+  message(STATUS "pkg-config --cflags --libs mqtt_inbox: ${flags}")
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  run(${CXX} -std=c++17 ${SRC}/common/consumer.cpp -o ${WORK}/pc_consumer ${flags})
+  get_filename_component(libdir "${pc}" DIRECTORY)
+  get_filename_component(libdir "${libdir}" DIRECTORY)
+  run(${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${libdir}" ${WORK}/pc_consumer
+      ${WORK}/pc_consumer.db)
+endif()
