@@ -280,6 +280,15 @@ Outcome Consumer::handle(const Message& message) {
   return o;
 }
 
+Outcome Consumer::reject(const Message& message, const std::string& why) {
+  try {
+    return impl_->dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why, 0, 0,
+                              std::nullopt);
+  } catch (...) {
+    std::abort();  // only bad_alloc can get here; never report an unrecorded message as done
+  }
+}
+
 Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
   DeadLetter dl;
   Status s = impl_->inbox->get_dead_letter(id, &dl);

@@ -1040,6 +1040,14 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
 
 const std::string& StoreThenProcess::name() const { return impl_->name; }
 
+Outcome StoreThenProcess::reject(const Message& message, const std::string& why) {
+  try {
+    return impl_->receipt_dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why);
+  } catch (...) {
+    std::abort();  // only bad_alloc can get here; never report an unrecorded message as done
+  }
+}
+
 Outcome StoreThenProcess::handle(const Message& message) {
   Outcome o = Outcome::kDuplicate;
   try {

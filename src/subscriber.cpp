@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "log.h"
@@ -117,12 +118,13 @@ struct Subscriber::Impl {
         target->handle(m);
       } else {
         // The persistent session can hold subscriptions from an earlier configuration.
-        // Dropping the message silently is not an option: it goes to the first sink,
-        // which processes or dead-letters it like any other message.
-        log->error("message on topic '{}' matches no subscription of this client (a stale "
-                   "subscription kept by the persistent session?); handing it to consumer '{}'",
-                   detail::printable(m.topic), routes.front().second->name());
-        routes.front().second->handle(m);
+        // Neither drop it silently nor run a handler meant for another topic: record it
+        // as a dead letter of the first sink, then ack.
+        const std::string why = "topic '" + detail::printable(m.topic) +
+                                "' matches no subscription of this client (a stale "
+                                "subscription kept by the persistent session?); not processed";
+        log->error("{}", why);
+        routes.front().second->reject(m, why);
       }
     } catch (const std::exception& e) {
       // Consumer::handle never throws; reaching here means the library itself failed (e.g.
@@ -174,18 +176,24 @@ struct Subscriber::Impl {
       }
       const bool session_present = tok->get_connect_response().is_session_present();
       const int64_t n = ++connect_count;
-      if (!session_present) {
-        if (n > 1) {
+      {
+        if (!session_present && n > 1) {
           ++lost_sessions;
           log->warn("broker {} reports no session for client '{}' on reconnect: messages "
                     "published while disconnected may have been missed (session expired or "
                     "broker without persistence); subscribing again",
                     options.broker_uri, options.client_id);
-        } else {
+        } else if (!session_present) {
           log->info("broker {} has no session for client '{}' (first connection, or the "
                     "session expired); subscribing",
                     options.broker_uri, options.client_id);
+        } else {
+          log->info("connected to {} with session present (client '{}')", options.broker_uri,
+                    options.client_id);
         }
+        // Subscribe on every CONNACK, session or not: the configured filters may have
+        // changed since the session was made (a SUBSCRIBE for an existing filter replaces
+        // it and keeps its queue, MQTT 3.1.1 section 3.8.4).
         for (const auto& r : routes) {
           mqtt::token_ptr st = client->subscribe(r.first, 1);
           if (!st->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
@@ -194,16 +202,16 @@ struct Subscriber::Impl {
             return false;
           }
           const auto codes = st->get_subscribe_response().get_reason_codes();
-          if (!codes.empty() && codes.front() >= 0x80) {
-            log->error("broker refused subscription '{}' (reason code {})", r.first,
-                       static_cast<int>(codes.front()));
+          // The granted QoS (or a failure code >= 0x80). QoS 0 means no redelivery: as
+          // bad as a refusal for an inbox (e.g. a broker max_qos or an ACL).
+          if (!codes.empty() && (codes.front() >= 0x80 || codes.front() < 1)) {
+            log->error("broker did not grant QoS 1 for subscription '{}' (reason code {}); "
+                       "without QoS 1 nothing is redelivered",
+                       r.first, static_cast<int>(codes.front()));
             client->disconnect();
             return false;
           }
         }
-      } else {
-        log->info("connected to {} with session present (client '{}')", options.broker_uri,
-                  options.client_id);
       }
       return true;
     } catch (const mqtt::exception& e) {
@@ -219,11 +227,16 @@ struct Subscriber::Impl {
         std::unique_lock<std::mutex> lock(mu);
         if (stopping) return;
       }
+      {
+        // Cleared before connecting: a loss reported while connect_once() runs must wake
+        // the wait below, not be forgotten.
+        std::lock_guard<std::mutex> lock(mu);
+        connection_lost = false;
+      }
       if (connect_once()) {
         const auto since = std::chrono::steady_clock::now();
         {
           std::unique_lock<std::mutex> lock(mu);
-          connection_lost = false;
           connected = true;
           cv.notify_all();
           cv.wait(lock, [&] { return stopping || connection_lost; });
@@ -259,7 +272,31 @@ Subscriber::~Subscriber() {
   if (impl_->client_lock_fd >= 0) ::close(impl_->client_lock_fd);
 }
 
+namespace {
+
+// Paho C sends the PUBACK after the message callback returns only from 1.3.10 on (its
+// change "ack after processing incoming message"); older versions ack before the
+// callback runs, which voids the guarantee.
+Status check_paho_version() {
+  for (MQTTAsync_nameValue* nv = MQTTAsync_getVersionInfo(); nv && nv->name; ++nv) {
+    if (std::strcmp(nv->name, "Version") != 0 && std::strcmp(nv->name, "Product version") != 0)
+      continue;
+    int major = 0, minor = 0, patch = 0;
+    if (std::sscanf(nv->value, "%d.%d.%d", &major, &minor, &patch) >= 2) {
+      if (std::make_tuple(major, minor, patch) < std::make_tuple(1, 3, 10))
+        return Status::InvalidArgument(std::string("Paho MQTT C ") + nv->value +
+                                       " acknowledges QoS 1 messages before the message "
+                                       "callback runs; mqtt-inbox needs 1.3.10 or later");
+      return Status::Ok();
+    }
+  }
+  return Status::Ok();  // no version reported: nothing to check against
+}
+
+}  // namespace
+
 Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subscriber>* out) {
+  if (Status s = check_paho_version(); !s.ok()) return s;
   if (options.broker_uri.empty()) return Status::InvalidArgument("broker_uri is empty");
   if (options.client_id.empty())
     return Status::InvalidArgument(

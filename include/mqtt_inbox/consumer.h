@@ -69,6 +69,7 @@ class Consumer final : public MessageSink {
   // fails, for as long as it fails: a message that has not reached a durable outcome is
   // never reported as done (see README "Stopping while the store is stuck").
   Outcome handle(const Message& message) override;
+  Outcome reject(const Message& message, const std::string& why) override;
 
   // Sends dead letter `id` (which must belong to this consumer) back through the
   // claim-and-handler path as a new attempt series. On success the row is marked

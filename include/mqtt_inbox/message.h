@@ -20,7 +20,7 @@ struct Message {
   int qos = 1;
   // The MQTT DUP flag as received. Informational only: the DUP flag and the MQTT packet
   // identifier describe a delivery, not a message, and are never used for deduplication
-  // (MQTT 3.1.1 sections 2.3.1 and 3.3.1.1; ../shared/docs/guarantees.md section 2).
+  // (MQTT 3.1.1 sections 2.3.1 and 3.3.1.1; docs/guarantees.md section 2).
   bool dup = false;
 
   // MQTT 5 user properties in arrival order (MQTT 5.0 section 3.3.2.3.7). Names and values
@@ -59,6 +59,11 @@ class MessageSink {
  public:
   virtual ~MessageSink() = default;
   virtual Outcome handle(const Message& message) = 0;
+  // Records a delivery that must not be processed at all (for example a message on a
+  // topic no subscription of this client matches any more, kept by the persistent
+  // session) as a dead letter with reason handler_failed and `why` as its text, without
+  // running any handler. Returns once that record is durable, like handle().
+  virtual Outcome reject(const Message& message, const std::string& why) = 0;
   // The consumer name recorded with every row (used in logs).
   virtual const std::string& name() const = 0;
 };

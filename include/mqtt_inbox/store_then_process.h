@@ -228,6 +228,7 @@ class StoreThenProcess final : public MessageSink {
   // before start() and without workers. An internal error that is not a store failure
   // (std::bad_alloc) aborts the process rather than let an unstored message be acked.
   Outcome handle(const Message& message) override;
+  Outcome reject(const Message& message, const std::string& why) override;
 
   // Starts the worker threads and the periodic reaper/pruner. Call once; the business
   // tables must exist. Errors: kInvalidArgument if already started; store codes if a

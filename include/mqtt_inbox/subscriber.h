@@ -1,7 +1,7 @@
 // Subscriber: the MQTT layer. Receives QoS 1 messages with Paho C++ (async_client) and
 // hands each one to a Consumer inside Paho's synchronous message callback, so the
 // PUBACK, which Paho sends when that callback returns, always follows the commit
-// (../shared/docs/guarantees.md section 1). It never uses Paho's consumer queue: that
+// (docs/guarantees.md section 1). It never uses Paho's consumer queue: that
 // acks before the message is stored. This layer holds no SQL.
 //
 // What it enforces (guarantees.md section 2):
