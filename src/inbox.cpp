@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include <chrono>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -245,6 +246,9 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
   if (path.empty()) return Status::InvalidArgument("database path is empty");
   if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
   if (options.cache_size_kib <= 0) return Status::InvalidArgument("cache_size_kib <= 0");
+  if (options.page_size_bytes < 512 || options.page_size_bytes > 65536 ||
+      (options.page_size_bytes & (options.page_size_bytes - 1)) != 0)
+    return Status::InvalidArgument("page_size_bytes must be a power of two in 512..65536");
   if (options.journal_size_limit_bytes < -1)
     return Status::InvalidArgument("journal_size_limit_bytes < -1");
   if (options.wal_autocheckpoint_pages < 0)
@@ -280,8 +284,10 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
 
     // auto_vacuum only takes effect before the first table is written; on a brand new
     // file it must come before journal_mode=WAL, which writes the header.
-    if (db.execAndGet("PRAGMA page_count").getInt64() == 0)
+    if (db.execAndGet("PRAGMA page_count").getInt64() == 0) {
+      db.exec("PRAGMA page_size = " + std::to_string(options.page_size_bytes));
       db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    }
     const std::string mode = db.execAndGet("PRAGMA journal_mode = WAL").getString();
     if (mode != "wal")
       return Status::InvalidArgument("cannot use WAL journal mode on " + path +
@@ -474,8 +480,24 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     }
 
     const Delivery delivery{message, message_id, attempt};
+    // While the handler runs, BEGIN/COMMIT/ROLLBACK are refused at prepare time: a handler
+    // that ended the inbox's transaction would commit its effect apart from the claim. The
+    // authorizer is removed before anything else runs (our own COMMIT or ROLLBACK).
+    std::exception_ptr handler_failure;
+    sqlite3_set_authorizer(
+        db.getHandle(),
+        [](void*, int action, const char*, const char*, const char*, const char*) {
+          return action == SQLITE_TRANSACTION ? SQLITE_DENY : SQLITE_OK;
+        },
+        nullptr);
     try {
       handler(db, delivery);
+    } catch (...) {
+      handler_failure = std::current_exception();
+    }
+    sqlite3_set_authorizer(db.getHandle(), nullptr, nullptr);
+    try {
+      if (handler_failure) std::rethrow_exception(handler_failure);
     } catch (const SQLite::Exception& e) {
       detail::rollback_quietly(db);
       const Status s = detail::to_status(e, "handler statement");

@@ -125,6 +125,13 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
                         std::string* id, DeadLetterReason* reason, std::string* why) {
   // 1. MQTT 5 user property: present means it decides.
   if (!options.user_property.empty()) {
+    int present = 0;
+    for (const auto& p : message.user_properties) present += p.first == options.user_property;
+    if (present > 1)
+      return fail(DeadLetterReason::kInvalidId,
+                  "user property '" + options.user_property + "' appears " +
+                      std::to_string(present) + " times",
+                  reason, why);
     if (const std::string* v = message.user_property(options.user_property))
       return accept(*v, ("user property '" + options.user_property + "'").c_str(), options, id,
                     reason, why);

@@ -72,6 +72,22 @@ TEST_F(InboxTest, SecondConsumerProcessOnTheSameDatabaseIsRefused) {
   EXPECT_TRUE(Inbox::open(db_path_, {}, &second).ok());
 }
 
+TEST(InboxOptionsTest, PageSizeAppliesToNewFilesOnly) {
+  TempDir dir;
+  InboxOptions o;
+  o.page_size_bytes = 1024;
+  auto inbox = open_ledger_inbox(dir.file("small-pages.db"), o);
+  inbox.reset();
+  EXPECT_EQ(query_int(dir.file("small-pages.db"), "PRAGMA page_size"), 1024);
+  o.page_size_bytes = 8192;  // an existing file keeps its page size
+  inbox = open_ledger_inbox(dir.file("small-pages.db"), o);
+  inbox.reset();
+  EXPECT_EQ(query_int(dir.file("small-pages.db"), "PRAGMA page_size"), 1024);
+  o.page_size_bytes = 1000;
+  std::unique_ptr<Inbox> bad;
+  EXPECT_EQ(Inbox::open(dir.file("x.db"), o, &bad).code(), Status::Code::kInvalidArgument);
+}
+
 TEST_F(InboxTest, RefusesDatabaseFromNewerSchema) {
   inbox_->with_connection([](SQLite::Database& db) { db.exec("PRAGMA user_version = 99"); });
   inbox_.reset();
@@ -202,6 +218,26 @@ TEST_F(InboxTest, HandlerThatRecoversIsAppliedOnce) {
   EXPECT_EQ(balance("erin"), 40);
   EXPECT_EQ(count("ledger_entries"), 1);
   EXPECT_EQ(count("inbox_attempts"), 0);
+}
+
+// A handler cannot end the inbox's transaction: ROLLBACK is refused at prepare time, so
+// its later writes cannot commit apart from the claim (once per attempt).
+TEST_F(InboxTest, HandlerCannotEndTheInboxTransaction) {
+  ConsumerOptions o;
+  o.max_attempts = 3;
+  auto c = make_consumer(
+      "ledger",
+      [](SQLite::Database& db, const Delivery& d) {
+        try {
+          db.exec("ROLLBACK");
+        } catch (const SQLite::Exception&) {
+        }
+        ledger::apply_credit(db, d);
+      },
+      o);
+  EXPECT_EQ(c->handle(credit_message("sneaky-1", "ivan", 3)), Outcome::kProcessed);
+  EXPECT_EQ(count("ledger_entries"), 1);
+  EXPECT_EQ(balance("ivan"), 3);
 }
 
 TEST_F(InboxTest, UndecodablePayloadIsDeadLetteredWithoutRetries) {

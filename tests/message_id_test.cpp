@@ -60,6 +60,9 @@ TEST(MessageId, AmbiguousDuplicateKeyIsInvalid) {
   const Result r = extract(R"({"message_id":"a","message_id":"b"})");
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId);
+  const Result twice = extract("{}", {{"message-id", "a"}, {"message-id", "b"}});
+  EXPECT_FALSE(twice.ok);
+  EXPECT_EQ(twice.reason, DeadLetterReason::kInvalidId);
 }
 
 TEST(MessageId, UndecodablePayloads) {

@@ -1,9 +1,10 @@
 // Inbox: the SQLite store behind the idempotent consumer. Knows nothing of MQTT.
 //
 // One Inbox owns one SQLite connection to one database file in WAL mode. Several
-// consumer names (and several Inbox objects, in this or other processes) can share the
-// file: every row is keyed by (consumer_name, message_id), so each consumer records its
-// own claim, and SQLite's single-writer lock serialises the short write transactions.
+// consumer names can share the file: every row is keyed by (consumer_name, message_id),
+// so each consumer records its own claim. One process owns the file at a time
+// (InboxOptions::exclusive, a flock); tools and tests may open more connections with
+// exclusive=false, and SQLite's single-writer lock serialises the short transactions.
 //
 // Most applications do not call the claim methods directly: a Consumer (consumer.h)
 // runs the whole per-message policy on top of them. The dead-letter methods back the
@@ -124,8 +125,10 @@ class Inbox {
   // Rows in inbox_processed for `consumer`.
   Status count_processed(const std::string& consumer, int64_t* rows);
 
-  // Runs `fn` with exclusive use of the connection, outside any transaction. For tools and
-  // tests that need plain SQL on the same connection. `fn` must not throw.
+  // Runs `fn` with exclusive use of the connection, outside any transaction. For creating
+  // the application's tables at start-up, and for tools and tests that need plain SQL on
+  // the same connection. The one call that can throw: whatever `fn` throws (SQLiteCpp
+  // exceptions included) propagates to the caller.
   void with_connection(const std::function<void(SQLite::Database&)>& fn);
 
   // --- retention clock and stats ---
