@@ -42,44 +42,74 @@ struct Pruner::Impl {
   std::thread thread;
   int64_t last_stats_log_ms = 0;
 
-  // Deletes up to batch_rows rows with `sql` in one short transaction; returns the count.
-  int64_t delete_batch(const char* sql, int64_t cutoff) {
+  // Deletes up to `limit` rows with `sql` in one short transaction; returns the count.
+  int64_t delete_batch(const char* sql, int64_t cutoff, int64_t limit) {
     std::lock_guard<std::mutex> lock(store->mu);
     int64_t n = 0;
     store->write_transaction([&] {
       SQLite::Statement q(*store->db, sql);
       q.bind(1, cutoff);
-      q.bind(2, options.batch_rows);
+      q.bind(2, limit);
       n = q.exec();
     });
     return n;
   }
 
   // Deletes everything older than `cutoff` with `sql`, batch by batch, until done or the
-  // pass budget is spent. Yields between batches so message commits get the lock.
+  // pass budget is spent. The batch size adapts so one batch holds the write lock for
+  // about max_batch_ms, and the pause after a batch is at least as long as the batch, so
+  // message commits (which wait for at most one batch) keep getting the lock.
   int64_t delete_expired(const char* sql, int64_t cutoff, int64_t deadline_ms, PruneResult* r) {
     int64_t total = 0;
+    int64_t limit = options.batch_rows;
     for (;;) {
       if (store->clock->steady_ms() >= deadline_ms) {
         r->budget_exhausted = true;
         return total;
       }
-      const int64_t n = delete_batch(sql, cutoff);
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t n = delete_batch(sql, cutoff, limit);
+      const int64_t took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
       ++r->batches;
       total += n;
-      if (n < options.batch_rows) return total;
-      store->clock->sleep_ms(options.batch_pause.count());
+      if (n < limit) return total;
+      if (took > options.max_batch_ms) limit = std::max<int64_t>(10, limit / 2);
+      else if (took * 2 < options.max_batch_ms) limit = std::min<int64_t>(options.batch_rows, limit * 2);
+      store->clock->sleep_ms(std::max<int64_t>(options.batch_pause.count(), took));
+    }
+  }
+
+  // Gives free pages back to the file system a few at a time, with the same pacing as
+  // the deletes (one large incremental_vacuum would hold the write lock for seconds).
+  void vacuum(PruneResult* r) {
+    constexpr int kPagesPerStep = 128;
+    for (;;) {
+      int64_t freed = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        std::lock_guard<std::mutex> lock(store->mu);
+        SQLite::Database& db = *store->db;
+        const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
+        if (before == 0) return;
+        db.exec("PRAGMA incremental_vacuum(" + std::to_string(kPagesPerStep) + ")");
+        freed = before - db.execAndGet("PRAGMA freelist_count").getInt64();
+      }
+      r->pages_freed += freed;
+      if (freed < kPagesPerStep) return;
+      const int64_t took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
+      store->clock->sleep_ms(std::max<int64_t>(options.batch_pause.count(), took));
     }
   }
 
   void hygiene(PruneResult* r) {
+    if (options.incremental_vacuum && (r->processed_deleted > 0 || r->dead_letters_deleted > 0))
+      vacuum(r);
     std::lock_guard<std::mutex> lock(store->mu);
     SQLite::Database& db = *store->db;
-    if (options.incremental_vacuum && (r->processed_deleted > 0 || r->dead_letters_deleted > 0)) {
-      const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
-      db.exec("PRAGMA incremental_vacuum");
-      r->pages_freed = before - db.execAndGet("PRAGMA freelist_count").getInt64();
-    }
     if (options.checkpoint) {
       // TRUNCATE when idle: nothing committed during the last period. A busy reader makes
       // it return SQLITE_BUSY-like partial results, which is fine: try again next pass.
@@ -128,6 +158,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
   if (!inbox) return Status::InvalidArgument("inbox is null");
   if (options.window.count() <= 0) return Status::InvalidArgument("retention window must be > 0");
   if (options.batch_rows < 1) return Status::InvalidArgument("batch_rows must be >= 1");
+  if (options.max_batch_ms < 1) return Status::InvalidArgument("max_batch_ms must be >= 1");
   if (options.period.count() < 1 || options.pass_budget.count() < 1 ||
       options.batch_pause.count() < 0 || options.dead_letter_window.count() < 0 ||
       options.broker_session_expiry.count() < 0 || options.max_offline.count() < 0 ||

@@ -53,11 +53,16 @@ struct RetentionOptions {
   // Accept a window below horizon + margin (a loud warning is logged once). Default false.
   bool allow_window_below_horizon = false;
 
-  // Rows deleted per transaction. Default 500. Bounds how long a message commit can wait.
+  // Rows deleted per transaction, at most. Default 500.
   int batch_rows = 500;
+  // Target time one batch may hold the write lock, ms. The batch size adapts to it
+  // (halved when a batch took longer, doubled up to batch_rows when it took less than
+  // half), because a message commit waits for at most one batch. Default 10.
+  int max_batch_ms = 10;
   // Time one pass may spend deleting, ms; the rest is left for the next pass. Default 2000.
   std::chrono::milliseconds pass_budget{2000};
-  // Pause between batches so message commits get the write lock. Default 2 ms.
+  // Pause between batches so message commits get the write lock: at least this, and at
+  // least as long as the last batch held the lock. Default 2 ms.
   std::chrono::milliseconds batch_pause{2};
   // Period of the background thread (start()). Default 60 s.
   std::chrono::milliseconds period{60000};
