@@ -375,6 +375,24 @@ TEST(AdminTool, StoreThenProcessReplayAndDeadLetterRequeue) {
   EXPECT_EQ(stp_stats["dead"], 1);
   EXPECT_EQ(stp_stats["pending"], 0);
 
+  // A claim left by a crashed worker (simulated: a done row put back to 'processing'
+  // with an old claim time) is returned to pending by `reap`.
+  {
+    SQLite::Database d(db, SQLite::OPEN_READWRITE);
+    d.exec("UPDATE inbox_messages SET status = 'processing', claimed_at = 1, claimant = 'dead-worker'"
+           " WHERE message_id = 's-0'");
+  }
+  r = tool({"reap", db, "--consumer", "stp", "--lease-ms", "1000", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["reaped"], 1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_messages WHERE message_id = 's-0'"
+                          " AND status = 'pending'"), 1);
+  EXPECT_EQ(tool({"reap", db, "--consumer", "nobody"}).code, 8);
+  {
+    SQLite::Database d(db, SQLite::OPEN_READWRITE);  // back as it was for the rest
+    d.exec("UPDATE inbox_messages SET status = 'done', attempts = 1 WHERE message_id = 's-0'");
+  }
+
   EXPECT_EQ(tool({"replay", db, "--consumer", "stp"}).code, 1);  // no selector
   EXPECT_EQ(tool({"replay", db, "--consumer", "nobody", "--all"}).code, 8);
   r = tool({"replay", db, "--consumer", "stp", "--aggregate", "acct-1", "--json"});
@@ -413,7 +431,7 @@ TEST(AdminTool, EveryReadCommandAndPruneWhileALedgerConsumerIsWriting) {
                          std::chrono::seconds(10)));
   const std::string pub_log = dir.file("publisher.log");
   Child publisher({built_program("publisher"), "--broker", broker.uri(), "--topic", "credits/live", "--count", "1200",
-                   "--duplicates", "0.2", "--malformed", "4", "--rate", "500", "--seed", "3"},
+                   "--duplicates", "0.2", "--malformed", "4", "--rate", "150", "--seed", "3"},
                   pub_log);
   int rounds = 0;
   int64_t rows_seen_while_running = 0;

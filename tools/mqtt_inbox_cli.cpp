@@ -393,8 +393,10 @@ std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta, 
 
 // A StoreThenProcess for the tool's own use: no workers, never started, so its handler
 // never runs. Only replay() and stats() are used; they run on its maintenance connection.
-std::unique_ptr<mi::StoreThenProcess> stp_for(mi::Inbox* inbox, const std::string& consumer) {
+std::unique_ptr<mi::StoreThenProcess> stp_for(mi::Inbox* inbox, const std::string& consumer,
+                                              int64_t lease_ms = 0) {
   mi::StoreThenProcessOptions o;
+  if (lease_ms > 0) o.lease_ms = lease_ms;
   o.workers = 0;
   o.prune_interval_ms = 0;
   std::unique_ptr<mi::StoreThenProcess> stp;
@@ -903,6 +905,20 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
   return kOk;
 }
 
+// Store-then-process: return claims older than the lease to 'pending' now (the running
+// application's workers do this on a timer; this is for a stuck device or after a crash).
+int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease_ms) {
+  auto inbox = open_inbox(path);
+  if (!stp_consumers(*inbox).count(consumer))
+    fail(kNotFound, "no store-then-process rows for consumer '" + consumer + "'");
+  auto stp = stp_for(inbox.get(), consumer, lease_ms);
+  int64_t reaped = 0;
+  check_status(stp->reap(&reaped), "reaping");
+  if (g.json) emit(json{{"consumer", consumer}, {"reaped", reaped}});
+  else print_kv({{"consumer", consumer}, {"claims returned to pending", std::to_string(reaped)}});
+  return kOk;
+}
+
 // ------------------------------------------------------------------ check and migrate
 
 int cmd_check(const std::string& path) {
@@ -1393,6 +1409,14 @@ int main(int argc, char** argv) {
   replay->add_flag("--include-dead", ra.include_dead, "Also rows the workers dead-lettered");
   replay->add_flag("--all", ra.all, "Every finished row of the consumer");
   replay->callback([&] { run = [&] { return cmd_replay(db, ra); }; });
+
+  std::string reap_consumer;
+  int64_t reap_lease_ms = 0;
+  auto* reap = app.add_subcommand("reap", "Store-then-process: return expired claims to pending now");
+  reap->add_option("DB", db, "Database file")->required();
+  reap->add_option("--consumer", reap_consumer, "Store-then-process consumer name")->required();
+  reap->add_option("--lease-ms", reap_lease_ms, "Claims older than this are expired (default: the library's 60000)");
+  reap->callback([&] { run = [&] { return cmd_reap(db, reap_consumer, reap_lease_ms); }; });
 
   auto* check = app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");
   check->add_option("DB", db, "Database file")->required();
