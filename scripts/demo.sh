@@ -43,7 +43,7 @@ BROKER_PID=$!
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
 BROKER="tcp://127.0.0.1:$PORT"
 DB="$WORK/ledger.db"
-echo "broker $BROKER (pid $BROKER_PID), database $DB, logs in $WORK"
+echo "broker $BROKER (pid $BROKER_PID), database $DB (kept only if the run fails)"
 
 RUN=0
 start_consumer() {
@@ -103,7 +103,7 @@ printf '%-44s %s\n' "duplicates re-sent by the publisher" "$DUPS"
 printf '%-44s %s\n' "malformed messages published" "$MAL"
 printf '%-44s %s\n' "deliveries that reached the consumer" "$DELIVERED"
 printf '%-44s %s\n' "duplicates delivered and skipped" "$SKIPPED"
-printf '%-44s %s\n' "  of which broker redeliveries after crashes" "$((SKIPPED - DUPS))"
+printf '%-44s %s\n' "  beyond the publisher's re-sends (redeliveries)" "$((SKIPPED - DUPS))"
 printf '%-44s %s\n' "credits applied (ledger rows / distinct ids)" "$ENTRIES / $DISTINCT"
 printf '%-44s %s\n' "dead letters" "$DEAD"
 q "SELECT '  ' || reason || ': ' || count(*) FROM inbox_dead_letters GROUP BY reason ORDER BY reason"
@@ -112,7 +112,10 @@ printf '%-44s %s\n' "actual total balance" "$BALANCE"
 print_stage_summary
 
 if [ "$ENTRIES" = "$UNIQUE" ] && [ "$DISTINCT" = "$UNIQUE" ] && [ "$BALANCE" = "$TOTAL" ] &&
-   [ "$DEAD" = "$MAL" ] && [ "$SKIPPED" -ge "$DUPS" ]; then
+   [ "$DEAD" -ge "$MAL" ] && [ "$SKIPPED" -ge "$DUPS" ]; then
+  # More dead letters than malformed messages is possible and correct: a message without
+  # an id that was dead-lettered but not yet acked when a SIGKILL hit comes back and,
+  # having no id to recognise it by, gets a second row.
   echo "exactly-once: OK"
 else
   echo "exactly-once: FAILED (logs in $WORK)"

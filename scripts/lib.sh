@@ -57,7 +57,7 @@ free_port() {
 }
 
 # write_mosquitto_conf PORT DIR: a broker config that keeps sessions and never drops
-# queued messages (../shared/docs/guarantees.md section 2).
+# queued messages (docs/guarantees.md section 2).
 write_mosquitto_conf() {
   local port="$1" dir="$2"
   {

@@ -3,7 +3,7 @@
 // The library never throws across its API (leveldb's convention): a call that can fail
 // returns a Status, and values come back through out-parameters. This keeps errors
 // explicit on the per-message path, which runs inside Paho's callback where an escaping
-// exception would terminate the process (../shared/docs/guarantees.md section 1).
+// exception would terminate the process (docs/guarantees.md section 1).
 // The one place exceptions are used on purpose is the user's handler: it signals a
 // failed message by throwing (see consumer.h).
 //
