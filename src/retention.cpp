@@ -45,6 +45,10 @@ struct Pruner::Impl {
   // Deletes up to `limit` rows with `sql` in one short transaction; returns the count.
   int64_t delete_batch(const char* sql, int64_t cutoff, int64_t limit) {
     std::lock_guard<std::mutex> lock(store->mu);
+    // No fsync for a delete of expired rows: if power loss undoes it, the next pass
+    // deletes them again. The write lock is then held for the delete alone, and the next
+    // claim's fsync makes it durable anyway.
+    Inbox::Impl::RelaxedSync relaxed(*store);
     int64_t n = 0;
     store->write_transaction([&] {
       SQLite::Statement q(*store->db, sql);
@@ -90,6 +94,7 @@ struct Pruner::Impl {
       const auto t0 = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> lock(store->mu);
+        Inbox::Impl::RelaxedSync relaxed(*store);  // as for the deletes
         SQLite::Database& db = *store->db;
         const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
         if (before == 0) return;
