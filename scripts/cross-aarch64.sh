@@ -77,7 +77,7 @@ apt_get() {
 # ---------------------------------------------------------------- deps --
 HOST_PKGS=(g++-aarch64-linux-gnu qemu-user cmake make pkg-config file mosquitto)
 TARGET_PKGS=(libsqlite3-dev libsqlitecpp-dev libpaho-mqttpp-dev libpaho-mqtt-dev
-             libspdlog-dev libfmt-dev libgtest-dev libssl-dev)
+             libspdlog-dev libfmt-dev libgtest-dev libssl-dev libbenchmark-dev)
 # Header-only build dependencies, architecture independent.
 INDEP_PKGS=(nlohmann-json3-dev libcli11-dev)
 
