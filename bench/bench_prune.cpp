@@ -22,12 +22,18 @@ int main(int argc, char** argv) {
   std::string dir = "/var/tmp";
   int64_t rows = 1'000'000;
   double rate = 200;
-  int batch = 500, seconds = 0;
+  int batch = 500, seconds = 0, max_batch_ms = mqtt_inbox::RetentionOptions{}.max_batch_ms;
+  int autocheckpoint = mqtt_inbox::InboxOptions{}.wal_autocheckpoint_pages;
+  double pause_factor = mqtt_inbox::RetentionOptions{}.pause_factor;
   bool normal = false;
   app.add_option("--dir", dir, "Folder for the database (not tmpfs)");
   app.add_option("--rows", rows, "Expired ids to fill");
   app.add_option("--rate", rate, "Messages per second of the stream");
   app.add_option("--batch", batch, "Pruner batch_rows");
+  app.add_option("--max-batch-ms", max_batch_ms, "Pruner max_batch_ms");
+  app.add_option("--pause-factor", pause_factor, "Pruner pause_factor");
+  app.add_option("--autocheckpoint", autocheckpoint,
+                 "InboxOptions::wal_autocheckpoint_pages (0 = off)");
   app.add_option("--baseline-seconds", seconds, "Length of the no-prune phase (0 = 10 s)");
   app.add_flag("--normal", normal, "synchronous=NORMAL instead of FULL");
   CLI11_PARSE(app, argc, argv);
@@ -36,6 +42,7 @@ int main(int argc, char** argv) {
   const std::string path = dir + "/bench_prune.db";
   for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
   mqtt_inbox::InboxOptions io;
+  io.wal_autocheckpoint_pages = autocheckpoint;
   io.synchronous = normal ? mqtt_inbox::Synchronous::kNormal : mqtt_inbox::Synchronous::kFull;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(path, io, &inbox); !s.ok()) {
@@ -68,6 +75,8 @@ int main(int argc, char** argv) {
   mqtt_inbox::RetentionOptions ro;
   ro.window = std::chrono::hours(8 * 24);
   ro.batch_rows = batch;
+  ro.max_batch_ms = max_batch_ms;
+  ro.pause_factor = pause_factor;
   ro.pass_budget = std::chrono::hours(1);
   ro.stats_log_period_ms = 0;
   std::unique_ptr<mqtt_inbox::Pruner> pruner;
@@ -120,6 +129,10 @@ int main(int argc, char** argv) {
       .add("rows", rows)
       .add("fill_s", fill_s)
       .add("batch_rows", static_cast<int64_t>(batch))
+      .add("max_batch_ms", static_cast<int64_t>(max_batch_ms))
+      .add("wal_autocheckpoint_pages", static_cast<int64_t>(autocheckpoint))
+      .add("pause_factor", pause_factor)
+      .add("batches", pr.batches)
       .add("rate", rate)
       .add("baseline_p50_us", p50a)
       .add("baseline_p99_us", p99a)
@@ -137,12 +150,14 @@ int main(int argc, char** argv) {
                "  commit latency during prune:  p50 %.0f us, p99 %.0f us (%zu msgs)\n"
                "  p99 ratio %.2f (goal <= 2); prune deleted %lld rows in %.1f s = %.0f rows/s, "
                "%lld pages freed\n"
-               "  reproduce: bench_prune --dir %s --rows %lld --rate %.0f --batch %d%s\n",
+               "  reproduce: bench_prune --dir %s --rows %lld --rate %.0f --batch %d --max-batch-ms %d"
+               " --pause-factor %g --autocheckpoint %d%s\n",
                static_cast<long long>(rows), fill_s, rate, normal ? "NORMAL" : "FULL", p50a, p99a,
                base.size(), p50b, p99b, during.size(), p99a > 0 ? p99b / p99a : 0.0,
                static_cast<long long>(pr.processed_deleted), static_cast<double>(prune_ns) / 1e9,
                rows_per_s, static_cast<long long>(pr.pages_freed), dir.c_str(),
-               static_cast<long long>(rows), rate, batch, normal ? " --normal" : "");
+               static_cast<long long>(rows), rate, batch, max_batch_ms, pause_factor, autocheckpoint,
+               normal ? " --normal" : "");
   for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
   return 0;
 }

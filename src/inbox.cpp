@@ -213,28 +213,35 @@ InboxStats Inbox::stats() const {
   return s;
 }
 
-Status Inbox::refresh_row_stats() {
+Status Inbox::refresh_row_stats() { return impl_->measure_rows(nullptr); }
+
+Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
   std::map<std::string, ConsumerRows> rows;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    try {
-      SQLite::Statement q(*impl_->db,
-                          "SELECT consumer_name, count(*), min(received_at), max(received_at)"
-                          " FROM inbox_processed GROUP BY consumer_name");
-      while (q.executeStep()) {
-        ConsumerRows r;
-        r.rows = q.getColumn(1).getInt64();
-        r.oldest_received_at = q.getColumn(2).getInt64();
-        r.newest_received_at = q.getColumn(3).getInt64();
-        rows[q.getColumn(0).getString()] = r;
-      }
-    } catch (const SQLite::Exception& e) {
-      return impl_->store_error(detail::to_status(e, "measuring rows"));
+  auto run = [&](SQLite::Database& conn) {
+    SQLite::Statement q(conn,
+                        "SELECT consumer_name, count(*), min(received_at), max(received_at)"
+                        " FROM inbox_processed GROUP BY consumer_name");
+    while (q.executeStep()) {
+      ConsumerRows r;
+      r.rows = q.getColumn(1).getInt64();
+      r.oldest_received_at = q.getColumn(2).getInt64();
+      r.newest_received_at = q.getColumn(3).getInt64();
+      rows[q.getColumn(0).getString()] = r;
     }
+  };
+  try {
+    if (reader) {
+      run(*reader);
+    } else {
+      std::lock_guard<std::mutex> lock(mu);
+      run(*db);
+    }
+  } catch (const SQLite::Exception& e) {
+    return store_error(detail::to_status(e, "measuring rows"));
   }
-  std::lock_guard<std::mutex> lock(impl_->stats_mu);
-  impl_->consumer_rows = std::move(rows);
-  impl_->rows_measured_at = impl_->retention_clock();
+  std::lock_guard<std::mutex> lock(stats_mu);
+  consumer_rows = std::move(rows);
+  rows_measured_at = retention_clock();
   return Status::Ok();
 }
 

@@ -66,6 +66,11 @@ struct Inbox::Impl {
   std::map<std::string, ConsumerRows> consumer_rows;
   int64_t rows_measured_at = 0;
 
+  // Measures rows per consumer (a scan of inbox_processed) and stores the result for
+  // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
+  // no commit; with nullptr it runs on `db` under `mu`.
+  Status measure_rows(SQLite::Database* reader);
+
   // Counts a failed store operation and passes the Status through.
   Status store_error(Status s) {
     if (s.is_transient_store_error()) ++store_errors;

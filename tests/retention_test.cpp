@@ -286,6 +286,60 @@ TEST_F(RetentionTest, WalStaysBoundedWithAReaderAttached) {
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 4000);
 }
 
+// Deleting ids scattered over the primary key dirties pages all over it. The pruner
+// checkpoints on its own connection after each batch, so the WAL stays about one batch
+// long even when nothing else checkpoints (autocheckpoint off here); without those
+// checkpoints the same pass grows it by every page it touched.
+TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
+  auto run = [&](bool checkpoint) {
+    consumers_.clear();
+    pruner_.reset();
+    inbox_.reset();
+    for (const char* suffix : {"", "-wal", "-shm"}) std::remove((db_path_ + suffix).c_str());
+    InboxOptions o;
+    o.clock = &clock_;
+    o.wal_autocheckpoint_pages = 0;
+    o.journal_size_limit_bytes = -1;  // the WAL file keeps its high-water mark
+    inbox_ = open_ledger_inbox(db_path_, o);
+    const int64_t received_at = inbox_->retention_clock_ms() - 1;
+    inbox_->with_connection([&](SQLite::Database& db) {
+      db.exec("BEGIN");
+      SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id,"
+                                " received_at) VALUES ('ledger', ?1, ?2)");
+      uint64_t x = 88172645463325252ull;
+      for (int i = 0; i < 20000; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: ids spread over the key
+        ins.bind(1, std::to_string(x));
+        ins.bind(2, received_at);
+        ins.exec();
+        ins.reset();
+      }
+      db.exec("COMMIT");
+      db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    });
+    RetentionOptions r = short_retention();
+    r.batch_rows = 500;
+    r.max_batch_ms = 1000;  // fixed 500-row batches, whatever the machine's speed
+    r.pass_budget = std::chrono::hours(1);
+    r.checkpoint = checkpoint;
+    pruner(r);
+    clock_.advance(61 * kMinute);
+    // A fresh claim: the inbox is not idle, so the pass ends with PASSIVE, not TRUNCATE,
+    // and the WAL file shows its high-water mark.
+    EXPECT_EQ(consumer("ledger").handle(credit_message("fresh", "acct-1", 1)), Outcome::kProcessed);
+    const PruneResult pr = prune();
+    EXPECT_EQ(pr.processed_deleted, 20000);
+    EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 1);
+    return file_size(db_path_ + "-wal");
+  };
+  const int64_t without = run(false);
+  const int64_t with = run(true);
+  std::printf("WAL high-water mark: %lld bytes without, %lld with checkpoints between batches\n",
+              static_cast<long long>(without), static_cast<long long>(with));
+  EXPECT_GT(without, 2 * 1024 * 1024) << "the pass should have dirtied many pages";
+  EXPECT_LT(with * 4, without) << "with " << with << " without " << without;
+}
+
 TEST_F(RetentionTest, DeadLettersHaveTheirOwnRetention) {
   Message bad;
   bad.topic = "t";

@@ -145,7 +145,9 @@ class Inbox {
   // A snapshot of counters, commit latency, file sizes and the last row measurement.
   // Cheap and safe from any thread: never waits for the store (stats.h).
   InboxStats stats() const;
-  // Measures rows per consumer now (one aggregate query under the connection lock).
+  // Measures rows per consumer now (one aggregate query, a scan of inbox_processed, under
+  // the connection lock: message commits wait for it). The Pruner measures on its own
+  // connection instead, after each pass.
   Status refresh_row_stats();
 
  private:

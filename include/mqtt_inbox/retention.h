@@ -57,12 +57,19 @@ struct RetentionOptions {
   int batch_rows = 500;
   // Target time one batch may hold the write lock, ms. The batch size adapts to it
   // (halved when a batch took longer, doubled up to batch_rows when it took less than
-  // half), because a message commit waits for at most one batch. Default 10.
-  int max_batch_ms = 10;
+  // half, never below 10 rows), because a message commit waits for at most one batch.
+  // Default 1: a message then waits less than its own fsync (docs/benchmarks.md).
+  int max_batch_ms = 1;
   // Time one pass may spend deleting, ms; the rest is left for the next pass. Default 2000.
   std::chrono::milliseconds pass_budget{2000};
-  // Pause between batches so message commits get the write lock: at least this, and at
-  // least as long as the last batch held the lock. Default 2 ms.
+  // Pause after each batch (and vacuum step): pause_factor x the time the batch kept
+  // the store busy (its transaction plus the checkpoint after it), and at least
+  // batch_pause. The pruner therefore uses at most 1 / (1 + pause_factor) of the
+  // device's time, and a message's fsync rarely queues behind the pruner's writes.
+  // Larger = gentler on message latency, slower pruning (docs/benchmarks.md has the
+  // trade-off measured). Must be >= 0. Default 4.
+  double pause_factor = 4;
+  // Minimum pause after each batch. Default 2 ms.
   std::chrono::milliseconds batch_pause{2};
   // Period of the background thread (start()). Default 60 s.
   std::chrono::milliseconds period{60000};
@@ -74,8 +81,12 @@ struct RetentionOptions {
   // After a pass that deleted rows, give freed pages back to the file system with
   // PRAGMA incremental_vacuum (the schema uses auto_vacuum=INCREMENTAL). Default true.
   bool incremental_vacuum = true;
-  // Checkpoint policy per pass: PASSIVE always; TRUNCATE (shrinks the WAL file to zero)
-  // when no claim committed during the last `period`. Default true.
+  // Checkpoint policy. At the end of a pass: PASSIVE always; TRUNCATE (shrinks the WAL
+  // file to zero) when no claim committed during the last `period`. Between delete batches
+  // and vacuum steps: PASSIVE, on a second connection that the Pruner opens to the same
+  // file (same VFS), so message commits neither wait for it nor cross
+  // InboxOptions::wal_autocheckpoint_pages and pay for the pruner's pages themselves
+  // (https://sqlite.org/wal.html#automatic_checkpoint). Default true.
   bool checkpoint = true;
 
   // Every pass also logs a one-line stats summary at info level when this many ms have
@@ -112,7 +123,9 @@ class Pruner {
   // what was deleted stays deleted).
   Status prune_once(PruneResult* result);
 
-  // Runs prune_once() every `period` on a thread owned by the Pruner, until stop().
+  // Runs prune_once() every `period` on a thread owned by the Pruner, until stop(). After
+  // a pass that spent its pass_budget (rows left over), the next one starts after
+  // min(period, pass_budget) instead. Errors: kInvalidArgument if already started.
   Status start();
   void stop();
 
