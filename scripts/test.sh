@@ -32,15 +32,13 @@ stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
 stage "build+test" build_and_test "$ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo || FAILED=1
 
 if [ $QUICK -eq 0 ]; then
-  # The sanitizer stages report but do not fail the run yet: races inside Paho C++ 1.2.0
-  # (token and async_client internals, see tests/tsan.supp) are still being triaged.
-  # MQTT_INBOX_STRICT_SANITIZERS=1 makes them fatal.
+  # Races and leaks inside Paho (not in mqtt-inbox) are suppressed in tests/tsan.supp and
+  # tests/lsan.supp, each with the reason; anything else fails the run.
   stage "asan+ubsan" build_and_test "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" || [ "${MQTT_INBOX_STRICT_SANITIZERS:-0}" = 0 ] || FAILED=1
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" || FAILED=1
   stage tsan build_and_test "$ROOT/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
-    || [ "${MQTT_INBOX_STRICT_SANITIZERS:-0}" = 0 ] || FAILED=1
+    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread || FAILED=1
   if [ -x "$ROOT/scripts/fuzz.sh" ]; then
     stage fuzz "$ROOT/scripts/fuzz.sh" || FAILED=1
   fi
