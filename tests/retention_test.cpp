@@ -340,6 +340,43 @@ TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
   EXPECT_LT(with * 4, without) << "with " << with << " without " << without;
 }
 
+// The background thread (start/stop) prunes a backlog while another thread applies a
+// stream: every new message is applied once, only expired ids go, and stop() joins.
+// Under ThreadSanitizer (scripts/test.sh) this is the pruner's race check.
+TEST_F(RetentionTest, BackgroundPrunerWorksAlongsideAStream) {
+  inbox_->with_connection([](SQLite::Database& db) {
+    db.exec("BEGIN");
+    SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
+                              " VALUES ('ledger', ?1, 0)");
+    for (int i = 0; i < 5000; ++i) {
+      ins.bind(1, "old-" + std::to_string(i));
+      ins.exec();
+      ins.reset();
+    }
+    db.exec("COMMIT");
+  });
+  clock_.advance(61 * kMinute);
+  RetentionOptions r = short_retention();
+  r.period = std::chrono::milliseconds(5);
+  r.batch_rows = 200;
+  r.pass_budget = std::chrono::milliseconds(20);  // several passes: the backlog path
+  pruner(r);
+  ASSERT_TRUE(pruner_->start().ok());
+  EXPECT_FALSE(pruner_->start().ok());  // already started
+  for (int i = 0; i < 400; ++i)
+    ASSERT_EQ(consumer("ledger").handle(credit_message("new-" + std::to_string(i), "acct-1", 2)),
+              Outcome::kProcessed);
+  for (int i = 0; i < 2000 && q("SELECT count(*) FROM inbox_processed WHERE message_id"
+                                " LIKE 'old-%'") > 0;
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  pruner_->stop();
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE message_id LIKE 'old-%'"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE message_id LIKE 'new-%'"), 400);
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'acct-1'"), 800);
+  EXPECT_EQ(inbox_->stats().pruned, 5000);
+}
+
 TEST_F(RetentionTest, DeadLettersHaveTheirOwnRetention) {
   Message bad;
   bad.topic = "t";
