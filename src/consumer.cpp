@@ -10,6 +10,7 @@
 #include "log.h"
 #include "message_id.h"
 #include "properties_json.h"
+#include "store_retry.h"
 #include "mqtt_inbox/clock.h"
 #include "text.h"
 
@@ -61,62 +62,17 @@ struct Consumer::Impl {
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
 
-  // Health and counters: guarded by their own mutex, never held across I/O, so readers
-  // never wait for the store or the handler.
+  // Counters: guarded by their own mutex, never held across I/O, so readers never wait
+  // for the store or the handler. Health lives in `retry`, under the same rule.
   mutable std::mutex state_mu;
-  Health health;
   ConsumerCounters counters;
-  int64_t last_store_log_ms = 0;
+  std::unique_ptr<detail::StoreRetry> retry;
 
   void count(int64_t ConsumerCounters::*field) {
     std::lock_guard<std::mutex> lock(state_mu);
     ++(counters.*field);
   }
 
-  // Runs `op` until it returns OK. While it fails, the message has no durable outcome, so
-  // the caller must not return (that would release the PUBACK): wait with capped backoff,
-  // publish the state through health(), and log at a bounded rate.
-  template <typename Op>
-  void until_stored(const char* what, Op&& op) {
-    Status s = op();
-    if (s.ok()) return;
-    int64_t backoff = options.store_backoff_initial.count();
-    int64_t retries = 0;
-    const int64_t since = clock->wall_ms();
-    while (!s.ok()) {
-      ++retries;
-      bool log_now;
-      {
-        std::lock_guard<std::mutex> lock(state_mu);
-        if (!health.stuck) {
-          health.stuck = true;
-          health.stuck_since_ms = since;
-        }
-        health.retries = retries;
-        ++health.total_store_errors;
-        health.last_error = s.to_string();
-        ++counters.store_retries;
-        const int64_t now = clock->wall_ms();
-        log_now = retries == 1 || now - last_store_log_ms >= options.store_error_log_interval_ms;
-        if (log_now) last_store_log_ms = now;
-      }
-      if (log_now)
-        log->warn("consumer '{}': store failed while {} ({}); message not acked, retry {} in "
-                  "{} ms",
-                  name, what, s.to_string(), retries, backoff);
-      clock->sleep_ms(backoff);
-      backoff = std::min<int64_t>(backoff * 2, options.store_backoff_max.count());
-      s = op();
-    }
-    {
-      std::lock_guard<std::mutex> lock(state_mu);
-      health.stuck = false;
-      health.stuck_since_ms = 0;
-      health.retries = 0;
-    }
-    log->info("consumer '{}': store recovered after {} retries ({} ms)", name, retries,
-              clock->wall_ms() - since);
-  }
 
   Outcome dead_letter(const Message& m, const std::optional<std::string>& id,
                       DeadLetterReason reason, const std::string& text, int attempts,
@@ -142,6 +98,13 @@ struct Consumer::Impl {
               id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
               to_string(reason), row, detail::printable(text, 300));
     return Outcome::kDeadLettered;
+  }
+
+  // While the store fails, the message has no durable outcome, so the caller must not
+  // return (that would release the PUBACK): see detail::StoreRetry.
+  template <typename Op>
+  void until_stored(const char* what, Op&& op) {
+    retry->until_stored(what, std::forward<Op>(op));
   }
 
   Outcome run(const Message& m, std::optional<int64_t> replay_of) {
@@ -266,6 +229,8 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
+  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", options,
+                                                     impl->clock, impl->log);
   out->reset(new Consumer(std::move(impl)));
   return Status::Ok();
 }
@@ -310,14 +275,16 @@ bool Consumer::extract_message_id(const Message& message, std::string* id,
   return detail::extract_message_id(message, impl_->options.message_id, id, reason, why);
 }
 
-Health Consumer::health() const {
-  std::lock_guard<std::mutex> lock(impl_->state_mu);
-  return impl_->health;
-}
+Health Consumer::health() const { return impl_->retry->health(); }
 
 ConsumerCounters Consumer::counters() const {
-  std::lock_guard<std::mutex> lock(impl_->state_mu);
-  return impl_->counters;
+  ConsumerCounters c;
+  {
+    std::lock_guard<std::mutex> lock(impl_->state_mu);
+    c = impl_->counters;
+  }
+  c.store_retries = impl_->retry->store_retries();
+  return c;
 }
 
 }  // namespace mqtt_inbox

@@ -25,6 +25,7 @@
 #include "mqtt_inbox/clock.h"
 #include "properties_json.h"
 #include "sqlite_util.h"
+#include "store_retry.h"
 #include "text.h"
 
 namespace mqtt_inbox {
@@ -168,10 +169,9 @@ struct StoreThenProcess::Impl {
   std::mutex maint_mu;
   std::unique_ptr<SQLite::Database> maint;
 
-  mutable std::mutex state_mu;
-  Health health;
+  mutable std::mutex state_mu;  // guards counters; never held across I/O
   StoreThenProcessCounters counters;
-  int64_t last_store_log_ms = 0;
+  std::unique_ptr<detail::StoreRetry> retry;  // the receipt's health (health())
 
   std::mutex run_mu;  // guards started/threads and the wake-up generation
   std::condition_variable wake;
@@ -225,49 +225,11 @@ struct StoreThenProcess::Impl {
 
   // ---------------------------------------------------------------- receipt
 
-  // Runs `op` until it returns OK; the message has no durable outcome meanwhile, so the
-  // caller must not return (that would release the PUBACK). As Consumer's until_stored.
+  // While the store fails, the message has no durable outcome, so the caller must not
+  // return (that would release the PUBACK): see detail::StoreRetry.
   template <typename Op>
   void until_stored(const char* what, Op&& op) {
-    Status s = op();
-    if (s.ok()) return;
-    const ConsumerOptions& o = options.consumer;
-    int64_t backoff = o.store_backoff_initial.count();
-    int64_t retries = 0;
-    const int64_t since = clock->wall_ms();
-    while (!s.ok()) {
-      ++retries;
-      bool log_now;
-      {
-        std::lock_guard<std::mutex> lock(state_mu);
-        if (!health.stuck) {
-          health.stuck = true;
-          health.stuck_since_ms = since;
-        }
-        health.retries = retries;
-        ++health.total_store_errors;
-        health.last_error = s.to_string();
-        ++counters.store_retries;
-        const int64_t now = clock->wall_ms();
-        log_now = retries == 1 || now - last_store_log_ms >= o.store_error_log_interval_ms;
-        if (log_now) last_store_log_ms = now;
-      }
-      if (log_now)
-        log->warn("store-then-process '{}': store failed while {} ({}); message not acked, "
-                  "retry {} in {} ms",
-                  name, what, s.to_string(), retries, backoff);
-      clock->sleep_ms(backoff);
-      backoff = std::min<int64_t>(backoff * 2, o.store_backoff_max.count());
-      s = op();
-    }
-    {
-      std::lock_guard<std::mutex> lock(state_mu);
-      health.stuck = false;
-      health.stuck_since_ms = 0;
-      health.retries = 0;
-    }
-    log->info("store-then-process '{}': store recovered after {} retries ({} ms)", name, retries,
-              clock->wall_ms() - since);
+    retry->until_stored(what, std::forward<Op>(op));
   }
 
   Status stored_already(const std::string& id, bool* found) {
@@ -1026,6 +988,8 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
+  impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
+                                                     options.consumer, impl->clock, impl->log);
   impl->instance = instance_token();
   try {
     impl->maint = impl->open_connection(std::nullopt);
@@ -1203,14 +1167,16 @@ Status StoreThenProcess::stats(StoreThenProcessStats* out) {
   return Status::Ok();
 }
 
-Health StoreThenProcess::health() const {
-  std::lock_guard<std::mutex> lock(impl_->state_mu);
-  return impl_->health;
-}
+Health StoreThenProcess::health() const { return impl_->retry->health(); }
 
 StoreThenProcessCounters StoreThenProcess::counters() const {
-  std::lock_guard<std::mutex> lock(impl_->state_mu);
-  return impl_->counters;
+  StoreThenProcessCounters c;
+  {
+    std::lock_guard<std::mutex> lock(impl_->state_mu);
+    c = impl_->counters;
+  }
+  c.store_retries = impl_->retry->store_retries();
+  return c;
 }
 
 }  // namespace mqtt_inbox

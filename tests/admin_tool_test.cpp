@@ -47,6 +47,7 @@ std::string slurp_fd(int fd) {
 // Runs the tool with stdin from a pipe (so never a terminal), stdout and stderr captured.
 ToolRun tool(std::vector<std::string> args, const std::string& input = "") {
   args.insert(args.begin(), built_program("mqtt-inbox"));
+  args = with_emulator(std::move(args));
   const std::string out_path = std::filesystem::temp_directory_path() /
                                ("mqtt-inbox-out-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
   int in[2];

@@ -29,15 +29,34 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+namespace {
+
+// The ELF machine field (e_machine, offset 18) of a file, or -1 if it is not ELF.
+int elf_machine(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  unsigned char h[20] = {};
+  if (!f.read(reinterpret_cast<char*>(h), sizeof h) || h[0] != 0x7f || h[1] != 'E' ||
+      h[2] != 'L' || h[3] != 'F')
+    return -1;
+  return h[5] == 2 ? (h[18] << 8 | h[19]) : (h[18] | h[19] << 8);  // EI_DATA: 2 = big endian
+}
+
+}  // namespace
+
+std::vector<std::string> with_emulator(std::vector<std::string> argv) {
+  const char* emu = std::getenv("MQTT_INBOX_TEST_EMULATOR");
+  if (!emu || !*emu || argv.empty()) return argv;
+  // Under qemu-user, /proc/self/exe is the target binary being emulated.
+  if (elf_machine(argv[0]) != elf_machine("/proc/self/exe")) return argv;  // a host tool
+  std::vector<std::string> prefix;
+  std::istringstream words(emu);
+  for (std::string w; words >> w;) prefix.push_back(w);
+  argv.insert(argv.begin(), prefix.begin(), prefix.end());
+  return argv;
+}
+
 Child::Child(std::vector<std::string> argv, const std::string& log_path) {
-  // In a cross build the child is a target binary: run it under the same emulator as the
-  // test itself (ctest passes CMAKE_CROSSCOMPILING_EMULATOR in this variable).
-  if (const char* emu = std::getenv("MQTT_INBOX_TEST_EMULATOR"); emu && *emu) {
-    std::vector<std::string> prefix;
-    std::istringstream words(emu);
-    for (std::string w; words >> w;) prefix.push_back(w);
-    argv.insert(argv.begin(), prefix.begin(), prefix.end());
-  }
+  argv = with_emulator(std::move(argv));
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);

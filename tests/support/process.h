@@ -23,6 +23,12 @@ class TempDir {
   std::string path_;
 };
 
+// In a cross build (ctest sets MQTT_INBOX_TEST_EMULATOR to CMAKE_CROSSCOMPILING_EMULATOR),
+// prefixes `argv` with the emulator when argv[0] is a target binary (the same ELF machine
+// as this test), so built programs run under qemu while host tools (sqlite3) run natively.
+// Otherwise returns `argv` unchanged.
+std::vector<std::string> with_emulator(std::vector<std::string> argv);
+
 // A child process started with execv. Killed (SIGKILL) on destruction if still running.
 class Child {
  public:
