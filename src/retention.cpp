@@ -276,7 +276,7 @@ Status Pruner::prune_once(PruneResult* result) {
   }
   // Writes first, checkpoint last, so a TRUNCATE leaves an empty WAL.
   Status s = m.inbox->persist_retention_clock();
-  // The row count scans the whole table: on the checkpoint connection it blocks no commit.
+  // The row count scans the whole table: on the second connection it blocks no commit.
   if (s.ok()) s = m.store->measure_rows(m.side_db.get());
   try {
     m.hygiene(&r);
