@@ -67,7 +67,7 @@ struct RetentionOptions {
   // batch_pause. The pruner therefore uses at most 1 / (1 + pause_factor) of the
   // device's time, and a message's fsync rarely queues behind the pruner's writes.
   // Larger = gentler on message latency, slower pruning (docs/benchmarks.md has the
-  // trade-off measured). Must be >= 0. Default 4.
+  // trade-off measured). Range 0..1000 (else kInvalidArgument). Default 4.
   double pause_factor = 4;
   // Minimum pause after each batch. Default 2 ms.
   std::chrono::milliseconds batch_pause{2};
