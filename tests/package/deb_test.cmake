@@ -1,13 +1,7 @@
 # cpack -G DEB in the build, unpack the .deb with dpkg -x into a scratch root, then build
 # and run the find_package consumer and a pkg-config compile against that root.
 #   cmake -DBUILD=<build> -DWORK=<scratch> -DSRC=<tests/package> [-DGENERATOR=..] -P deb_test.cmake
-function(run)
-  message(STATUS "+ ${ARGN}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}/out" "${WORK}/root")
