@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -81,6 +82,27 @@ class RetentionTest : public ::testing::Test {
     return r;
   }
   int64_t q(const std::string& sql) { return query_int(db_path_, sql); }
+  // Inserts `count` processed ids for consumer 'ledger' in one transaction: id(i), the
+  // given received_at and topic (NULL if empty); then checkpoints (TRUNCATE), so file
+  // sizes measured afterwards start from an empty WAL.
+  void insert_processed(int count, const std::function<std::string(int)>& id,
+                        int64_t received_at = 0, const std::string& topic = "") {
+    inbox_->with_connection([&](SQLite::Database& db) {
+      db.exec("BEGIN");
+      SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id,"
+                                " received_at, topic) VALUES ('ledger', ?1, ?2, nullif(?3, ''))");
+      for (int i = 0; i < count; ++i) {
+        ins.bind(1, id(i));
+        ins.bind(2, received_at);
+        ins.bind(3, topic);
+        ins.exec();
+        ins.reset();
+      }
+      db.exec("COMMIT");
+      db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    });
+  }
+  static std::string old_id(int i) { return "old-" + std::to_string(i); }
 
   FakeClock clock_;
   TempDir dir_;
@@ -187,17 +209,7 @@ TEST_F(RetentionTest, WallClockJumpsNeverExpireRowsEarly) {
 }
 
 TEST_F(RetentionTest, PassBudgetLeavesTheRestForTheNextPass) {
-  inbox_->with_connection([](SQLite::Database& db) {
-    db.exec("BEGIN");
-    SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
-                              " VALUES ('ledger', ?1, 0)");
-    for (int i = 0; i < 3000; ++i) {
-      ins.bind(1, "old-" + std::to_string(i));
-      ins.exec();
-      ins.reset();
-    }
-    db.exec("COMMIT");
-  });
+  insert_processed(3000, old_id);
   RetentionOptions r = short_retention();
   r.batch_rows = 100;
   r.pass_budget = std::chrono::milliseconds(1);
@@ -220,18 +232,9 @@ TEST_F(RetentionTest, PassBudgetLeavesTheRestForTheNextPass) {
 }
 
 TEST_F(RetentionTest, LargePruneWithIncrementalVacuumShrinksTheFile) {
-  inbox_->with_connection([](SQLite::Database& db) {
-    db.exec("BEGIN");
-    SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at,"
-                              " topic) VALUES ('ledger', ?1, 0, 'sensors/some/longer/topic')");
-    for (int i = 0; i < 50000; ++i) {
-      ins.bind(1, "0f8e7d6c-5b4a-3928-1706-" + std::to_string(100000000 + i));
-      ins.exec();
-      ins.reset();
-    }
-    db.exec("COMMIT");
-    db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
-  });
+  insert_processed(
+      50000, [](int i) { return "0f8e7d6c-5b4a-3928-1706-" + std::to_string(100000000 + i); }, 0,
+      "sensors/some/longer/topic");
   const int64_t before = file_size(db_path_);
   ASSERT_GT(before, 2 * 1024 * 1024);
   RetentionOptions r = short_retention();
@@ -302,21 +305,11 @@ TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
     o.journal_size_limit_bytes = -1;  // the WAL file keeps its high-water mark
     inbox_ = open_ledger_inbox(db_path_, o);
     const int64_t received_at = inbox_->retention_clock_ms() - 1;
-    inbox_->with_connection([&](SQLite::Database& db) {
-      db.exec("BEGIN");
-      SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id,"
-                                " received_at) VALUES ('ledger', ?1, ?2)");
-      uint64_t x = 88172645463325252ull;
-      for (int i = 0; i < 20000; ++i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: ids spread over the key
-        ins.bind(1, std::to_string(x));
-        ins.bind(2, received_at);
-        ins.exec();
-        ins.reset();
-      }
-      db.exec("COMMIT");
-      db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
-    });
+    uint64_t x = 88172645463325252ull;
+    insert_processed(20000, [&x](int) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: ids spread over the key
+      return std::to_string(x);
+    }, received_at);
     RetentionOptions r = short_retention();
     r.batch_rows = 500;
     r.max_batch_ms = 1000;  // fixed 500-row batches, whatever the machine's speed
@@ -344,17 +337,7 @@ TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
 // stream: every new message is applied once, only expired ids go, and stop() joins.
 // Under ThreadSanitizer (scripts/test.sh) this is the pruner's race check.
 TEST_F(RetentionTest, BackgroundPrunerWorksAlongsideAStream) {
-  inbox_->with_connection([](SQLite::Database& db) {
-    db.exec("BEGIN");
-    SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
-                              " VALUES ('ledger', ?1, 0)");
-    for (int i = 0; i < 5000; ++i) {
-      ins.bind(1, "old-" + std::to_string(i));
-      ins.exec();
-      ins.reset();
-    }
-    db.exec("COMMIT");
-  });
+  insert_processed(5000, old_id);
   clock_.advance(61 * kMinute);
   RetentionOptions r = short_retention();
   r.period = std::chrono::milliseconds(5);
