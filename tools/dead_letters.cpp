@@ -16,6 +16,8 @@ namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
 
+namespace {
+
 mi::DeadLetterFilter dl_filter(const DlArgs& a) {
   mi::DeadLetterFilter f;
   if (!a.consumer.empty()) f.consumer_name = a.consumer;
@@ -34,6 +36,8 @@ mi::DeadLetterFilter dl_filter(const DlArgs& a) {
   f.limit = a.limit;
   return f;
 }
+
+}  // namespace
 
 json dl_json(const mi::DeadLetter& d, bool with_payload, const std::string& encoding) {
   json j = {{"id", d.id},
@@ -63,6 +67,8 @@ json dl_json(const mi::DeadLetter& d, bool with_payload, const std::string& enco
   return j;
 }
 
+namespace {
+
 std::vector<mi::DeadLetter> dl_select(mi::Inbox& inbox, const DlArgs& a) {
   std::vector<mi::DeadLetter> rows;
   if (a.id > 0) {
@@ -76,6 +82,8 @@ std::vector<mi::DeadLetter> dl_select(mi::Inbox& inbox, const DlArgs& a) {
   check_status(inbox.list_dead_letters(dl_filter(a), &rows), "listing dead letters");
   return rows;
 }
+
+}  // namespace
 
 int cmd_dl_list(const std::string& path, const DlArgs& a) {
   auto inbox = open_inbox(path);
@@ -176,6 +184,8 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
   return kOk;
 }
 
+namespace {
+
 bool confirm(const std::string& question, bool yes) {
   if (yes) return true;
   if (!isatty(STDIN_FILENO))
@@ -185,6 +195,8 @@ bool confirm(const std::string& question, bool yes) {
   std::getline(std::cin, answer);
   return answer == "y" || answer == "Y" || answer == "yes";
 }
+
+}  // namespace
 
 int cmd_dl_purge(const std::string& path, const DlArgs& a) {
   auto inbox = open_inbox(path);
