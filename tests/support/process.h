@@ -64,6 +64,11 @@ class Broker {
   struct Config {
     bool persistence = true;
     int max_queued_messages = 0;  // 0 = unlimited
+    // More listeners on 127.0.0.1, each on a free port of its own (listener_port(i)):
+    // each entry is the configuration lines that follow its "listener PORT" line (TLS
+    // files, password_file, require_certificate, ...). With any of them the broker runs
+    // with per_listener_settings, and the main listener stays anonymous plaintext.
+    std::vector<std::string> extra_listeners;
   };
   Broker() : Broker(Config{}) {}
   explicit Broker(Config config);
@@ -71,6 +76,7 @@ class Broker {
 
   std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
+  int listener_port(size_t i) const { return extra_ports_.at(i); }
   // Stops gracefully (SIGTERM: mosquitto saves its persistence file) / starts again on
   // the same port with the same persistence folder.
   void stop();
@@ -81,6 +87,7 @@ class Broker {
   Config config_;
   TempDir dir_;
   int port_ = 0;
+  std::vector<int> extra_ports_;
   std::string log_;
   pid_t pid_ = -1;
 };
