@@ -55,14 +55,13 @@ class TlsTest : public ::testing::Test {
     pki_ = nullptr;
   }
 
-  static Broker::Config broker_config() {
+  static std::vector<std::string> tls_listeners() {
     const TestPki& p = *pki_;
     auto tls = [&](const std::string& cert, const std::string& key) {
       return "cafile " + p.ca_cert() + "\ncertfile " + cert + "\nkeyfile " + key + "\n";
     };
     const std::string passwords = "allow_anonymous false\npassword_file " + p.path("mosquitto.passwd") + "\n";
-    Broker::Config c;
-    c.extra_listeners = {
+    return {
         tls(p.server_cert(), p.server_key()) + passwords,
         tls(p.other_name_cert(), p.other_name_key()) + "allow_anonymous true\n",
         tls(p.expired_cert(), p.expired_key()) + "allow_anonymous true\n",
@@ -70,7 +69,6 @@ class TlsTest : public ::testing::Test {
             "require_certificate true\nuse_identity_as_username true\nallow_anonymous false\n",
         tls(p.server_cert(), p.server_key()) + "require_certificate true\n" + passwords,
     };
-    return c;
   }
 
   void SetUp() override {
@@ -165,7 +163,7 @@ class TlsTest : public ::testing::Test {
 
   static TestPki* pki_;
   TempDir dir_;
-  Broker broker_{broker_config()};
+  Broker broker_{Broker::Config{}, tls_listeners()};
   std::string db_path_;
   std::unique_ptr<Inbox> inbox_;
   std::unique_ptr<Consumer> consumer_;

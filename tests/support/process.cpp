@@ -151,12 +151,13 @@ std::string mosquitto_binary() {
 
 }  // namespace
 
-Broker::Broker(Config config) : config_(config) {
+Broker::Broker(Config config, std::vector<std::string> extra_listeners)
+    : config_(config), extra_listeners_(std::move(extra_listeners)) {
   log_ = dir_.file("mosquitto.log");
   for (int tries = 0; tries < 5; ++tries) {
     port_ = free_port();
     extra_ports_.clear();
-    for (size_t i = 0; i < config_.extra_listeners.size(); ++i) extra_ports_.push_back(free_port());
+    for (size_t i = 0; i < extra_listeners_.size(); ++i) extra_ports_.push_back(free_port());
     try {
       start();
       return;
@@ -173,11 +174,11 @@ void Broker::start() {
   const std::string conf = dir_.file("mosquitto.conf");
   {
     std::ofstream f(conf);
-    if (!config_.extra_listeners.empty()) f << "per_listener_settings true\n";
+    if (!extra_listeners_.empty()) f << "per_listener_settings true\n";
     f << "listener " << port_ << " 127.0.0.1\n"
       << "allow_anonymous true\n";
     for (size_t i = 0; i < extra_ports_.size(); ++i)
-      f << "listener " << extra_ports_[i] << " 127.0.0.1\n" << config_.extra_listeners[i] << "\n";
+      f << "listener " << extra_ports_[i] << " 127.0.0.1\n" << extra_listeners_[i] << "\n";
     f << "persistence " << (config_.persistence ? "true" : "false") << "\n"
       << "persistence_location " << dir_.path() << "/\n"
       << "max_queued_messages " << config_.max_queued_messages << "\n"

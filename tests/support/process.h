@@ -64,14 +64,14 @@ class Broker {
   struct Config {
     bool persistence = true;
     int max_queued_messages = 0;  // 0 = unlimited
-    // More listeners on 127.0.0.1, each on a free port of its own (listener_port(i)):
-    // each entry is the configuration lines that follow its "listener PORT" line (TLS
-    // files, password_file, require_certificate, ...). With any of them the broker runs
-    // with per_listener_settings, and the main listener stays anonymous plaintext.
-    std::vector<std::string> extra_listeners;
   };
   Broker() : Broker(Config{}) {}
-  explicit Broker(Config config);
+  // `extra_listeners`: more listeners on 127.0.0.1, each on a free port of its own
+  // (listener_port(i)); each entry is the configuration lines that follow its "listener
+  // PORT" line (TLS files, password_file, require_certificate, ...). With any of them the
+  // broker runs with per_listener_settings, and the main listener stays anonymous
+  // plaintext.
+  explicit Broker(Config config, std::vector<std::string> extra_listeners = {});
   ~Broker();
 
   std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
@@ -85,6 +85,7 @@ class Broker {
 
  private:
   Config config_;
+  std::vector<std::string> extra_listeners_;
   TempDir dir_;
   int port_ = 0;
   std::vector<int> extra_ports_;
