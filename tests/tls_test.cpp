@@ -307,6 +307,8 @@ struct CertCase {
   std::vector<std::string> expect;
 };
 
+void PrintTo(const CertCase& c, std::ostream* os) { *os << c.name; }
+
 class TlsCertificateTest : public TlsTest, public ::testing::WithParamInterface<CertCase> {};
 
 TEST_P(TlsCertificateTest, IsRefusedWithTheReason) {
