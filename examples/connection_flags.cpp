@@ -13,13 +13,17 @@ void add(CLI::App& app, Flags* f, Role role) {
                  "Broker URI: tcp://host:1883, mqtt://, ws:// (plaintext) or ssl://host:8883, "
                  "mqtts://, wss:// (TLS)")
       ->required();
-  auto* id = app.add_option("--client-id", f->client_id, "MQTT client id (stable across restarts)");
+  auto* id = app.add_option("--client-id", f->client_id,
+                            role == Role::kProbe
+                                ? "MQTT client id (default: a new one each run; a broker policy may "
+                                  "ask for a given one)"
+                                : "MQTT client id (stable across restarts)");
   if (role == Role::kSubscriber) {
     id->required();
     app.add_option("--client-id-lock-dir", f->client_id_lock_dir,
                    "Folder of the client-id lock file (\"\" = no lock)")
         ->capture_default_str();
-  } else {
+  } else if (role == Role::kPublisher) {
     id->capture_default_str();
   }
   app.add_option("--mqtt-version", f->mqtt_version, "3.1.1 or 5")
@@ -110,6 +114,12 @@ mqtt_inbox::Status to_paho_options(const Flags& f, mqtt::ssl_options* ssl,
     opts->set_ssl(*ssl);
   }
   return mqtt_inbox::Status::Ok();
+}
+
+std::string diagnose(const Flags& f, int timeout_ms) {
+  mqtt_inbox::TlsOptions tls;
+  if (mqtt_inbox::Status s = tls_options(f, &tls); !s.ok()) return s.message();
+  return mqtt_inbox::diagnose_connection(f.broker, tls, timeout_ms);
 }
 
 }  // namespace connection_flags

@@ -57,6 +57,7 @@ struct Flags {
 enum class Role {
   kSubscriber,  // --client-id required, --client-id-lock-dir offered
   kPublisher,   // --client-id optional (the Flags default is used)
+  kProbe,       // --client-id optional, default "" (mqtt-inbox probe-broker makes one up)
 };
 
 // Adds the flags to `app`, parsed into `*flags` (which must outlive app.parse()). --broker
@@ -79,5 +80,10 @@ mqtt_inbox::Status to_subscriber_options(const Flags& flags, mqtt_inbox::Subscri
 // alive, not copied or moved, while `*opts` is used (Paho C++ 1.2.0 bug #337).
 mqtt_inbox::Status to_paho_options(const Flags& flags, mqtt::ssl_options* ssl,
                                    mqtt::connect_options* opts);
+
+// Why a connection with these flags fails, when Paho said only "TCP/TLS connect
+// failure": mqtt_inbox::diagnose_connection() with the flags' TLS settings. "" if a
+// TCP/TLS handshake of its own succeeds.
+std::string diagnose(const Flags& flags, int timeout_ms);
 
 }  // namespace connection_flags

@@ -125,7 +125,9 @@ int main(int argc, char** argv) {
     for (auto& t : inflight) t->wait();
     cli.disconnect()->wait();
   } catch (const mqtt::exception& e) {
-    std::fprintf(stderr, "publisher: %s\n", e.what());
+    // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
+    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(connection, 5000) : "";
+    std::fprintf(stderr, "publisher: %s%s%s\n", e.what(), why.empty() ? "" : ": ", why.c_str());
     return 1;
   }
   std::printf("publisher: unique=%d duplicates=%d malformed=%d total_amount=%lld\n", count,

@@ -345,3 +345,14 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
 }
 
 }  // namespace mqtt_inbox::detail
+
+namespace mqtt_inbox {
+
+std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls, int timeout_ms) {
+  detail::BrokerAddress a;
+  if (Status s = detail::parse_broker_uri(broker_uri, &a); !s.ok()) return s.message();
+  const detail::ProbeResult p = detail::probe(a, tls, timeout_ms);
+  return p.ok ? std::string() : p.reason;
+}
+
+}  // namespace mqtt_inbox

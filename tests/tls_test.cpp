@@ -579,5 +579,30 @@ TEST_F(TlsTest, TlsUriToPlaintextPortIsRefusedWithTheReason) {
   EXPECT_TRUE(sub2->stop().ok());
 }
 
+// mqtt-inbox probe-broker takes the same connection flags: it checks a broker behind TLS
+// and a password, and explains a TLS failure instead of Paho's bare text.
+TEST_F(TlsTest, ProbeBrokerUsesTheConnectionFlags) {
+  auto probe = [&](const std::vector<std::string>& flags, const std::string& log) {
+    std::vector<std::string> argv = {built_program("mqtt-inbox"), "probe-broker", "--json", "--timeout-ms", "5000"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Child tool(argv, log);
+    const int st = tool.wait(std::chrono::seconds(60));
+    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+  };
+  const std::string ok_log = dir_.file("probe-ok.log");
+  EXPECT_EQ(probe({"--broker", uri(kTlsPassword), "--cafile", pki_->ca_cert(), "--username", "alice",
+                   "--password-file", pki_->path("alice.password")},
+                  ok_log),
+            0)
+      << read_file(ok_log);
+  EXPECT_NE(read_file(ok_log).find("\"verdict\": \"ok\""), std::string::npos) << read_file(ok_log);
+
+  const std::string bad_log = dir_.file("probe-mismatch.log");
+  EXPECT_EQ(probe({"--broker", uri(kOtherName), "--cafile", pki_->ca_cert()}, bad_log), 7) << read_file(bad_log);
+  EXPECT_NE(read_file(bad_log).find("hostname mismatch"), std::string::npos) << read_file(bad_log);
+  for (const std::string& log : {ok_log, bad_log})
+    EXPECT_EQ(read_file(log).find(kPassword), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace mqtt_inbox::test

@@ -113,6 +113,17 @@ Status check_tls_options(const std::string& broker_uri, const TlsOptions& tls);
 // True for the TLS schemes ssl://, mqtts:// and wss://.
 bool is_tls_uri(const std::string& broker_uri);
 
+// Why a connection to `broker_uri` fails, for a client that got only Paho's "TCP/TLS
+// connect failure": connects with TCP and, for a TLS URI, makes a TLS handshake with
+// `tls` as the Subscriber would (chain and host name checked, client certificate, ALPN,
+// tls.version as the lowest version), sends no MQTT packet, and closes. Returns the
+// reason, e.g. "certificate verify failed: hostname mismatch (...)" or "cannot connect to
+// broker:8883: Connection refused", or "" if the handshake succeeds (the cause then lies
+// in MQTT, or has passed). Blocks up to `timeout_ms` (name resolution excepted). The
+// Subscriber runs it after each failed attempt on its own. Thread safety: safe from any
+// thread.
+std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls, int timeout_ms);
+
 // For another Paho MQTT C++ client of the application (an outbox publisher, a tool):
 // sets `*out` to `tls` exactly as the Subscriber configures its own connection: the chain
 // and the host name verified unless an insecure switch says otherwise (Paho's default
