@@ -83,9 +83,14 @@ struct SubscriberOptions {
   // Keep-alive in seconds. Default 30. A handler or store wait longer than 1.5 times this
   // makes the broker drop the connection; the message is then redelivered, not lost.
   int keep_alive_s = 30;
-  // Timeout of one connection attempt, ms. Default 10000.
+  // Timeout of one connection attempt, ms. Default 10000. It also bounds the library's own
+  // TCP/TLS handshake that explains a failed attempt, and the check of tls.version before
+  // each attempt, so one attempt can take up to about twice this.
   int connect_timeout_ms = 10000;
   // Reconnect backoff, ms: first wait, doubled each failure, capped. Defaults 500, 30000.
+  // After a CONNACK refusal (bad credentials, not authorized, banned, ...) the next
+  // attempt waits the maximum at once: asking again sooner does not help, and brokers
+  // throttle or ban clients that retry refused connects in a loop.
   int reconnect_backoff_initial_ms = 500;
   int reconnect_backoff_max_ms = 30000;
   // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); empty means none.
@@ -189,7 +194,8 @@ class Subscriber {
   bool wait_connected(int timeout_ms);
   bool is_connected() const;
 
-  // Disconnects and stops reconnecting. If a message is in the callback (for example the
+  // Disconnects and stops reconnecting; a connection attempt in progress is let finish
+  // first (see connect_timeout_ms). If a message is in the callback (for example the
   // store is failing), it waits up to stop_timeout_ms; if the message is still not
   // committed then, it returns kBusy and leaves Paho's client running so that the message
   // is never acked without a commit. The process should then exit: the broker redelivers
