@@ -260,10 +260,11 @@ void Inbox::Impl::latch_fatal(const Status& s) {
   log->critical(
       "inbox {}: the database is unusable ({}). From now on the inbox neither reads "
       "nor writes it, and leaves it exactly as it is (it never deletes or recreates "
-      "it). Stop the application, recover the file (`sqlite3 {} .recover | sqlite3 "
-      "{}.recovered`), verify it with `mqtt-inbox check {}.recovered`, and put it in "
-      "place of the original: README \"Recovering a corrupt database\".",
-      path, s.to_string(), path, path, path);
+      "it). Stop the application, copy what can be read into a new file (`sqlite3 {} "
+      ".recover`, or `.dump` where sqlite3 lacks .recover, piped into `sqlite3 "
+      "{}.recovered`), verify it with `mqtt-inbox check`, and put it in place of the "
+      "original: README \"Recovering a corrupt database\" has the exact commands.",
+      path, s.to_string(), path, path);
 }
 
 Status Inbox::Impl::fatal_status() const {

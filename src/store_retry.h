@@ -197,10 +197,11 @@ class StoreRetry {
     log_->critical(
         "{}: the database {} is unusable ({}) while {}. No message is taken or acknowledged "
         "any more, and the file is left as it is (never deleted or rewritten). Stop the "
-        "application, recover the file: `sqlite3 {} .recover | sqlite3 {}.recovered`, verify "
-        "it with `mqtt-inbox check {}.recovered`, then put it in place of the original "
-        "(README \"Recovering a corrupt database\" says what can be lost).",
-        who_, db, s.to_string(), what, db, db, db);
+        "application, copy what can be read into a new file (`sqlite3 {} .recover`, or "
+        "`.dump` where sqlite3 lacks .recover), verify it with `mqtt-inbox check`, then put "
+        "it in place of the original (README \"Recovering a corrupt database\" has the "
+        "commands and says what can be lost).",
+        who_, db, s.to_string(), what, db);
   }
 
   const std::string who_;
