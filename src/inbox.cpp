@@ -408,7 +408,8 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     } catch (const SQLite::Exception& e) {
       detail::rollback_quietly(db);
       const Status s = detail::to_status(e, "handler statement");
-      if (s.is_transient_store_error() || s.is_fatal_store_error()) return impl_->store_error(s);
+      if (detail::error_class(e.getErrorCode()) != detail::ErrorClass::kMessage)
+        return impl_->store_error(s);  // the store's failure, transient or fatal
       *result = ClaimResult::kHandlerFailed;
       *handler_error = e.what();
       return Status::Ok();
@@ -454,6 +455,14 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     db.exec("COMMIT");
   } catch (const SQLite::Exception& e) {
     detail::rollback_quietly(db);
+    // A change of this message refused at any point, COMMIT included (a deferred foreign
+    // key, a CHECK, the commit hook's veto): a failure of this message, not of the store
+    // (sqlite_errors.h), so it counts as a handler attempt instead of being retried forever.
+    if (detail::error_class(e.getErrorCode()) == detail::ErrorClass::kMessage) {
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = std::string("the store refused this message's transaction: ") + e.what();
+      return Status::Ok();
+    }
     return impl_->store_error(detail::to_status(e, "claim transaction"));
   } catch (const std::exception& e) {
     detail::rollback_quietly(db);
