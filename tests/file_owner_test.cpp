@@ -4,7 +4,7 @@
 // -wal and -shm owned by the operator. The consumer, started as the service user, must
 // refuse before it connects, naming the file and its owner (exit code 6), instead of
 // failing every write with "attempt to write a readonly database"; once the owner is
-// fixed it starts.
+// fixed it starts. The admin tool, run as the operator, refuses before creating anything.
 #include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -74,7 +74,30 @@ TEST_F(FileOwnerTest, ConsumerRefusesSidecarsOfAnotherUserBeforeConnecting) {
   ::unlink((db_ + "-wal").c_str());
   ::unlink((db_ + "-shm").c_str());
 
-  // The operator reads the database while the consumer is stopped.
+  // The admin tool, run by the operator, refuses before it creates anything and says
+  // how to run it (exit 4: refused by a safety rule).
+  for (const char* cmd : {"stats", "check"}) {
+    Child tool(op.as({built_program("mqtt-inbox"), cmd, db_}), dir_.file("tool.log"));
+    const int ts = tool.wait(seconds(30));
+    EXPECT_TRUE(WIFEXITED(ts) && WEXITSTATUS(ts) == 4) << cmd << ": status " << ts << "\n"
+                                                       << read_text(dir_.file("tool.log"));
+    EXPECT_NE(read_text(dir_.file("tool.log")).find("sudo -u " + svc.name()), std::string::npos)
+        << read_text(dir_.file("tool.log"));
+    EXPECT_NE(::access((db_ + "-shm").c_str(), F_OK), 0) << cmd << " left a -shm behind";
+    EXPECT_NE(::access((db_ + "-wal").c_str(), F_OK), 0) << cmd << " left a -wal behind";
+  }
+  // As root it runs, and what SQLite creates belongs to the database's owner.
+  {
+    Child tool({built_program("mqtt-inbox"), "stats", db_}, dir_.file("root-tool.log"));
+    EXPECT_EQ(tool.wait(seconds(30)), 0) << read_text(dir_.file("root-tool.log"));
+    struct stat st {};
+    for (const std::string& f : {db_ + "-wal", db_ + "-shm"})
+      if (::stat(f.c_str(), &st) == 0) {
+        EXPECT_EQ(st.st_uid, svc.uid()) << f;
+      }
+  }
+
+  // The operator reads the database with sqlite3 while the consumer is stopped.
   Child peek(op.as({"/usr/bin/sqlite3", db_, "SELECT count(*) FROM inbox_meta;"}),
              dir_.file("peek.log"));
   ASSERT_EQ(peek.wait(seconds(20)), 0) << read_text(dir_.file("peek.log"));
