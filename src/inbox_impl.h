@@ -177,4 +177,12 @@ struct Inbox::Impl {
 };
 
 
+namespace detail {
+// For the library's other parts on the same file (StoreThenProcess): its start-up wait
+// and its fatal latch.
+struct InboxAccess {
+  static Inbox::Impl& of(Inbox* inbox) { return *inbox->impl_; }
+};
+}  // namespace detail
+
 }  // namespace mqtt_inbox

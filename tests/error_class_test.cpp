@@ -22,6 +22,7 @@
 #include <iterator>
 #include <thread>
 
+#include "mqtt_inbox/store_then_process.h"
 #include "sqlite_errors.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
@@ -107,6 +108,85 @@ TEST_F(ErrorClassTest, CheckConstraintIsAFailureOfTheMessage) {
         "  balance INTEGER NOT NULL CHECK (balance BETWEEN -1000 AND 1000))");
   });
   expect_dead_letter_then_stream_goes_on(credit_message("chk-1", "known", 5000), "CHECK");
+}
+
+// The same two members in the store-then-process workers, where the row's transaction
+// runs on a worker's own connection: a deferred foreign key refused at the handler's
+// COMMIT, and a CHECK refused inside the handler's statement. Each is a failed attempt
+// of that row (never a store failure retried forever): after max_attempts the row is
+// dead with a dead letter naming the SQLite error, and the credit queued behind it in
+// the same aggregate applies.
+class StoreThenProcessErrorClassTest : public ErrorClassTest {
+ protected:
+  void expect_row_dead_then_stream_goes_on(const std::function<void(SQLite::Database&)>& schema,
+                                           const Message& bad, const std::string& error_text) {
+    InboxOptions o;
+    o.busy_timeout_ms = 100;
+    ASSERT_TRUE(Inbox::open(db_, o, &inbox_).ok());
+    ASSERT_TRUE(inbox_->setup(schema).ok());
+    StoreThenProcessOptions so;
+    so.consumer.max_attempts = 3;
+    so.consumer.retry_backoff_initial = milliseconds(1);
+    so.consumer.retry_backoff_max = milliseconds(2);
+    so.consumer.store_backoff_initial = milliseconds(2);
+    so.consumer.store_backoff_max = milliseconds(20);
+    so.poll_interval_ms = 10;
+    so.workers = 1;
+    std::unique_ptr<StoreThenProcess> stp;
+    ASSERT_TRUE(StoreThenProcess::create(
+                    inbox_.get(), "ledger",
+                    [](SQLite::Database& db, const StoredDelivery& d) {
+                      ledger::apply_credit(db, Delivery{d.message, d.message_id, d.attempt});
+                    },
+                    so, &stp)
+                    .ok());
+    // Both stored before the workers start: the good credit waits behind the bad one.
+    ASSERT_EQ(stp->handle(bad), Outcome::kProcessed);
+    ASSERT_EQ(stp->handle(credit_message("good-1", "known", 7)), Outcome::kProcessed);
+    ASSERT_TRUE(stp->start().ok());
+    const bool settled = wait_until(
+        [&] { return q("SELECT count(*) FROM inbox_messages WHERE status IN ('dead', 'done')") == 2; },
+        seconds(15));
+    ASSERT_TRUE(stp->stop().ok());
+    ASSERT_TRUE(settled) << "the stream stalled: " << stp->counters().last_worker_error;
+    EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'dead' AND attempts = 3"), 1);
+    EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'handler_failed'"), 1);
+    EXPECT_EQ(
+        q("SELECT count(*) FROM inbox_dead_letters WHERE reason_text LIKE '%" + error_text + "%'"),
+        1)
+        << "the dead letter does not name the SQLite error";
+    EXPECT_EQ(stp->counters().worker_store_errors, 0)
+        << "a failure of the row was retried as the store's: " << stp->counters().last_worker_error;
+    EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 1);
+    EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'good-1'"), 1);
+    EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'known'"), 7);
+  }
+};
+
+TEST_F(StoreThenProcessErrorClassTest, DeferredForeignKeyAtCommitEndsTheRowDead) {
+  expect_row_dead_then_stream_goes_on(
+      [](SQLite::Database& db) {
+        db.exec(
+            "CREATE TABLE known (account TEXT PRIMARY KEY);"
+            "INSERT INTO known VALUES ('known');"
+            "CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL);"
+            "CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
+            "  account TEXT NOT NULL REFERENCES known(account) DEFERRABLE INITIALLY DEFERRED,"
+            "  amount INTEGER NOT NULL)");
+      },
+      credit_message("fk-1", "stranger", 5), "FOREIGN KEY");
+}
+
+TEST_F(StoreThenProcessErrorClassTest, CheckInTheHandlersStatementEndsTheRowDead) {
+  expect_row_dead_then_stream_goes_on(
+      [](SQLite::Database& db) {
+        ledger::create_tables(db);
+        db.exec(
+            "DROP TABLE accounts;"
+            "CREATE TABLE accounts (account TEXT PRIMARY KEY,"
+            "  balance INTEGER NOT NULL CHECK (balance BETWEEN -1000 AND 1000))");
+      },
+      credit_message("chk-1", "known", 5000), "CHECK");
 }
 
 // The application's commit hook vetoes the commit (SQLITE_CONSTRAINT_COMMITHOOK). A

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mqtt_inbox/health.h"
+#include "mqtt_inbox/store_then_process.h"
 #include "schema.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
@@ -250,6 +251,113 @@ TEST_F(StartupTest, NotADatabaseFailsAtOnceAndIsLeftUntouched) {
   EXPECT_EQ(progress_.stuck_calls(), 0u);
   EXPECT_EQ(file_bytes(db_), before);
   EXPECT_NE(::access((db_ + "-wal").c_str(), F_OK), 0) << "a WAL was created next to it";
+}
+
+// --- StoreThenProcess at start-up ---
+
+// The ledger's credit as a store-then-process handler: the business change of these tests.
+void apply_stored_credit(SQLite::Database& db, const StoredDelivery& d) {
+  ledger::apply_credit(db, Delivery{d.message, d.message_id, d.attempt});
+}
+
+StoreThenProcessOptions stp_options() {
+  StoreThenProcessOptions o;
+  o.consumer.store_backoff_initial = milliseconds(5);
+  o.consumer.store_backoff_max = milliseconds(50);
+  o.poll_interval_ms = 20;
+  o.workers = 2;
+  return o;
+}
+
+// The lock (another connection's BEGIN EXCLUSIVE, as the sqlite3 shell or a
+// backup takes it) while a store-then-process consumer starts with credits stored by an
+// earlier run. In WAL mode the lock blocks writers only, and create() and start() write
+// nothing, so they return at once (no exit, nothing for a supervisor to restart); the
+// workers' claims wait it out without counting an attempt, and every credit is applied
+// once after the lock is released.
+TEST_F(StartupTest, StoreThenProcessStartedUnderTheWriteLockAppliesStoredCreditsAfterIt) {
+  std::unique_ptr<Inbox> inbox;
+  ASSERT_TRUE(Inbox::open(db_, options(), &inbox).ok());
+  ASSERT_TRUE(inbox->setup(ledger::create_tables).ok());
+  {
+    std::unique_ptr<StoreThenProcess> earlier;
+    ASSERT_TRUE(
+        StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &earlier)
+            .ok());
+    for (int i = 1; i <= 3; ++i)
+      ASSERT_EQ(earlier->handle(credit_message("c-" + std::to_string(i), "ann", 10 * i)),
+                Outcome::kProcessed);
+  }
+  SQLite::Database locker(db_, SQLite::OPEN_READWRITE);
+  locker.exec("BEGIN EXCLUSIVE");
+  std::unique_ptr<StoreThenProcess> stp;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(
+      StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &stp).ok());
+  ASSERT_TRUE(stp->start().ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(2));
+  ASSERT_TRUE(wait_until([&] { return stp->counters().worker_store_errors >= 3; }, seconds(10)))
+      << "the workers never met the lock";
+  EXPECT_EQ(query_int(db_, "SELECT count(*) FROM ledger_entries"), 0);
+  EXPECT_EQ(query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'pending'"), 3);
+  locker.exec("COMMIT");
+
+  ASSERT_TRUE(wait_until(
+      [&] { return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 3; },
+      seconds(15)));
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(query_int(db_, "SELECT count(*) FROM ledger_entries"), 3);
+  EXPECT_EQ(query_int(db_, "SELECT balance FROM accounts WHERE account = 'ann'"), 60);
+  // The lock was the store's, not the credits': each ran once, on its first attempt.
+  EXPECT_EQ(query_int(db_, "SELECT max(attempts) FROM inbox_messages"), 1);
+  EXPECT_EQ(query_int(db_, "SELECT count(*) FROM inbox_dead_letters"), 0);
+}
+
+// What can fail when a store-then-process consumer opens its own connections (a
+// connection limit, an fd limit, an I/O error: here FaultVfs refusing the next opens of
+// the database file) is waited out like Inbox::open, reported through startup_progress
+// with the operation named, and then the credits are applied once.
+TEST_F(StartupTest, StoreThenProcessCreateAndStartWaitOutFailingOpensThenApplyCredits) {
+  FaultVfs vfs("stp_startup_fault");
+  InboxOptions o = options();
+  o.vfs = vfs.name();
+  std::unique_ptr<Inbox> inbox;
+  ASSERT_TRUE(Inbox::open(db_, o, &inbox).ok());
+  ASSERT_TRUE(inbox->setup(ledger::create_tables).ok());
+  ASSERT_EQ(progress_.stuck_calls(), 0u);
+
+  vfs.arm(Fault::next(FaultOp::kOpen, 3, SQLITE_CANTOPEN, FileKind::kMainDb));
+  std::unique_ptr<StoreThenProcess> stp;
+  const Status created =
+      StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &stp);
+  ASSERT_TRUE(created.ok()) << created.to_string();
+  EXPECT_EQ(vfs.injected(), 3u);
+  const size_t create_calls = progress_.calls().size();
+  ASSERT_GE(progress_.stuck_calls(), 3u);
+  EXPECT_EQ(progress_.calls().front().operation,
+            "opening the store-then-process maintenance connection");
+  EXPECT_FALSE(progress_.calls().back().stuck);
+
+  vfs.arm(Fault::next(FaultOp::kOpen, 3, SQLITE_CANTOPEN, FileKind::kMainDb));
+  const Status started = stp->start();
+  ASSERT_TRUE(started.ok()) << started.to_string();
+  EXPECT_EQ(vfs.injected(), 6u);
+  const std::vector<Health> calls = progress_.calls();
+  ASSERT_GT(calls.size(), create_calls);
+  EXPECT_EQ(calls[create_calls].operation, "opening the store-then-process worker connections");
+  EXPECT_FALSE(calls.back().stuck);
+  EXPECT_FALSE(inbox->health().stuck);
+
+  for (int i = 1; i <= 4; ++i)
+    ASSERT_EQ(stp->handle(credit_message("o-" + std::to_string(i), "bo", i)), Outcome::kProcessed);
+  ASSERT_TRUE(wait_until(
+      [&] { return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 4; },
+      seconds(15)));
+  ASSERT_TRUE(stp->stop().ok());
+  stp.reset();
+  inbox.reset();
+  EXPECT_EQ(query_int(db_, "SELECT count(*) FROM ledger_entries"), 4);
+  EXPECT_EQ(query_int(db_, "SELECT balance FROM accounts WHERE account = 'bo'"), 10);
 }
 
 // --- injected I/O faults at start-up (FaultVfs) ---

@@ -31,6 +31,10 @@
 
 namespace mqtt_inbox {
 
+namespace detail {
+struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_impl.h)
+}
+
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
 constexpr int kSchemaVersion = 3;
@@ -188,6 +192,7 @@ class Inbox {
 
  private:
   friend class Pruner;
+  friend struct detail::InboxAccess;
   struct Impl;
   explicit Inbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
