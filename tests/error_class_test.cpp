@@ -33,6 +33,27 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The input: ledger_entries.account REFERENCES known(account) DEFERRABLE
+// INITIALLY DEFERRED; a credit for an unknown account fails at COMMIT.
+void deferred_fk_schema(SQLite::Database& db) {
+  db.exec(
+      "CREATE TABLE known (account TEXT PRIMARY KEY);"
+      "INSERT INTO known VALUES ('known');"
+      "CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL);"
+      "CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
+      "  account TEXT NOT NULL REFERENCES known(account) DEFERRABLE INITIALLY DEFERRED,"
+      "  amount INTEGER NOT NULL)");
+}
+
+// A CHECK in the business schema: a balance outside -1000..1000 is refused.
+void check_schema(SQLite::Database& db) {
+  ledger::create_tables(db);
+  db.exec(
+      "DROP TABLE accounts;"
+      "CREATE TABLE accounts (account TEXT PRIMARY KEY,"
+      "  balance INTEGER NOT NULL CHECK (balance BETWEEN -1000 AND 1000))");
+}
+
 class ErrorClassTest : public ::testing::Test {
  protected:
   void SetUp() override { db_ = dir_.file("ledger.db"); }
@@ -85,28 +106,13 @@ class ErrorClassTest : public ::testing::Test {
 // The input: ledger_entries.account REFERENCES known(account) DEFERRABLE
 // INITIALLY DEFERRED; a credit for an unknown account fails at COMMIT.
 TEST_F(ErrorClassTest, DeferredForeignKeyAtCommitIsAFailureOfTheMessage) {
-  open([](SQLite::Database& db) {
-    db.exec(
-        "CREATE TABLE known (account TEXT PRIMARY KEY);"
-        "INSERT INTO known VALUES ('known');"
-        "CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL);"
-        "CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
-        "  account TEXT NOT NULL REFERENCES known(account) DEFERRABLE INITIALLY DEFERRED,"
-        "  amount INTEGER NOT NULL)");
-  });
+  open(deferred_fk_schema);
   expect_dead_letter_then_stream_goes_on(credit_message("fk-1", "stranger", 5), "FOREIGN KEY");
 }
 
 // A CHECK in the business schema.
 TEST_F(ErrorClassTest, CheckConstraintIsAFailureOfTheMessage) {
-  open([](SQLite::Database& db) {
-    ledger::create_tables(db);
-    db.exec(
-        "CREATE TABLE limits (x);"
-        "DROP TABLE accounts;"
-        "CREATE TABLE accounts (account TEXT PRIMARY KEY,"
-        "  balance INTEGER NOT NULL CHECK (balance BETWEEN -1000 AND 1000))");
-  });
+  open(check_schema);
   expect_dead_letter_then_stream_goes_on(credit_message("chk-1", "known", 5000), "CHECK");
 }
 
@@ -165,27 +171,13 @@ class StoreThenProcessErrorClassTest : public ErrorClassTest {
 
 TEST_F(StoreThenProcessErrorClassTest, DeferredForeignKeyAtCommitEndsTheRowDead) {
   expect_row_dead_then_stream_goes_on(
-      [](SQLite::Database& db) {
-        db.exec(
-            "CREATE TABLE known (account TEXT PRIMARY KEY);"
-            "INSERT INTO known VALUES ('known');"
-            "CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL);"
-            "CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
-            "  account TEXT NOT NULL REFERENCES known(account) DEFERRABLE INITIALLY DEFERRED,"
-            "  amount INTEGER NOT NULL)");
-      },
+      deferred_fk_schema,
       credit_message("fk-1", "stranger", 5), "FOREIGN KEY");
 }
 
 TEST_F(StoreThenProcessErrorClassTest, CheckInTheHandlersStatementEndsTheRowDead) {
   expect_row_dead_then_stream_goes_on(
-      [](SQLite::Database& db) {
-        ledger::create_tables(db);
-        db.exec(
-            "DROP TABLE accounts;"
-            "CREATE TABLE accounts (account TEXT PRIMARY KEY,"
-            "  balance INTEGER NOT NULL CHECK (balance BETWEEN -1000 AND 1000))");
-      },
+      check_schema,
       credit_message("chk-1", "known", 5000), "CHECK");
 }
 
