@@ -3,13 +3,10 @@
 //
 //   ledger_consumer --broker tcp://127.0.0.1:1883 --client-id ledger-1
 //                   --topic credits/# --db ledger.db [--mqtt-version 3.1.1|5]
+//                   [--startup-deadline-ms 0] [--stop-timeout-ms 10000]
 //
-// Over TLS with a client certificate and a password (connection_flags.h lists the flags):
-//   ledger_consumer --broker ssl://broker.example.com:8883 --cafile ca.crt
-//                   --cert device.crt --key device.key --username ledger-1
-//                   --password-file /etc/ledger/mqtt-password ...
-//
-// SIGINT/SIGTERM stop it cleanly; it then prints one summary line.
+#include "connection_flags.h"
+#include "exit_codes.h"
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -20,6 +17,7 @@
 #include <mqtt_inbox/mqtt_inbox.h>
 
 #include "connection_flags.h"
+#include "exit_codes.h"
 #include "ledger.h"
 
 int main(int argc, char** argv) {
@@ -28,12 +26,18 @@ int main(int argc, char** argv) {
   connection_flags::add(app, &connection, connection_flags::Role::kSubscriber);
   std::string topic, db_path, consumer_name = "ledger", log_level = "info";
   bool normal_sync = false;
+  int64_t startup_deadline_ms = 0;
+  int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
   app.add_option("--topic", topic, "Topic filter to consume")->required();
   app.add_option("--db", db_path, "SQLite database file")->required();
   app.add_option("--consumer", consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_flag("--synchronous-normal", normal_sync,
                "Use PRAGMA synchronous=NORMAL (faster; loses the last commits on power loss)");
+  app.add_option("--startup-deadline-ms", startup_deadline_ms,
+                 "Give up (exit 4) if the store is not ready after this long; 0 = wait");
+  app.add_option("--stop-timeout-ms", stop_timeout_ms,
+                 "On SIGTERM, how long a message may still wait for the store (then exit 3)");
   CLI11_PARSE(app, argc, argv);
 
   auto log = spdlog::stderr_color_mt("ledger");
@@ -44,6 +48,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   mqtt.logger = log;
+  mqtt.stop_timeout_ms = stop_timeout_ms;
 
   // Block the stop signals before any thread starts, so only sigwait() below sees them.
   sigset_t stop_signals;
@@ -52,16 +57,21 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  // 1. The store, with the business tables, before anything connects.
+  // 1. The store, with the business tables, before anything connects. Both calls wait
+  //    while the store is locked or full (up to --startup-deadline-ms).
   mqtt_inbox::InboxOptions store;
   store.logger = log;
+  store.startup_deadline_ms = startup_deadline_ms;
   if (normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, store, &inbox); !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::startup_exit_code(s);
   }
-  inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
+  if (auto s = inbox->setup(ledger::create_tables); !s.ok()) {
+    log->error("{}", s.to_string());
+    return examples::startup_exit_code(s);
+  }
 
   // 2. The consumer: the handler runs inside the claim transaction.
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
@@ -69,7 +79,7 @@ int main(int argc, char** argv) {
                                             &consumer);
       !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::kExitFailed;
   }
 
   // 3. Retention: forget ids once the broker can no longer redeliver them. The window
@@ -80,7 +90,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<mqtt_inbox::Pruner> pruner;
   if (auto s = mqtt_inbox::Pruner::create(inbox.get(), retention, &pruner); !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::startup_exit_code(s);
   }
   (void)pruner->start();
 
@@ -88,22 +98,22 @@ int main(int argc, char** argv) {
   std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
   if (auto s = mqtt_inbox::Subscriber::create(mqtt, &subscriber); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
   if (auto s = subscriber->subscribe(topic, consumer.get()); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
   if (auto s = subscriber->start(); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
   const mqtt_inbox::Status stopped = subscriber->stop();
-  pruner->stop();
+  if (stopped.ok()) pruner->stop();  // else exit now: the pruner may be waiting for the store
   const auto c = consumer->counters();
   std::printf("ledger_consumer: processed=%lld duplicates=%lld dead_lettered=%lld "
               "already_dead_lettered=%lld handler_failures=%lld store_retries=%lld\n",
@@ -115,7 +125,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   if (!stopped.ok()) {
     log->error("{}", stopped.to_string());
-    std::_Exit(3);  // the unacked message is redelivered to the next run
+    log->flush();
+    std::_Exit(examples::kExitStoppedWhileStuck);  // the unacked message is redelivered
   }
-  return 0;
+  return examples::kExitOk;
 }

@@ -9,7 +9,9 @@
 //
 // Topic: sensors/<device>/reading. Payload: {"message_id": "...", "value": 21.5}
 // (the id may also come in the MQTT 5 user property "message-id").
-// SIGINT/SIGTERM stop it cleanly; it then prints one summary line.
+// It connects only once the store is ready (start-up waits while the database is locked
+// or the disk is full, up to --startup-deadline-ms). SIGINT/SIGTERM stop it cleanly; it
+// then prints one summary line. Exit codes: exit_codes.h.
 #include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@
 #include <mqtt_inbox/store_then_process.h>
 
 #include "connection_flags.h"
+#include "exit_codes.h"
 
 // The business change: runs in the worker's transaction, together with marking the
 // reading done, so a reading is counted exactly once.
@@ -47,10 +50,16 @@ int main(int argc, char** argv) {
   connection_flags::add(app, &connection, connection_flags::Role::kSubscriber);
   std::string topic = "sensors/+/reading", db_path, log_level = "info";
   int workers = 2;
+  int64_t startup_deadline_ms = 0;
+  int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
   app.add_option("--db", db_path, "SQLite database file")->required();
   app.add_option("--topic", topic, "Topic filter; the device is the second level");
   app.add_option("--workers", workers, "Worker threads")->check(CLI::Range(1, 64));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--startup-deadline-ms", startup_deadline_ms,
+                 "Give up (exit 4) if the store is not ready after this long; 0 = wait");
+  app.add_option("--stop-timeout-ms", stop_timeout_ms,
+                 "On SIGTERM, how long a message may still wait for the store (then exit 3)");
   CLI11_PARSE(app, argc, argv);
 
   auto log = spdlog::stderr_color_mt("sensors");
@@ -61,6 +70,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   mqtt.logger = log;
+  mqtt.stop_timeout_ms = stop_timeout_ms;
 
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -71,16 +81,21 @@ int main(int argc, char** argv) {
   // 1. The store and the business table, before anything connects.
   mqtt_inbox::InboxOptions store;
   store.logger = log;
+  store.startup_deadline_ms = startup_deadline_ms;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, store, &inbox); !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::startup_exit_code(s);
   }
-  inbox->with_connection([](SQLite::Database& db) {
-    db.exec("CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY,"
-            " latest_value REAL NOT NULL, latest_message_id TEXT NOT NULL,"
-            " readings INTEGER NOT NULL)");
-  });
+  if (auto s = inbox->setup([](SQLite::Database& db) {
+        db.exec("CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY,"
+                " latest_value REAL NOT NULL, latest_message_id TEXT NOT NULL,"
+                " readings INTEGER NOT NULL)");
+      });
+      !s.ok()) {
+    log->error("{}", s.to_string());
+    return examples::startup_exit_code(s);
+  }
 
   // 2. Store-then-process: the device (topic level 1) is the aggregate key, so each
   //    device's readings are applied in arrival order.
@@ -91,33 +106,35 @@ int main(int argc, char** argv) {
   if (auto s = mqtt_inbox::StoreThenProcess::create(inbox.get(), "sensors", apply_reading, o, &stp);
       !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::startup_exit_code(s);
   }
   if (auto s = stp->start(); !s.ok()) {
     log->error("{}", s.to_string());
-    return 1;
+    return examples::startup_exit_code(s);
   }
 
   // 3. The subscriber: the PUBACK follows the commit of receipt.
   std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
   if (auto s = mqtt_inbox::Subscriber::create(mqtt, &subscriber); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
   if (auto s = subscriber->subscribe(topic, stp.get()); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
   if (auto s = subscriber->start(); !s.ok()) {
     log->error("{}", s.to_string());
-    return 2;
+    return examples::kExitSubscriber;
   }
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
   const mqtt_inbox::Status stopped = subscriber->stop();
-  (void)stp->stop();  // unprocessed rows stay stored; the next run processes them
+  // Unprocessed rows stay stored; the next run processes them. If a message is still
+  // waiting for the store, exit now: the workers may be waiting for it too.
+  if (stopped.ok()) (void)stp->stop();
   const auto c = stp->counters();
   std::printf("sensor_gateway: stored=%lld duplicates=%lld processed=%lld dead_lettered=%lld\n",
               static_cast<long long>(c.stored), static_cast<long long>(c.duplicates),
@@ -125,7 +142,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   if (!stopped.ok()) {
     log->error("{}", stopped.to_string());
-    std::_Exit(3);  // the unacked message is redelivered to the next run
+    log->flush();
+    std::_Exit(examples::kExitStoppedWhileStuck);  // the unacked message is redelivered
   }
-  return 0;
+  return examples::kExitOk;
 }

@@ -229,8 +229,8 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
-  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", options,
-                                                     impl->clock, impl->log);
+  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", inbox->path(),
+                                                     options, impl->clock, impl->log);
   out->reset(new Consumer(std::move(impl)));
   return Status::Ok();
 }
@@ -275,7 +275,19 @@ bool Consumer::extract_message_id(const Message& message, std::string* id,
   return detail::extract_message_id(message, impl_->options.message_id, id, reason, why);
 }
 
-Health Consumer::health() const { return impl_->retry->health(); }
+Health Consumer::health() const {
+  Health h = impl_->retry->health();
+  // Corruption found by anyone on this file (the pruner, another consumer) is red here
+  // too: the next message will not be taken.
+  if (!h.fatal) {
+    const Health inbox = impl_->inbox->health();
+    if (inbox.fatal) {
+      h.fatal = true;
+      h.last_error = inbox.last_error;
+    }
+  }
+  return h;
+}
 
 ConsumerCounters Consumer::counters() const {
   ConsumerCounters c;

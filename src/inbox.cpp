@@ -147,7 +147,13 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
 Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Inbox::~Inbox() {
-  // Best effort: a clock that restarts from an older value only keeps rows longer.
+  // Best effort: a clock that restarts from an older value only keeps rows longer. So
+  // it waits for another process's lock only briefly: an application that exits
+  // because the store is locked (a start-up deadline) must not hang here.
+  if (impl_->db) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    sqlite3_busy_timeout(impl_->db->getHandle(), std::min(impl_->options.busy_timeout_ms, 200));
+  }
   (void)persist_retention_clock();
   const int fd = impl_->lock_fd;
   impl_.reset();  // close the database before giving up the lock
@@ -157,6 +163,7 @@ Inbox::~Inbox() {
 int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
 
 Status Inbox::persist_retention_clock() {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db,
@@ -216,6 +223,7 @@ InboxStats Inbox::stats() const {
 Status Inbox::refresh_row_stats() { return impl_->measure_rows(nullptr); }
 
 Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
+  if (fatal.load()) return fatal_status();
   std::map<std::string, ConsumerRows> rows;
   auto run = [&](SQLite::Database& conn) {
     SQLite::Statement q(conn,
@@ -237,7 +245,7 @@ Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
       run(*db);
     }
   } catch (const SQLite::Exception& e) {
-    return store_error(detail::to_status(e, "measuring rows"));
+    return store_error(detail::to_status(e, "measuring rows"), /*holding_connection=*/reader == nullptr);
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   consumer_rows = std::move(rows);
@@ -248,132 +256,21 @@ Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
 const std::string& Inbox::path() const { return impl_->path; }
 const InboxOptions& Inbox::options() const { return impl_->options; }
 
-Status Inbox::open(const std::string& path, const InboxOptions& options,
-                   std::unique_ptr<Inbox>* out) {
-  if (path.empty()) return Status::InvalidArgument("database path is empty");
-  if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
-  if (options.cache_size_kib <= 0) return Status::InvalidArgument("cache_size_kib <= 0");
-  if (options.page_size_bytes < 512 || options.page_size_bytes > 65536 ||
-      (options.page_size_bytes & (options.page_size_bytes - 1)) != 0)
-    return Status::InvalidArgument("page_size_bytes must be a power of two in 512..65536");
-  if (options.journal_size_limit_bytes < -1)
-    return Status::InvalidArgument("journal_size_limit_bytes < -1");
-  if (options.wal_autocheckpoint_pages < 0)
-    return Status::InvalidArgument("wal_autocheckpoint_pages < 0");
-
-  auto impl = std::make_unique<Impl>();
-  impl->path = path;
-  impl->options = options;
-  impl->clock = options.clock ? options.clock : Clock::system();
-  impl->log = detail::logger_or_default(options.logger);
-  if (options.exclusive) {
-    const std::string lock_path = path + ".lock";
-    impl->lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (impl->lock_fd < 0)
-      return Status(Status::Code::kIoError, "cannot open lock file " + lock_path + ": " +
-                                                std::strerror(errno));
-    if (::flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      ::close(impl->lock_fd);
-      impl->lock_fd = -1;
-      if (err == EWOULDBLOCK)
-        return Status(Status::Code::kBusy,
-                      path + " is in use by another consumer (" + lock_path +
-                          " is locked): run one consumer process per database");
-      return Status(Status::Code::kIoError, "cannot lock " + lock_path + ": " + std::strerror(err));
-    }
-  }
-  try {
-    impl->db = std::make_unique<SQLite::Database>(
-        path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI,
-        options.busy_timeout_ms, options.vfs);
-    SQLite::Database& db = *impl->db;
-
-    // auto_vacuum only takes effect before the first table is written; on a brand new
-    // file it must come before journal_mode=WAL, which writes the header.
-    if (db.execAndGet("PRAGMA page_count").getInt64() == 0) {
-      db.exec("PRAGMA page_size = " + std::to_string(options.page_size_bytes));
-      db.exec("PRAGMA auto_vacuum = INCREMENTAL");
-    }
-    const std::string mode = db.execAndGet("PRAGMA journal_mode = WAL").getString();
-    if (mode != "wal")
-      return Status::InvalidArgument("cannot use WAL journal mode on " + path +
-                                     " (got '" + mode + "'); the inbox requires WAL");
-
-    const int version = db.execAndGet("PRAGMA user_version").getInt();
-    if (version > kSchemaVersion)
-      return Status(Status::Code::kCorruption,
-                    "database schema version " + std::to_string(version) +
-                        " is newer than this library's " + std::to_string(kSchemaVersion));
-    for (const detail::SchemaStep& step : detail::schema_steps()) {
-      if (step.version <= version) continue;
-      impl->write_transaction([&] {
-        // Re-read under the write lock: another process may have migrated meanwhile.
-        if (db.execAndGet("PRAGMA user_version").getInt() < step.version) db.exec(step.sql);
-      });
-      if (version > 0)
-        impl->log->info("{}: schema migrated to version {}", path, step.version);
-    }
-    const int now_version = db.execAndGet("PRAGMA user_version").getInt();
-    if (now_version != kSchemaVersion)
-      return Status::Internal("schema.sql ends at user_version " + std::to_string(now_version) +
-                              ", expected " + std::to_string(kSchemaVersion));
-
-    // The retention clock continues from its persisted value, or from the newest row if
-    // the process died before persisting (both only ever move it forward).
-    {
-      int64_t base = 0;
-      SQLite::Statement q(db, "SELECT value FROM inbox_meta WHERE key = 'retention_clock_ms'");
-      if (q.executeStep()) base = std::stoll(q.getColumn(0).getString());
-      else base = impl->clock->wall_ms();  // a new database starts at the wall clock
-      for (const char* t : {"inbox_processed", "inbox_messages"}) {
-        const int64_t newest =
-            db.execAndGet(std::string("SELECT coalesce(max(received_at), 0) FROM ") + t).getInt64();
-        base = std::max(base, newest);
-      }
-      impl->clock_base_ms = base;
-      impl->steady_base_ms = impl->clock->steady_ms();
-    }
-
-    db.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
-                                                      : "PRAGMA synchronous = NORMAL");
-    // synchronous is a per-connection setting that the file does not keep; record the
-    // owner's choice so `mqtt-inbox check` can report it. Choosing kNormal through the
-    // API is the explicit opt-in, recorded as such.
-    if (options.exclusive) {
-      const bool full = options.synchronous == Synchronous::kFull;
-      SQLite::Statement q(db, "SELECT value FROM inbox_meta WHERE key = 'synchronous'");
-      if (!q.executeStep() || q.getColumn(0).getString() != (full ? "full" : "normal")) {
-        SQLite::Statement u(db, "INSERT INTO inbox_meta (key, value) VALUES ('synchronous', ?1),"
-                                " ('synchronous_opt_in', ?2)"
-                                " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
-        u.bind(1, full ? "full" : "normal");
-        u.bind(2, full ? "false" : "true");
-        u.exec();
-      }
-    }
-    db.exec("PRAGMA foreign_keys = ON");
-    db.exec("PRAGMA cache_size = -" + std::to_string(options.cache_size_kib));
-    db.exec("PRAGMA journal_size_limit = " + std::to_string(options.journal_size_limit_bytes));
-    db.exec("PRAGMA wal_autocheckpoint = " + std::to_string(options.wal_autocheckpoint_pages));
-
-    impl->lookup = std::make_unique<SQLite::Statement>(db, kLookupSql);
-    impl->begin_attempt = std::make_unique<SQLite::Statement>(db, kBeginAttemptSql);
-    impl->attempt_failed = std::make_unique<SQLite::Statement>(db, kAttemptFailedSql);
-    impl->claim = std::make_unique<SQLite::Statement>(db, kClaimSql);
-    impl->delete_attempts = std::make_unique<SQLite::Statement>(db, kDeleteAttemptsSql);
-    impl->mark_replayed = std::make_unique<SQLite::Statement>(db, kMarkReplayedSql);
-  } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "opening " + path);
-  } catch (const std::exception& e) {
-    return Status::Internal("opening " + path + ": " + e.what());
-  }
-  out->reset(new Inbox(std::move(impl)));
-  return Status::Ok();
+// The cached statements of the per-message path, on a connection just opened. Called by
+// Inbox::Impl::open_connection (inbox_open.cpp).
+void Inbox::Impl::prepare_statements() {
+  SQLite::Database& c = *db;
+  lookup = std::make_unique<SQLite::Statement>(c, kLookupSql);
+  begin_attempt = std::make_unique<SQLite::Statement>(c, kBeginAttemptSql);
+  attempt_failed = std::make_unique<SQLite::Statement>(c, kAttemptFailedSql);
+  claim = std::make_unique<SQLite::Statement>(c, kClaimSql);
+  delete_attempts = std::make_unique<SQLite::Statement>(c, kDeleteAttemptsSql);
+  mark_replayed = std::make_unique<SQLite::Statement>(c, kMarkReplayedSql);
 }
 
 Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
                      MessageState* out) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   SQLite::Statement& q = *impl_->lookup;
   detail::StatementReset reset(q);
@@ -400,6 +297,7 @@ Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
 
 Status Inbox::begin_attempt(const std::string& consumer, const std::string& message_id,
                             int* attempt) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     Impl::RelaxedSync relaxed(*impl_);
@@ -422,6 +320,7 @@ Status Inbox::begin_attempt(const std::string& consumer, const std::string& mess
 Status Inbox::record_attempt_failure(const std::string& consumer,
                                      const std::string& message_id,
                                      const std::string& error) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     Impl::RelaxedSync relaxed(*impl_);
@@ -442,6 +341,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
                     const std::string& message_id, int attempt, const Handler& handler,
                     std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                     std::string* handler_error) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   if (impl_->options.before_claim_hook) impl_->options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
@@ -508,7 +408,8 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     } catch (const SQLite::Exception& e) {
       detail::rollback_quietly(db);
       const Status s = detail::to_status(e, "handler statement");
-      if (s.is_transient_store_error()) return s;
+      if (detail::error_class(e.getErrorCode()) != detail::ErrorClass::kMessage)
+        return impl_->store_error(s);  // the store's failure, transient or fatal
       *result = ClaimResult::kHandlerFailed;
       *handler_error = e.what();
       return Status::Ok();
@@ -554,6 +455,14 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     db.exec("COMMIT");
   } catch (const SQLite::Exception& e) {
     detail::rollback_quietly(db);
+    // A change of this message refused at any point, COMMIT included (a deferred foreign
+    // key, a CHECK, the commit hook's veto): a failure of this message, not of the store
+    // (sqlite_errors.h), so it counts as a handler attempt instead of being retried forever.
+    if (detail::error_class(e.getErrorCode()) == detail::ErrorClass::kMessage) {
+      *result = ClaimResult::kHandlerFailed;
+      *handler_error = std::string("the store refused this message's transaction: ") + e.what();
+      return Status::Ok();
+    }
     return impl_->store_error(detail::to_status(e, "claim transaction"));
   } catch (const std::exception& e) {
     detail::rollback_quietly(db);
@@ -571,6 +480,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
 
 Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,
                               int64_t* id) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   SQLite::Database& db = *m.db;
@@ -651,6 +561,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
 }
 
 Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   out->clear();
   try {
@@ -668,6 +579,7 @@ Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<Dead
 }
 
 Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db, std::string("SELECT ") + kDeadLetterColumns +
@@ -682,6 +594,7 @@ Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
 }
 
 Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     FilterSql f = filter_sql(filter);
@@ -697,6 +610,7 @@ Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* remove
 }
 
 Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
+  if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db,
@@ -712,6 +626,7 @@ Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
 
 void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->fatal.load()) throw SQLite::Exception(impl_->fatal_status().message(), SQLITE_CORRUPT);
   fn(*impl_->db);
 }
 

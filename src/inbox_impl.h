@@ -15,9 +15,12 @@
 
 #include "log.h"
 #include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/stats.h"
 #include "sqlite_util.h"
+#include "store_retry.h"
+#include "wal_guard.h"
 
 namespace mqtt_inbox {
 
@@ -31,6 +34,9 @@ struct Inbox::Impl {
   std::unique_ptr<SQLite::Database> db;
   std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,
       delete_attempts, mark_replayed;
+  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (wal_guard.h). Declared after
+  // `db`: it removes its hook before the connection closes.
+  std::unique_ptr<detail::WalGuard> wal_guard;
 
   // Retention clock (README "Clock safety"): clock_base_ms at steady time steady_base_ms;
   // advances only with the monotonic clock. Both are fixed after open.
@@ -71,11 +77,69 @@ struct Inbox::Impl {
   // no commit; with nullptr it runs on `db` under `mu`.
   Status measure_rows(SQLite::Database* reader);
 
-  // Counts a failed store operation and passes the Status through.
-  Status store_error(Status s) {
+  // Counts a failed store operation and passes the Status through. A fatal one (the
+  // file is corrupt) latches the inbox: see latch_fatal(). On SQLITE_FULL the WAL gives
+  // its space back at once (WalGuard::on_full), which needs the connection: callers hold
+  // `mu` (or, in open, are its only user) unless they pass holding_connection = false.
+  Status store_error(Status s, bool holding_connection = true) {
     if (s.is_transient_store_error()) ++store_errors;
+    if (s.is_fatal_store_error()) latch_fatal(s);
+    if (s.code() == Status::Code::kFull && holding_connection && wal_guard) wal_guard->on_full();
     return s;
   }
+
+  // --- start-up waits and the fatal latch (inbox_open.cpp) ---
+
+  // Opens the connection and brings the file to the current schema: one attempt of
+  // Inbox::open, repeated by wait_at_startup() while the store is transiently unavailable.
+  // `busy_timeout_ms`: this attempt's (see wait_at_startup); open() sets the configured
+  // one afterwards.
+  Status open_connection(int busy_timeout_ms);
+  void prepare_statements();  // inbox.cpp: the cached statements of the message path
+
+  // Inbox::open's, Inbox::setup's, Pruner::create's and StoreThenProcess::create's and
+  // start()'s wait for a transiently unavailable store (InboxOptions::startup_*).
+  // `op(busy_timeout_ms)` is one attempt; its busy timeout is busy_timeout_ms, cut to
+  // what is left of the start-up deadline (BusyTimeout applies it to a connection). `op`
+  // takes `mu` itself if it needs the connection, so the sleeps between attempts hold no
+  // lock.
+  template <typename Op>
+  Status wait_at_startup(const char* what, Op&& op) {
+    const int64_t deadline = options.startup_deadline_ms;
+    const int64_t t0 = clock->steady_ms();
+    return startup->until_ready(
+        what,
+        [&]() -> Status {
+          if (fatal.load()) return fatal_status();
+          int64_t busy = options.busy_timeout_ms;
+          if (deadline > 0) busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
+          return op(static_cast<int>(busy));
+        },
+        deadline, options.startup_progress);
+  }
+  std::unique_ptr<detail::StoreRetry> startup;
+
+  // Sets a connection's busy timeout for one start-up attempt, back to busy_timeout_ms
+  // at the end of the scope.
+  struct BusyTimeout {
+    sqlite3* db;
+    int normal_ms;
+    BusyTimeout(sqlite3* d, int attempt_ms, int normal) : db(d), normal_ms(normal) {
+      sqlite3_busy_timeout(db, attempt_ms);
+    }
+    ~BusyTimeout() { sqlite3_busy_timeout(db, normal_ms); }
+    BusyTimeout(const BusyTimeout&) = delete;
+    BusyTimeout& operator=(const BusyTimeout&) = delete;
+  };
+
+  // Once the file is found corrupt (SQLITE_CORRUPT/NOTADB), the inbox never reads or
+  // writes it again: every method returns fatal_status() without touching SQLite, the
+  // connection's closing checkpoint is switched off, and the error is logged with the
+  // recovery procedure. The file stays exactly as the corruption left it.
+  std::atomic<bool> fatal{false};
+  void latch_fatal(const Status& s);
+  Status fatal_status() const;
+  std::string fatal_error;  // guarded by stats_mu; the first fatal error
 
   // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
   // rethrows it. COMMIT failing leaves nothing committed.
@@ -112,5 +176,13 @@ struct Inbox::Impl {
   };
 };
 
+
+namespace detail {
+// For the library's other parts on the same file (StoreThenProcess): its start-up wait
+// and its fatal latch.
+struct InboxAccess {
+  static Inbox::Impl& of(Inbox* inbox) { return *inbox->impl_; }
+};
+}  // namespace detail
 
 }  // namespace mqtt_inbox

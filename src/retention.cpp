@@ -55,7 +55,7 @@ struct Pruner::Impl {
   // pruning. Once the WAL is fully copied, the next writer starts it again from the
   // beginning, so message commits stay below the autocheckpoint threshold.
   void checkpoint_between_batches() {
-    if (!side_db || !options.checkpoint) return;
+    if (!side_db || !options.checkpoint || store->fatal.load()) return;
     (void)sqlite3_wal_checkpoint_v2(side_db->getHandle(), nullptr,
                                     SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   }
@@ -148,7 +148,7 @@ struct Pruner::Impl {
       vacuum(r);
     std::lock_guard<std::mutex> lock(store->mu);
     SQLite::Database& db = *store->db;
-    if (options.checkpoint) {
+    if (options.checkpoint && !store->fatal.load()) {
       // TRUNCATE when idle: nothing committed during the last period. A busy reader makes
       // it return SQLITE_BUSY-like partial results, which is fine: try again next pass.
       const bool idle = store->clock->steady_ms() - store->last_commit_steady_ms.load() >=
@@ -185,7 +185,13 @@ struct Pruner::Impl {
 };
 
 Pruner::Pruner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Pruner::~Pruner() { stop(); }
+Pruner::~Pruner() {
+  stop();
+  // A corrupt file is never written again, not even by this connection's closing
+  // checkpoint.
+  if (impl_->side_db && impl_->store->fatal.load())
+    sqlite3_db_config(impl_->side_db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
+}
 
 int64_t Pruner::required_window_ms(const RetentionOptions& o) {
   return std::max(o.broker_session_expiry, o.max_offline).count() + o.replay_window.count() +
@@ -220,19 +226,26 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
                            "allow_window_below_horizon is set.",
                            what);
   }
-  // Record the declared horizon so the admin tool can refuse shorter manual prunes.
-  {
-    std::lock_guard<std::mutex> lock(impl->store->mu);
-    try {
-      SQLite::Statement q(*impl->store->db,
-                          "INSERT INTO inbox_meta (key, value) VALUES ('required_window_ms', ?1)"
-                          " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
-      q.bind(1, std::to_string(required));
-      q.exec();
-    } catch (const SQLite::Exception& e) {
-      return impl->store->store_error(detail::to_status(e, "recording the retention horizon"));
-    }
-  }
+  // Record the declared horizon so the admin tool can refuse shorter manual prunes. At
+  // start-up, so a locked or full store is waited out (InboxOptions::startup_*).
+  Inbox::Impl& store = *impl->store;
+  const Status recorded =
+      store.wait_at_startup("recording the retention horizon", [&](int busy_ms) -> Status {
+        std::lock_guard<std::mutex> lock(store.mu);
+        if (store.fatal.load()) return store.fatal_status();
+        Inbox::Impl::BusyTimeout busy(store.db->getHandle(), busy_ms, store.options.busy_timeout_ms);
+        try {
+          SQLite::Statement q(*store.db,
+                              "INSERT INTO inbox_meta (key, value) VALUES ('required_window_ms', ?1)"
+                              " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+          q.bind(1, std::to_string(required));
+          q.exec();
+        } catch (const SQLite::Exception& e) {
+          return store.store_error(detail::to_status(e, "recording the retention horizon"));
+        }
+        return Status::Ok();
+      });
+  if (!recorded.ok()) return recorded;
   {
     const InboxOptions& io = impl->store->options;
     try {
@@ -256,6 +269,8 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
 Status Pruner::prune_once(PruneResult* result) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> pass(m.pass_mu);
+  *result = PruneResult{};
+  if (m.store->fatal.load()) return m.store->fatal_status();  // never touch a corrupt file
   PruneResult r;
   const int64_t start = m.store->clock->steady_ms();
   const int64_t deadline = start + m.options.pass_budget.count();
@@ -272,6 +287,7 @@ Status Pruner::prune_once(PruneResult* result) {
   } catch (const SQLite::Exception& e) {
     r.duration_ms = m.store->clock->steady_ms() - start;
     *result = r;
+    std::lock_guard<std::mutex> lock(m.store->mu);  // store_error may checkpoint (disk full)
     return m.store->store_error(detail::to_status(e, "retention pass"));
   }
   // Writes first, checkpoint last, so a TRUNCATE leaves an empty WAL.
@@ -281,6 +297,7 @@ Status Pruner::prune_once(PruneResult* result) {
   try {
     m.hygiene(&r);
   } catch (const SQLite::Exception& e) {
+    std::lock_guard<std::mutex> lock(m.store->mu);
     if (s.ok()) s = m.store->store_error(detail::to_status(e, "vacuum/checkpoint"));
   }
   r.duration_ms = m.store->clock->steady_ms() - start;

@@ -1,4 +1,5 @@
-// Internal helpers around SQLiteCpp: error mapping and statement hygiene.
+// Internal helpers around SQLiteCpp: statement hygiene (the error mapping is
+// sqlite_errors.h).
 #pragma once
 
 #include <sqlite3.h>
@@ -10,29 +11,9 @@
 #include <string>
 
 #include "mqtt_inbox/status.h"
+#include "sqlite_errors.h"  // to_status: the classification of result codes
 
 namespace mqtt_inbox::detail {
-
-// Maps an SQLite error to a Status. SQLiteCpp reports extended codes (e.g. 1555 for a
-// primary-key violation), so the primary code is the low byte.
-inline Status to_status(int primary_code, const std::string& what) {
-  switch (primary_code & 0xff) {
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED: return Status(Status::Code::kBusy, what);
-    case SQLITE_FULL: return Status(Status::Code::kFull, what);
-    case SQLITE_IOERR:
-    case SQLITE_CANTOPEN:
-    case SQLITE_PROTOCOL: return Status(Status::Code::kIoError, what);
-    case SQLITE_READONLY: return Status(Status::Code::kReadOnly, what);
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB: return Status(Status::Code::kCorruption, what);
-    default: return Status(Status::Code::kInternal, what);
-  }
-}
-
-inline Status to_status(const SQLite::Exception& e, const std::string& context) {
-  return to_status(e.getErrorCode(), context + ": " + e.what());
-}
 
 // ROLLBACK if a transaction is open. Never throws: after some I/O errors SQLite has
 // already rolled back by itself, and a failed ROLLBACK leaves nothing committed either.

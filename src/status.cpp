@@ -14,6 +14,8 @@ const char* to_string(Status::Code code) {
     case Status::Code::kCorruption: return "corruption";
     case Status::Code::kAborted: return "aborted";
     case Status::Code::kInternal: return "internal";
+    case Status::Code::kRejected: return "rejected";
+    case Status::Code::kPermissionDenied: return "permission_denied";
   }
   return "unknown";
 }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "log.h"
+#include "inbox_impl.h"
 #include "store_then_process_impl.h"
 #include "text.h"
 
@@ -69,9 +70,30 @@ void StoreThenProcess::Impl::count(int64_t StoreThenProcessCounters::*field, int
 }
 
 void StoreThenProcess::Impl::worker_error(const Status& s) {
-  std::lock_guard<std::mutex> lock(state_mu);
-  ++counters.worker_store_errors;
-  counters.last_worker_error = s.to_string();
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    ++counters.worker_store_errors;
+    counters.last_worker_error = s.to_string();
+  }
+  if (s.is_fatal_store_error()) {
+    // Not on the Inbox's connection: its mutex is not held and not needed (the latch
+    // only switches the Inbox's closing checkpoint off).
+    (void)detail::InboxAccess::of(inbox).store_error(s, /*holding_connection=*/false);
+    retry->set_fatal(s);
+  }
+}
+
+bool StoreThenProcess::Impl::store_unusable() const {
+  return detail::InboxAccess::of(inbox).fatal.load();
+}
+
+Status StoreThenProcess::Impl::unusable_status() const {
+  return detail::InboxAccess::of(inbox).fatal_status();
+}
+
+void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
+  if (db && store_unusable())
+    sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
 }
 
 void StoreThenProcess::Impl::notify_workers() {
@@ -108,6 +130,7 @@ StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move
 StoreThenProcess::~StoreThenProcess() {
   (void)stop();
   Impl& m = *impl_;
+  m.close_quietly_if_unusable(m.maint.get());
   m.inbox->with_connection([&](SQLite::Database&) {
     m.insert.reset();
     m.exists.reset();
@@ -148,15 +171,25 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
   impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
-                                                     options.consumer, impl->clock, impl->log);
+                                                     inbox->path(), options.consumer, impl->clock,
+                                                     impl->log);
   impl->instance = instance_token();
-  try {
-    impl->maint = impl->open_connection(std::nullopt);
-  } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "opening the maintenance connection to " + inbox->path());
-  } catch (const std::exception& e) {
-    return Status::Internal(std::string("opening the maintenance connection: ") + e.what());
-  }
+  // At start-up: waited out like Inbox::open while the store is transiently unavailable.
+  Impl* m = impl.get();
+  const Status opened = detail::InboxAccess::of(inbox).wait_at_startup(
+      "opening the store-then-process maintenance connection", [m](int) -> Status {
+        try {
+          m->maint = m->open_connection(std::nullopt);
+        } catch (const SQLite::Exception& e) {
+          m->maint.reset();
+          return detail::to_status(e, "opening the maintenance connection to " + m->inbox->path());
+        } catch (const std::exception& e) {
+          m->maint.reset();
+          return Status::Internal(std::string("opening the maintenance connection: ") + e.what());
+        }
+        return Status::Ok();
+      });
+  if (!opened.ok()) return opened;
   out->reset(new StoreThenProcess(std::move(impl)));
   return Status::Ok();
 }

@@ -72,7 +72,16 @@ struct StoreThenProcess::Impl {
   int64_t retention_now() { return inbox->retention_clock_ms(); }
 
   void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1);
+  // Counts a worker or maintenance failure. A fatal one (the file is corrupt) latches
+  // the Inbox (inbox_impl.h latch_fatal: nothing reads or writes the file again, receipt
+  // acks nothing) and turns health() red.
   void worker_error(const Status& s);
+  // The Inbox has latched a fatal store error (found by any part on the file): workers
+  // and maintenance neither claim nor write again.
+  bool store_unusable() const;
+  Status unusable_status() const;  // the Inbox's kCorruption status, naming the file
+  // Once the file is unusable, closing `db` must not checkpoint the WAL into it.
+  void close_quietly_if_unusable(SQLite::Database* db) const;
   void notify_workers();
 
   // Sleeps up to `ms`, or until stop() or a wake-up. Returns false when stopping.

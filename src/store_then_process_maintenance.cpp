@@ -21,14 +21,16 @@ void StoreThenProcess::Impl::maintenance_loop() {
   uint64_t seen = 0;
   while (!stopping.load()) {
     const int64_t now = clock->steady_ms();
-    if (now >= next_reap) {
+    // A corrupt file is never written again (worker_error): no reaping, no pruning.
+    const bool unusable = store_unusable();
+    if (!unusable && now >= next_reap) {
       int64_t reaped = 0;
       const Status s = reap_now(&reaped);
       if (!s.ok()) worker_error(s);
       if (reaped > 0) notify_workers();
       next_reap = now + reap_every;
     }
-    if (now >= next_prune) {
+    if (!unusable && now >= next_prune) {
       StoredPruneResult pr;
       const Status s = prune_now(&pr);
       if (!s.ok()) worker_error(s);
@@ -44,6 +46,7 @@ void StoreThenProcess::Impl::maintenance_loop() {
 
 Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
   *reaped = 0;
+  if (store_unusable()) return unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(maint_mu);
   SQLite::Database& db = *maint;
   const int64_t cutoff = clock->wall_ms() - options.lease_ms;
@@ -93,6 +96,7 @@ Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
 
 Status StoreThenProcess::Impl::prune_now(StoredPruneResult* out) {
   *out = StoredPruneResult{};
+  if (store_unusable()) return unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(maint_mu);
   SQLite::Database& db = *maint;
   const int64_t now = retention_now();
@@ -147,6 +151,7 @@ Status StoreThenProcess::reap(int64_t* reaped) {
 
 Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
   Impl& m = *impl_;
+  if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   ReplayResult r;
   std::string where = " WHERE consumer_name = ?1";
   if (f.received_since_ms) where += " AND received_at >= ?2";
@@ -209,6 +214,7 @@ Status StoreThenProcess::prune(StoredPruneResult* result) {
 
 Status StoreThenProcess::stats(StoreThenProcessStats* out) {
   Impl& m = *impl_;
+  if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(m.maint_mu);
   try {
     SQLite::Statement q(*m.maint,

@@ -5,6 +5,8 @@
 // threads (the maintenance thread's loop is in store_then_process_maintenance.cpp).
 #include <sqlite3.h>
 
+#include "inbox_impl.h"
+
 #include <algorithm>
 #include <any>
 #include <exception>
@@ -96,7 +98,9 @@ bool StoreThenProcess::Impl::worker_retry(const char* what, Op&& op) {
   for (int tries = 1;; ++tries) {
     const Status s = op();
     if (s.ok()) return true;
-    worker_error(s);
+    worker_error(s);  // a fatal one latches the Inbox
+    // A corrupt file: stop retrying; the row stays claimed and is never finished.
+    if (s.is_fatal_store_error() || store_unusable()) return false;
     if (tries == 1 || tries % 20 == 0)
       log->warn("store-then-process '{}': {} failed ({}), retrying", name, what, s.to_string());
     if (stopping.load()) return false;
@@ -369,7 +373,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       } catch (const SQLite::Exception& e) {
         detail::rollback_quietly(db);
         const Status s = detail::to_status(e, "handler statement");
-        if (s.is_transient_store_error()) return s;  // not the handler's fault: retry
+        // The store's failure (transient: retry; fatal: latch), or this row's (sqlite_errors.h).
+        if (detail::error_class(e.getErrorCode()) != detail::ErrorClass::kMessage) return s;
         result = kThrew;
         error = e.what();
         return Status::Ok();
@@ -423,6 +428,13 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       db.exec("COMMIT");
     } catch (const SQLite::Exception& e) {
       detail::rollback_quietly(db);
+      // The row's change refused at COMMIT (a deferred foreign key, a CHECK, a commit
+      // hook): a failed attempt of this row, not a store failure to retry forever.
+      if (detail::error_class(e.getErrorCode()) == detail::ErrorClass::kMessage) {
+        result = kThrew;
+        error = std::string("the store refused this row's transaction: ") + e.what();
+        return Status::Ok();
+      }
       return detail::to_status(e, "handler transaction");
     } catch (const std::exception& e) {
       detail::rollback_quietly(db);
@@ -455,6 +467,10 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
   uint64_t seen = 0;
   std::vector<Row> rows;
   while (!stopping.load()) {
+    if (store_unusable()) {  // a corrupt file is never written again (worker_error)
+      if (!idle(options.poll_interval_ms, &seen)) break;
+      continue;
+    }
     const std::string claimant = instance + "/w" + std::to_string(w.index) + "/" +
                                  std::to_string(next_claim.fetch_add(1));
     Status s = claim(w, claimant, &rows);
@@ -499,26 +515,42 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
     (void)released;
     if (!blocked.empty()) notify_workers();  // released rows may be claimable elsewhere
   }
+  close_quietly_if_unusable(w.db.get());  // the connection closes with this thread
 }
 
 Status StoreThenProcess::start() {
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.run_mu);
-  if (m.started) return Status::InvalidArgument("already started");
-  std::vector<std::unique_ptr<Impl::Worker>> workers;
-  try {
-    for (int i = 0; i < m.options.workers; ++i) {
-      auto w = std::make_unique<Impl::Worker>();
-      w->index = i;
-      w->db = m.open_connection(std::nullopt);
-      m.prepare_worker(*w);
-      workers.push_back(std::move(w));
-    }
-  } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "opening a worker connection to " + m.inbox->path());
-  } catch (const std::exception& e) {
-    return Status::Internal(std::string("opening a worker connection: ") + e.what());
+  {
+    std::lock_guard<std::mutex> lock(m.run_mu);
+    if (m.started) return Status::InvalidArgument("already started");
   }
+  std::vector<std::unique_ptr<Impl::Worker>> workers;
+  // At start-up: waited out like Inbox::open while the store is transiently unavailable.
+  // run_mu is not held meanwhile: receipt's wake-up (notify_workers) and stop() must not
+  // wait for the store.
+  const Status opened = detail::InboxAccess::of(m.inbox).wait_at_startup(
+      "opening the store-then-process worker connections", [&](int) -> Status {
+        workers.clear();
+        try {
+          for (int i = 0; i < m.options.workers; ++i) {
+            auto w = std::make_unique<Impl::Worker>();
+            w->index = i;
+            w->db = m.open_connection(std::nullopt);
+            m.prepare_worker(*w);
+            workers.push_back(std::move(w));
+          }
+        } catch (const SQLite::Exception& e) {
+          workers.clear();
+          return detail::to_status(e, "opening a worker connection to " + m.inbox->path());
+        } catch (const std::exception& e) {
+          workers.clear();
+          return Status::Internal(std::string("opening a worker connection: ") + e.what());
+        }
+        return Status::Ok();
+      });
+  if (!opened.ok()) return opened;
+  std::lock_guard<std::mutex> lock(m.run_mu);
+  if (m.started) return Status::InvalidArgument("already started");  // a concurrent start()
   m.stopping = false;
   m.started = true;
   for (auto& w : workers) {

@@ -103,6 +103,8 @@ struct Subscriber::Impl {
   bool stopping = false;
   bool connection_lost = false;
   std::thread supervisor;
+  bool supervisor_done = false;  // set when supervise() returned
+  bool supervisor_detached = false;  // stop() gave up waiting for it (see stop())
 
   int client_lock_fd = -1;
   std::atomic<bool> connected{false};
@@ -376,8 +378,9 @@ Subscriber::Subscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Subscriber::~Subscriber() {
   if (!stop().ok()) {
-    // The callback is still blocked on the store: destroying the client would hang.
-    (void)impl_->client.release();
+    // The callback is still blocked on the store: destroying the client would hang, and
+    // the callback and the supervisor still use the rest. Leave it all to the exit.
+    (void)impl_.release();
     return;  // and the client-id lock stays held while that client lives
   }
   if (impl_->client_lock_fd >= 0) ::close(impl_->client_lock_fd);
@@ -541,7 +544,12 @@ Status Subscriber::start() {
     m.conn_opts.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL,
                                  static_cast<int>(m.options.session_expiry_s)}});
   }
-  m.supervisor = std::thread([&m] { m.supervise(); });
+  m.supervisor = std::thread([&m] {
+    m.supervise();
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.supervisor_done = true;
+    m.cv.notify_all();
+  });
   return Status::Ok();
 }
 
@@ -560,17 +568,37 @@ Status Subscriber::stop() {
     std::lock_guard<std::mutex> lock(m.mu);
     if (!m.started || m.stopping) {
       m.stopping = true;
-      return m.in_callback.load() == 0 ? Status::Ok()
-                                       : Status(Status::Code::kBusy, "message still in callback");
+      return m.in_callback.load() == 0 && !m.supervisor_detached
+                 ? Status::Ok()
+                 : Status(Status::Code::kBusy, "message still in callback");
     }
     m.stopping = true;
     m.cv.notify_all();
   }
+  // One deadline for everything stop() waits for. The supervisor can itself be stuck: a
+  // redelivery arrives right after CONNACK, before the SUBSCRIBE, and while its callback
+  // waits for the store it holds Paho's lock, which the supervisor's subscribe() waits
+  // for. So it is joined only if it finished in time; otherwise the message is still in
+  // the callback and stop() reports kBusy below.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(m.options.stop_timeout_ms);
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    m.cv.wait_until(lock, deadline, [&] { return m.supervisor_done; });
+    if (!m.supervisor_done) {
+      m.supervisor_detached = true;
+      lock.unlock();
+      m.log->error("stop: a message is still waiting for the store after {} ms (the connection "
+                   "was still being set up); it will not be acked before it commits. Exit the "
+                   "process; the broker redelivers it.",
+                   m.options.stop_timeout_ms);
+      m.supervisor.detach();  // blocked in Paho behind the callback; the process exits
+      return Status(Status::Code::kBusy, "a message is still waiting for the store");
+    }
+  }
   if (m.supervisor.joinable()) m.supervisor.join();
 
   // Wait for a message in the callback to reach its durable outcome.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(m.options.stop_timeout_ms);
   while (m.in_callback.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (m.in_callback.load() > 0) {

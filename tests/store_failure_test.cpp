@@ -33,6 +33,7 @@
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 #include "support/publisher.h"
+#include "support/tmpfs.h"
 
 namespace mqtt_inbox {
 // Readable outcomes in failure messages (found by ADL; internal to this test).
@@ -272,54 +273,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // --- SQLITE_FULL ---
 
-// A tmpfs of `size` mounted on a folder for the life of the object. Mounted in a private
-// mount namespace of this test process when possible, so the mount disappears with the
-// process even if the test crashes.
-class TmpfsMount {
- public:
-  TmpfsMount(const std::string& dir, const std::string& size) : dir_(dir) {
-    ::mkdir(dir.c_str(), 0700);
-    if (::unshare(CLONE_NEWNS) == 0)
-      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);  // do not propagate out
-    const std::string data = "size=" + size + ",mode=0700";
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, data.c_str()) == 0) {
-      mounted_ = true;
-    } else {
-      error_ = std::strerror(errno);
-    }
-  }
-  ~TmpfsMount() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
-
-// Writes `path` until the file system refuses with ENOSPC; returns bytes written.
-int64_t fill_file_system(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return -1;
-  int64_t total = 0;
-  std::vector<char> block(64 * 1024, 'x');
-  for (size_t chunk : {size_t{64 * 1024}, size_t{4096}, size_t{1}}) {
-    for (;;) {
-      const ssize_t n = ::write(fd, block.data(), chunk);
-      if (n <= 0) break;
-      total += n;
-    }
-  }
-  ::close(fd);
-  return total;
-}
-
 // A real full file system: the database lives on a 1 MiB tmpfs that a filler file fills to
-// the last byte. The WAL cannot grow, so SQLite reports SQLITE_FULL (ENOSPC). Deleting the
-// filler frees the space, and the blocked message applies once.
+// the last byte. The credit carries a 150 kB account name, more than the WAL file already
+// holds (the inbox reuses its WAL after each checkpoint, so small commits can still fit
+// in a full file system): the WAL must grow and cannot, so SQLite reports SQLITE_FULL
+// (ENOSPC). Deleting the filler frees the space, and the blocked message applies once.
+// disk_full_test.cpp fills and frees along a whole stream.
 TEST_F(StoreFailureTest, FullFileSystemBlocksThenAppliesOnceAfterSpaceIsFreed) {
   const std::string mnt = dir_.file("fs");
   TmpfsMount fs(mnt, "1m");
@@ -341,9 +300,9 @@ TEST_F(StoreFailureTest, FullFileSystemBlocksThenAppliesOnceAfterSpaceIsFreed) {
     ::close(fd);
     ::unlink((mnt + "/probe").c_str());
   }
-  expect_blocks_then_applies_once("full-1", "fiona", 13, "full",
-                                  [&] { ::unlink(filler.c_str()); });
-  expect_after_reopen(4, "fiona", 13);
+  const std::string big(150000, 'f');
+  expect_blocks_then_applies_once("full-1", big, 13, "full", [&] { ::unlink(filler.c_str()); });
+  expect_after_reopen(4, big, 13);
 }
 
 // SQLITE_FULL from PRAGMA max_page_count. The limit is a setting of one connection's pager

@@ -13,6 +13,8 @@
 
 #include "commands.h"
 #include "database.h"
+#include "sqlite_errors.h"
+#include "wal_guard.h"
 #include "format.h"
 #include "tool.h"
 
@@ -20,14 +22,34 @@ namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
 
+namespace {
+
+// README "Recovering a corrupt database", in one line for the output.
+std::string recovery_hint(const std::string& path) {
+  return "the file is corrupt: stop the application, keep the file, and recover a copy: `sqlite3 " + path +
+         " .recover` where your sqlite3 has it (Debian 12's lacks it), otherwise `sqlite3 " + path +
+         " .dump` with its final ROLLBACK turned into COMMIT, into a new file; then check that file "
+         "(README \"Recovering a corrupt database\" has the commands and what can be lost)";
+}
+
+}  // namespace
+
 int cmd_check(const std::string& path) {
   require_file(path);
   json j;
   json problems = json::array(), warnings = json::array();
   j["database"] = path;
+  // Read-write only for the PASSIVE checkpoint; nothing else writes. Never creates.
+  std::unique_ptr<SQLite::Database> conn;
+  bool corrupt = false;
+  // A corrupt file is never written, not even by the closing checkpoint.
+  auto found_corrupt = [&] {
+    corrupt = true;
+    if (conn) sqlite3_db_config(conn->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
+  };
   try {
-    // Read-write only for the PASSIVE checkpoint; nothing else writes. Never creates.
-    SQLite::Database db(path, SQLite::OPEN_READWRITE, g.busy_timeout_ms);
+    conn = std::make_unique<SQLite::Database>(path, SQLite::OPEN_READWRITE, g.busy_timeout_ms);
+    SQLite::Database& db = *conn;
     const int version = db.execAndGet("PRAGMA user_version").getInt();
     j["schema_version"] = version;
     j["library_schema_version"] = mi::kSchemaVersion;
@@ -51,7 +73,10 @@ int cmd_check(const std::string& path) {
       while (q.executeStep()) lines.push_back(q.getColumn(0).getString());
       const bool ok = lines.size() == 1 && lines[0] == "ok";
       j[key] = {{"ok", ok}, {"result", lines}};
-      if (!ok) problems.push_back(std::string(pragma) + " reported " + lines.dump());
+      if (!ok) {
+        problems.push_back(std::string(pragma) + " reported " + lines.dump() + ": " + recovery_hint(path));
+        found_corrupt();
+      }
     };
     run_check("PRAGMA quick_check", "quick_check");
     run_check("PRAGMA integrity_check", "integrity_check");
@@ -100,7 +125,8 @@ int cmd_check(const std::string& path) {
     struct stat st {};
     const int64_t wal_before = ::stat((path + "-wal").c_str(), &st) == 0 ? st.st_size : 0;
     int log = -1, ckpt = -1;
-    const int rc = sqlite3_wal_checkpoint_v2(db.getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &ckpt);
+    const int rc = corrupt ? SQLITE_OK
+                           : sqlite3_wal_checkpoint_v2(db.getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &ckpt);
     j["wal"] = {{"bytes", wal_before}, {"checkpoint_rc", rc}, {"frames_in_wal", log}, {"frames_checkpointed", ckpt},
                 {"fully_checkpointed", rc == SQLITE_OK && log == ckpt}};
     if (rc != SQLITE_OK && rc != SQLITE_BUSY)
@@ -113,12 +139,33 @@ int cmd_check(const std::string& path) {
     j["freelist_count"] = db.execAndGet("PRAGMA freelist_count").getInt64();
     j["auto_vacuum"] = db.execAndGet("PRAGMA auto_vacuum").getInt();
     if (j["auto_vacuum"].get<int>() != 2) warnings.push_back("auto_vacuum is not INCREMENTAL: pruning cannot give pages back");
+    // The inbox recovers from a full disk by itself only with this much free (README "Disk space").
+    const int64_t free_space = mi::detail::free_bytes(path);
+    const int64_t need = mi::min_free_bytes(static_cast<int>(j["page_size"].get<int64_t>()));
+    j["free_bytes"] = free_space;
+    j["min_free_bytes"] = need;
+    if (free_space >= 0 && free_space < need)
+      warnings.push_back("only " + human_bytes(free_space) + " free on the file system of " + path + "; the inbox needs at least " +
+                         human_bytes(need) + " to recover from a full disk by itself (README \"Disk space\")");
   } catch (const SQLite::Exception& e) {
-    problems.push_back(std::string("SQLite error: ") + e.what());
+    // One classification of SQLite errors (src/sqlite_errors.h): a corrupt file is a
+    // problem the check found (exit 2), a locked or failing store an error (exit 3).
+    const auto cls = mi::detail::error_class(e.getErrorCode());
+    if (cls == mi::detail::ErrorClass::kFatal) {
+      found_corrupt();
+      problems.push_back(std::string("SQLite: ") + e.what() + ": " + recovery_hint(path));
+    } else {
+      problems.push_back(std::string("SQLite error: ") + e.what());
+    }
     j["problems"] = problems;
     j["warnings"] = warnings;
     j["ok"] = false;
     if (g.json) emit(j);
+    else if (corrupt) {
+      for (const auto& p : problems) std::cout << "PROBLEM: " << p.get<std::string>() << "\n";
+      std::cout << "check: PROBLEMS FOUND\n";
+    }
+    if (corrupt) return kProblems;
     fail(kStoreError, path + ": " + e.what());
   }
   j["problems"] = problems;

@@ -1,9 +1,12 @@
 // Opening an inbox database next to a running consumer (see database.h).
 #include "database.h"
 
+#include "file_access.h"
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <stdexcept>
 
@@ -37,6 +40,20 @@ void require_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);
   if (!S_ISREG(st.st_mode)) fail(kStoreError, "not a regular file: " + path);
+  // SQLite creates -wal and -shm as the user that opens the file, and a consumer running
+  // as the database's owner cannot write them afterwards (README "Files created under
+  // another user"). As root SQLite hands them to the owner itself; anyone else is refused
+  // before a file is created.
+  const uid_t me = ::geteuid();
+  if (me != 0 && me != st.st_uid) {
+    const std::string owner = mi::detail::describe_user(st.st_uid);
+    std::string name = owner;
+    if (name.size() > 2 && name.front() == '\'') name = name.substr(1, name.find('\'', 1) - 1);
+    fail(kRefused, path + " belongs to user " + owner + ", and this tool runs as " +
+                       mi::detail::describe_user(me) + ": it would leave " + path + "-wal and " + path +
+                       "-shm owned by this user, and the consumer could then not write the database. "
+                       "Run it as the owner, e.g. `sudo -u " + name + " mqtt-inbox ...`, or as root.");
+  }
 }
 
 FileFacts read_facts(const std::string& path) {

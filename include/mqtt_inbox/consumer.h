@@ -29,21 +29,13 @@
 #include <string>
 
 #include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
 #include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
-
-// A snapshot of the store's health as seen by this consumer's per-message path.
-struct Health {
-  bool stuck = false;            // a message is waiting for the store right now
-  int64_t stuck_since_ms = 0;    // wall-clock ms when the current wait began (0 if not)
-  int64_t retries = 0;           // store retries since the current wait began
-  int64_t total_store_errors = 0;  // store failures seen since the Consumer was made
-  std::string last_error;        // text of the most recent store failure ("" if none)
-};
 
 // Monotonic counters since the Consumer was created (this process only).
 struct ConsumerCounters {

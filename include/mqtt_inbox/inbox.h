@@ -23,6 +23,7 @@
 
 #include "mqtt_inbox/dead_letter.h"
 #include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
 #include "mqtt_inbox/stats.h"
@@ -30,12 +31,23 @@
 
 namespace mqtt_inbox {
 
+namespace detail {
+struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_impl.h)
+}
+
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
 constexpr int kSchemaVersion = 3;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
+
+// The free space, in bytes, that the file system holding the database must keep so the
+// inbox can always recover from a full disk by itself once the outside cause is gone
+// (README "Disk space"): room for its smallest WAL (32 pages) and for the database growth
+// that checkpointing it needs, twice over, plus the -shm file (32 KiB): 544 KiB with 4 KiB
+// pages. The growth of your own data comes on top. `mqtt-inbox check` warns below it.
+int64_t min_free_bytes(int page_size_bytes);
 
 // What the store knows about (consumer, message id) before a delivery is processed.
 struct MessageState {
@@ -58,12 +70,24 @@ enum class ClaimResult {
 
 class Inbox {
  public:
-  // Opens (creating if needed) the database at `path`, applies schema.sql to a new file,
-  // and sets the pragmas: journal_mode=WAL (refused if the file system cannot do WAL),
-  // synchronous per options, busy_timeout, foreign_keys=ON, cache_size,
-  // journal_size_limit, wal_autocheckpoint. On success *out owns the inbox.
-  // Errors: kInvalidArgument for bad options; kCorruption for a file that is not a
-  // database or has a newer schema; store codes for I/O failures.
+  // Opens (creating if needed) the database at `path`, applies schema.sql to a new file
+  // (and the missing steps to an older one), and sets the pragmas: journal_mode=WAL
+  // (refused if the file system cannot do WAL), synchronous per options, busy_timeout,
+  // foreign_keys=ON, cache_size, journal_size_limit, wal_autocheckpoint. On success
+  // *out owns the inbox.
+  // Start-up: while the store is transiently unavailable (another process holds the
+  // write lock, the disk is full, I/O fails, the file is read-only) it waits and retries
+  // with capped backoff (InboxOptions::startup_*), reporting through
+  // InboxOptions::startup_progress; it returns when the store is ready, so nothing can
+  // connect to the broker before. Before touching SQLite it checks that this process can
+  // write the database, its -wal, -shm and .lock files and their folder.
+  // Errors: kInvalidArgument for bad options; kBusy if another consumer process holds
+  // the database (InboxOptions::exclusive); kPermissionDenied for a file this process
+  // cannot write (the message names it, its owner and the fix: README "Files created
+  // under another user"); kCorruption for a file that is not a database, is corrupt, or
+  // has a newer schema (the file is left untouched: README "Recovering a corrupt
+  // database"); the last transient store error (kBusy, kFull, kIoError, kReadOnly) when
+  // startup_deadline_ms ran out.
   static Status open(const std::string& path, const InboxOptions& options,
                      std::unique_ptr<Inbox>* out);
 
@@ -125,11 +149,27 @@ class Inbox {
   // Rows in inbox_processed for `consumer`.
   Status count_processed(const std::string& consumer, int64_t* rows);
 
-  // Runs `fn` with exclusive use of the connection, outside any transaction. For creating
-  // the application's tables at start-up, and for tools and tests that need plain SQL on
-  // the same connection. The one call that can throw: whatever `fn` throws (SQLiteCpp
-  // exceptions included) propagates to the caller.
+  // The application's start-up SQL (CREATE TABLE IF NOT EXISTS ..., its own migrations,
+  // seed rows): runs `fn` on the inbox's connection inside one BEGIN IMMEDIATE ... COMMIT,
+  // waiting out transient store errors exactly like open() (InboxOptions::startup_*); a
+  // failed attempt is rolled back, so `fn` always starts from the same state. `fn` may
+  // not open or end transactions, nor run PRAGMAs that cannot run inside one
+  // (journal_mode). Never throws: an SQLite error of `fn` comes back classified (kRejected,
+  // kInternal, ...), another exception as kInvalidArgument with its text. Errors: as for
+  // open's start-up (the last transient error after startup_deadline_ms; kCorruption).
+  Status setup(const std::function<void(SQLite::Database&)>& fn);
+
+  // Runs `fn` with exclusive use of the connection, outside any transaction, once. For
+  // tools and tests that need plain SQL on the same connection; start-up SQL belongs in
+  // setup(), which waits for a locked store. The one call that can throw: whatever `fn`
+  // throws (SQLiteCpp exceptions included) propagates to the caller. Once the file was
+  // found corrupt it throws SQLite::Exception (SQLITE_CORRUPT) without running `fn`.
   void with_connection(const std::function<void(SQLite::Database&)>& fn);
+
+  // The inbox's own view of the store (health.h): its start-up and maintenance waits
+  // (setup, Pruner::create, ...) and, for every user of the file, whether the file was
+  // found corrupt (`fatal`, red). Cheap; any thread; never waits for the store.
+  Health health() const;
 
   // --- retention clock and stats ---
 
@@ -152,6 +192,7 @@ class Inbox {
 
  private:
   friend class Pruner;
+  friend struct detail::InboxAccess;
   struct Impl;
   explicit Inbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -5,6 +5,7 @@
 #include "mqtt_inbox/consumer.h"
 #include "mqtt_inbox/dead_letter.h"
 #include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"

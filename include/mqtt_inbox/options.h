@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/message.h"
 
 namespace spdlog {
@@ -52,10 +53,16 @@ struct InboxOptions {
   int cache_size_kib = 2048;
 
   // PRAGMA journal_size_limit in bytes: the WAL file is truncated to this size after a
-  // checkpoint resets it. Default 4 MiB.
+  // checkpoint resets it; at open it is lowered to the WAL size of the adaptive
+  // checkpoint below, if that is smaller. -1 = no limit. Default 4 MiB.
   int64_t journal_size_limit_bytes = 4 * 1024 * 1024;
 
-  // PRAGMA wal_autocheckpoint in pages. Default 1000 (SQLite's default).
+  // The WAL size, in pages, after which a commit checkpoints it (SQLite's
+  // wal_autocheckpoint). An upper bound: the inbox checkpoints as soon as the WAL holds a
+  // quarter of the file system's free space (at least 32 pages), so on a small or nearly
+  // full file system the WAL never takes the last free space, and on SQLITE_FULL it
+  // checkpoints and truncates the WAL at once (README "Disk space"). 0 turns automatic
+  // checkpoints off. Default 1000 (SQLite's default).
   int wal_autocheckpoint_pages = 1000;
 
   // Record topic and payload hash in inbox_processed for debugging. Default true.
@@ -80,6 +87,38 @@ struct InboxOptions {
   // first use with spdlog's default sink setup); the library never writes to spdlog's
   // default logger.
   std::shared_ptr<spdlog::logger> logger;
+
+  // --- Start-up: Inbox::open, Inbox::setup, Pruner::create, StoreThenProcess::create and
+  // StoreThenProcess::start. A store that is transiently unavailable at start-up (locked
+  // by another process such as a backup, the admin tool or a migration; disk full; I/O
+  // failing; read-only) is waited out with the same capped backoff, log rate limit and
+  // Health as the message path (ConsumerOptions::store_*), instead of failing: a device
+  // in the field has nobody to restart it. Whatever is not transient (a corrupt file,
+  // files of another user, bad options) fails at once. Because each of these calls
+  // returns only once the store is ready, an application that starts its Subscriber
+  // after them never connects (and gets redeliveries) before the store can take them.
+
+  // Backoff between start-up attempts: initial, doubled each time, capped. Defaults
+  // 50 ms and 5000 ms. Each attempt itself may wait busy_timeout_ms for a lock.
+  std::chrono::milliseconds startup_backoff_initial{50};
+  std::chrono::milliseconds startup_backoff_max{5000};
+  // Minimum interval between two log lines about the same start-up wait, ms.
+  // Default 10000.
+  int64_t startup_log_interval_ms = 10000;
+  // How long one start-up call may wait in total, ms; 0 = as long as it takes. When it
+  // runs out, the call returns the last transient error (Status::is_transient_store_error
+  // is true, the message says "not ready after N ms at start-up"), for systems that
+  // prefer a supervisor restart; each attempt's busy timeout is cut to what is left, so
+  // the call returns within about this long. Default 0 (wait).
+  int64_t startup_deadline_ms = 0;
+  // Called on the waiting thread after every failed start-up attempt (Health: stuck,
+  // starting, operation, retries, last_error) and once when the store answers again
+  // (stuck false). Inbox::open blocks and there is no object to ask yet, so this is how
+  // a caller, or a systemd watchdog helper, sees "waiting for the store at start-up":
+  // calls come at least every busy_timeout_ms + startup_backoff_max (10 s by default), so
+  // a watchdog ping from here needs WatchdogSec above that. Must not throw or call into
+  // the Inbox. Default empty. After open, Inbox::health() gives the same snapshot.
+  std::function<void(const Health&)> startup_progress;
 
   // Test hook: called just before the claim transaction begins (after the duplicate
   // pre-check), with the consumer name and message id. Lets a test hold two connections

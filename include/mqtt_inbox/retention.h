@@ -112,7 +112,10 @@ class Pruner {
  public:
   // Validates `options` against the horizon (see the header comment) and records the
   // declared horizon in the database (inbox_meta) so tools can check against it.
-  // `inbox` must outlive the Pruner. Errors: kInvalidArgument.
+  // `inbox` must outlive the Pruner. Recording the horizon is a write at start-up: a
+  // store that is locked, full or failing is waited out like in Inbox::open
+  // (InboxOptions::startup_*). Errors: kInvalidArgument; the last transient store error
+  // when startup_deadline_ms ran out; kCorruption for a corrupt file.
   static Status create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out);
   ~Pruner();  // stops the background thread
 

@@ -21,13 +21,21 @@ class [[nodiscard]] Status {
     kOk = 0,
     kInvalidArgument,  // an option or argument is malformed or refused (see message)
     kNotFound,         // the named row does not exist
-    kBusy,             // SQLITE_BUSY/LOCKED: another connection holds the lock
-    kFull,             // SQLITE_FULL: disk or max_page_count reached
-    kIoError,          // SQLITE_IOERR*, SQLITE_CANTOPEN: the file system failed
-    kReadOnly,         // SQLITE_READONLY: the database cannot be written
-    kCorruption,       // SQLITE_CORRUPT/NOTADB, or a schema newer than this library
-    kAborted,          // the operation was stopped on request
+    kBusy,             // SQLITE_BUSY/LOCKED (another connection holds the lock), SCHEMA
+    kFull,             // SQLITE_FULL (disk or max_page_count reached), NOMEM, NOLFS
+    kIoError,          // SQLITE_IOERR*, SQLITE_CANTOPEN*, PROTOCOL: the file system failed
+    kReadOnly,         // SQLITE_READONLY*, PERM: the database cannot be written
+    kCorruption,       // SQLITE_CORRUPT*/NOTADB, or a schema newer than this library: the
+                       // store is unusable (README "Recovering a corrupt database")
+    kAborted,          // the operation was stopped on request (SQLITE_INTERRUPT/ABORT)
     kInternal,         // anything else (a bug, an unexpected SQLite code)
+    kRejected,         // SQLite refused the change of one message: a constraint (CHECK,
+                       // FOREIGN KEY at COMMIT, NOT NULL, UNIQUE, a commit hook's veto),
+                       // TOOBIG, MISMATCH, RANGE. The message's fault, not the store's
+    kPermissionDenied, // a file the inbox must write (the database, its -wal, -shm or
+                       // .lock, or their folder) belongs to another user or cannot be
+                       // written by this process; the message names the file, its owner
+                       // and the fix (README "Files created under another user")
   };
 
   Status() = default;  // OK
@@ -44,11 +52,16 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
 
   // True for failures of the store that may clear by themselves (lock released, space
-  // freed, I/O recovered); the per-message path retries these instead of acking.
+  // freed, I/O recovered); the per-message path retries these instead of acking, and
+  // start-up waits them out. Which SQLite result code gets which Status code is one
+  // table (src/sqlite_errors.cpp), so this and the classification there agree.
   bool is_transient_store_error() const {
     return code_ == Code::kBusy || code_ == Code::kFull || code_ == Code::kIoError ||
            code_ == Code::kReadOnly;
   }
+  // True when the store is unusable (kCorruption): nothing is taken or acknowledged any
+  // more, and the file is not written again.
+  bool is_fatal_store_error() const { return code_ == Code::kCorruption; }
 
   // "OK" or "<code name>: <message>".
   std::string to_string() const;

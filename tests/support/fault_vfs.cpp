@@ -63,6 +63,7 @@ int Fault::default_error(FaultOp op) {
     case FaultOp::kWrite: return SQLITE_IOERR_WRITE;
     case FaultOp::kSync: return SQLITE_IOERR_FSYNC;
     case FaultOp::kTruncate: return SQLITE_IOERR_TRUNCATE;
+    case FaultOp::kRead: return SQLITE_IOERR_READ;
   }
   return SQLITE_IOERR;
 }
@@ -150,9 +151,7 @@ const sqlite3_io_methods& FaultVfs::io_methods() {
   static const sqlite3_io_methods methods = {
       3,
       x_close,
-      [](sqlite3_file* f, void* buf, int n, sqlite3_int64 off) {
-        return real_of(f)->pMethods->xRead(real_of(f), buf, n, off);
-      },
+      x_read,
       x_write,
       x_truncate,
       x_sync,
@@ -263,12 +262,23 @@ int FaultVfs::x_delete(sqlite3_vfs* v, const char* name, int sync_dir) {
   return rc;
 }
 
+int FaultVfs::x_read(sqlite3_file* file, void* buf, int n, sqlite3_int64 off) {
+  auto* f = reinterpret_cast<File*>(file);
+  FaultVfs* self = f->vfs;
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (int rc = self->take_fault(FaultOp::kRead, f->kind)) return rc;
+  }
+  return real_of(file)->pMethods->xRead(real_of(file), buf, n, off);
+}
+
 int FaultVfs::x_write(sqlite3_file* file, const void* buf, int n,
                       sqlite3_int64 off) {
   auto* f = reinterpret_cast<File*>(file);
   FaultVfs* self = f->vfs;
   std::lock_guard<std::mutex> lock(self->mu_);
   if (self->dead_) return SQLITE_OK;
+  if (self->io_hook_) self->io_hook_(FaultOp::kWrite, f->kind);
   if (int rc = self->take_fault(FaultOp::kWrite, f->kind)) return rc;
   int rc = real_of(file)->pMethods->xWrite(real_of(file), buf, n, off);
   if (rc != SQLITE_OK) return rc;
@@ -287,6 +297,7 @@ int FaultVfs::x_truncate(sqlite3_file* file, sqlite3_int64 size) {
   FaultVfs* self = f->vfs;
   std::lock_guard<std::mutex> lock(self->mu_);
   if (self->dead_) return SQLITE_OK;
+  if (self->io_hook_) self->io_hook_(FaultOp::kTruncate, f->kind);
   if (int rc = self->take_fault(FaultOp::kTruncate, f->kind)) return rc;
   int rc = real_of(file)->pMethods->xTruncate(real_of(file), size);
   if (rc != SQLITE_OK) return rc;
@@ -300,6 +311,7 @@ int FaultVfs::x_sync(sqlite3_file* file, int flags) {
   FaultVfs* self = f->vfs;
   std::lock_guard<std::mutex> lock(self->mu_);
   if (self->dead_) return SQLITE_OK;
+  if (self->io_hook_) self->io_hook_(FaultOp::kSync, f->kind);
   if (int rc = self->take_fault(FaultOp::kSync, f->kind)) return rc;
   int rc = real_of(file)->pMethods->xSync(real_of(file), flags);
   if (rc != SQLITE_OK) return rc;  // a failed fsync makes nothing durable
@@ -343,6 +355,11 @@ int FaultVfs::take_fault(FaultOp op, FileKind kind) {
 void FaultVfs::arm(const Fault& fault) {
   std::lock_guard<std::mutex> lock(mu_);
   rules_.push_back(fault);
+}
+
+void FaultVfs::set_io_hook(std::function<void(FaultOp, FileKind)> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  io_hook_ = std::move(hook);
 }
 
 void FaultVfs::disarm() {

@@ -1,5 +1,6 @@
 // Test-only SQLite VFS that wraps the platform default VFS to
-//  - inject I/O failures on purpose (xOpen / xWrite / xSync / xTruncate), and
+//  - inject I/O failures on purpose (xOpen / xRead / xWrite / xSync / xTruncate),
+//  - act at an exact point of SQLite's I/O (set_io_hook), and
 //  - simulate a power loss: bytes written but not yet fsync'ed are discarded.
 //
 // It depends only on the sqlite3 C API so any test can use it:
@@ -47,6 +48,7 @@
 #include <sqlite3.h>
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -59,7 +61,7 @@ namespace mqtt_inbox::test {
 // What a file is, as told by the SQLITE_OPEN_* flags SQLite passes to xOpen.
 enum class FileKind { kMainDb, kWal, kJournal, kOther, kAny };
 
-enum class FaultOp { kOpen, kWrite, kSync, kTruncate };
+enum class FaultOp { kOpen, kWrite, kSync, kTruncate, kRead };
 
 // One armed failure rule. Calls matching (op, kind) first consume `skip`,
 // then the next `count` matching calls fail with `error` (count < 0: forever).
@@ -83,7 +85,7 @@ struct Fault {
                       FileKind kind = FileKind::kAny);
 
   // SQLITE_CANTOPEN / SQLITE_IOERR_WRITE / SQLITE_IOERR_FSYNC /
-  // SQLITE_IOERR_TRUNCATE.
+  // SQLITE_IOERR_TRUNCATE / SQLITE_IOERR_READ.
   static int default_error(FaultOp op);
 };
 
@@ -117,8 +119,15 @@ class FaultVfs {
 
   const std::string& name() const { return name_; }
 
-  // Rules are checked in arming order; the first that fires wins.
+  // Rules are checked in arming order; the first that fires wins. A kRead fault makes
+  // xRead fail with its code (reads are otherwise passed through untouched).
   void arm(const Fault& fault);
+
+  // Called before every write, sync and truncate that reaches the real file, with the
+  // operation and the file's kind: lets a test act at an exact point of SQLite's I/O
+  // (e.g. fill the disk when a checkpoint starts writing the main database file). Runs
+  // with the VFS's lock held: it must not use this VFS. Empty = none.
+  void set_io_hook(std::function<void(FaultOp, FileKind)> hook);
   void disarm();                    // all rules
   std::uint64_t injected() const;   // failures injected so far
 
@@ -154,6 +163,7 @@ class FaultVfs {
   static int x_open(sqlite3_vfs*, const char*, sqlite3_file*, int, int*);
   static int x_delete(sqlite3_vfs*, const char*, int);
   static int x_close(sqlite3_file*);
+  static int x_read(sqlite3_file*, void*, int, sqlite3_int64);
   static int x_write(sqlite3_file*, const void*, int, sqlite3_int64);
   static int x_truncate(sqlite3_file*, sqlite3_int64);
   static int x_sync(sqlite3_file*, int);
@@ -165,6 +175,7 @@ class FaultVfs {
 
   mutable std::mutex mu_;
   std::vector<Fault> rules_;
+  std::function<void(FaultOp, FileKind)> io_hook_;
   std::uint64_t injected_ = 0;
   std::array<IoCounters, 4> counters_{};  // indexed by FileKind minus kAny
   bool dead_ = false;
