@@ -118,6 +118,8 @@ struct StoreThenProcess::Impl {
   Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
                               DeadLetterReason reason, const std::string& text);
   Outcome receive(const Message& m);
+  // A retained message under RetainedPolicy kSkip or kDeadLetter (receipt.cpp).
+  Outcome receive_retained(const Message& m);
 
   // ---------------------------------------------------------------- workers
   // (store_then_process_workers.cpp)

@@ -10,6 +10,8 @@
 // latency between receipt and processing. docs/store-then-process.md has the details.
 //
 // Receipt, in handle(), for one message:
+//  0. a retained message (Message::retain) goes by options.consumer.retained: skipped
+//     (acked, counted; the default), dead-lettered as retained, or stored as below
 //  1. payload over max_payload_bytes                -> dead letter payload_too_large
 //  2. producer id as Consumer extracts it (options.h) -> dead letter missing_id,
 //                                                      invalid_id, undecodable_payload
@@ -201,6 +203,7 @@ struct StoreThenProcessCounters {
   int64_t store_retries = 0;     // receipt store operations retried
   int64_t worker_store_errors = 0;  // worker/reaper SQLite failures (retried)
   std::string last_worker_error;    // text of the latest of those ("" if none)
+  int64_t retained_skipped = 0;  // retained messages acked unstored (RetainedPolicy::kSkip)
 };
 
 // Row counts by status for this consumer (inspection, tests, the admin tool).
@@ -222,6 +225,7 @@ class StoreThenProcess final : public MessageSink {
   ~StoreThenProcess() override;
 
   const std::string& name() const override;
+  Inbox* inbox() const override;  // the Inbox given to create()
 
   // Receipt; see the header comment. Never throws. Returns only once the message has a
   // durable outcome, blocking (with capped backoff) while the store fails. Safe to call
