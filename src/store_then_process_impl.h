@@ -178,6 +178,10 @@ struct StoreThenProcess::Impl {
   void maintenance_loop();
   Status reap_now(int64_t* reaped);
   Status prune_now(StoredPruneResult* out);
+  // Refuses (kInvalidArgument) a dedup_retention_ms below the longest session expiry
+  // recorded in the Inbox, unless overridden (maintenance.cpp). Under maint_mu.
+  Status check_dedup_window();
+  int64_t dedup_override_warned_ms = -1;  // the requirement last warned about
 };
 
 }  // namespace mqtt_inbox

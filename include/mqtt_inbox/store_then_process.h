@@ -143,8 +143,14 @@ struct StoreThenProcessOptions {
   int64_t compact_after_ms = 3600LL * 1000;
   // dedup_retention_ms: 'done' and 'dead' rows are deleted this long after received_at;
   // until then a redelivery of the id is dropped. Size it like the inbox's dedup window:
-  // the broker's session expiry plus the longest offline period. Default 7 days.
+  // the broker's session expiry plus the longest offline period. prune() refuses to
+  // delete (kInvalidArgument, an error logged; compaction still runs) while it is
+  // shorter than the longest session expiry the subscriber recorded in the Inbox
+  // (session_record.h), as the Pruner does. Default 7 days.
   int64_t dedup_retention_ms = 7LL * 24 * 3600 * 1000;
+  // Delete after dedup_retention_ms even when a recorded session outlasts it (a warning
+  // is logged once per requirement). Default false.
+  bool allow_dedup_retention_below_session = false;
   // How often the pool runs prune(), ms. Default 600000 (10 min); 0 = never (call it
   // yourself, or let the general pruner do it).
   int64_t prune_interval_ms = 600000;
@@ -201,7 +207,8 @@ struct StoreThenProcessCounters {
   int64_t claims_lost = 0;       // rows a worker dropped because its claim was reaped
   int64_t reaped = 0;            // expired claims returned to pending by the reaper
   int64_t store_retries = 0;     // receipt store operations retried
-  int64_t worker_store_errors = 0;  // worker/reaper SQLite failures (retried)
+  int64_t worker_store_errors = 0;  // worker/reaper/pruner SQLite failures (retried) and
+                                    // refused periodic prunes (see prune())
   std::string last_worker_error;    // text of the latest of those ("" if none)
   int64_t retained_skipped = 0;  // retained messages acked unstored (RetainedPolicy::kSkip)
 };
@@ -262,7 +269,11 @@ class StoreThenProcess final : public MessageSink {
   // Retention: compacts 'done' rows older than compact_after_ms (by done_at) and deletes
   // 'done'/'dead' rows older than dedup_retention_ms (by received_at), in short
   // transactions of at most 500 rows. Runs periodically while started (prune_interval_ms);
-  // callable at any time.
+  // callable at any time. Errors: kInvalidArgument when dedup_retention_ms is shorter than
+  // the longest session expiry recorded in the Inbox (Inbox::record_session) and
+  // allow_dedup_retention_below_session is not set: compaction has run, no row is deleted,
+  // an error is logged (the periodic run also counts it in worker_store_errors); store
+  // codes otherwise.
   Status prune(StoredPruneResult* result);
 
   // Row counts by status for this consumer.
