@@ -114,6 +114,18 @@ struct Consumer::Impl {
   // A retained message under RetainedPolicy kSkip or kDeadLetter (defined below).
   Outcome retained(const Message& m);
 
+  // A redelivery of an id that is already a dead letter: counted on that row, not run.
+  Outcome already_dead_lettered(const std::string& id) {
+    int64_t row = 0;
+    DeadLetter bump;
+    bump.consumer_name = name;
+    bump.message_id = id;
+    until_stored("counting a redelivery",
+                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
+    count(&ConsumerCounters::already_dead_lettered);
+    return Outcome::kAlreadyDeadLettered;
+  }
+
   Outcome run(const Message& m, std::optional<int64_t> replay_of) {
     if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess)
       return retained(m);
@@ -145,16 +157,7 @@ struct Consumer::Impl {
       MessageState st;
       until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
       if (st.processed) return duplicate();
-      if (st.dead_letter_id && !replay_of) {
-        int64_t row = 0;
-        DeadLetter bump;
-        bump.consumer_name = name;
-        bump.message_id = id;
-        until_stored("counting a redelivery",
-                     [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
-        count(&ConsumerCounters::already_dead_lettered);
-        return Outcome::kAlreadyDeadLettered;
-      }
+      if (st.dead_letter_id && !replay_of) return already_dead_lettered(id);
       if (st.attempts >= options.max_attempts) {
         // Attempts were used up without a recorded outcome. A 'running' last attempt
         // means the process died inside the handler: do not run it again.
@@ -324,16 +327,7 @@ Outcome Consumer::Impl::retained(const Message& m) {
   MessageState st;
   until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
   if (st.processed) return duplicate();
-  if (st.dead_letter_id) {
-    int64_t row = 0;
-    DeadLetter bump;
-    bump.consumer_name = name;
-    bump.message_id = id;
-    until_stored("counting a redelivery",
-                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
-    count(&ConsumerCounters::already_dead_lettered);
-    return Outcome::kAlreadyDeadLettered;
-  }
+  if (st.dead_letter_id) return already_dead_lettered(id);
   return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0,
                      0, std::nullopt);
 }
