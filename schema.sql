@@ -134,3 +134,69 @@ CREATE INDEX IF NOT EXISTS inbox_dead_letters_retention
     ON inbox_dead_letters (retention_at);
 
 PRAGMA user_version = 3;
+
+-- @version 4
+-- The persistent sessions of this device as the MQTT subscriber records them
+-- (Inbox::record_session, include/mqtt_inbox/session_record.h): per client id, the topic
+-- filters the broker's session holds for it and how long the broker keeps that session
+-- after a disconnect. The subscriber UNSUBSCRIBEs recorded filters that are no longer
+-- configured, and the Pruner refuses a retention window shorter than the longest recorded
+-- session expiry plus its margin: an id must outlive every redelivery of its message.
+CREATE TABLE IF NOT EXISTS inbox_sessions (
+    client_id          TEXT    PRIMARY KEY,
+    session_expiry_ms  INTEGER NOT NULL CHECK (session_expiry_ms >= 0),
+    expiry_source      TEXT    NOT NULL
+                           CHECK (expiry_source IN ('requested', 'granted', 'declared')),
+    updated_at         INTEGER NOT NULL   -- wall clock, ms
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_session_filters (
+    client_id     TEXT NOT NULL REFERENCES inbox_sessions (client_id) ON DELETE CASCADE,
+    topic_filter  TEXT NOT NULL,
+    PRIMARY KEY (client_id, topic_filter)
+) WITHOUT ROWID;
+
+PRAGMA user_version = 4;
+
+-- @version 5
+-- A dead-letter reason for retained messages ('retained', ConsumerOptions::retained).
+-- SQLite cannot change a CHECK constraint in place, so the table is rebuilt as
+-- https://sqlite.org/lang_altertable.html#otheralter describes: same columns in the same
+-- order, same rows and ids, same indexes. No other table, view or trigger refers to it.
+CREATE TABLE inbox_dead_letters_v5 (
+    id                INTEGER PRIMARY KEY,
+    consumer_name     TEXT    NOT NULL,
+    message_id        TEXT,              -- NULL when the message had no usable id
+    topic             TEXT    NOT NULL,
+    payload           BLOB    NOT NULL,
+    payload_size      INTEGER NOT NULL,  -- bytes received; > length(payload) if cut
+    properties        TEXT,              -- MQTT 5 properties as a JSON object
+    qos               INTEGER NOT NULL,
+    reason            TEXT    NOT NULL CHECK (reason IN (
+                          'missing_id', 'invalid_id', 'payload_too_large',
+                          'undecodable_payload', 'handler_failed', 'handler_crashed',
+                          'retained')),
+    reason_text       TEXT    NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER NOT NULL,
+    last_attempt_at   INTEGER NOT NULL,
+    dead_lettered_at  INTEGER NOT NULL,
+    redeliveries      INTEGER NOT NULL DEFAULT 0,  -- deliveries seen after dead-lettering
+    status            TEXT    NOT NULL DEFAULT 'dead' CHECK (status IN ('dead', 'replayed')),
+    replayed_at       INTEGER,
+    retention_at      INTEGER            -- retention clock, ms
+);
+INSERT INTO inbox_dead_letters_v5
+    SELECT id, consumer_name, message_id, topic, payload, payload_size, properties, qos,
+           reason, reason_text, attempts, first_attempt_at, last_attempt_at,
+           dead_lettered_at, redeliveries, status, replayed_at, retention_at
+      FROM inbox_dead_letters;
+DROP TABLE inbox_dead_letters;
+ALTER TABLE inbox_dead_letters_v5 RENAME TO inbox_dead_letters;
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_by_id
+    ON inbox_dead_letters (consumer_name, message_id);
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_by_time
+    ON inbox_dead_letters (dead_lettered_at);
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_retention
+    ON inbox_dead_letters (retention_at);
+
+PRAGMA user_version = 5;

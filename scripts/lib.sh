@@ -8,6 +8,7 @@ MQTT_INBOX_PACKAGES=(
   googletest libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   mosquitto mosquitto-clients
+  rabbitmq-server
 )
 
 as_root() {

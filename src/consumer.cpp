@@ -10,6 +10,7 @@
 #include "log.h"
 #include "message_id.h"
 #include "properties_json.h"
+#include "retained.h"
 #include "store_retry.h"
 #include "mqtt_inbox/clock.h"
 #include "text.h"
@@ -22,6 +23,7 @@ const char* to_string(Outcome outcome) {
     case Outcome::kDuplicate: return "duplicate";
     case Outcome::kDeadLettered: return "dead_lettered";
     case Outcome::kAlreadyDeadLettered: return "already_dead_lettered";
+    case Outcome::kSkipped: return "skipped";
   }
   return "unknown";
 }
@@ -34,6 +36,7 @@ const char* to_string(DeadLetterReason reason) {
     case DeadLetterReason::kUndecodablePayload: return "undecodable_payload";
     case DeadLetterReason::kHandlerFailed: return "handler_failed";
     case DeadLetterReason::kHandlerCrashed: return "handler_crashed";
+    case DeadLetterReason::kRetained: return "retained";
   }
   return "unknown";
 }
@@ -41,7 +44,8 @@ const char* to_string(DeadLetterReason reason) {
 bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
   for (auto r : {DeadLetterReason::kMissingId, DeadLetterReason::kInvalidId,
                  DeadLetterReason::kPayloadTooLarge, DeadLetterReason::kUndecodablePayload,
-                 DeadLetterReason::kHandlerFailed, DeadLetterReason::kHandlerCrashed}) {
+                 DeadLetterReason::kHandlerFailed, DeadLetterReason::kHandlerCrashed,
+                 DeadLetterReason::kRetained}) {
     if (text == to_string(r)) {
       *out = r;
       return true;
@@ -107,7 +111,24 @@ struct Consumer::Impl {
     retry->until_stored(what, std::forward<Op>(op));
   }
 
+  // A retained message under RetainedPolicy kSkip or kDeadLetter (defined below).
+  Outcome retained(const Message& m);
+
+  // A redelivery of an id that is already a dead letter: counted on that row, not run.
+  Outcome already_dead_lettered(const std::string& id) {
+    int64_t row = 0;
+    DeadLetter bump;
+    bump.consumer_name = name;
+    bump.message_id = id;
+    until_stored("counting a redelivery",
+                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
+    count(&ConsumerCounters::already_dead_lettered);
+    return Outcome::kAlreadyDeadLettered;
+  }
+
   Outcome run(const Message& m, std::optional<int64_t> replay_of) {
+    if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess)
+      return retained(m);
     if (m.payload.size() > options.max_payload_bytes) {
       // Only the user property is consulted: parsing an oversized payload is what the
       // limit exists to avoid. With an id, a redelivery finds this dead letter again.
@@ -136,16 +157,7 @@ struct Consumer::Impl {
       MessageState st;
       until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
       if (st.processed) return duplicate();
-      if (st.dead_letter_id && !replay_of) {
-        int64_t row = 0;
-        DeadLetter bump;
-        bump.consumer_name = name;
-        bump.message_id = id;
-        until_stored("counting a redelivery",
-                     [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
-        count(&ConsumerCounters::already_dead_lettered);
-        return Outcome::kAlreadyDeadLettered;
-      }
+      if (st.dead_letter_id && !replay_of) return already_dead_lettered(id);
       if (st.attempts >= options.max_attempts) {
         // Attempts were used up without a recorded outcome. A 'running' last attempt
         // means the process died inside the handler: do not run it again.
@@ -298,5 +310,40 @@ ConsumerCounters Consumer::counters() const {
   c.store_retries = impl_->retry->store_retries();
   return c;
 }
+
+const char* to_string(RetainedPolicy policy) {
+  switch (policy) {
+    case RetainedPolicy::kSkip: return "skip";
+    case RetainedPolicy::kDeadLetter: return "dead_letter";
+    case RetainedPolicy::kProcess: return "process";
+  }
+  return "unknown";
+}
+
+Outcome Consumer::Impl::retained(const Message& m) {
+  if (options.retained == RetainedPolicy::kSkip) {
+    count(&ConsumerCounters::retained_skipped);
+    log->info("consumer '{}': {}", name, detail::retained_skip_text(m.topic));
+    return Outcome::kSkipped;
+  }
+  // kDeadLetter: under its id when it has a usable one, so that the copy the broker sends
+  // at the next SUBSCRIBE is recognised (a duplicate, or the same dead letter again). The
+  // payload of an oversized message is not parsed for it.
+  std::string id;
+  DeadLetterReason ignored;
+  std::string why;
+  if (m.payload.size() > options.max_payload_bytes ||  // not parsed for an id: see run()
+      !detail::extract_message_id(m, options.message_id, &id, &ignored, &why))
+    return dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
+                       detail::retained_dead_letter_text(), 0, 0, std::nullopt);
+  MessageState st;
+  until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
+  if (st.processed) return duplicate();
+  if (st.dead_letter_id) return already_dead_lettered(id);
+  return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0,
+                     0, std::nullopt);
+}
+
+Inbox* Consumer::inbox() const { return impl_->inbox; }
 
 }  // namespace mqtt_inbox

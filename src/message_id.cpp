@@ -83,6 +83,25 @@ class TopLevelField final : public nlohmann::json_sax<nlohmann::json> {
   bool expecting_value_ = false;
 };
 
+// What the JSON source says: the payload parsed or not, and the top-level field.
+struct JsonFieldId {
+  bool parsed = false;
+  TopLevelField::Found found = TopLevelField::Found::kNo;
+  std::string value;  // the string (kString) or its type ("a number", kOtherType)
+  std::string error;  // why it did not parse
+};
+
+JsonFieldId read_json_field(const std::string& payload, const std::string& field) {
+  TopLevelField sax(field);
+  JsonFieldId out;
+  out.parsed = nlohmann::json::sax_parse(payload, &sax, nlohmann::json::input_format_t::json,
+                                         /*strict=*/true, /*ignore_comments=*/false);
+  out.found = sax.found;
+  out.value = std::move(sax.value);
+  out.error = std::move(sax.error);
+  return out;
+}
+
 bool fail(DeadLetterReason r, std::string text, DeadLetterReason* reason, std::string* why) {
   *reason = r;
   *why = std::move(text);
@@ -96,6 +115,31 @@ bool accept(const std::string& candidate, const char* source, const MessageIdOpt
     return fail(DeadLetterReason::kInvalidId, std::string(source) + ": " + bad, reason, why);
   *id = candidate;
   return true;
+}
+
+// With both sources present, the message carries two ids unless they are equal: a hop
+// that strips MQTT 5 properties (a 3.1.1 bridge) makes the consumer behind it see the
+// JSON id, and the same message is then applied once under each id. Returns true when
+// the JSON source is absent (no JSON, no such field) or holds the same string.
+bool agrees_with_json_field(const Message& message, const MessageIdOptions& options,
+                            const std::string& property_id, DeadLetterReason* reason,
+                            std::string* why) {
+  const JsonFieldId json = read_json_field(message.payload, options.json_field);
+  if (!json.parsed || json.found == TopLevelField::Found::kNo) return true;
+  if (json.found == TopLevelField::Found::kString && json.value == property_id) return true;
+  std::string other;
+  switch (json.found) {
+    case TopLevelField::Found::kString: other = "'" + printable(json.value) + "'"; break;
+    case TopLevelField::Found::kTwice: other = "present more than once"; break;
+    default: other = json.value + ", not a string"; break;
+  }
+  return fail(DeadLetterReason::kInvalidId,
+              "message ids disagree: user property '" + options.user_property + "' is '" +
+                  printable(property_id) + "' but JSON field '" + options.json_field + "' is " +
+                  other +
+                  "; a hop that drops MQTT 5 properties would see the other id and apply the "
+                  "message twice (MessageIdOptions::on_disagreement)",
+              reason, why);
 }
 
 }  // namespace
@@ -132,26 +176,29 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
                   "user property '" + options.user_property + "' appears " +
                       std::to_string(present) + " times",
                   reason, why);
-    if (const std::string* v = message.user_property(options.user_property))
-      return accept(*v, ("user property '" + options.user_property + "'").c_str(), options, id,
-                    reason, why);
+    if (const std::string* v = message.user_property(options.user_property)) {
+      if (!accept(*v, ("user property '" + options.user_property + "'").c_str(), options, id,
+                  reason, why))
+        return false;
+      if (options.json_field.empty() ||
+          options.on_disagreement == IdDisagreement::kUserPropertyWins)
+        return true;
+      return agrees_with_json_field(message, options, *v, reason, why);
+    }
   }
 
   // 2. Top-level field of a JSON object payload.
   std::string json_problem;
   if (!options.json_field.empty()) {
-    TopLevelField sax(options.json_field);
-    const bool parsed = nlohmann::json::sax_parse(message.payload, &sax,
-                                                  nlohmann::json::input_format_t::json,
-                                                  /*strict=*/true, /*ignore_comments=*/false);
+    const JsonFieldId json = read_json_field(message.payload, options.json_field);
     const std::string field = "JSON field '" + options.json_field + "'";
-    if (!parsed) {
-      json_problem = "payload is not valid JSON " + sax.error;
-    } else if (sax.found == TopLevelField::Found::kString) {
-      return accept(sax.value, field.c_str(), options, id, reason, why);
-    } else if (sax.found == TopLevelField::Found::kTwice) {
+    if (!json.parsed) {
+      json_problem = "payload is not valid JSON " + json.error;
+    } else if (json.found == TopLevelField::Found::kString) {
+      return accept(json.value, field.c_str(), options, id, reason, why);
+    } else if (json.found == TopLevelField::Found::kTwice) {
       return fail(DeadLetterReason::kInvalidId, field + " appears more than once", reason, why);
-    } else if (sax.found == TopLevelField::Found::kOtherType) {
+    } else if (json.found == TopLevelField::Found::kOtherType) {
       return fail(DeadLetterReason::kInvalidId, field + " is not a string", reason, why);
     }
   }

@@ -46,6 +46,11 @@ struct Pruner::Impl {
   // for it: in WAL mode readers and checkpoints run alongside the writer
   // (https://sqlite.org/wal.html#concurrency). Null if it could not be opened.
   std::unique_ptr<SQLite::Database> side_db;
+  // The requirement from the recorded sessions last warned about under the override.
+  int64_t session_override_warned_ms = -1;
+  // Refuses (kInvalidArgument) a window below the recorded session expiries, unless
+  // overridden; defined with required_window_ms(Inbox*, ...) below.
+  Status check_recorded_sessions(bool at_create);
 
   // Copies the WAL back into the database on the second connection (PASSIVE: never
   // waits for a lock, does what it can). Each delete batch dirties pages all over the
@@ -226,6 +231,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
                            "allow_window_below_horizon is set.",
                            what);
   }
+  if (Status s = impl->check_recorded_sessions(true); !s.ok()) return s;
   // Record the declared horizon so the admin tool can refuse shorter manual prunes. At
   // start-up, so a locked or full store is waited out (InboxOptions::startup_*).
   Inbox::Impl& store = *impl->store;
@@ -271,6 +277,7 @@ Status Pruner::prune_once(PruneResult* result) {
   std::lock_guard<std::mutex> pass(m.pass_mu);
   *result = PruneResult{};
   if (m.store->fatal.load()) return m.store->fatal_status();  // never touch a corrupt file
+  if (Status s = m.check_recorded_sessions(false); !s.ok()) return s;
   PruneResult r;
   const int64_t start = m.store->clock->steady_ms();
   const int64_t deadline = start + m.options.pass_budget.count();
@@ -346,6 +353,56 @@ void Pruner::stop() {
     m.cv.notify_all();
   }
   if (m.thread.joinable()) m.thread.join();
+}
+
+Status Pruner::required_window_ms(Inbox* inbox, const RetentionOptions& o, int64_t* out,
+                                  std::string* why) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  int64_t required = required_window_ms(o);
+  std::string source = "the declared horizon (max(broker_session_expiry, max_offline) + "
+                       "replay_window + margin)";
+  std::vector<SessionRecord> sessions;
+  if (Status s = inbox->list_sessions(&sessions); !s.ok()) return s;
+  for (const SessionRecord& r : sessions) {
+    const int64_t need = std::max(r.session_expiry_ms, o.max_offline.count()) +
+                         o.replay_window.count() + o.margin.count();
+    if (need > required) {
+      required = need;
+      source = "the session of client '" + detail::printable(r.client_id) + "' (expiry " +
+               format_ms(r.session_expiry_ms) + ", " + to_string(r.expiry_source) +
+               ", recorded by its subscriber) + replay window + margin";
+    }
+  }
+  *out = required;
+  if (why) *why = source;
+  return Status::Ok();
+}
+
+Status Pruner::Impl::check_recorded_sessions(bool at_create) {
+  int64_t required = 0;
+  std::string source;
+  if (Status s = Pruner::required_window_ms(inbox, options, &required, &source); !s.ok())
+    return s;
+  // The declared horizon alone is checked once, by create(); this is about the records.
+  if (options.window.count() >= required || required == Pruner::required_window_ms(options))
+    return Status::Ok();
+  const std::string what =
+      "retention window " + format_ms(options.window.count()) + " is shorter than " +
+      format_ms(required) + ", required by " + source +
+      ": the broker can redeliver a message until the session expires, and a redelivery "
+      "after its id was pruned would be processed again. Raise RetentionOptions::window, "
+      "lower SubscriberOptions::session_expiry_s, or, for a client id retired for good, "
+      "Inbox::forget_session";
+  if (!options.allow_window_below_horizon) {
+    if (!at_create) store->log->error("RETENTION REFUSED, nothing deleted: {}", what);
+    return Status::InvalidArgument(what);
+  }
+  if (session_override_warned_ms != required) {
+    session_override_warned_ms = required;
+    store->log->warn("RETENTION OVERRIDE: {}. Accepted because allow_window_below_horizon is set.",
+                     what);
+  }
+  return Status::Ok();
 }
 
 }  // namespace mqtt_inbox

@@ -208,4 +208,6 @@ StoreThenProcessCounters StoreThenProcess::counters() const {
   return c;
 }
 
+Inbox* StoreThenProcess::inbox() const { return impl_->inbox; }
+
 }  // namespace mqtt_inbox

@@ -127,6 +127,8 @@ struct StoreThenProcess::Impl {
   Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
                               DeadLetterReason reason, const std::string& text);
   Outcome receive(const Message& m);
+  // A retained message under RetainedPolicy kSkip or kDeadLetter (receipt.cpp).
+  Outcome receive_retained(const Message& m);
 
   // ---------------------------------------------------------------- workers
   // (store_then_process_workers.cpp)
@@ -185,6 +187,10 @@ struct StoreThenProcess::Impl {
   void maintenance_loop();
   Status reap_now(int64_t* reaped);
   Status prune_now(StoredPruneResult* out);
+  // Refuses (kInvalidArgument) a dedup_retention_ms below the longest session expiry
+  // recorded in the Inbox, unless overridden (maintenance.cpp). Under maint_mu.
+  Status check_dedup_window();
+  int64_t dedup_override_warned_ms = -1;  // the requirement last warned about
 };
 
 }  // namespace mqtt_inbox

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "log.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -119,6 +120,7 @@ Status StoreThenProcess::Impl::prune_now(StoredPruneResult* out) {
     out->compacted += changed;
     if (changed < kChunk) break;
   }
+  if (Status refused = check_dedup_window(); !refused.ok()) return refused;
   for (;;) {
     int changed = 0;
     const Status s = transaction(db, "deleting old rows", [&] {
@@ -232,6 +234,36 @@ Status StoreThenProcess::stats(StoreThenProcessStats* out) {
     }
   } catch (const SQLite::Exception& e) {
     return detail::to_status(e, "counting stored messages");
+  }
+  return Status::Ok();
+}
+
+// The done rows are what recognises a redelivery: the same rule as the Pruner's
+// (retention.h), without its margin so that the defaults (7 days each) agree.
+Status StoreThenProcess::Impl::check_dedup_window() {
+  std::vector<SessionRecord> sessions;
+  if (Status s = inbox->list_sessions(&sessions); !s.ok()) return s;
+  const SessionRecord* longest = nullptr;
+  for (const SessionRecord& r : sessions)
+    if (!longest || r.session_expiry_ms > longest->session_expiry_ms) longest = &r;
+  if (!longest || options.dedup_retention_ms >= longest->session_expiry_ms) return Status::Ok();
+  const std::string what =
+      "store-then-process '" + name + "': dedup_retention_ms " +
+      std::to_string(options.dedup_retention_ms) + " is shorter than the session expiry of "
+      "client '" + detail::printable(longest->client_id) + "' (" +
+      std::to_string(longest->session_expiry_ms) + " ms, " + to_string(longest->expiry_source) +
+      "): a redelivery after its row was deleted would be processed again. Raise "
+      "dedup_retention_ms, lower SubscriberOptions::session_expiry_s, or, for a client id "
+      "retired for good, Inbox::forget_session";
+  if (!options.allow_dedup_retention_below_session) {
+    log->error("RETENTION REFUSED, no stored row deleted: {}", what);
+    return Status::InvalidArgument(what);
+  }
+  if (dedup_override_warned_ms != longest->session_expiry_ms) {
+    dedup_override_warned_ms = longest->session_expiry_ms;
+    log->warn("RETENTION OVERRIDE: {}. Accepted because allow_dedup_retention_below_session "
+              "is set.",
+              what);
   }
   return Status::Ok();
 }

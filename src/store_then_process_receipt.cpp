@@ -10,6 +10,7 @@
 #include "log.h"
 #include "message_id.h"
 #include "properties_json.h"
+#include "retained.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -101,6 +102,7 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
 
 Outcome StoreThenProcess::Impl::receive(const Message& m) {
   const ConsumerOptions& o = options.consumer;
+  if (m.retain && o.retained != RetainedPolicy::kProcess) return receive_retained(m);
   if (m.payload.size() > o.max_payload_bytes) {
     // As Consumer: only the user property is consulted for an oversized payload.
     std::optional<std::string> id;
@@ -174,6 +176,32 @@ Outcome StoreThenProcess::handle(const Message& message) {
     impl_->log->debug("store-then-process '{}': message on '{}': {}", impl_->name,
                       detail::printable(message.topic), to_string(o));
   return o;
+}
+
+Outcome StoreThenProcess::Impl::receive_retained(const Message& m) {
+  const ConsumerOptions& o = options.consumer;
+  if (o.retained == RetainedPolicy::kSkip) {
+    count(&StoreThenProcessCounters::retained_skipped);
+    log->info("store-then-process '{}': {}", name, detail::retained_skip_text(m.topic));
+    return Outcome::kSkipped;
+  }
+  // kDeadLetter, under its id when it has one (a repeat bumps the same row); the payload
+  // of an oversized message is not parsed for it.
+  std::string id;
+  DeadLetterReason ignored;
+  std::string why;
+  if (m.payload.size() > o.max_payload_bytes ||
+      !detail::extract_message_id(m, o.message_id, &id, &ignored, &why))
+    return receipt_dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
+                               detail::retained_dead_letter_text());
+  bool found = false;
+  until_stored("looking up a message", [&] { return stored_already(id, &found); });
+  if (found) {
+    count(&StoreThenProcessCounters::duplicates);
+    return Outcome::kDuplicate;
+  }
+  return receipt_dead_letter(m, id, DeadLetterReason::kRetained,
+                             detail::retained_dead_letter_text());
 }
 
 }  // namespace mqtt_inbox

@@ -27,6 +27,8 @@
 #include "subscriber_health.h"
 #include "subscriber_probe.h"
 #include "subscriber_tls.h"
+#include "mqtt_inbox/inbox.h"
+#include "subscriber_session.h"
 
 namespace mqtt_inbox {
 
@@ -66,6 +68,7 @@ Message to_message(const mqtt::message& pm) {
   m.payload = pm.get_payload();
   m.qos = pm.get_qos();
   m.dup = pm.is_duplicate();
+  m.retain = pm.is_retained();
   const mqtt::properties& props = pm.get_properties();
   if (props.size() == 0) return m;
   const size_t n = props.count(mqtt::property::USER_PROPERTY);
@@ -110,6 +113,8 @@ struct Subscriber::Impl {
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
+  // The session's record in the sinks' Inboxes; made by start(), used by connect_once().
+  std::unique_ptr<detail::SessionKeeper> session;
 
   // health() and the reports of failed attempts (subscriber_health.h).
   std::unique_ptr<detail::ConnectionHealth> conn;
@@ -223,11 +228,83 @@ struct Subscriber::Impl {
     return true;
   }
 
+  // The Session Expiry Interval of an MQTT 5 CONNACK, in ms: present only when the broker
+  // uses another value than the one asked for (MQTT 5.0 section 3.2.2.3.2).
+  bool granted_session_expiry(const mqtt::connect_response& r, int64_t* ms) const {
+    if (options.mqtt_version != MqttVersion::kV5 ||
+        !r.get_properties().contains(mqtt::property::SESSION_EXPIRY_INTERVAL))
+      return false;
+    *ms = 1000LL * mqtt::get<uint32_t>(r.get_properties(), mqtt::property::SESSION_EXPIRY_INTERVAL);
+    return true;
+  }
+
+  // After CONNACK: UNSUBSCRIBEs what the session holds beyond the configured filters, and
+  // SUBSCRIBEs the configured ones unless the session already holds exactly them (MQTT
+  // 3.1.1: each SUBSCRIBE would resend the retained messages, section 3.3.1.3). MQTT 5
+  // SUBSCRIBEs every time, with Retain Handling 1 ("send retained messages only for a new
+  // subscription", MQTT 5.0 section 3.8.3.1): a SUBSCRIBE for an existing filter replaces
+  // it and keeps its queue (MQTT 3.1.1 section 3.8.4). false: a SUBSCRIBE failed.
+  bool subscribe_to_configuration() {
+    const bool v5 = options.mqtt_version == MqttVersion::kV5;
+    const detail::SessionKeeper::Plan plan = session->plan(v5);
+    for (const std::string& stale : plan.unsubscribe) {
+      mqtt::token_ptr ut = client->unsubscribe(stale);
+      if (!ut->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
+        log->warn("unsubscribe from stale topic filter '{}' timed out; trying again at the "
+                  "next connection", detail::printable(stale));
+        continue;
+      }
+      // MQTT 5 UNSUBACK: 0x00 success, 0x11 no subscription existed; >= 0x80 a refusal.
+      const auto codes = v5 ? ut->get_unsubscribe_response().get_reason_codes()
+                            : std::vector<mqtt::ReasonCode>{};
+      if (!codes.empty() && codes.front() >= 0x80) {
+        log->warn("broker refused to unsubscribe stale topic filter '{}' (reason code {}); "
+                  "trying again at the next connection",
+                  detail::printable(stale), static_cast<int>(codes.front()));
+        continue;
+      }
+      session->unsubscribed(stale);
+      log->warn("unsubscribed topic filter '{}': the persistent session of client '{}' still "
+                "held it, but it is no longer configured",
+                detail::printable(stale), detail::printable(options.client_id));
+    }
+    if (!plan.subscribe) {
+      log->info("session of client '{}' holds the configured topic filters: not subscribing "
+                "again (a SUBSCRIBE would resend retained messages)",
+                detail::printable(options.client_id));
+      return true;
+    }
+    const mqtt::subscribe_options sub_opts =
+        v5 ? mqtt::subscribe_options(false, false, mqtt::subscribe_options::SEND_RETAINED_ON_NEW)
+           : mqtt::subscribe_options();
+    for (const auto& r : routes) {
+      mqtt::token_ptr st = client->subscribe(r.first, 1, sub_opts);
+      if (!st->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
+        log->warn("subscribe to '{}' timed out", r.first);
+        return false;
+      }
+      const auto codes = st->get_subscribe_response().get_reason_codes();
+      // The granted QoS (or a failure code >= 0x80). QoS 0 means no redelivery: as
+      // bad as a refusal for an inbox (e.g. a broker max_qos or an ACL).
+      if (!codes.empty() && (codes.front() >= 0x80 || codes.front() < 1)) {
+        log->error("broker did not grant QoS 1 for subscription '{}' (reason code {}); "
+                   "without QoS 1 nothing is redelivered",
+                   r.first, static_cast<int>(codes.front()));
+        if (codes.front() < 0x80) session->subscribed(r.first);  // held, at QoS 0
+        return false;
+      }
+      session->subscribed(r.first);
+    }
+    return true;
+  }
+
   struct ConnectOutcome {
     bool connected = false;
     bool session_present = false;
     int rc = 0;           // Paho's code: < 0 an error of its own, > 0 a CONNACK refusal
     std::string message;  // Paho's text for rc
+    bool expiry_granted = false;  // the CONNACK carried a Session Expiry Interval
+    int64_t granted_expiry_ms = 0;
   };
 
   // Waits until Paho has ended the connection attempt `tok`, successful or not. It does
@@ -239,6 +316,7 @@ struct Subscriber::Impl {
         if (tok->wait_for(std::chrono::milliseconds(options.connect_timeout_ms + 1000))) {
           o.connected = true;
           o.session_present = tok->get_connect_response().is_session_present();
+          o.expiry_granted = granted_session_expiry(tok->get_connect_response(), &o.granted_expiry_ms);
           return o;
         }
       } catch (const mqtt::exception& e) {
@@ -252,10 +330,19 @@ struct Subscriber::Impl {
     }
   }
 
-  // One connection attempt: CONNECT, then SUBSCRIBE if the broker has no session for us.
+  // One connection attempt: record the session expiry, CONNECT, then bring the session's
+  // subscriptions to the configured filters (subscribe_to_configuration()).
   bool connect_once() {
     try {
       if (!prepare_attempt()) return false;
+      if (const Status s = session->before_connect(); !s.ok()) {
+        conn->fail(SubscriberHealth::Failure::kOther,
+                   "not connecting: cannot record the session of client '" +
+                       detail::printable(options.client_id) + "' in the inbox (" + s.to_string() +
+                       "); a session the Pruner does not know about could outlive the "
+                       "retention window");
+        return false;
+      }
       ConnectOutcome outcome;
       try {
         // Paho C++ 1.2.0 bug #325 (fixed in 1.3.0 by caching the options in the client):
@@ -276,6 +363,8 @@ struct Subscriber::Impl {
         return false;
       }
       const bool session_present = outcome.session_present;
+      session->after_connack(session_present,
+                             outcome.expiry_granted ? &outcome.granted_expiry_ms : nullptr);
       const int64_t n = ++connect_count;
       {
         if (!session_present && n > 1) {
@@ -292,26 +381,11 @@ struct Subscriber::Impl {
           log->info("connected to {} with session present (client '{}')", options.broker_uri,
                     options.client_id);
         }
-        // Subscribe on every CONNACK, session or not: the configured filters may have
-        // changed since the session was made (a SUBSCRIBE for an existing filter replaces
-        // it and keeps its queue, MQTT 3.1.1 section 3.8.4).
-        for (const auto& r : routes) {
-          mqtt::token_ptr st = client->subscribe(r.first, 1);
-          if (!st->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
-            log->warn("subscribe to '{}' timed out", r.first);
-            client->disconnect();
-            return false;
-          }
-          const auto codes = st->get_subscribe_response().get_reason_codes();
-          // The granted QoS (or a failure code >= 0x80). QoS 0 means no redelivery: as
-          // bad as a refusal for an inbox (e.g. a broker max_qos or an ACL).
-          if (!codes.empty() && (codes.front() >= 0x80 || codes.front() < 1)) {
-            log->error("broker did not grant QoS 1 for subscription '{}' (reason code {}); "
-                       "without QoS 1 nothing is redelivered",
-                       r.first, static_cast<int>(codes.front()));
-            client->disconnect();
-            return false;
-          }
+        const bool subscribed = subscribe_to_configuration();
+        session->save();
+        if (!subscribed) {
+          client->disconnect();
+          return false;
         }
       }
       return true;
@@ -424,6 +498,12 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
     return Status::InvalidArgument(
         "session_expiry_s=0 would void redelivery: with MQTT 5 the session ends at "
         "disconnect and unacknowledged messages are lost (MQTT 5.0 section 3.1.2.11.2)");
+  if (options.session_expiry_s == 0)
+    return Status::InvalidArgument(
+        "session_expiry_s=0: declare how long the broker keeps the session (MQTT 3.1.1: its "
+        "persistent_client_expiration); the retention check needs it");
+  if (options.receive_maximum == 0)
+    return Status::InvalidArgument("receive_maximum must be 1..65535 (MQTT 5.0 section 3.1.2.11.3)");
   if (options.keep_alive_s <= 0 || options.keep_alive_s > 65535)
     return Status::InvalidArgument("keep_alive_s must be 1..65535");
   if (options.connect_timeout_ms <= 0 || options.reconnect_backoff_initial_ms <= 0 ||
@@ -462,6 +542,10 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
 
 Status Subscriber::subscribe(const std::string& topic_filter, MessageSink* consumer) {
   if (!consumer) return Status::InvalidArgument("sink is null");
+  if (!consumer->inbox())
+    return Status::InvalidArgument("sink '" + consumer->name() +
+                                   "' names no Inbox: the subscriber records its session "
+                                   "there (MessageSink::inbox())");
   if (topic_filter.empty()) return Status::InvalidArgument("topic filter is empty");
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->started) return Status::InvalidArgument("subscribe() must be called before start()");
@@ -541,8 +625,28 @@ Status Subscriber::start() {
   m.conn->started();
   if (m.options.mqtt_version == MqttVersion::kV5) {
     // Set on the member itself, not through the builder (see conn_opts).
-    m.conn_opts.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL,
-                                 static_cast<int>(m.options.session_expiry_s)}});
+    mqtt::properties props{{mqtt::property::SESSION_EXPIRY_INTERVAL,
+                            static_cast<int>(m.options.session_expiry_s)},
+                           {mqtt::property::RECEIVE_MAXIMUM, static_cast<int>(m.options.receive_maximum)}};
+    if (m.options.maximum_packet_size > 0)
+      props.add({mqtt::property::MAXIMUM_PACKET_SIZE,
+                 static_cast<int>(m.options.maximum_packet_size)});
+    m.conn_opts.set_properties(props);
+  }
+  {
+    std::vector<Inbox*> inboxes;
+    std::vector<std::string> filters;
+    for (const auto& r : m.routes) {
+      filters.push_back(r.first);
+      if (std::find(inboxes.begin(), inboxes.end(), r.second->inbox()) == inboxes.end())
+        inboxes.push_back(r.second->inbox());
+    }
+    m.session = std::make_unique<detail::SessionKeeper>(
+        m.options.client_id, std::move(inboxes), std::move(filters),
+        1000LL * m.options.session_expiry_s,
+        m.options.mqtt_version == MqttVersion::kV5 ? SessionExpirySource::kRequested
+                                                   : SessionExpirySource::kDeclared,
+        m.log);
   }
   m.supervisor = std::thread([&m] {
     m.supervise();

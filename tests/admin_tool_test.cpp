@@ -273,6 +273,23 @@ TEST(AdminTool, PruneRespectsTheHorizonAndUsesThePruner) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["window_ms"], (10 * 24 + 1) * kHour);
   EXPECT_EQ(r.j()["processed_deleted"], 0);
+
+  // A 30-day session recorded by a subscriber raises it (+ the 1 h margin), named.
+  {
+    auto inbox = open_ledger_inbox(db);
+    SessionRecord rec;
+    rec.client_id = "gw-30d";
+    rec.session_expiry_ms = 30 * 24 * kHour;
+    rec.expiry_source = SessionExpirySource::kDeclared;
+    ASSERT_TRUE(inbox->record_session(rec).ok());
+  }
+  r = tool({"prune", db, "--older-than", "11d"});
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.err.find("gw-30d"), std::string::npos) << r.err;
+  r = tool({"prune", db, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["window_ms"], (30 * 24 + 1) * kHour);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed"), 10);
 }
 
 TEST(AdminTool, SchemaVersionsMigrateAndSettingsThatVoidTheGuarantee) {
@@ -519,9 +536,17 @@ TEST(AdminTool, ProbeBrokerTellsAKeptSessionFromADroppedOne) {
     EXPECT_EQ(j["distinct_received"], 5);
     EXPECT_EQ(j["effective_session_expiry_s"], 300);
     EXPECT_TRUE(j["cleaned_up"].get<bool>());
+    // The broker's own limits from its CONNACK: mosquitto 2.0 announces its Receive
+    // Maximum (max_inflight_messages, 20) and leaves Maximum QoS out (2 by the spec).
+    EXPECT_EQ(j["broker_limits"]["receive_maximum"]["value"], 20) << j.dump(2);
+    EXPECT_TRUE(j["broker_limits"]["receive_maximum"]["sent"].get<bool>());
+    EXPECT_EQ(j["broker_limits"]["maximum_qos"]["value"], 2);
+    EXPECT_FALSE(j["broker_limits"]["maximum_qos"]["sent"].get<bool>());
+    EXPECT_TRUE(j["broker_limits"]["maximum_packet_size"]["value"].is_null());
     j = probe(good, {"--count", "3", "--mqtt-version", "3.1.1"}, false, &code, dir);
     EXPECT_EQ(code, 0) << j.dump(2);
     EXPECT_EQ(j["verdict"], "ok");
+    EXPECT_FALSE(j.contains("broker_limits"));  // MQTT 3.1.1's CONNACK has none
   }
   {
     Broker forgetful(Broker::Config{/*persistence=*/false, 0});

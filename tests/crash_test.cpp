@@ -2,6 +2,7 @@
 // mosquitto and a real SQLite file. The child is the ledger consumer with fault switches
 // (support/crash_consumer.cpp); the test reads the database and the child's counters.
 #include "support/child_consumer.h"
+#include "support/core_cases.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -16,24 +17,10 @@ class CrashTest : public ChildConsumerTest {
 };
 
 // Killed after the commit of c-5 and before its callback returned (no PUBACK): the broker
-// redelivers c-5 to the restarted consumer, which recognises it as a duplicate.
+// redelivers c-5 to the restarted consumer, which recognises it as a duplicate. One of
+// the core cases (support/core_cases.h), also run against RabbitMQ (rabbitmq_test).
 TEST_F(CrashTest, KilledBetweenCommitAndAckIsRedeliveredAndAppliedOnce) {
-  create_session();
-  auto child = start_consumer({"--crash-after-commit", "c-5"});
-  publish_credits(10);
-  const int st = child->wait(std::chrono::seconds(20));
-  ASSERT_NE(st, -1) << "consumer did not crash";
-  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-5'"), 1);
-
-  auto restarted = start_consumer();
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 10; },
-                         std::chrono::seconds(20)));
-  EXPECT_GE(stop_and_count(*restarted, "duplicates"), 1);  // c-5 came back and was skipped
-  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-5'"), 1);
-  EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), expected_total(10));
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 10);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_attempts"), 0);
+  core_case_exactly_once_under_sigkill(children_);
 }
 
 // Killed inside the handler of c-3, before any commit: c-3 is redelivered and applied

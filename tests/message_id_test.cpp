@@ -27,7 +27,52 @@ Result extract(const std::string& payload,
 }
 
 TEST(MessageId, UserPropertyComesFirst) {
+  const Result r = extract(R"({"account":"a"})", {{"message-id", "from-prop"}});
+  ASSERT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.id, "from-prop");
+  // An invalid property id is refused even when the JSON id is fine (no fall-through).
+  EXPECT_FALSE(extract(R"({"message_id":"from-json"})", {{"message-id", ""}}).ok);
+}
+
+// Issue 12: a user property and a JSON field that both hold an id must agree. Otherwise
+// a hop that drops MQTT 5 properties (a 3.1.1 bridge) sees the other id, and the message
+// is applied once under each.
+TEST(MessageId, DisagreeingSourcesAreInvalidWithBothValuesInTheReason) {
   const Result r = extract(R"({"message_id":"from-json"})", {{"message-id", "from-prop"}});
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId);
+  EXPECT_NE(r.why.find("'from-prop'"), std::string::npos) << r.why;
+  EXPECT_NE(r.why.find("'from-json'"), std::string::npos) << r.why;
+
+  // Every way the JSON field can fail to agree: another string, another type, twice, or
+  // a string that is not a valid id.
+  for (const char* p : {R"({"message_id":42})", R"({"message_id":null})",
+                        R"({"message_id":"a","message_id":"a"})", R"({"message_id":" "})",
+                        R"({"message_id":"A"})"}) {
+    const Result bad = extract(p, {{"message-id", "a"}});
+    EXPECT_FALSE(bad.ok) << p;
+    EXPECT_EQ(bad.reason, DeadLetterReason::kInvalidId) << p;
+    EXPECT_NE(bad.why.find("disagree"), std::string::npos) << bad.why;
+  }
+  // Control bytes of the other id are escaped in the reason, like every logged id.
+  const Result escaped = extract("{\"message_id\":\"x\\u0001y\"}", {{"message-id", "a"}});
+  EXPECT_EQ(escaped.why.find('\x01'), std::string::npos) << escaped.why;
+}
+
+TEST(MessageId, AgreeingOrAbsentJsonIdKeepsThePropertyId) {
+  EXPECT_EQ(extract(R"({"message_id":"same"})", {{"message-id", "same"}}).id, "same");
+  EXPECT_EQ(extract(R"({"account":"a"})", {{"message-id", "p"}}).id, "p");     // no field
+  EXPECT_EQ(extract("\xff binary", {{"message-id", "p"}}).id, "p");            // not JSON
+  EXPECT_EQ(extract(R"([{"message_id":"x"}])", {{"message-id", "p"}}).id, "p");  // not top level
+  MessageIdOptions no_json;
+  no_json.json_field = "";
+  EXPECT_EQ(extract(R"({"message_id":"x"})", {{"message-id", "p"}}, no_json).id, "p");
+}
+
+TEST(MessageId, PropertyWinsOnlyWhenExplicitlyAsked) {
+  MessageIdOptions o;
+  o.on_disagreement = IdDisagreement::kUserPropertyWins;
+  const Result r = extract(R"({"message_id":"from-json"})", {{"message-id", "from-prop"}}, o);
   ASSERT_TRUE(r.ok) << r.why;
   EXPECT_EQ(r.id, "from-prop");
 }

@@ -402,3 +402,128 @@ TEST_F(RetentionTest, StatsSnapshotAndExports) {
 
 }  // namespace
 }  // namespace mqtt_inbox::test
+
+namespace mqtt_inbox::test {
+namespace {
+
+constexpr int64_t kDay = 24 * 60 * kMinute;
+
+SessionRecord session_of(const std::string& client_id, int64_t expiry_ms,
+                         SessionExpirySource source = SessionExpirySource::kRequested) {
+  SessionRecord r;
+  r.client_id = client_id;
+  r.topic_filters = {"credits/#"};
+  r.session_expiry_ms = expiry_ms;
+  r.expiry_source = source;
+  return r;
+}
+
+// Issue 18: one source of truth for the session expiry. A subscriber that asks for a
+// 30-day session records it in the inbox (as the MQTT Subscriber does before it
+// connects); a Pruner with the default options (7-day declared horizon, 8-day window) is
+// then refused, whether the expiry was requested (MQTT 5) or declared (MQTT 3.1.1).
+TEST_F(RetentionTest, ThirtyDaySessionWithDefaultRetentionIsRefused) {
+  std::unique_ptr<Pruner> p;
+  ASSERT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());  // nothing recorded yet
+  p.reset();
+  for (const SessionExpirySource source :
+       {SessionExpirySource::kRequested, SessionExpirySource::kDeclared}) {
+    ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay, source)).ok());
+    const Status s = Pruner::create(inbox_.get(), RetentionOptions{}, &p);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << to_string(source);
+    EXPECT_FALSE(p);
+    EXPECT_NE(s.message().find("client 'gw-17'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(to_string(source)), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("720.0 h"), std::string::npos) << s.message();
+  }
+  int64_t required = 0;
+  std::string why;
+  ASSERT_TRUE(Pruner::required_window_ms(inbox_.get(), RetentionOptions{}, &required, &why).ok());
+  EXPECT_EQ(required, 30 * kDay + 60 * kMinute);  // + the default 1 h margin
+
+  // A window that covers it is accepted; so is the default window for a 7-day session.
+  RetentionOptions covering;
+  covering.window = std::chrono::hours(31 * 24);
+  EXPECT_TRUE(Pruner::create(inbox_.get(), covering, &p).ok());
+  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 7 * kDay)).ok());
+  EXPECT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
+
+  // The longest record binds, whichever client id it belongs to; forgetting a retired
+  // client id releases it.
+  ASSERT_TRUE(inbox_->record_session(session_of("old-gw", 30 * kDay)).ok());
+  EXPECT_EQ(Pruner::create(inbox_.get(), RetentionOptions{}, &p).code(),
+            Status::Code::kInvalidArgument);
+  bool removed = false;
+  ASSERT_TRUE(inbox_->forget_session("old-gw", &removed).ok());
+  EXPECT_TRUE(removed);
+  EXPECT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
+
+  // "Never expires" (MQTT 5 0xFFFFFFFF s) is covered by no finite window.
+  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 0xFFFFFFFFLL * 1000)).ok());
+  RetentionOptions year;
+  year.window = std::chrono::hours(366 * 24);
+  EXPECT_EQ(Pruner::create(inbox_.get(), year, &p).code(), Status::Code::kInvalidArgument);
+}
+
+// The subscriber records its session when it connects, usually after the application
+// made its Pruner: every pass checks again. A pass whose window no longer covers a
+// recorded session deletes nothing (the expired ids stay, so their redeliveries are
+// still caught), logs an error and returns kInvalidArgument; once the record is covered
+// again, the pass prunes. With the override it prunes, with one warning per requirement.
+TEST_F(RetentionTest, SessionRecordedAfterThePrunerWasMadeStopsEveryPass) {
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto log = std::make_shared<spdlog::logger>("retention-session-test", ring);
+  InboxOptions o;
+  o.clock = &clock_;
+  o.logger = log;
+  inbox_.reset();
+  inbox_ = open_ledger_inbox(db_path_, o);
+  insert_processed(50, old_id, /*received_at=*/0);  // far older than any window
+
+  std::unique_ptr<Pruner> p;
+  ASSERT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
+  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay)).ok());
+  for (int pass = 0; pass < 2; ++pass) {
+    PruneResult r;
+    const Status s = p->prune_once(&r);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("gw-17"), std::string::npos) << s.message();
+    EXPECT_EQ(r.processed_deleted, 0);
+  }
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 50);
+  int refusals = 0;
+  for (const auto& line : ring->last_formatted())
+    if (line.find("RETENTION REFUSED, nothing deleted") != std::string::npos) ++refusals;
+  EXPECT_EQ(refusals, 2);
+  // A redelivery of one of them is still a duplicate.
+  Message again = credit_message("old-7", "a", 5);
+  EXPECT_EQ(consumer("ledger").handle(again), Outcome::kDuplicate);
+  EXPECT_EQ(q("SELECT count(*) FROM accounts"), 0);
+
+  // Back to a 7-day session: the default window covers it again.
+  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 7 * kDay)).ok());
+  PruneResult r;
+  ASSERT_TRUE(p->prune_once(&r).ok());
+  EXPECT_EQ(r.processed_deleted, 50);
+
+  // The override prunes below the record, warning once per requirement.
+  insert_processed(10, old_id, 0);
+  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay)).ok());
+  RetentionOptions overridden;
+  overridden.allow_window_below_horizon = true;
+  overridden.stats_log_period_ms = 0;
+  p.reset();
+  ASSERT_TRUE(Pruner::create(inbox_.get(), overridden, &p).ok());
+  ASSERT_TRUE(p->prune_once(&r).ok());
+  EXPECT_EQ(r.processed_deleted, 10);
+  ASSERT_TRUE(p->prune_once(&r).ok());
+  int overrides = 0;
+  for (const auto& line : ring->last_formatted())
+    if (line.find("RETENTION OVERRIDE") != std::string::npos &&
+        line.find("gw-17") != std::string::npos)
+      ++overrides;
+  EXPECT_EQ(overrides, 1);
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test

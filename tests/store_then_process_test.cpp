@@ -352,6 +352,46 @@ TEST_F(StoreThenProcessTest, PruneDeletesFinishedRowsAfterTheDedupWindow) {
   EXPECT_EQ(q("SELECT count(*) FROM runs"), 3);  // business state is never touched
 }
 
+// The done rows are store-then-process's memory of ids (issue 18 as a kind): while a
+// session the subscriber recorded can still redeliver, prune() deletes none of them, and
+// a redelivery stays a duplicate. The explicit override deletes them.
+TEST_F(StoreThenProcessTest, PruneKeepsRowsARecordedSessionCanStillRedeliver) {
+  auto o = fast_options();
+  o.dedup_retention_ms = 0;
+  o.prune_interval_ms = 0;
+  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); }, o);
+  ASSERT_TRUE(stp->start().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(stp->handle(reading("d", "k-" + std::to_string(i))), Outcome::kProcessed);
+  ASSERT_TRUE(wait_runs(3));
+  ASSERT_TRUE(wait_settled());
+  ASSERT_TRUE(stp->stop().ok());
+  SessionRecord rec;
+  rec.client_id = "gw-30d";
+  rec.session_expiry_ms = 30LL * 24 * 3600 * 1000;
+  ASSERT_TRUE(inbox_->record_session(rec).ok());
+  std::this_thread::sleep_for(5ms);
+  StoredPruneResult pr;
+  const Status s = stp->prune(&pr);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("gw-30d"), std::string::npos) << s.message();
+  EXPECT_EQ(pr.deleted, 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages"), 3);
+  EXPECT_EQ(stp->handle(reading("d", "k-1")), Outcome::kDuplicate);
+
+  // The default window (7 days) is refused for the 30-day session too (issue 18).
+  stp.reset();
+  stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); },
+             fast_options());
+  EXPECT_EQ(stp->prune(&pr).code(), Status::Code::kInvalidArgument);
+
+  stp.reset();
+  o.allow_dedup_retention_below_session = true;
+  stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); }, o);
+  ASSERT_TRUE(stp->prune(&pr).ok());
+  EXPECT_EQ(pr.deleted, 3);
+  EXPECT_EQ(q("SELECT count(*) FROM runs"), 3);  // business state is never touched
+}
+
 // The reaper on a claim whose worker is gone: the batch goes back to pending, and only
 // the row that was running gets an attempt.
 TEST_F(StoreThenProcessTest, ReaperReturnsExpiredClaimsCountingTheRunningRowOnly) {

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "support/core_cases.h"
 #include "support/ledger_fixture.h"
 #include "support/publisher.h"
 
@@ -76,6 +77,10 @@ class SubscriberTest : public ::testing::TestWithParam<MqttVersion> {
   }
 
   bool mqtt5() const { return GetParam() == MqttVersion::kV5; }
+  BrokerUnderTest broker_under_test() {
+    return {"mosquitto", broker_.uri(), GetParam(), [this] { broker_.stop(); },
+            [this] { broker_.start(); }};
+  }
   int64_t ledger_rows() { return query_int(db_path_, "SELECT count(*) FROM ledger_entries"); }
   int64_t total_balance() { return query_int(db_path_, "SELECT sum(balance) FROM accounts"); }
 
@@ -107,23 +112,10 @@ TEST_P(SubscriberTest, AppliesStreamWithDuplicatesExactlyOnce) {
 }
 
 // Messages published while the consumer is offline are kept by the broker in the
-// persistent session and delivered when it comes back.
+// persistent session and delivered when it comes back. A core case
+// (support/core_cases.h), also run against RabbitMQ (rabbitmq_test).
 TEST_P(SubscriberTest, PersistentSessionDeliversWhatArrivedWhileOffline) {
-  {
-    auto sub = make_subscriber("ledger-offline");
-    ASSERT_TRUE(sub->start().ok());
-    ASSERT_TRUE(sub->wait_connected(10000));
-    ASSERT_TRUE(sub->stop().ok());
-  }
-  TestPublisher pub(broker_.uri(), mqtt5());
-  for (int i = 0; i < 25; ++i) pub.credit("credits/b", "off-" + std::to_string(i), "x", 2);
-  EXPECT_EQ(ledger_rows(), 0);
-  auto sub = make_subscriber("ledger-offline");
-  ASSERT_TRUE(sub->start().ok());
-  ASSERT_TRUE(wait_until([&] { return ledger_rows() == 25; }, std::chrono::seconds(20)));
-  EXPECT_EQ(total_balance(), 50);
-  EXPECT_EQ(sub->sessions_lost(), 0);
-  EXPECT_TRUE(sub->stop().ok());
+  core_case_offline_messages_are_delivered(broker_under_test(), "core");
 }
 
 // Messages without a usable id are dead-lettered with a reason, then acked: a restart
@@ -155,22 +147,10 @@ TEST_P(SubscriberTest, MessagesWithoutIdAreDeadLetteredThenAcked) {
   EXPECT_TRUE(sub->stop().ok());
 }
 
-// The broker restarts and keeps the session (persistence on): the subscriber
-// reconnects by itself and receives what was published meanwhile.
+// The broker restarts and keeps the sessions (persistence on): a connected subscriber
+// reconnects by itself, and messages queued for an offline one survive. A core case.
 TEST_P(SubscriberTest, ReconnectsAfterBrokerRestart) {
-  auto sub = make_subscriber("ledger-restart");
-  ASSERT_TRUE(sub->start().ok());
-  ASSERT_TRUE(sub->wait_connected(10000));
-  broker_.stop();
-  ASSERT_TRUE(wait_until([&] { return !sub->is_connected(); }, std::chrono::seconds(10)));
-  broker_.start();
-  ASSERT_TRUE(sub->wait_connected(15000));
-  TestPublisher pub(broker_.uri(), mqtt5());
-  for (int i = 0; i < 5; ++i) pub.credit("credits/r", "r-" + std::to_string(i), "y", 3);
-  ASSERT_TRUE(wait_until([&] { return ledger_rows() == 5; }, std::chrono::seconds(20)));
-  EXPECT_GE(sub->connects(), 2);
-  EXPECT_EQ(sub->sessions_lost(), 0);
-  EXPECT_TRUE(sub->stop().ok());
+  core_case_broker_restart_keeps_sessions(broker_under_test(), "core");
 }
 
 // One consumer per client id on a host: a second process (here: a second Subscriber)

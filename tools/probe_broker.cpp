@@ -22,6 +22,71 @@ namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
 
+namespace {
+
+constexpr int kKeepAliveS = 30;  // the probe's keep-alive, s
+
+// The broker's own limits from an MQTT 5 CONNACK (MQTT 5.0 section 3.2.2.3). Each entry:
+// "value" as sent, or the value the specification gives an absent property, and "sent".
+// A limit a broker does not send is not necessarily absent in practice: a broker may
+// enforce what it does not announce.
+json connack_limits(const mqtt::connect_response& r, int requested_keep_alive_s) {
+  const mqtt::properties& p = r.get_properties();
+  json j = json::object();
+  auto entry = [&](const char* name, mqtt::property::code code, auto sample, json absent) {
+    using T = decltype(sample);
+    const bool sent = p.contains(code);
+    json value = absent;
+    if (sent) value = static_cast<int64_t>(mqtt::get<T>(p, code));
+    j[name] = {{"value", value}, {"sent", sent}};
+  };
+  entry("receive_maximum", mqtt::property::RECEIVE_MAXIMUM, uint16_t{}, 65535);
+  entry("maximum_packet_size", mqtt::property::MAXIMUM_PACKET_SIZE, uint32_t{}, nullptr);
+  entry("maximum_qos", mqtt::property::MAXIMUM_QOS, uint8_t{}, 2);
+  entry("retain_available", mqtt::property::RETAIN_AVAILABLE, uint8_t{}, 1);
+  entry("session_expiry_interval_s", mqtt::property::SESSION_EXPIRY_INTERVAL, uint32_t{},
+        nullptr);  // absent: the broker uses the client's
+  entry("server_keep_alive_s", mqtt::property::SERVER_KEEP_ALIVE, uint16_t{},
+        requested_keep_alive_s);
+  entry("topic_alias_maximum", mqtt::property::TOPIC_ALIAS_MAXIMUM, uint16_t{}, 0);
+  entry("wildcard_subscription_available", mqtt::property::WILDCARD_SUBSCRIPTION_AVAILABLE,
+        uint8_t{}, 1);
+  entry("subscription_identifiers_available",
+        mqtt::property::SUBSCRIPTION_IDENTIFIERS_AVAILABLE, uint8_t{}, 1);
+  entry("shared_subscription_available", mqtt::property::SHARED_SUBSCRIPTION_AVAILABLE,
+        uint8_t{}, 1);
+  if (p.contains(mqtt::property::REASON_STRING))
+    j["reason_string"] = mqtt::get<std::string>(p, mqtt::property::REASON_STRING);
+  if (p.contains(mqtt::property::SERVER_REFERENCE))
+    j["server_reference"] = mqtt::get<std::string>(p, mqtt::property::SERVER_REFERENCE);
+  return j;
+}
+
+// Warnings about broker limits that matter to an inbox.
+void warn_about_limits(const json& limits, json* warnings) {
+  if (limits["maximum_qos"]["value"].get<int64_t>() < 1)
+    warnings->push_back("the broker grants QoS 0 only (Maximum QoS 0): nothing is ever "
+                        "redelivered; mqtt-inbox refuses such a subscription");
+  const json& mps = limits["maximum_packet_size"]["value"];
+  if (!mps.is_null() && mps.get<int64_t>() < 1024 * 1024 + 1024)
+    warnings->push_back("the broker accepts packets up to " + mps.dump() +
+                        " bytes: a publisher's larger message is refused by the broker, "
+                        "below ConsumerOptions::max_payload_bytes' default (1 MiB)");
+  if (limits["server_keep_alive_s"]["sent"].get<bool>())
+    warnings->push_back("the broker imposes a keep-alive of " +
+                        limits["server_keep_alive_s"]["value"].dump() +
+                        " s: a store wait longer than 1.5 times that drops the connection "
+                        "(the message is redelivered, not lost)");
+}
+
+std::string limit_text(const json& e, const char* absent_meaning) {
+  if (e["sent"].get<bool>()) return e["value"].dump();
+  return (e["value"].is_null() ? std::string("") : e["value"].dump() + " ") + "(not sent: " +
+         absent_meaning + ")";
+}
+
+}  // namespace
+
 int cmd_probe(const ProbeArgs& a) {
   const connection_flags::Flags& c = a.connection;
   const bool v5 = c.mqtt_version == "5";
@@ -50,7 +115,7 @@ int cmd_probe(const ProbeArgs& a) {
   // properties: set them on long-lived objects, and pass those (as src/subscriber.cpp does).
   mqtt::connect_options persistent;
   {
-    auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout).keep_alive_interval(std::chrono::seconds(30));
+    auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout).keep_alive_interval(std::chrono::seconds(kKeepAliveS));
     if (v5) b.clean_start(false);
     else b.clean_session(false);
     persistent = b.finalize();
@@ -99,6 +164,7 @@ int cmd_probe(const ProbeArgs& a) {
     report["session_present_on_first_connect"] = r1.is_session_present();
     report["requested_session_expiry_s"] = v5 ? json(a.session_expiry_s) : json();
     report["connack_session_expiry_s_first"] = expiry_of(r1);
+    if (v5) report["broker_limits"] = connack_limits(r1, kKeepAliveS);
     if (!sub.subscribe(topic, 1)->wait_for(timeout)) throw mqtt::exception(-1, "subscribe timed out");
     if (!sub.disconnect()->wait_for(timeout)) throw mqtt::exception(-1, "disconnect timed out");
 
@@ -201,6 +267,7 @@ int cmd_probe(const ProbeArgs& a) {
         report["effective_session_expiry_s"].get<int64_t>() < static_cast<int64_t>(a.session_expiry_s))
       warnings.push_back("the broker lowered the session expiry to " + report["effective_session_expiry_s"].dump() +
                          " s: size the retention window and the offline budget to it");
+    if (report.contains("broker_limits")) warn_about_limits(report["broker_limits"], &warnings);
     if (session && report["session_present_on_first_connect"].get<bool>())
       warnings.push_back("session_present was already set on the first connect of a fresh client id");
     if (verdict != "ok") exit_code = kProblems;
@@ -218,6 +285,22 @@ int cmd_probe(const ProbeArgs& a) {
               {"effective session expiry", s(report.value("effective_session_expiry_s", json())) + " s (" + report.value("session_expiry_source", std::string("-")) + ")"},
               {"cleaned up", cleaned ? "yes" : "no"},
               {"verdict", verdict}});
+    if (report.contains("broker_limits")) {
+      const json& l = report["broker_limits"];
+      std::cout << "broker limits (MQTT 5 CONNACK):\n";
+      const char* dflt = "the MQTT 5 default";
+      print_kv({{"receive maximum", limit_text(l["receive_maximum"], dflt)},
+                {"maximum packet size", limit_text(l["maximum_packet_size"], "no limit announced")},
+                {"maximum QoS", limit_text(l["maximum_qos"], dflt)},
+                {"retain available", limit_text(l["retain_available"], dflt)},
+                {"granted session expiry (s)",
+                 limit_text(l["session_expiry_interval_s"], "the requested one applies")},
+                {"server keep alive (s)", limit_text(l["server_keep_alive_s"], "the client's applies")},
+                {"topic alias maximum", limit_text(l["topic_alias_maximum"], dflt)},
+                {"wildcard subscriptions", limit_text(l["wildcard_subscription_available"], dflt)},
+                {"subscription identifiers", limit_text(l["subscription_identifiers_available"], dflt)},
+                {"shared subscriptions", limit_text(l["shared_subscription_available"], dflt)}});
+    }
     if (report.contains("error")) std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";
     for (const auto& w : warnings) std::cout << "warning: " << w.get<std::string>() << "\n";
   }

@@ -42,6 +42,21 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
       source = declared_any ? "declared on the command line" : "library defaults (nothing recorded)";
     }
   }
+  // The session expiries the subscriber recorded (Inbox::record_session), plus the margin
+  // and replay window above: the same requirement as the application's Pruner.
+  {
+    mi::RetentionOptions sessions_only = declared;
+    sessions_only.broker_session_expiry = std::chrono::milliseconds(0);
+    sessions_only.max_offline = std::chrono::milliseconds(0);
+    int64_t from_sessions = 0;
+    std::string why;
+    const mi::Status s = mi::Pruner::required_window_ms(inbox.get(), sessions_only, &from_sessions, &why);
+    if (!s.ok()) fail(kStoreError, s.to_string());
+    if (from_sessions > mi::Pruner::required_window_ms(sessions_only) && from_sessions > required) {
+      required = from_sessions;
+      source = why;
+    }
+  }
   const int64_t window = a.older_than.empty() ? required : duration_or_usage(a.older_than, "--older-than");
   if (window <= 0) fail(kUsage, "--older-than must be > 0");
   const int64_t dl_window =

@@ -5,6 +5,8 @@
 // handle() returns only when the message has a durable outcome: its effect committed,
 // recognised as a duplicate, or written to the dead letters. The caller acknowledges the
 // message (sends the PUBACK) only after handle() returns. For one message it:
+//  0. a retained message (Message::retain) goes by ConsumerOptions::retained: skipped
+//     (acked, counted; the default), dead-lettered as retained, or processed as below
 //  1. refuses payloads over max_payload_bytes           -> dead letter payload_too_large
 //  2. extracts the producer-assigned id (options.h)     -> dead letter missing_id,
 //                                                          invalid_id, undecodable_payload
@@ -45,6 +47,7 @@ struct ConsumerCounters {
   int64_t already_dead_lettered = 0;  // redeliveries of dead-lettered messages
   int64_t handler_failures = 0; // handler attempts that threw
   int64_t store_retries = 0;    // store operations retried after a failure
+  int64_t retained_skipped = 0; // retained messages acked unprocessed (RetainedPolicy::kSkip)
 };
 
 class Consumer final : public MessageSink {
@@ -56,6 +59,7 @@ class Consumer final : public MessageSink {
   ~Consumer() override;
 
   const std::string& name() const override;
+  Inbox* inbox() const override;  // the Inbox given to create()
 
   // Processes one delivery; see the header comment. Never throws. Blocks while the store
   // fails, for as long as it fails: a message that has not reached a durable outcome is

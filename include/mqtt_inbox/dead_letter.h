@@ -23,6 +23,8 @@ enum class DeadLetterReason {
   kHandlerFailed,       // the handler threw on every attempt up to the limit
   kHandlerCrashed,      // the process died inside the handler on every attempt up to the
                         // limit (counted durably across restarts)
+  kRetained,            // a retained message (Message::retain) under
+                        // RetainedPolicy::kDeadLetter; replaying it processes it
 };
 
 const char* to_string(DeadLetterReason reason);

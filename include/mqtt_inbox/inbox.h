@@ -26,6 +26,7 @@
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 
@@ -37,7 +38,7 @@ struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 5;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -189,6 +190,25 @@ class Inbox {
   // the connection lock: message commits wait for it). The Pruner measures on its own
   // connection instead, after each pass.
   Status refresh_row_stats();
+
+  // --- the transport's sessions (session_record.h) ---
+
+  // Records what the persistent session of record.client_id holds: replaces that client
+  // id's topic filters and session expiry, in one committed transaction (fsynced with
+  // synchronous=FULL), and sets updated_at to the wall clock. The MQTT Subscriber calls it
+  // before each CONNECT whose session expiry differs from the record, and after each
+  // change of subscriptions. Errors: kInvalidArgument for an empty client id, an empty
+  // topic filter or a negative expiry; store codes.
+  Status record_session(const SessionRecord& record);
+  // Reads the record of `client_id` (filters sorted). kNotFound if there is none.
+  Status load_session(const std::string& client_id, SessionRecord* out);
+  // Every record, ordered by client id.
+  Status list_sessions(std::vector<SessionRecord>* out);
+  // Deletes the record of `client_id` (a client id that is retired for good: its session
+  // expiry no longer binds the Pruner). *removed is set to whether one existed. Do not
+  // call it for a client id that may still connect: the Pruner would then check against
+  // the other records only. Errors: store codes.
+  Status forget_session(const std::string& client_id, bool* removed);
 
  private:
   friend class Pruner;

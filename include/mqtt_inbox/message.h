@@ -13,6 +13,8 @@
 
 namespace mqtt_inbox {
 
+class Inbox;
+
 struct Message {
   std::string topic;
   // Raw payload bytes; need not be UTF-8 or text at all.
@@ -22,6 +24,14 @@ struct Message {
   // identifier describe a delivery, not a message, and are never used for deduplication
   // (MQTT 3.1.1 sections 2.3.1 and 3.3.1.1; docs/guarantees.md section 2).
   bool dup = false;
+  // The RETAIN flag as received. A broker sets it only on a message it sends because of a
+  // SUBSCRIBE, i.e. a stored retained message that may have been published long before
+  // the subscription existed; a message forwarded through an established subscription
+  // (live, or queued in the persistent session while the client was offline) arrives with
+  // RETAIN=0 (MQTT 3.1.1 section 3.3.1.3; MQTT 5.0 section 3.3.1.3 with Retain As
+  // Published = 0, which the Subscriber always uses). ConsumerOptions::retained decides
+  // what happens to a message with it set. Default false.
+  bool retain = false;
 
   // MQTT 5 user properties in arrival order (MQTT 5.0 section 3.3.2.3.7). Names and values
   // are raw bytes as received; the same name may repeat.
@@ -48,6 +58,8 @@ enum class Outcome {
   kDuplicate,            // already processed (or stored) under this consumer: skipped
   kDeadLettered,         // written to the dead letters now
   kAlreadyDeadLettered,  // a redelivery of a message already dead-lettered
+  kSkipped,              // not processed and not recorded, by policy: a retained message
+                         // under RetainedPolicy::kSkip (options.h); acked and counted
 };
 const char* to_string(Outcome outcome);
 
@@ -66,6 +78,12 @@ class MessageSink {
   virtual Outcome reject(const Message& message, const std::string& why) = 0;
   // The consumer name recorded with every row (used in logs).
   virtual const std::string& name() const = 0;
+  // The Inbox this sink records into. A transport with a persistent session records that
+  // session there (the MQTT Subscriber: its topic filters and session expiry,
+  // Inbox::record_session), and that Inbox's Pruner checks its retention window against
+  // it. Part of the interface, not an option, so that no sink can be attached without it.
+  // Never null: Subscriber::subscribe refuses a sink without an Inbox.
+  virtual Inbox* inbox() const = 0;
 };
 
 // A Message together with the producer-assigned id the consumer extracted from it.

@@ -10,6 +10,7 @@
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
 #include "mqtt_inbox/retention.h"
+#include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/store_then_process.h"

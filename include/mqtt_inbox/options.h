@@ -133,9 +133,23 @@ struct InboxOptions {
       after_commit_hook;
 };
 
+// What to do when the user property and the JSON field both hold an id and the ids
+// differ (or the JSON field is not a string, or appears twice).
+enum class IdDisagreement {
+  // Dead-letter the message as invalid_id with both values in the reason text. A message
+  // with two ids is applied twice as soon as one hop drops MQTT 5 properties (an MQTT
+  // 3.1.1 bridge sees only the JSON id): neither id can be trusted.
+  kDeadLetter,
+  // The user property wins and the JSON field is not read (the precedence before this
+  // check existed). Only for producers known to put different things in the two places.
+  kUserPropertyWins,
+};
+
 // Where the producer-assigned message id comes from. Sources are tried in this order; the
 // first source that is present decides (a present but invalid id is dead-lettered as
-// invalid_id, it does not fall through to the next source).
+// invalid_id, it does not fall through to the next source). When the user property is
+// present, the JSON field is read too (a SAX parse of the payload) and must agree
+// (on_disagreement).
 struct MessageIdOptions {
   // 1. An MQTT 5 user property with this name. Default "message-id". Empty disables.
   std::string user_property = "message-id";
@@ -147,10 +161,38 @@ struct MessageIdOptions {
   std::function<std::optional<std::string>(const Message&)> extractor;
   // Longest accepted id, in bytes. Default 256. Longer ids are invalid_id.
   size_t max_id_bytes = 256;
+  // User property and JSON field both present with different ids. Default kDeadLetter.
+  IdDisagreement on_disagreement = IdDisagreement::kDeadLetter;
 };
+
+// What a consumer does with a retained message (Message::retain set: the broker sent a
+// stored message because of a SUBSCRIBE). README "Retained messages".
+enum class RetainedPolicy {
+  // Ack it without running the handler and without writing anything; count it
+  // (ConsumerCounters::retained_skipped) and log it at info level. The default: a
+  // message published while the subscription exists, online or queued in the persistent
+  // session, never has RETAIN set, so skipping loses nothing that was published to this
+  // session. What it skips is a copy of an old message that the broker resends at every
+  // new SUBSCRIBE (a new filter, a lost session), months later if need be: once its id has
+  // left the retention window, processing it applies it a second time. The inbox cannot
+  // make that exactly-once, so it does not try.
+  kSkip,
+  // Dead-letter it as 'retained' (with its id, when it has a usable one, so a repeat
+  // bumps the same row's redeliveries; a retained copy of an id already processed is a
+  // duplicate). An operator can then look at it and replay it, which processes it.
+  kDeadLetter,
+  // Process it like any other message. Exactly-once only while its id is within the
+  // retention window: choose this only for retained messages that carry state the
+  // handler applies idempotently (a setpoint, a configuration), not for events.
+  kProcess,
+};
+const char* to_string(RetainedPolicy policy);
 
 struct ConsumerOptions {
   MessageIdOptions message_id;
+
+  // A retained message (Message::retain). Default kSkip; see RetainedPolicy.
+  RetainedPolicy retained = RetainedPolicy::kSkip;
 
   // Largest payload processed, in bytes. Default 1 MiB. Larger payloads are dead-lettered
   // as payload_too_large without running the handler.

@@ -8,8 +8,23 @@
 //   horizon = max(broker session expiry, longest offline period) + replay window
 //   required: window >= horizon + margin
 //
+// The broker session expiry in that formula has one source of truth: the session the
+// subscriber actually asks for. The MQTT Subscriber records it in the inbox database
+// (Inbox::record_session, session_record.h) before it connects: the Session Expiry
+// Interval it sends with MQTT 5, or the one the user declares in
+// SubscriberOptions::session_expiry_s for MQTT 3.1.1, where the broker sets it. The
+// Pruner checks the window against the longer of the declared broker_session_expiry and
+// the longest recorded session expiry:
+//
+//   required = max(broker_session_expiry, longest recorded session expiry, max_offline)
+//              + replay_window + margin
+//
 // A shorter window is refused (kInvalidArgument) unless allow_window_below_horizon is
-// set, and then a warning is logged once per Pruner.
+// set, and then a warning is logged once per Pruner (and once more whenever a new record
+// raises the requirement). The check runs in create() and again at the start of every
+// pass, because the subscriber may record its session after the Pruner was made: a pass
+// that finds the window too short deletes nothing, logs an error and returns
+// kInvalidArgument (the background thread goes on trying each period).
 //
 // Time: the pruner compares received_at with the inbox's retention clock
 // (Inbox::retention_clock_ms), which advances only with the monotonic clock while the
@@ -40,11 +55,12 @@ struct RetentionOptions {
   // Default 8 days (the 7-day default session expiry plus a day of margin).
   std::chrono::milliseconds window = std::chrono::hours(8 * 24);
 
-  // The declared redelivery horizon. broker_session_expiry should match the broker's
-  // session expiry (SubscriberOptions::session_expiry_s for MQTT 5; mosquitto's
-  // persistent_client_expiration for 3.1.1); max_offline is the longest time a device may
-  // be away; replay_window covers deliberate re-sends by producers or operators.
-  // Defaults 7 days, 0, 0.
+  // The declared redelivery horizon. broker_session_expiry is a floor for the broker's
+  // session expiry: the session expiry the subscriber records in the inbox
+  // (SubscriberOptions::session_expiry_s) is checked as well, whichever is longer wins, so
+  // it need not repeat it (see the header comment). max_offline is the longest time a
+  // device may be away; replay_window covers deliberate re-sends by producers or
+  // operators. Defaults 7 days, 0, 0.
   std::chrono::milliseconds broker_session_expiry = std::chrono::hours(7 * 24);
   std::chrono::milliseconds max_offline{0};
   std::chrono::milliseconds replay_window{0};
@@ -110,16 +126,20 @@ struct PruneResult {
 
 class Pruner {
  public:
-  // Validates `options` against the horizon (see the header comment) and records the
-  // declared horizon in the database (inbox_meta) so tools can check against it.
-  // `inbox` must outlive the Pruner. Recording the horizon is a write at start-up: a
-  // store that is locked, full or failing is waited out like in Inbox::open
-  // (InboxOptions::startup_*). Errors: kInvalidArgument; the last transient store error
-  // when startup_deadline_ms ran out; kCorruption for a corrupt file.
+  // Validates `options` against the declared horizon and the session expiries recorded
+  // in the inbox (see the header comment), and records the declared horizon in the
+  // database (inbox_meta) so tools can check against it. `inbox` must outlive the Pruner.
+  // Recording the horizon is a write at start-up: a store that is locked, full or
+  // failing is waited out like in Inbox::open (InboxOptions::startup_*). Errors:
+  // kInvalidArgument (the message names the client id whose session the window does
+  // not cover); the last transient store error when startup_deadline_ms ran out;
+  // kCorruption for a corrupt file; store codes if the records cannot be read.
   static Status create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out);
   ~Pruner();  // stops the background thread
 
-  // One pass: delete expired ids in batches (own short transaction each, selected
+  // One pass: first the window is checked against the session expiries recorded now (a
+  // window below them, without the override: nothing is deleted, an error is logged, and
+  // kInvalidArgument is returned); then delete expired ids in batches (own short transaction each, selected
   // through the received_at index), then expired dead letters, then vacuum, checkpoint,
   // refresh row stats, and log/export stats. Never touches dead letters inside the
   // window, nor any row younger than the window. Errors: store codes (the pass stops;
@@ -132,8 +152,15 @@ class Pruner {
   Status start();
   void stop();
 
-  // horizon + margin, in ms: the smallest window accepted without the override.
+  // Declared horizon + margin, in ms: max(broker_session_expiry, max_offline) +
+  // replay_window + margin, from `options` alone.
   static int64_t required_window_ms(const RetentionOptions& options);
+  // The smallest window accepted for `inbox` without the override, in ms: the larger of
+  // required_window_ms(options) and the longest session expiry recorded in `inbox` +
+  // replay_window + margin. *why (optional) says which one set it, e.g. "the session of
+  // client 'gw-17' (30.0 d, requested)". Errors: store codes.
+  static Status required_window_ms(Inbox* inbox, const RetentionOptions& options,
+                                   int64_t* out, std::string* why);
 
  private:
   struct Impl;

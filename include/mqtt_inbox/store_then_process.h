@@ -10,6 +10,8 @@
 // latency between receipt and processing. docs/store-then-process.md has the details.
 //
 // Receipt, in handle(), for one message:
+//  0. a retained message (Message::retain) goes by options.consumer.retained: skipped
+//     (acked, counted; the default), dead-lettered as retained, or stored as below
 //  1. payload over max_payload_bytes                -> dead letter payload_too_large
 //  2. producer id as Consumer extracts it (options.h) -> dead letter missing_id,
 //                                                      invalid_id, undecodable_payload
@@ -141,8 +143,14 @@ struct StoreThenProcessOptions {
   int64_t compact_after_ms = 3600LL * 1000;
   // dedup_retention_ms: 'done' and 'dead' rows are deleted this long after received_at;
   // until then a redelivery of the id is dropped. Size it like the inbox's dedup window:
-  // the broker's session expiry plus the longest offline period. Default 7 days.
+  // the broker's session expiry plus the longest offline period. prune() refuses to
+  // delete (kInvalidArgument, an error logged; compaction still runs) while it is
+  // shorter than the longest session expiry the subscriber recorded in the Inbox
+  // (session_record.h), as the Pruner does. Default 7 days.
   int64_t dedup_retention_ms = 7LL * 24 * 3600 * 1000;
+  // Delete after dedup_retention_ms even when a recorded session outlasts it (a warning
+  // is logged once per requirement). Default false.
+  bool allow_dedup_retention_below_session = false;
   // How often the pool runs prune(), ms. Default 600000 (10 min); 0 = never (call it
   // yourself, or let the general pruner do it).
   int64_t prune_interval_ms = 600000;
@@ -199,8 +207,10 @@ struct StoreThenProcessCounters {
   int64_t claims_lost = 0;       // rows a worker dropped because its claim was reaped
   int64_t reaped = 0;            // expired claims returned to pending by the reaper
   int64_t store_retries = 0;     // receipt store operations retried
-  int64_t worker_store_errors = 0;  // worker/reaper SQLite failures (retried)
+  int64_t worker_store_errors = 0;  // worker/reaper/pruner SQLite failures (retried) and
+                                    // refused periodic prunes (see prune())
   std::string last_worker_error;    // text of the latest of those ("" if none)
+  int64_t retained_skipped = 0;  // retained messages acked unstored (RetainedPolicy::kSkip)
 };
 
 // Row counts by status for this consumer (inspection, tests, the admin tool).
@@ -222,6 +232,7 @@ class StoreThenProcess final : public MessageSink {
   ~StoreThenProcess() override;
 
   const std::string& name() const override;
+  Inbox* inbox() const override;  // the Inbox given to create()
 
   // Receipt; see the header comment. Never throws. Returns only once the message has a
   // durable outcome, blocking (with capped backoff) while the store fails. Safe to call
@@ -258,7 +269,11 @@ class StoreThenProcess final : public MessageSink {
   // Retention: compacts 'done' rows older than compact_after_ms (by done_at) and deletes
   // 'done'/'dead' rows older than dedup_retention_ms (by received_at), in short
   // transactions of at most 500 rows. Runs periodically while started (prune_interval_ms);
-  // callable at any time.
+  // callable at any time. Errors: kInvalidArgument when dedup_retention_ms is shorter than
+  // the longest session expiry recorded in the Inbox (Inbox::record_session) and
+  // allow_dedup_retention_below_session is not set: compaction has run, no row is deleted,
+  // an error is logged (the periodic run also counts it in worker_store_errors); store
+  // codes otherwise.
   Status prune(StoredPruneResult* result);
 
   // Row counts by status for this consumer.

@@ -25,6 +25,18 @@
 //    the library's own, made with the same settings after the failure.
 //  - Secrets (password, password_provider's output, tls.key_password) never appear in a
 //    log line, in health(), or in a Status message.
+//  - Its session is recorded in the Inbox behind each sink (session_record.h): the
+//    session expiry, before each CONNECT that could lengthen it, so that the Pruner of
+//    that Inbox refuses a retention window the session outlasts (retention.h); and the
+//    topic filters the session holds, after each (UN)SUBSCRIBE. On each CONNACK with a
+//    session present it UNSUBSCRIBEs recorded filters that are no longer configured (one
+//    log line each): a persistent session keeps every subscription it was given.
+//  - Retained messages are not resent by its reconnects (a broker resends them on every
+//    SUBSCRIBE, MQTT 3.1.1 section 3.3.1.3): with MQTT 5 it subscribes with Retain
+//    Handling 1 (only for a new subscription, MQTT 5.0 section 3.8.3.1); with MQTT 3.1.1
+//    it does not SUBSCRIBE again while the session is present and holds exactly the
+//    configured filters. What reaches a sink with RETAIN set is for
+//    ConsumerOptions::retained to decide.
 //
 // Thread safety: all methods are safe from any thread except that subscribe() must not
 // race with start(). Status queries (is_connected, health) never take Paho's lock.
@@ -74,12 +86,33 @@ struct SubscriberOptions {
   MqttVersion mqtt_version = MqttVersion::kV3_1_1;
   // Must stay false (MQTT 3.1.1 clean session / MQTT 5 clean start). true is refused.
   bool clean_session = false;
-  // MQTT 5 session expiry interval in seconds (MQTT 5.0 section 3.1.2.11.2). Must be > 0;
-  // 0xFFFFFFFF means the session never expires. Default 7 days. Size it to the longest
-  // time a device may stay offline; the retention window must cover it. Ignored for
-  // MQTT 3.1.1, where the broker's own setting (mosquitto: persistent_client_expiration)
-  // applies.
+  // Session expiry in seconds. MQTT 5: sent as the Session Expiry Interval (MQTT 5.0
+  // section 3.1.2.11.2); must be > 0; 0xFFFFFFFF means the session never expires.
+  // MQTT 3.1.1: declared, not sent: the broker alone sets it (mosquitto:
+  // persistent_client_expiration, which never expires by default), so declare here what
+  // the broker is configured to keep. Either way it is recorded in the Inbox behind each
+  // sink (Inbox::record_session) and the Pruner refuses a retention window shorter than
+  // it plus its margin (retention.h): the one source of truth for how long ids must be
+  // kept. Size it to the longest time a device may stay offline. Default 7 days.
   uint32_t session_expiry_s = 7 * 24 * 3600;
+  // MQTT 5 Receive Maximum sent in CONNECT (MQTT 5.0 section 3.1.2.11.3): how many QoS 1
+  // messages the broker sends before it waits for their PUBACKs. It bounds the in-flight
+  // window, and with it the burst of redeliveries after a crash; the callback commits one
+  // message at a time anyway, so a larger window buys little. 1..65535. Default 20.
+  // Ignored for MQTT 3.1.1, where the broker's own limit applies (mosquitto:
+  // max_inflight_messages, default 20).
+  uint16_t receive_maximum = 20;
+  // MQTT 5 Maximum Packet Size sent in CONNECT (MQTT 5.0 section 3.1.2.11.4), bytes;
+  // 0 = not sent (no limit). It keeps a huge PUBLISH (100 MB) from being read into the
+  // memory of a small device before ConsumerOptions::max_payload_bytes can refuse it.
+  // The trade-off: the broker then discards a larger message for this client without
+  // sending it (section 3.1.2.11.4), after acknowledging it to its publisher, so the
+  // message is lost without a dead letter, and only the broker's log or metrics show it.
+  // Without it the library receives the message and dead-letters it as
+  // payload_too_large, and nothing is lost silently. Set it well above
+  // max_payload_bytes plus topic and properties (a few KiB), or leave it 0. Ignored for
+  // MQTT 3.1.1, which has no such field. Default 0.
+  uint32_t maximum_packet_size = 0;
   // Keep-alive in seconds. Default 30. A handler or store wait longer than 1.5 times this
   // makes the broker drop the connection; the message is then redelivered, not lost.
   int keep_alive_s = 30;
@@ -182,12 +215,18 @@ class Subscriber {
   // Routes messages matching `topic_filter` (MQTT wildcards + and #; a "$share/group/"
   // prefix is allowed) to `sink` (a Consumer, or a store-then-process receiver),
   // subscribed at QoS 1. One sink per filter; call before start(). A message matching
-  // several filters goes to the first one added. `sink` must outlive the Subscriber.
+  // several filters goes to the first one added. `sink` must outlive the Subscriber, and
+  // so must its Inbox (MessageSink::inbox()), where the session is recorded. Errors:
+  // kInvalidArgument for a null sink, a sink without an Inbox, an empty or repeated
+  // filter, or a call after start().
   Status subscribe(const std::string& topic_filter, MessageSink* sink);
 
   // Takes the client-id lock, then starts connecting in the background and returns at
   // once; the device may boot before the network is up. Use wait_connected() to wait for
-  // the first CONNACK. Errors: kBusy if another process holds the client-id lock.
+  // the first CONNACK. Each connection attempt first records the session expiry in the
+  // sinks' Inboxes when it would lengthen the recorded one; while that record cannot be
+  // written (the store fails), the attempt is not made and is retried with the backoff.
+  // Errors: kBusy if another process holds the client-id lock.
   Status start();
 
   // True once connected and subscribed, or until `timeout_ms` elapsed.

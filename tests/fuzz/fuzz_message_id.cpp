@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "log.h"
 #include "message_id.h"
 #include "text.h"
@@ -31,6 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // An accepted id is always usable as a key and safe to log.
     if (id.empty() || id.size() > o.max_id_bytes || !detail::is_valid_utf8(id) ||
         !detail::validate_message_id(id, o.max_id_bytes).empty())
+      std::abort();
+    // A message never carries two ids: when the JSON payload holds the field too, it is
+    // the same string (otherwise a hop that drops MQTT 5 properties applies it twice).
+    const auto j = nlohmann::json::parse(m.payload, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains(o.json_field) &&
+        (!j[o.json_field].is_string() || j[o.json_field].get<std::string>() != id))
       std::abort();
   } else if (why.empty()) {
     std::abort();  // every refusal names its reason

@@ -1,5 +1,7 @@
-// Test support: a fixture that runs support/crash_consumer as a child process against a
-// real mosquitto and a real SQLite file, and reads back what happened.
+// Test support: runs support/crash_consumer as a child process against a real broker and
+// a real SQLite file, and reads back what happened. ChildConsumers works against any
+// broker (the core cases run it against mosquitto and RabbitMQ, support/core_cases.h);
+// ChildConsumerTest is the fixture with a mosquitto of its own per test.
 #pragma once
 
 #include <signal.h>
@@ -14,20 +16,31 @@
 
 namespace mqtt_inbox::test {
 
-class ChildConsumerTest : public ::testing::Test {
- protected:
-  void SetUp() override { db_path_ = dir_.file("ledger.db"); }
+class ChildConsumers {
+ public:
+  // `dir`: the folder of the database (ledger.db), the log and the client-id lock.
+  // `mqtt_version`: "5" or "3.1.1", as crash_consumer's --mqtt-version takes it.
+  ChildConsumers(const std::string& dir, std::string broker_uri, std::string mqtt_version,
+                 std::string client_id = "crash-client")
+      : dir_(dir),
+        uri_(std::move(broker_uri)),
+        version_(std::move(mqtt_version)),
+        client_id_(std::move(client_id)) {}
 
-  std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {built_program("crash_consumer"), broker_.uri(), "crash-client",
-                                     "credits/#", db_path_, "--mqtt-version", "5"};
+  const std::string& uri() const { return uri_; }
+  bool mqtt5() const { return version_ == "5"; }
+  std::string db_path() const { return dir_ + "/ledger.db"; }
+
+  std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> argv = {built_program("crash_consumer"), uri_, client_id_,
+                                     "credits/#", db_path(), "--mqtt-version", version_};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(argv, log_path());
   }
 
   // Starts and stops a consumer once so the broker holds a persistent session (with the
   // subscription) before a test publishes.
-  void create_session() {
+  void create_session() const {
     auto first = start_consumer();
     ASSERT_TRUE(wait_until([&] { return log_text().find("subscribing") != std::string::npos; },
                            std::chrono::seconds(10)));
@@ -35,7 +48,7 @@ class ChildConsumerTest : public ::testing::Test {
     ASSERT_NE(first->wait(std::chrono::seconds(10)), -1);
   }
 
-  std::string log_path() const { return dir_.file("consumer.log"); }
+  std::string log_path() const { return dir_ + "/consumer.log"; }
   std::string log_text() const {
     std::ifstream f(log_path());
     std::stringstream s;
@@ -50,7 +63,7 @@ class ChildConsumerTest : public ::testing::Test {
   }
 
   // Stops the child with SIGTERM and returns the counter it printed last, or -1.
-  int64_t stop_and_count(Child& child, const std::string& counter) {
+  int64_t stop_and_count(Child& child, const std::string& counter) const {
     child.signal(SIGTERM);
     EXPECT_NE(child.wait(std::chrono::seconds(20)), -1);
     const std::string text = log_text();
@@ -61,11 +74,32 @@ class ChildConsumerTest : public ::testing::Test {
     return last.empty() ? -1 : std::stoll(last);
   }
 
-  int64_t q(const std::string& sql) { return query_int(db_path_, sql); }
+  int64_t q(const std::string& sql) const { return query_int(db_path(), sql); }
+
+ private:
+  std::string dir_, uri_, version_, client_id_;
+};
+
+class ChildConsumerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { db_path_ = dir_.file("ledger.db"); }
+
+  std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) {
+    return children_.start_consumer(std::move(extra));
+  }
+  void create_session() { children_.create_session(); }
+  std::string log_path() const { return children_.log_path(); }
+  std::string log_text() const { return children_.log_text(); }
+  size_t log_count(const std::string& needle) const { return children_.log_count(needle); }
+  int64_t stop_and_count(Child& child, const std::string& counter) {
+    return children_.stop_and_count(child, counter);
+  }
+  int64_t q(const std::string& sql) { return children_.q(sql); }
 
   Broker broker_;
   TempDir dir_;
   std::string db_path_;
+  ChildConsumers children_{dir_.path(), broker_.uri(), "5"};
 };
 
 }  // namespace mqtt_inbox::test

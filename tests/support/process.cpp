@@ -129,8 +129,6 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-namespace {
-
 bool port_open(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -141,6 +139,8 @@ bool port_open(int port) {
   close(fd);
   return ok;
 }
+
+namespace {
 
 std::string mosquitto_binary() {
   if (const char* env = std::getenv("MQTT_INBOX_MOSQUITTO")) return env;

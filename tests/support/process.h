@@ -55,6 +55,8 @@ bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds tim
 
 // A free TCP port on 127.0.0.1 (bound to port 0, then released).
 int free_port();
+// True if something accepts TCP connections on 127.0.0.1:port.
+bool port_open(int port);
 
 // A mosquitto broker on 127.0.0.1:<free port>, configured as the guarantee needs
 // (guarantees.md section 2): persistence on, no queue limit, and `user root` when run as

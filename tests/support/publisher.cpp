@@ -29,8 +29,9 @@ TestPublisher::~TestPublisher() {
 }
 
 void TestPublisher::publish(const std::string& topic, const std::string& payload,
-                            const std::vector<std::pair<std::string, std::string>>& props) {
-  auto msg = mqtt::make_message(topic, payload, 1, false);
+                            const std::vector<std::pair<std::string, std::string>>& props,
+                            bool retain) {
+  auto msg = mqtt::make_message(topic, payload, 1, retain);
   if (mqtt5_ && !props.empty()) {
     mqtt::properties p;
     for (const auto& kv : props) p.add({mqtt::property::USER_PROPERTY, kv.first, kv.second});

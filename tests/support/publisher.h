@@ -18,9 +18,11 @@ class TestPublisher {
  public:
   TestPublisher(const std::string& uri, bool mqtt5 = true);
   ~TestPublisher();
-  // Publishes at QoS 1 and waits for the PUBACK. `props` become MQTT 5 user properties.
+  // Publishes at QoS 1 and waits for the PUBACK. `props` become MQTT 5 user properties;
+  // `retain` sets the RETAIN flag (the broker keeps the message for later subscribers).
   void publish(const std::string& topic, const std::string& payload,
-               const std::vector<std::pair<std::string, std::string>>& props = {});
+               const std::vector<std::pair<std::string, std::string>>& props = {},
+               bool retain = false);
   // A ledger credit carrying `id` in the JSON body and, with MQTT 5, in the
   // "message-id" user property.
   void credit(const std::string& topic, const std::string& id, const std::string& account,

@@ -1,0 +1,75 @@
+// The integration suite's core cases (support/core_cases.h) against a second broker:
+// RabbitMQ 3.10's MQTT plugin, which speaks MQTT 3.1.1 only. One private node serves the
+// whole file (a node takes 10-50 s to start), so ctest runs this binary as one test.
+// Also the subscription behaviour that matters most on a 3.1.1 broker: no SUBSCRIBE on
+// reconnect while the session holds the configured filters (RabbitMQ resends retained
+// messages on every SUBSCRIBE of their exact topic).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "support/core_cases.h"
+#include "support/rabbitmq.h"
+
+namespace mqtt_inbox::test {
+namespace {
+
+class RabbitMqTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    suite_start_ = std::chrono::steady_clock::now();
+    try {
+      node_ = new RabbitMq();
+      std::printf("[rabbitmq] node up in %.1f s at %s\n", node_->last_start_seconds(),
+                  node_->uri().c_str());
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete node_;
+    node_ = nullptr;
+    std::printf("[rabbitmq] suite with its node: %.1f s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - suite_start_)
+                    .count());
+  }
+  void SetUp() override {
+    // No silent skip: the suite installs rabbitmq-server (scripts/lib.sh).
+    ASSERT_NE(node_, nullptr) << "no RabbitMQ node: " << error_;
+  }
+
+  BrokerUnderTest broker() {
+    RabbitMq* n = node_;
+    return {"rabbitmq", n->uri(), MqttVersion::kV3_1_1, [n] { n->stop(); },
+            [n] {
+              n->start();
+              std::printf("[rabbitmq] restarted in %.1f s\n", n->last_start_seconds());
+            },
+            180000};
+  }
+
+  static RabbitMq* node_;
+  static std::string error_;
+  static std::chrono::steady_clock::time_point suite_start_;
+};
+
+RabbitMq* RabbitMqTest::node_ = nullptr;
+std::string RabbitMqTest::error_;
+std::chrono::steady_clock::time_point RabbitMqTest::suite_start_;
+
+TEST_F(RabbitMqTest, ExactlyOnceUnderSigkill) {
+  TempDir dir;
+  core_case_exactly_once_under_sigkill(ChildConsumers(dir.path(), node_->uri(), "3.1.1", "rmq-crash"));
+}
+
+TEST_F(RabbitMqTest, PersistentSessionDeliversWhatArrivedWhileOffline) {
+  core_case_offline_messages_are_delivered(broker(), "rmq-offline");
+}
+
+TEST_F(RabbitMqTest, BrokerRestartKeepsSessions) {
+  core_case_broker_restart_keeps_sessions(broker(), "rmq-restart");
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test

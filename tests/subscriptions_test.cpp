@@ -1,0 +1,267 @@
+// Subscriptions on long-lived persistent sessions (issue 12 section 4, issue 18 section
+// 1) against a real mosquitto and real SQLite files: retained messages across reconnects
+// and pruning, stale topic filters, messages with two ids, the MQTT 5 limits a client
+// advertises, and the session expiry recorded for the Pruner. Assertions are on the
+// ledger's balances, the dead letters and what the broker sent.
+#include <mqtt_inbox/subscriber.h>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "support/ledger_fixture.h"
+#include "support/publisher.h"
+
+namespace mqtt_inbox::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
+ protected:
+  void SetUp() override {
+    db_path_ = dir_.file("ledger.db");
+    log_ = std::make_shared<spdlog::logger>("subscriptions-test", ring_);
+    log_->set_level(spdlog::level::debug);
+    InboxOptions io;
+    io.logger = log_;
+    inbox_ = open_ledger_inbox(db_path_, io);
+    ASSERT_TRUE(inbox_);
+    make_consumer({});
+  }
+
+  void make_consumer(ConsumerOptions co) {
+    co.retry_backoff_initial = 1ms;
+    co.retry_backoff_max = 2ms;
+    consumer_.reset();
+    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+  }
+
+  SubscriberOptions options(const std::string& client_id) {
+    SubscriberOptions o;
+    o.broker_uri = broker_.uri();
+    o.client_id = client_id;
+    o.client_id_lock_dir = dir_.path();
+    o.mqtt_version = GetParam();
+    o.reconnect_backoff_initial_ms = 50;
+    o.reconnect_backoff_max_ms = 200;
+    o.logger = log_;
+    return o;
+  }
+
+  std::unique_ptr<Subscriber> start(const SubscriberOptions& o,
+                                    const std::vector<std::string>& filters = {"credits/#"}) {
+    std::unique_ptr<Subscriber> s;
+    EXPECT_TRUE(Subscriber::create(o, &s).ok());
+    for (const auto& f : filters) EXPECT_TRUE(s->subscribe(f, consumer_.get()).ok());
+    EXPECT_TRUE(s->start().ok());
+    EXPECT_TRUE(s->wait_connected(10000));
+    return s;
+  }
+
+  // Restarts the broker (persistence on: the session survives) and waits until `sub` has
+  // reconnected, i.e. connected and subscribed (or decided not to) again.
+  void force_reconnect(Subscriber& sub) {
+    const int64_t before = sub.connects();
+    broker_.stop();
+    ASSERT_TRUE(wait_until([&] { return !sub.is_connected(); }, 10s));
+    broker_.start();
+    ASSERT_TRUE(wait_until([&] { return sub.connects() > before && sub.is_connected(); }, 15s));
+  }
+
+  bool mqtt5() const { return GetParam() == MqttVersion::kV5; }
+  int64_t q(const std::string& sql) { return query_int(db_path_, sql); }
+  int64_t balance() { return q("SELECT coalesce(sum(balance), 0) FROM accounts"); }
+  size_t log_count(const std::string& needle) {
+    size_t n = 0;
+    for (const auto& line : ring_->last_formatted()) n += line.find(needle) != std::string::npos;
+    return n;
+  }
+
+  Broker broker_;
+  TempDir dir_;
+  std::string db_path_;
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> ring_ =
+      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(2000);
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<Inbox> inbox_;
+  std::unique_ptr<Consumer> consumer_;
+};
+
+// The field report's failing input: a retained credit, three forced reconnects, a forced
+// 1 ms prune, one more reconnect. Before, every reconnect re-SUBSCRIBEd, the broker
+// resent the retained credit each time, and once its id was pruned it was applied again.
+// Even with RetainedPolicy::kProcess (what the handler saw before) the balance stays
+// single: the broker never resends it (MQTT 3.1.1: no SUBSCRIBE while the session holds
+// the filters; MQTT 5: Retain Handling 1).
+TEST_P(SubscriptionsTest, RetainedCreditStaysSingleAcrossReconnectsAndAPrune) {
+  ConsumerOptions co;
+  co.retained = RetainedPolicy::kProcess;
+  make_consumer(co);
+  auto sub = start(options("gw-retained"));
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    pub.publish("credits/a", R"({"message_id":"X","account":"acct","amount":100})",
+                {{"message-id", "X"}}, /*retain=*/true);
+  }
+  ASSERT_TRUE(wait_until([&] { return balance() == 100; }, 10s));
+  for (int i = 0; i < 3; ++i) force_reconnect(*sub);
+
+  RetentionOptions r;
+  r.window = 1ms;
+  r.allow_window_below_horizon = true;  // forced
+  r.stats_log_period_ms = 0;
+  std::unique_ptr<Pruner> pruner;
+  ASSERT_TRUE(Pruner::create(inbox_.get(), r, &pruner).ok());
+  std::this_thread::sleep_for(10ms);
+  PruneResult pr;
+  ASSERT_TRUE(pruner->prune_once(&pr).ok());
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 0);  // X is forgotten
+
+  force_reconnect(*sub);
+  std::this_thread::sleep_for(500ms);  // a resent retained message arrives right after SUBACK
+  EXPECT_EQ(balance(), 100);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 1);
+  EXPECT_EQ(sub->messages_received(), 1);  // the broker never resent it
+  EXPECT_EQ(sub->connects(), 5);
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+// A retained credit published before the subscription existed comes with RETAIN=1 at the
+// first SUBSCRIBE: by default it is acked unprocessed and counted, and reconnects do not
+// bring it back.
+TEST_P(SubscriptionsTest, RetainedMessageAtFirstSubscribeIsSkippedByDefault) {
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    pub.publish("credits/b", R"({"message_id":"old","account":"acct","amount":7})",
+                {{"message-id", "old"}}, /*retain=*/true);
+  }
+  auto sub = start(options("gw-skip"));
+  ASSERT_TRUE(wait_until([&] { return consumer_->counters().retained_skipped == 1; }, 10s));
+  for (int i = 0; i < 2; ++i) force_reconnect(*sub);
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    pub.credit("credits/b", "live-1", "acct", 5);  // a live one is applied
+  }
+  ASSERT_TRUE(wait_until([&] { return balance() == 5; }, 10s));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(consumer_->counters().retained_skipped, 1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE message_id = 'old'"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+// A filter dropped from the configuration stays in the persistent session until it is
+// unsubscribed: before, every message on it became a new dead letter, on every run.
+TEST_P(SubscriptionsTest, StaleFilterIsUnsubscribedOnceAndItsMessagesStopComing) {
+  {
+    auto sub = start(options("gw-stale"), {"credits/#", "alerts/#"});
+    ASSERT_TRUE(sub->stop().ok());
+  }
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_session_filters WHERE client_id = 'gw-stale'"), 2);
+  for (int run = 0; run < 2; ++run) {
+    auto sub = start(options("gw-stale"), {"credits/#"});
+    {
+      TestPublisher pub(broker_.uri(), mqtt5());
+      pub.credit("alerts/x", "alert-" + std::to_string(run), "alerts-acct", 1);
+      pub.credit("credits/x", "credit-" + std::to_string(run), "acct", 10);
+    }
+    ASSERT_TRUE(wait_until([&] { return balance() == 10 * (run + 1); }, 10s));
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(sub->messages_received(), 1) << "run " << run;  // the alert never came
+    ASSERT_TRUE(sub->stop().ok());
+  }
+  EXPECT_EQ(log_count("unsubscribed topic filter 'alerts/#'"), 1u);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM accounts WHERE account = 'alerts-acct'"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_session_filters WHERE client_id = 'gw-stale'"
+              " AND topic_filter = 'credits/#'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_session_filters WHERE client_id = 'gw-stale'"), 1);
+}
+
+// Issue 18: the session expiry the subscriber uses (MQTT 5: sent; 3.1.1: declared) is
+// recorded before it connects, and a Pruner with the default retention is refused for a
+// 30-day session. One source of truth: nothing else had to repeat the 30 days.
+TEST_P(SubscriptionsTest, ThirtyDaySessionIsRecordedAndRefusesDefaultRetention) {
+  SubscriberOptions o = options("gw-30d");
+  o.session_expiry_s = 30 * 24 * 3600;
+  auto sub = start(o);
+  SessionRecord rec;
+  ASSERT_TRUE(inbox_->load_session("gw-30d", &rec).ok());
+  EXPECT_EQ(rec.session_expiry_ms, 30LL * 24 * 3600 * 1000);
+  EXPECT_EQ(rec.expiry_source,
+            mqtt5() ? SessionExpirySource::kRequested : SessionExpirySource::kDeclared);
+  EXPECT_EQ(rec.topic_filters, std::vector<std::string>{"credits/#"});
+  std::unique_ptr<Pruner> pruner;
+  const Status s = Pruner::create(inbox_.get(), RetentionOptions{}, &pruner);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("gw-30d"), std::string::npos) << s.message();
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, SubscriptionsTest,
+                         ::testing::Values(MqttVersion::kV3_1_1, MqttVersion::kV5),
+                         [](const ::testing::TestParamInfo<MqttVersion>& p) {
+                           return p.param == MqttVersion::kV5 ? "mqtt5" : "mqtt311";
+                         });
+
+// MQTT 5 only (3.1.1 has no user properties and no packet size limit).
+class Mqtt5SubscriptionsTest : public SubscriptionsTest {};
+
+// One message, two ids (the property says one thing, the JSON another): dead-lettered
+// as invalid_id with both values, applied under neither.
+TEST_P(Mqtt5SubscriptionsTest, MessageWithTwoIdsIsDeadLetteredNotApplied) {
+  auto sub = start(options("gw-ids"));
+  {
+    TestPublisher pub(broker_.uri(), true);
+    pub.publish("credits/a", R"({"message_id":"json-1","account":"acct","amount":5})",
+                {{"message-id", "prop-1"}});
+    pub.credit("credits/a", "ok-1", "acct", 1);
+  }
+  ASSERT_TRUE(wait_until([&] { return balance() == 1; }, 10s));
+  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM inbox_dead_letters") == 1; }, 10s));
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'invalid_id'"
+              " AND reason_text LIKE '%prop-1%' AND reason_text LIKE '%json-1%'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 1);
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+// The documented trade-off of maximum_packet_size: the broker drops a larger message for
+// this client (no dead letter; the publisher got its PUBACK), while without the limit
+// the library dead-letters it as payload_too_large.
+TEST_P(Mqtt5SubscriptionsTest, MaximumPacketSizeMakesTheBrokerDropLargerMessages) {
+  ConsumerOptions co;
+  co.max_payload_bytes = 512;
+  make_consumer(co);
+  SubscriberOptions o = options("gw-packet");
+  o.maximum_packet_size = 2048;
+  o.receive_maximum = 5;
+  auto sub = start(o);
+  const std::string big = R"({"message_id":"big","account":"acct","amount":1,"pad":")" +
+                          std::string(4000, 'p') + "\"}";
+  const std::string mid = R"({"message_id":"mid","account":"acct","amount":1,"pad":")" +
+                          std::string(1000, 'p') + "\"}";
+  {
+    TestPublisher pub(broker_.uri(), true);
+    pub.publish("credits/a", big, {{"message-id", "big"}});
+    pub.publish("credits/a", mid, {{"message-id", "mid"}});
+    pub.credit("credits/a", "small", "acct", 2);
+  }
+  ASSERT_TRUE(wait_until([&] { return balance() == 2; }, 10s));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(sub->messages_received(), 2);  // "big" never reached this client
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'mid'"
+              " AND reason = 'payload_too_large'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'big'"), 0);
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, Mqtt5SubscriptionsTest, ::testing::Values(MqttVersion::kV5),
+                         [](const ::testing::TestParamInfo<MqttVersion>&) { return "mqtt5"; });
+
+}  // namespace
+}  // namespace mqtt_inbox::test

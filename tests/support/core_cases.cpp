@@ -1,0 +1,138 @@
+#include "support/core_cases.h"
+
+#include <memory>
+
+namespace mqtt_inbox::test {
+
+namespace {
+
+// An inbox with the ledger's tables in its own folder, one Consumer on it, and
+// subscribers for it on demand.
+class LedgerRig {
+ public:
+  LedgerRig(const BrokerUnderTest& broker, const std::string& filter)
+      : broker_(broker), filter_(filter), db_path_(dir_.file("ledger.db")) {
+    inbox_ = open_ledger_inbox(db_path_);
+    ConsumerOptions co;
+    co.retry_backoff_initial = std::chrono::milliseconds(1);
+    co.retry_backoff_max = std::chrono::milliseconds(2);
+    EXPECT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+  }
+
+  std::unique_ptr<Subscriber> subscriber(const std::string& client_id) {
+    SubscriberOptions o;
+    o.broker_uri = broker_.uri;
+    o.client_id = client_id;
+    o.client_id_lock_dir = dir_.path();
+    o.mqtt_version = broker_.version;
+    o.reconnect_backoff_initial_ms = 50;
+    o.reconnect_backoff_max_ms = 500;
+    std::unique_ptr<Subscriber> s;
+    EXPECT_TRUE(Subscriber::create(o, &s).ok());
+    EXPECT_TRUE(s->subscribe(filter_, consumer_.get()).ok());
+    return s;
+  }
+
+  int64_t rows() const { return query_int(db_path_, "SELECT count(*) FROM ledger_entries"); }
+  int64_t balance() const { return query_int(db_path_, "SELECT sum(balance) FROM accounts"); }
+
+ private:
+  const BrokerUnderTest& broker_;
+  std::string filter_;
+  TempDir dir_;
+  std::string db_path_;
+  std::unique_ptr<Inbox> inbox_;
+  std::unique_ptr<Consumer> consumer_;
+};
+
+}  // namespace
+
+void core_case_exactly_once_under_sigkill(const ChildConsumers& c) {
+  c.create_session();
+  if (::testing::Test::HasFatalFailure()) return;
+  auto child = c.start_consumer({"--crash-after-commit", "c-5"});
+  {
+    TestPublisher pub(c.uri(), c.mqtt5());
+    for (int i = 0; i < 10; ++i) pub.credit("credits/x", "c-" + std::to_string(i), "acct", 10 + i);
+  }
+  const int st = child->wait(std::chrono::seconds(30));
+  ASSERT_NE(st, -1) << "consumer did not crash";
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  EXPECT_EQ(c.q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-5'"), 1);
+
+  auto restarted = c.start_consumer();
+  ASSERT_TRUE(wait_until([&] { return c.q("SELECT count(*) FROM ledger_entries") == 10; },
+                         std::chrono::seconds(30)));
+  EXPECT_GE(c.stop_and_count(*restarted, "duplicates"), 1);  // c-5 came back and was skipped
+  EXPECT_EQ(c.q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-5'"), 1);
+  EXPECT_EQ(c.q("SELECT sum(balance) FROM accounts"), 10 * 10 + 45);
+  EXPECT_EQ(c.q("SELECT count(*) FROM inbox_processed"), 10);
+  EXPECT_EQ(c.q("SELECT count(*) FROM inbox_attempts"), 0);
+}
+
+void core_case_offline_messages_are_delivered(const BrokerUnderTest& broker,
+                                              const std::string& prefix) {
+  LedgerRig rig(broker, prefix + "/#");
+  const std::string client = prefix + "-offline";
+  {
+    auto sub = rig.subscriber(client);
+    ASSERT_TRUE(sub->start().ok());
+    ASSERT_TRUE(sub->wait_connected(10000));
+    ASSERT_TRUE(sub->stop().ok());
+  }
+  {
+    TestPublisher pub(broker.uri, broker.version == MqttVersion::kV5);
+    for (int i = 0; i < 25; ++i) pub.credit(prefix + "/b", "off-" + std::to_string(i), "x", 2);
+  }
+  EXPECT_EQ(rig.rows(), 0);
+  auto sub = rig.subscriber(client);
+  ASSERT_TRUE(sub->start().ok());
+  ASSERT_TRUE(wait_until([&] { return rig.rows() == 25; }, std::chrono::seconds(30)))
+      << broker.name << ": " << rig.rows() << " of 25 applied";
+  EXPECT_EQ(rig.balance(), 50);
+  EXPECT_EQ(sub->sessions_lost(), 0);
+  EXPECT_TRUE(sub->stop().ok());
+}
+
+void core_case_broker_restart_keeps_sessions(const BrokerUnderTest& broker,
+                                             const std::string& prefix) {
+  const bool v5 = broker.version == MqttVersion::kV5;
+  LedgerRig online(broker, prefix + "/online/#"), offline(broker, prefix + "/offline/#");
+  auto a = online.subscriber(prefix + "-online");
+  ASSERT_TRUE(a->start().ok());
+  ASSERT_TRUE(a->wait_connected(10000));
+  {
+    auto b = offline.subscriber(prefix + "-offline");  // makes its session, then leaves
+    ASSERT_TRUE(b->start().ok());
+    ASSERT_TRUE(b->wait_connected(10000));
+    ASSERT_TRUE(b->stop().ok());
+  }
+  {
+    TestPublisher pub(broker.uri, v5);
+    for (int i = 0; i < 5; ++i) pub.credit(prefix + "/offline/q", "q-" + std::to_string(i), "y", 3);
+  }
+
+  broker.stop();
+  ASSERT_TRUE(wait_until([&] { return !a->is_connected(); }, std::chrono::seconds(10)));
+  broker.start();
+  ASSERT_TRUE(a->wait_connected(broker.restart_timeout_ms)) << broker.name << " restart";
+  {
+    TestPublisher pub(broker.uri, v5);
+    for (int i = 0; i < 5; ++i) pub.credit(prefix + "/online/r", "r-" + std::to_string(i), "y", 3);
+  }
+  ASSERT_TRUE(wait_until([&] { return online.rows() == 5; }, std::chrono::seconds(30)));
+  EXPECT_EQ(online.balance(), 15);
+  EXPECT_GE(a->connects(), 2);
+  EXPECT_EQ(a->sessions_lost(), 0);
+
+  auto b = offline.subscriber(prefix + "-offline");
+  ASSERT_TRUE(b->start().ok());
+  ASSERT_TRUE(wait_until([&] { return offline.rows() == 5; }, std::chrono::seconds(30)))
+      << broker.name << ": " << offline.rows() << " of 5 queued messages survived the restart";
+  EXPECT_EQ(offline.balance(), 15);
+  EXPECT_EQ(b->sessions_lost(), 0);
+  EXPECT_TRUE(b->stop().ok());
+  EXPECT_TRUE(a->stop().ok());
+}
+
+}  // namespace mqtt_inbox::test
