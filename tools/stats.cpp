@@ -1,7 +1,9 @@
 // `mqtt-inbox stats`: rows per consumer, sizes, schema, dead letters and
 // store-then-process counts (docs/admin-tool.md).
+#include <algorithm>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +18,18 @@
 namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
+
+namespace {
+
+// Why "oldest age"/"newest age" can be smaller than the time that really passed.
+constexpr const char* kAgesNote =
+    "ages are on the retention clock as this file last recorded it (the larger of the "
+    "persisted value and the newest row): the clock does not run while no consumer does, "
+    "and a consumer persists it only at each Pruner pass and at a clean stop, so a "
+    "running consumer is ahead of it and the time since the last persist before a "
+    "kill -9 or power loss is not counted (ids are then kept longer, never shorter)";
+
+}  // namespace
 
 int cmd_stats(const std::string& path) {
   auto inbox = open_inbox(path);
@@ -55,7 +69,16 @@ int cmd_stats(const std::string& path) {
   j["wal_bytes"] = s.wal_bytes;
   j["retention_clock_ms"] = clock;
   j["wall_clock_ms"] = wall_now_ms();
-  j["persisted_retention_clock_ms"] = meta_int(meta, "retention_clock_ms") ? json(*meta_int(meta, "retention_clock_ms")) : json();
+  const std::optional<int64_t> persisted = meta_int(meta, "retention_clock_ms");
+  j["persisted_retention_clock_ms"] = persisted ? json(*persisted) : json();
+  // The tool's clock starts where the file's clock stands: the larger of the persisted
+  // value and the newest row (Inbox::open). Say which, and that the ages are lower bounds.
+  int64_t newest = 0;
+  for (const auto& c : s.consumers) newest = std::max(newest, c.second.newest_received_at);
+  const char* source = persisted && *persisted >= newest ? "persisted" : "newest_row";
+  j["retention_clock_source"] = source;
+  j["ages_are_lower_bounds"] = true;
+  j["ages_note"] = kAgesNote;
   j["required_window_ms"] = meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
   j["consumers"] = json::array();
   std::vector<std::vector<std::string>> rows;
@@ -104,13 +127,15 @@ int cmd_stats(const std::string& path) {
             {"schema version", std::to_string(facts.user_version) + " (tool " + std::to_string(mi::kSchemaVersion) + ")"},
             {"db size", human_bytes(s.db_bytes)},
             {"wal size", human_bytes(s.wal_bytes)},
-            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) + ")"},
+            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) +
+                                    "; from the " + (std::string(source) == "persisted" ? "persisted value" : "newest row") + ")"},
             {"required window", j["required_window_ms"].is_null() ? "not recorded (no Pruner has run)"
                                                                    : human_ms(j["required_window_ms"].get<int64_t>())}});
   std::cout << "\n";
   print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason", "attempts",
                "stp pend/proc/done/dead"},
               rows);
+  std::cout << "\nNote: " << kAgesNote << ".\n";
   return kOk;
 }
 
