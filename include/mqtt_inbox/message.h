@@ -69,7 +69,10 @@ class MessageSink {
 };
 
 // A Message together with the producer-assigned id the consumer extracted from it.
-// Handlers receive this.
+// Handlers receive this. Lifetime: `message` and `message_id` refer to the consumer's
+// own objects for this delivery and are valid only during the handler call. A handler
+// that keeps anything beyond its return (a queue, another thread, a lambda run later)
+// copies it: Message and std::string are value types.
 struct Delivery {
   const Message& message;
   const std::string& message_id;
