@@ -9,8 +9,10 @@
 # must hold exactly that file (path relative to ROOT), so the code a reader copies is the
 # code CI compiles. Checks by default; UPDATE=ON copies the files into the README instead.
 #
-#   cmake -DROOT=<repo> -DWORK=<scratch dir> [-DEXPECT=<file;file>] [-DREADME=<path>]
+#   cmake -DROOT=<repo> [-DWORK=<scratch dir>] [-DEXPECT=<file;file>] [-DREADME=<path>]
 #         [-DUPDATE=ON] -P check_readme_includes.cmake
+#
+# WORK: where the README's differing copy is written for `diff -u` (no diff without it).
 #
 # EXPECT lists files that must have a block (so deleting the markers fails too).
 cmake_minimum_required(VERSION 3.16)
@@ -19,9 +21,6 @@ if(NOT ROOT)
 endif()
 if(NOT README)
   set(README "${ROOT}/README.md")
-endif()
-if(NOT WORK)
-  set(WORK "${CMAKE_CURRENT_BINARY_DIR}/readme_includes")
 endif()
 set(_begin "<!-- include ")
 set(_end "<!-- end include -->")
@@ -80,11 +79,11 @@ while(TRUE)
   file(READ "${ROOT}/${_file}" _want)
   string(APPEND _out "${_marker}\n${_open}\n${_want}${_fence}\n")
   if(NOT _shown STREQUAL _want)
-    string(MAKE_C_IDENTIFIER "${_file}" _id)
-    file(WRITE "${WORK}/${_id}.in_readme" "${_shown}")
     list(APPEND _errors "${_file}")
     find_program(_diff diff)
-    if(_diff)
+    if(WORK AND _diff AND NOT UPDATE)  # show the difference: the README's copy in a file
+      string(MAKE_C_IDENTIFIER "${_file}" _id)
+      file(WRITE "${WORK}/${_id}.in_readme" "${_shown}")
       execute_process(COMMAND "${_diff}" -u "${ROOT}/${_file}" "${WORK}/${_id}.in_readme")
     endif()
   endif()
