@@ -1,6 +1,5 @@
 // `mqtt-inbox stats`: rows per consumer, sizes, schema, dead letters and
 // store-then-process counts (docs/admin-tool.md).
-#include <algorithm>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -71,12 +70,8 @@ int cmd_stats(const std::string& path) {
   j["wall_clock_ms"] = wall_now_ms();
   const std::optional<int64_t> persisted = meta_int(meta, "retention_clock_ms");
   j["persisted_retention_clock_ms"] = persisted ? json(*persisted) : json();
-  // The tool's clock starts where the file's clock stands: the larger of the persisted
-  // value and the newest row (Inbox::open). Say which, and that the ages are lower bounds.
-  int64_t newest = 0;
-  for (const auto& c : s.consumers) newest = std::max(newest, c.second.newest_received_at);
-  const char* source = persisted && *persisted >= newest ? "persisted" : "newest_row";
-  j["retention_clock_source"] = source;
+  // The tool's clock starts where the file's clock stands (the larger of the persisted
+  // value and the newest row, Inbox::open): the ages are lower bounds.
   j["ages_are_lower_bounds"] = true;
   j["ages_note"] = kAgesNote;
   j["required_window_ms"] = meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
@@ -127,8 +122,7 @@ int cmd_stats(const std::string& path) {
             {"schema version", std::to_string(facts.user_version) + " (tool " + std::to_string(mi::kSchemaVersion) + ")"},
             {"db size", human_bytes(s.db_bytes)},
             {"wal size", human_bytes(s.wal_bytes)},
-            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) +
-                                    "; from the " + (std::string(source) == "persisted" ? "persisted value" : "newest row") + ")"},
+            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) + ")"},
             {"required window", j["required_window_ms"].is_null() ? "not recorded (no Pruner has run)"
                                                                    : human_ms(j["required_window_ms"].get<int64_t>())}});
   std::cout << "\n";
