@@ -249,7 +249,7 @@ Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   consumer_rows = std::move(rows);
-  rows_measured_at = retention_clock();
+  rows_measured_at = std::max<int64_t>(1, retention_clock());  // 0 means "never measured"
   return Status::Ok();
 }
 

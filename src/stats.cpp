@@ -7,16 +7,21 @@ namespace mqtt_inbox {
 
 std::string summary_line(const InboxStats& s) {
   char buf[512];
-  int64_t rows = 0;
-  for (const auto& c : s.consumers) rows += c.second.rows;
+  // Rows are known only once measured; 0 would read as "an empty inbox".
+  std::string rows = "unknown";
+  if (s.rows_measured_at != 0) {
+    int64_t n = 0;
+    for (const auto& c : s.consumers) n += c.second.rows;
+    rows = std::to_string(n);
+  }
   std::snprintf(buf, sizeof buf,
                 "processed=%lld duplicates=%lld (%.1f%%) dead_lettered=%lld retries=%lld "
-                "store_errors=%lld pruned=%lld rows=%lld commit_p50=%lldus p99=%lldus max=%lldus "
+                "store_errors=%lld pruned=%lld rows=%s commit_p50=%lldus p99=%lldus max=%lldus "
                 "db=%lldB wal=%lldB",
                 static_cast<long long>(s.processed), static_cast<long long>(s.duplicates),
                 100.0 * s.duplicate_ratio, static_cast<long long>(s.dead_lettered),
                 static_cast<long long>(s.retries), static_cast<long long>(s.store_errors),
-                static_cast<long long>(s.pruned), static_cast<long long>(rows),
+                static_cast<long long>(s.pruned), rows.c_str(),
                 static_cast<long long>(s.commit_p50_us), static_cast<long long>(s.commit_p99_us),
                 static_cast<long long>(s.commit_max_us), static_cast<long long>(s.db_bytes),
                 static_cast<long long>(s.wal_bytes));

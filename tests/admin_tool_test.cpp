@@ -231,6 +231,50 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
   EXPECT_EQ(query_int(db, "SELECT sum(balance) FROM accounts"), kLedgerSum);
 }
 
+// A consumer persists the retention clock at each Pruner pass and at a clean stop. One
+// that dies without either (kill -9, power loss) leaves the file's clock behind the time it
+// ran: `stats` must say that its ages come from that clock and are lower bounds.
+TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
+  TempDir dir;
+  const std::string db = dir.file("ledger.db");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the consumer process
+    ShiftClock clock;
+    InboxOptions o;
+    o.clock = &clock;
+    auto inbox = open_ledger_inbox(db, o);
+    std::unique_ptr<Consumer> c;
+    if (!inbox || !Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &c).ok()) _exit(2);
+    bool ok = c->handle(credit_message("c-0", "a", 1)) == Outcome::kProcessed &&
+              inbox->persist_retention_clock().ok();  // as a Pruner pass does
+    clock.shift += kHour;  // an hour of running time, then one more credit
+    ok = ok && c->handle(credit_message("c-1", "a", 1)) == Outcome::kProcessed;
+    clock.shift += kHour;  // another hour, never persisted
+    _exit(ok ? 0 : 3);     // dies as under kill -9: no destructor persists the clock
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+
+  ToolRun r = tool({"stats", db, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  json s = r.j();
+  // The clock stands at the newest row (c-1), an hour after the persisted value; the hour
+  // the consumer ran after c-1 is lost, so c-0 shows about 1 h, not the 2 h it ran since.
+  EXPECT_TRUE(s["ages_are_lower_bounds"].get<bool>());
+  EXPECT_NE(s["ages_note"].get<std::string>().find("kill -9"), std::string::npos);
+  EXPECT_GE(s["retention_clock_ms"].get<int64_t>() - s["persisted_retention_clock_ms"].get<int64_t>(), kHour);
+  ASSERT_EQ(s["consumers"].size(), 1u);
+  const int64_t oldest_age = s["consumers"][0]["oldest_age_ms"].get<int64_t>();
+  EXPECT_GE(oldest_age, kHour);
+  EXPECT_LT(oldest_age, 2 * kHour);
+  r = tool({"stats", db});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Note: ages are on the retention clock as this file last recorded it"),
+            std::string::npos) << r.out;
+}
+
 TEST(AdminTool, PruneRespectsTheHorizonAndUsesThePruner) {
   TempDir dir;
   const std::string db = dir.file("ledger.db");

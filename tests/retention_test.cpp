@@ -375,6 +375,40 @@ TEST_F(RetentionTest, DeadLettersHaveTheirOwnRetention) {
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
 }
 
+// Rows are counted by a measurement (a Pruner pass, Pruner::start, refresh_row_stats);
+// before one, the summary line says "unknown" instead of a 0 that reads as "empty".
+TEST_F(RetentionTest, RowsAreUnknownUntilMeasuredAndPrunerStartMeasuresAtOnce) {
+  for (int i = 0; i < 3; ++i) consumer("ledger").handle(credit_message("u-" + std::to_string(i), "a", 1));
+  InboxStats s = inbox_->stats();
+  EXPECT_EQ(s.rows_measured_at, 0);
+  EXPECT_NE(summary_line(s).find(" rows=unknown "), std::string::npos) << summary_line(s);
+  EXPECT_EQ(prometheus_text(s).find("mqtt_inbox_rows{"), std::string::npos);
+
+  // The first pass is an hour away: the count can only come from start() itself.
+  RetentionOptions r = short_retention();
+  r.period = std::chrono::hours(1);
+  ASSERT_TRUE(pruner(r).start().ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (inbox_->stats().rows_measured_at == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  s = inbox_->stats();
+  pruner_->stop();
+  EXPECT_NE(s.rows_measured_at, 0);
+  EXPECT_EQ(s.consumers.at("ledger").rows, 3);
+  EXPECT_EQ(s.pruned, 0);
+  EXPECT_NE(summary_line(s).find(" rows=3 "), std::string::npos) << summary_line(s);
+  EXPECT_NE(prometheus_text(s).find("mqtt_inbox_rows{consumer=\"ledger\"} 3\n"), std::string::npos);
+}
+
+TEST_F(RetentionTest, AMeasuredEmptyInboxHasZeroRowsNotUnknown) {
+  EXPECT_NE(summary_line(inbox_->stats()).find(" rows=unknown "), std::string::npos);
+  ASSERT_TRUE(inbox_->refresh_row_stats().ok());
+  const InboxStats s = inbox_->stats();
+  EXPECT_NE(s.rows_measured_at, 0);
+  EXPECT_TRUE(s.consumers.empty());
+  EXPECT_NE(summary_line(s).find(" rows=0 "), std::string::npos) << summary_line(s);
+}
+
 TEST_F(RetentionTest, StatsSnapshotAndExports) {
   for (int i = 0; i < 20; ++i) consumer("ledger").handle(credit_message("s-" + std::to_string(i % 15), "a", 1));
   RetentionOptions r = short_retention();

@@ -2,6 +2,7 @@
 // store-then-process counts (docs/admin-tool.md).
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +17,18 @@
 namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
+
+namespace {
+
+// Why "oldest age"/"newest age" can be smaller than the time that really passed.
+constexpr const char* kAgesNote =
+    "ages are on the retention clock as this file last recorded it (the larger of the "
+    "persisted value and the newest row): the clock does not run while no consumer does, "
+    "and a consumer persists it only at each Pruner pass and at a clean stop, so a "
+    "running consumer is ahead of it and the time since the last persist before a "
+    "kill -9 or power loss is not counted (ids are then kept longer, never shorter)";
+
+}  // namespace
 
 int cmd_stats(const std::string& path) {
   auto inbox = open_inbox(path);
@@ -55,7 +68,12 @@ int cmd_stats(const std::string& path) {
   j["wal_bytes"] = s.wal_bytes;
   j["retention_clock_ms"] = clock;
   j["wall_clock_ms"] = wall_now_ms();
-  j["persisted_retention_clock_ms"] = meta_int(meta, "retention_clock_ms") ? json(*meta_int(meta, "retention_clock_ms")) : json();
+  const std::optional<int64_t> persisted = meta_int(meta, "retention_clock_ms");
+  j["persisted_retention_clock_ms"] = persisted ? json(*persisted) : json();
+  // The tool's clock starts where the file's clock stands (the larger of the persisted
+  // value and the newest row, Inbox::open): the ages are lower bounds.
+  j["ages_are_lower_bounds"] = true;
+  j["ages_note"] = kAgesNote;
   j["required_window_ms"] = meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
   j["consumers"] = json::array();
   std::vector<std::vector<std::string>> rows;
@@ -111,6 +129,7 @@ int cmd_stats(const std::string& path) {
   print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason", "attempts",
                "stp pend/proc/done/dead"},
               rows);
+  std::cout << "\nNote: " << kAgesNote << ".\n";
   return kOk;
 }
 

@@ -20,6 +20,10 @@
 //     capped backoff for as long as it takes, never reporting an outcome it has not
 //     committed. health() shows this state to other threads.
 //
+// Logging: to the Inbox's logger (InboxOptions::logger; default the "mqtt_inbox" logger):
+// one warning per dead letter and per failed handler attempt, one line per
+// store_error_log_interval_ms while the store fails, debug lines per message.
+//
 // Thread safety: handle() may be called from several threads at once (each call blocks
 // on the Inbox's mutex for its transactions); health() and counters() are safe from any
 // thread and never wait for a running handle() (they take no lock that handle() holds

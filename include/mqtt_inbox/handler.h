@@ -17,6 +17,8 @@
 //    and may repeat; give them their own idempotency key.
 //  - It may run more than once for the same message (after a rollback or a crash); only
 //    its committed effect is exactly-once.
+//  - `db` and `delivery` (and what delivery refers to) are valid only during the call:
+//    copy what you keep (message.h, Delivery).
 #pragma once
 
 #include <functional>

@@ -10,6 +10,15 @@
 // runs the whole per-message policy on top of them. The dead-letter methods back the
 // library's and the admin tool's dead-letter commands.
 //
+// Backups: in WAL mode a committed transaction may live only in "<path>-wal" until a
+// checkpoint copies it into the database file (https://sqlite.org/wal.html). A copy of
+// the database file alone, or of both files while a consumer runs, can miss committed
+// messages (their ids then look new: duplicates get through after a restore) or be torn.
+// Back up with SQLite's online backup (`sqlite3 <path> ".backup <copy>"`, the
+// sqlite3_backup_* API) or `VACUUM INTO '<copy>'`, both consistent snapshots taken next to
+// a running consumer; or stop the consumer and copy the database file together with its
+// -wal file. The -shm file and "<path>.lock" are not needed.
+//
 // Thread safety: an Inbox is thread-safe; calls are serialised on an internal mutex
 // (the handler runs under it). Errors: every method returns a Status and never throws.
 #pragma once

@@ -87,7 +87,11 @@ class MessageSink {
 };
 
 // A Message together with the producer-assigned id the consumer extracted from it.
-// Handlers receive this.
+// Handlers receive this. Lifetime: `message` and `message_id` refer to objects that live
+// only for this delivery (the transport's Message, the id the consumer extracted) and are
+// valid only during the handler call. A handler
+// that keeps anything beyond its return (a queue, another thread, a lambda run later)
+// copies it: Message and std::string are value types.
 struct Delivery {
   const Message& message;
   const std::string& message_id;

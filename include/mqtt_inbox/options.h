@@ -85,7 +85,10 @@ struct InboxOptions {
 
   // Where the library logs. Default nullptr = a logger named "mqtt_inbox" (created on
   // first use with spdlog's default sink setup); the library never writes to spdlog's
-  // default logger.
+  // default logger. Everything made on this Inbox logs here too: its Consumers, its
+  // Pruner and its StoreThenProcess (they have no logger option of their own). The
+  // Subscriber logs to SubscriberOptions::logger; pass the same logger to both to get one
+  // stream.
   std::shared_ptr<spdlog::logger> logger;
 
   // --- Start-up: Inbox::open, Inbox::setup, Pruner::create, StoreThenProcess::create and

@@ -34,6 +34,10 @@
 // of real running time. Downtime does not count, so rows can live longer than the
 // window in wall-clock terms, which is the safe direction. README "Clock safety".
 //
+// Logging: to the Inbox's logger (InboxOptions::logger; default the "mqtt_inbox" logger):
+// one info line per pass that deleted something, the stats summary every
+// stats_log_period_ms, and warnings (an override of the horizon, a failed pass).
+//
 // Thread safety: a Pruner is thread-safe. prune_once() and the background thread take
 // the Inbox's connection for one batch at a time, so a message commit never waits for
 // more than one batch.
@@ -146,7 +150,8 @@ class Pruner {
   // what was deleted stays deleted).
   Status prune_once(PruneResult* result);
 
-  // Runs prune_once() every `period` on a thread owned by the Pruner, until stop(). After
+  // Runs prune_once() every `period` on a thread owned by the Pruner, until stop(). The
+  // thread first measures rows (InboxStats::consumers) without waiting for a period. After
   // a pass that spent its pass_budget (rows left over), the next one starts after
   // min(period, pass_budget) instead. Errors: kInvalidArgument if already started.
   Status start();

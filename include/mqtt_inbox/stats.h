@@ -41,17 +41,21 @@ struct InboxStats {
   int schema_version = 0;
   int64_t retention_clock_ms = 0;  // see README "Clock safety"
 
-  // As measured by the last retention pass or refresh_row_stats(); rows_measured_at is
-  // the retention clock then (0 = never measured).
+  // As measured by the last retention pass, Pruner::start() (which measures at once, on
+  // its thread) or refresh_row_stats(); rows_measured_at is the retention clock then,
+  // in ms (0 = never measured in this process: `consumers` is then empty, which does not
+  // mean the inbox is).
   std::map<std::string, ConsumerRows> consumers;
   int64_t rows_measured_at = 0;
 };
 
-// One line for logs: "processed=... duplicates=... p99=...us db=...B wal=...B".
+// One line for logs: "processed=... duplicates=... rows=... p99=...us db=...B wal=...B".
+// rows is the sum over consumers, or "unknown" while rows_measured_at is 0.
 std::string summary_line(const InboxStats& s);
 
 // Prometheus text exposition format (version 0.0.4), for a node exporter's textfile
-// collector. Metric names start with mqtt_inbox_.
+// collector. Metric names start with mqtt_inbox_. mqtt_inbox_rows has no samples while
+// rows were never measured (absent, not 0).
 std::string prometheus_text(const InboxStats& s);
 
 }  // namespace mqtt_inbox

@@ -229,7 +229,13 @@ class Subscriber {
   // Errors: kBusy if another process holds the client-id lock.
   Status start();
 
-  // True once connected and subscribed, or until `timeout_ms` elapsed.
+  // Waits up to `timeout_ms` (ms; 0 or less: does not wait) until the subscriber is
+  // connected and every filter is subscribed. Returns true at once if it already is.
+  // Returns false when the timeout elapses first, or when stop() is called meanwhile, or
+  // if start() was never called. false is not an error and stops nothing: the subscriber
+  // keeps reconnecting in the background, and health() says why it is not connected
+  // (last_failure, last_error). A connection that is lost later is not reported here
+  // (is_connected(), health()). Thread-safe.
   bool wait_connected(int timeout_ms);
   bool is_connected() const;
 

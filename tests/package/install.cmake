@@ -1,5 +1,6 @@
 # cmake --install of the current build into a fresh scratch prefix.
 #   cmake -DBUILD=<build dir> -DPREFIX=<scratch> -P install.cmake
+cmake_minimum_required(VERSION 3.16)
 file(REMOVE_RECURSE "${PREFIX}")
 execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD}" --prefix "${PREFIX}"
   RESULT_VARIABLE rc)
@@ -9,6 +10,27 @@ endif()
 foreach(f include/mqtt_inbox/mqtt_inbox.h share/mqtt_inbox/schema.sql)
   if(NOT EXISTS "${PREFIX}/${f}")
     message(FATAL_ERROR "not installed: ${f}")
+  endif()
+endforeach()
+# The exported target files name only what a consumer links: no empty $<LINK_ONLY:> (left
+# by a private link to a $<BUILD_INTERFACE:...> target) and nothing build-only. The
+# build tree's export() files are checked the same way.
+file(GLOB_RECURSE exported "${PREFIX}/*-targets*.cmake")
+file(GLOB build_exported "${BUILD}/mqtt_inbox-*-targets.cmake")
+if(NOT exported OR NOT build_exported)
+  message(FATAL_ERROR "no exported target files found in ${PREFIX} or ${BUILD}")
+endif()
+foreach(f IN LISTS exported build_exported)
+  file(READ "${f}" text)
+  foreach(bad "$<LINK_ONLY:>" "mqtt_inbox_warnings" "internal_warnings")
+    string(FIND "${text}" "${bad}" at)
+    if(NOT at EQUAL -1)
+      message(FATAL_ERROR "${f} contains '${bad}'")
+    endif()
+  endforeach()
+  string(FIND "${text}" "${BUILD}/" at)
+  if(f IN_LIST exported AND NOT at EQUAL -1)
+    message(FATAL_ERROR "${f} refers to the build tree ${BUILD}")
   endif()
 endforeach()
 file(GLOB_RECURSE installed RELATIVE "${PREFIX}" "${PREFIX}/*")
