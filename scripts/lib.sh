@@ -1,6 +1,8 @@
 # Shared helpers for the scripts/ entry points. Sourced, not run.
 
-# Host packages the project builds and tests with (Debian 12).
+# Host packages the project builds and tests with (Debian 12). libsystemd-dev: sd_notify
+# and the journal sink (optional for the library); systemd: systemd-analyze verify and
+# systemd-sysusers for the unit and package tests (nothing is started).
 MQTT_INBOX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsqlite3-dev sqlite3 libsqlitecpp-dev
@@ -8,6 +10,7 @@ MQTT_INBOX_PACKAGES=(
   googletest libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   mosquitto mosquitto-clients
+  libsystemd-dev systemd
 )
 
 as_root() {
