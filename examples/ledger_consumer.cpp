@@ -6,7 +6,6 @@
 //
 // SIGINT/SIGTERM stop it cleanly; it then prints one summary line.
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -28,13 +27,21 @@ int main(int argc, char** argv) {
   app.add_option("--mqtt-version", version, "3.1.1 or 5")->check(CLI::IsMember({"3.1.1", "5"}));
   app.add_option("--consumer", consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
+  app.add_option("--stuck-limit-ms", stuck_limit_ms,
+                 "Under systemd: stop watchdog pings once the store is stuck this long (ms)");
   app.add_flag("--synchronous-normal", normal_sync,
                "Use PRAGMA synchronous=NORMAL (faster; loses the last commits on power loss)");
   CLI11_PARSE(app, argc, argv);
   mqtt.mqtt_version = version == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
 
-  auto log = spdlog::stderr_color_mt("ledger");
-  log->set_level(spdlog::level::from_str(log_level));
+  // To the journal (with priorities and CONSUMER=/INBOX_MESSAGE_ID=) under systemd,
+  // else to stderr.
+  std::shared_ptr<spdlog::logger> log;
+  if (auto s = mqtt_inbox::make_service_logger("ledger", {log_level, ""}, &log); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return 1;
+  }
   mqtt.logger = log;
 
   // Block the stop signals before any thread starts, so only sigwait() below sees them.
@@ -91,9 +98,24 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Under systemd (Type=notify): READY=1 now (not after CONNACK: the network may come
+  // later), then watchdog pings while healthy and a STATUS line; a no-op otherwise.
+  mqtt_inbox::ServiceNotifierOptions service;
+  service.stuck_limit_ms = stuck_limit_ms;
+  service.logger = log;
+  std::unique_ptr<mqtt_inbox::ServiceNotifier> notifier;
+  if (auto s = mqtt_inbox::ServiceNotifier::create(service, &notifier); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 2;
+  }
+  (void)notifier->add_source(mqtt_inbox::health_source(*subscriber));
+  (void)notifier->add_source(mqtt_inbox::health_source(*consumer));
+  (void)notifier->ready();
+
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
+  (void)notifier->stopping();
   const mqtt_inbox::Status stopped = subscriber->stop();
   pruner->stop();
   const auto c = consumer->counters();
