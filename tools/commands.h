@@ -10,6 +10,8 @@
 
 #include <mqtt_inbox/dead_letter.h>
 
+#include "connection_flags.h"  // examples/: the flags every program that connects shares
+
 namespace mqtt_inbox::cli {
 
 // stats.cpp
@@ -59,7 +61,8 @@ int cmd_export(const std::string& path, const ExportArgs& a);
 
 // probe_broker.cpp
 struct ProbeArgs {
-  std::string broker, version = "5", topic_prefix = "mqtt-inbox/probe";
+  connection_flags::Flags connection;  // --broker, --mqtt-version (default 5), TLS, credentials
+  std::string topic_prefix = "mqtt-inbox/probe";
   int timeout_ms = 5000, count = 10, pause_offline_ms = 0;
   uint32_t session_expiry_s = 300;
 };

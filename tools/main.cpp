@@ -6,6 +6,8 @@
 //   mqtt-inbox prune DB [--older-than 8d]    mqtt-inbox export DB [--since 2d]
 //   mqtt-inbox dead-letters list|show|replay|purge DB ...
 //   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
+//                                              [--cafile/--cert/--key/--username/... as
+//                                               every example: connection_flags.h]
 //
 // Every command prints a table by default and JSON with --json. It works on a database a
 // running consumer is using: every write goes through the library (short BEGIN IMMEDIATE
@@ -134,8 +136,10 @@ int main(int argc, char** argv) {
 
   ProbeArgs pr;
   auto* probe = app.add_subcommand("probe-broker", "Check that the broker keeps sessions and queued QoS 1 messages");
-  probe->add_option("--broker", pr.broker, "Broker URI, e.g. tcp://127.0.0.1:1883")->required();
-  probe->add_option("--mqtt-version", pr.version, "3.1.1 or 5 (default 5)")->check(CLI::IsMember({"3.1.1", "5"}));
+  pr.connection.mqtt_version = "5";
+  pr.connection.client_id = "";
+  // --broker, --client-id, --mqtt-version, TLS and credentials: as every program's.
+  connection_flags::add(*probe, &pr.connection, connection_flags::Role::kProbe);
   probe->add_option("--timeout-ms", pr.timeout_ms, "Per step (default 5000)")->check(CLI::PositiveNumber);
   probe->add_option("--count", pr.count, "Messages queued while offline (default 10)")->check(CLI::Range(1, 100000));
   probe->add_option("--session-expiry-s", pr.session_expiry_s, "Session expiry requested with MQTT 5 (default 300)")->check(CLI::PositiveNumber);

@@ -23,18 +23,26 @@ namespace mqtt_inbox::cli {
 namespace mi = mqtt_inbox;
 
 int cmd_probe(const ProbeArgs& a) {
-  const bool v5 = a.version == "5";
+  const connection_flags::Flags& c = a.connection;
+  const bool v5 = c.mqtt_version == "5";
   const int mqtt_version = v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1;
   std::random_device rd;
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, "%d-%08x", static_cast<int>(getpid()), rd());
-  const std::string client_id = std::string("mqtt-inbox-probe-") + suffix;
+  const std::string client_id = c.client_id.empty() ? std::string("mqtt-inbox-probe-") + suffix : c.client_id;
   const std::string topic = a.topic_prefix + "/" + suffix;
   const auto timeout = std::chrono::milliseconds(a.timeout_ms);
 
-  json report = {{"broker", a.broker}, {"mqtt_version", a.version}, {"client_id", client_id}, {"topic", topic},
+  json report = {{"broker", c.broker}, {"mqtt_version", c.mqtt_version}, {"client_id", client_id}, {"topic", topic},
                  {"sent", 0}, {"received", 0}, {"paused_offline_ms", a.pause_offline_ms}};
   json warnings = json::array();
+
+  // TLS and credentials from the flags, applied to every connect options object below.
+  // `ssl` outlives them all (Paho C++ 1.2.0 bug #337, connection_flags.h).
+  mqtt::ssl_options ssl;
+  auto secure = [&](mqtt::connect_options* o) {
+    if (const mi::Status s = connection_flags::to_paho_options(c, &ssl, o); !s.ok()) fail(kUsage, s.message());
+  };
 
   std::mutex mu;
   std::vector<std::pair<std::string, bool>> got;  // payload, dup
@@ -46,6 +54,7 @@ int cmd_probe(const ProbeArgs& a) {
     if (v5) b.clean_start(false);
     else b.clean_session(false);
     persistent = b.finalize();
+    secure(&persistent);
     if (v5) persistent.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(a.session_expiry_s)}});
   }
   mqtt::connect_options clean;
@@ -54,6 +63,7 @@ int cmd_probe(const ProbeArgs& a) {
     if (v5) b.clean_start(true);
     else b.clean_session(true);
     clean = b.finalize();
+    secure(&clean);
     if (v5) clean.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, 0}});
   }
   auto persistent_opts = [&]() -> const mqtt::connect_options& { return persistent; };
@@ -62,7 +72,7 @@ int cmd_probe(const ProbeArgs& a) {
       return mqtt::get<uint32_t>(r.get_properties(), mqtt::property::SESSION_EXPIRY_INTERVAL);
     return nullptr;
   };
-  mqtt::async_client sub(a.broker, client_id, mqtt::create_options(mqtt_version), nullptr);
+  mqtt::async_client sub(c.broker, client_id, mqtt::create_options(mqtt_version), nullptr);
   sub.set_message_callback([&](mqtt::const_message_ptr m) {
     std::lock_guard<std::mutex> l(mu);
     got.emplace_back(m->to_string(), m->is_duplicate());
@@ -94,11 +104,13 @@ int cmd_probe(const ProbeArgs& a) {
 
     // 2. While it is offline, a second client publishes QoS 1 messages to it.
     {
-      mqtt::async_client pub(a.broker, client_id + "-pub", mqtt::create_options(mqtt_version), nullptr);
+      mqtt::async_client pub(c.broker, client_id + "-pub", mqtt::create_options(mqtt_version), nullptr);
       auto po = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout);
       if (v5) po.clean_start(true);
       else po.clean_session(true);
-      if (!pub.connect(po.finalize())->wait_for(timeout)) throw mqtt::exception(-1, "publisher connect timed out");
+      mqtt::connect_options pub_opts = po.finalize();
+      secure(&pub_opts);
+      if (!pub.connect(pub_opts)->wait_for(timeout)) throw mqtt::exception(-1, "publisher connect timed out");
       for (int i = 0; i < a.count; ++i) {
         if (!pub.publish(mqtt::make_message(topic, "probe-" + std::to_string(i), 1, false))->wait_for(timeout))
           throw mqtt::exception(-1, "publish (waiting for PUBACK) timed out");
@@ -144,7 +156,9 @@ int cmd_probe(const ProbeArgs& a) {
     report["distinct_received"] = distinct.size();
     report["dup_flags"] = {{"set", dup_true}, {"clear", static_cast<int>(got.size()) - dup_true}};
   } catch (const mqtt::exception& e) {
-    report["error"] = e.what();
+    // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
+    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(c, a.timeout_ms) : "";
+    report["error"] = std::string(e.what()) + (why.empty() ? "" : ": " + why);
     exit_code = kBroker;
   }
   // Cleanup: drop the subscription and the session (clean start, expiry 0).
@@ -196,7 +210,7 @@ int cmd_probe(const ProbeArgs& a) {
   if (g.json) emit(report);
   else {
     auto s = [](const json& v) { return v.is_null() ? std::string("-") : v.is_string() ? v.get<std::string>() : v.dump(); };
-    print_kv({{"broker", a.broker + " (MQTT " + a.version + ")"},
+    print_kv({{"broker", c.broker + " (MQTT " + c.mqtt_version + ")"},
               {"client id", client_id},
               {"session kept (session_present)", s(report.value("session_present", json()))},
               {"queued messages", s(report["distinct_received"]) + " of " + s(report["sent"]) + " arrived"},
