@@ -199,6 +199,41 @@ TEST_F(ServiceE2ETest, SensorGatewayReadyStatusAndStopping) {
   EXPECT_EQ(query_int(db, "SELECT sum(readings) FROM devices"), 6);
 }
 
+// A gateway boots before its network: READY=1 comes once the store is open and the
+// subscriber started, with no broker reachable, and STATUS says why it is not connected
+// (the subscriber's last failure, never a secret). When the broker appears the service
+// connects without a restart.
+TEST_F(ServiceE2ETest, ReadyWithoutABrokerAndStatusSaysWhyNotConnected) {
+  broker_.stop();  // nothing listens on its port until start() below
+  const std::string db = dir_.file("ledger.db");
+  auto consumer = start_service({built_program("ledger_consumer"), "--broker", broker_.uri(),
+                                 "--client-id", "svc-offline", "--topic", "credits/#", "--db",
+                                 db, "--mqtt-version", "5"});
+  if (!ServiceNotifier::supported()) {
+    EXPECT_TRUE(socket_->collect(seconds(2)).empty()) << diagnostics();
+    GTEST_SKIP() << "built without libsystemd: checked that nothing is sent";
+  }
+  ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
+  EXPECT_EQ(socket_->received().front().value("STATUS"),
+            "not connected; processed 0; dead letters 0");
+  ASSERT_TRUE(socket_->wait_status("not connected; processed 0; dead letters 0; mqtt: ",
+                                   seconds(30)))
+      << diagnostics();
+  EXPECT_GE(socket_->count_line("WATCHDOG=1"), 1u) << "not connected is not stuck";
+
+  broker_.start();
+  ASSERT_TRUE(wait_status_is("connected; processed 0; dead letters 0", seconds(60)))
+      << diagnostics();
+  {
+    TestPublisher pub(broker_.uri(), true);
+    pub.credit("credits/a", "late-1", "acc-0", 5);
+  }
+  ASSERT_TRUE(wait_status_is("connected; processed 1; dead letters 0", seconds(30)))
+      << diagnostics();
+  stop_service(*consumer, runtime_dir_ + "/mqtt-inbox-client-svc-offline.lock");
+  EXPECT_EQ(query_int(db, "SELECT sum(balance) FROM accounts"), 5);
+}
+
 // SubscriberOptions::client_id_lock_dir "auto" under a unit with RuntimeDirectory=: the
 // lock is taken in $RUNTIME_DIRECTORY, a second subscriber with the same client id is
 // refused while the first runs, and a clean stop removes the file, after which the id

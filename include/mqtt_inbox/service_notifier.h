@@ -87,9 +87,11 @@ using HealthSource = std::function<ServiceHealth()>;
 //   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
 //                      processed (rows done by the workers) and dead_lettered from
 //                      counters(); note "N worker store errors" once there were any.
-//   Subscriber:        connected from is_connected(); note when the broker lost the
-//                      session. Defined in mqtt_inbox::mqtt_inbox (the MQTT layer); the
-//                      other two in mqtt_inbox::core.
+//   Subscriber:        connected from health(); while disconnected, a note with the
+//                      last failed attempt's reason (health().last_error: TLS, CONNACK
+//                      refusal, network); a note when the broker lost the session.
+//                      Defined in mqtt_inbox::mqtt_inbox (the MQTT layer); the other two
+//                      in mqtt_inbox::core.
 HealthSource health_source(const Consumer& consumer);
 HealthSource health_source(const StoreThenProcess& store_then_process);
 HealthSource health_source(const Subscriber& subscriber);
