@@ -21,7 +21,8 @@ void add(CLI::App& app, Flags* f, Role role) {
   if (role == Role::kSubscriber) {
     id->required();
     app.add_option("--client-id-lock-dir", f->client_id_lock_dir,
-                   "Folder of the client-id lock file (\"\" = no lock)")
+                   "Folder of the client-id lock file (\"auto\" = $RUNTIME_DIRECTORY, else "
+                   "/run/mqtt-inbox if writable, else /tmp; \"\" = no lock)")
         ->capture_default_str();
   } else if (role == Role::kPublisher) {
     id->capture_default_str();

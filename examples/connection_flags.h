@@ -45,7 +45,9 @@ struct Flags {
   std::string broker;
   std::string client_id;
   std::string mqtt_version = "3.1.1";
-  std::string client_id_lock_dir = "/tmp";  // subscribers only
+  // Subscribers only. Default the library's ("auto": $RUNTIME_DIRECTORY under systemd,
+  // else /run/mqtt-inbox if writable, else /tmp; subscriber.h).
+  std::string client_id_lock_dir = mqtt_inbox::SubscriberOptions{}.client_id_lock_dir;
   std::string cafile, capath, cert, key, key_password_file;
   std::string tls_version;  // "", "1.2", "1.3" (also "tlsv1.2", "tlsv1.3")
   std::vector<std::string> alpn;

@@ -8,7 +8,6 @@
 #include "connection_flags.h"
 #include "exit_codes.h"
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -32,6 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--db", db_path, "SQLite database file")->required();
   app.add_option("--consumer", consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
+  app.add_option("--stuck-limit-ms", stuck_limit_ms,
+                 "Under systemd: stop watchdog pings once the store is stuck this long (ms)");
   app.add_flag("--synchronous-normal", normal_sync,
                "Use PRAGMA synchronous=NORMAL (faster; loses the last commits on power loss)");
   app.add_option("--startup-deadline-ms", startup_deadline_ms,
@@ -40,8 +42,13 @@ int main(int argc, char** argv) {
                  "On SIGTERM, how long a message may still wait for the store (then exit 3)");
   CLI11_PARSE(app, argc, argv);
 
-  auto log = spdlog::stderr_color_mt("ledger");
-  log->set_level(spdlog::level::from_str(log_level));
+  // To the journal (with priorities and CONSUMER=/INBOX_MESSAGE_ID=) under systemd,
+  // else to stderr.
+  std::shared_ptr<spdlog::logger> log;
+  if (auto s = mqtt_inbox::make_service_logger("ledger", {log_level, ""}, &log); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return 1;
+  }
   mqtt_inbox::SubscriberOptions mqtt;
   if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok()) {
     log->error("{}", s.to_string());
@@ -112,9 +119,24 @@ int main(int argc, char** argv) {
     return examples::kExitSubscriber;
   }
 
+  // Under systemd (Type=notify): READY=1 now (not after CONNACK: the network may come
+  // later), then watchdog pings while healthy and a STATUS line; a no-op otherwise.
+  mqtt_inbox::ServiceNotifierOptions service;
+  service.stuck_limit_ms = stuck_limit_ms;
+  service.logger = log;
+  std::unique_ptr<mqtt_inbox::ServiceNotifier> notifier;
+  if (auto s = mqtt_inbox::ServiceNotifier::create(service, &notifier); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 2;
+  }
+  (void)notifier->add_source(mqtt_inbox::health_source(*subscriber));
+  (void)notifier->add_source(mqtt_inbox::health_source(*consumer));
+  (void)notifier->ready();
+
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
+  (void)notifier->stopping();
   const mqtt_inbox::Status stopped = subscriber->stop();
   if (stopped.ok()) pruner->stop();  // else exit now: the pruner may be waiting for the store
   const auto c = consumer->counters();

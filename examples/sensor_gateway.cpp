@@ -15,7 +15,6 @@
 #include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -60,10 +59,18 @@ int main(int argc, char** argv) {
                  "Give up (exit 4) if the store is not ready after this long; 0 = wait");
   app.add_option("--stop-timeout-ms", stop_timeout_ms,
                  "On SIGTERM, how long a message may still wait for the store (then exit 3)");
+  int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
+  app.add_option("--stuck-limit-ms", stuck_limit_ms,
+                 "Under systemd: stop watchdog pings once the store is stuck this long (ms)");
   CLI11_PARSE(app, argc, argv);
 
-  auto log = spdlog::stderr_color_mt("sensors");
-  log->set_level(spdlog::level::from_str(log_level));
+  // To the journal (with priorities and CONSUMER=/INBOX_MESSAGE_ID=) under systemd,
+  // else to stderr.
+  std::shared_ptr<spdlog::logger> log;
+  if (auto s = mqtt_inbox::make_service_logger("sensors", {log_level, ""}, &log); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return 1;
+  }
   mqtt_inbox::SubscriberOptions mqtt;
   if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok()) {
     log->error("{}", s.to_string());
@@ -128,9 +135,24 @@ int main(int argc, char** argv) {
     return examples::kExitSubscriber;
   }
 
+  // Under systemd (Type=notify): READY=1 now (not after CONNACK: the network may come
+  // later), then watchdog pings while healthy and a STATUS line; a no-op otherwise.
+  mqtt_inbox::ServiceNotifierOptions service;
+  service.stuck_limit_ms = stuck_limit_ms;
+  service.logger = log;
+  std::unique_ptr<mqtt_inbox::ServiceNotifier> notifier;
+  if (auto s = mqtt_inbox::ServiceNotifier::create(service, &notifier); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 2;
+  }
+  (void)notifier->add_source(mqtt_inbox::health_source(*subscriber));
+  (void)notifier->add_source(mqtt_inbox::health_source(*stp));
+  (void)notifier->ready();
+
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log->info("signal {}: stopping", sig);
+  (void)notifier->stopping();
   const mqtt_inbox::Status stopped = subscriber->stop();
   // Unprocessed rows stay stored; the next run processes them. If a message is still
   // waiting for the store, exit now: the workers may be waiting for it too.

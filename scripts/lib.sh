@@ -1,6 +1,8 @@
 # Shared helpers for the scripts/ entry points. Sourced, not run.
 
-# Host packages the project builds and tests with (Debian 12).
+# Host packages the project builds and tests with (Debian 12). libsystemd-dev: sd_notify
+# and the journal sink (optional for the library); systemd: systemd-analyze verify and
+# systemd-sysusers for the unit and package tests (nothing is started).
 MQTT_INBOX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsqlite3-dev sqlite3 libsqlitecpp-dev
@@ -9,6 +11,7 @@ MQTT_INBOX_PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   mosquitto mosquitto-clients
   rabbitmq-server
+  libsystemd-dev systemd
 )
 
 as_root() {

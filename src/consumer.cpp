@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "log.h"
+#include "log_context.h"
 #include "message_id.h"
 #include "properties_json.h"
 #include "retained.h"
@@ -127,6 +128,7 @@ struct Consumer::Impl {
   }
 
   Outcome run(const Message& m, std::optional<int64_t> replay_of) {
+    detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
     if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess)
       return retained(m);
     if (m.payload.size() > options.max_payload_bytes) {
@@ -151,6 +153,7 @@ struct Consumer::Impl {
     std::string why;
     if (!detail::extract_message_id(m, options.message_id, &id, &reason, &why))
       return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of);
+    log_fields.set_message_id(id);
 
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {

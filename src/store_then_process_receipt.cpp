@@ -8,6 +8,7 @@
 #include <string>
 
 #include "log.h"
+#include "log_context.h"
 #include "message_id.h"
 #include "properties_json.h"
 #include "retained.h"
@@ -101,6 +102,7 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
 }
 
 Outcome StoreThenProcess::Impl::receive(const Message& m) {
+  detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
   const ConsumerOptions& o = options.consumer;
   if (m.retain && o.retained != RetainedPolicy::kProcess) return receive_retained(m);
   if (m.payload.size() > o.max_payload_bytes) {
@@ -126,6 +128,7 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
   std::string why;
   if (!detail::extract_message_id(m, o.message_id, &id, &reason, &why))
     return receipt_dead_letter(m, std::nullopt, reason, why);
+  log_fields.set_message_id(id);
 
   std::string key;
   if (options.aggregate_key) {

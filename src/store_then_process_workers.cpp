@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "log.h"
+#include "log_context.h"
 #include "properties_json.h"
 #include "store_then_process_impl.h"
 
@@ -310,6 +311,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, co
 
 StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, const Row& r,
                                                                   const std::string& claimant) {
+  detail::LogContextScope log_fields(name);  // CONSUMER= and INBOX_MESSAGE_ID= in the journal
+  log_fields.set_message_id(r.message_id);
   const int max_attempts = options.consumer.max_attempts;
   if (r.attempts >= max_attempts) {
     // Used up by expired claims (crashes) or by failures whose dead letter did not

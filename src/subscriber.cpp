@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,6 +111,7 @@ struct Subscriber::Impl {
   bool supervisor_detached = false;  // stop() gave up waiting for it (see stop())
 
   int client_lock_fd = -1;
+  std::string client_lock_path;  // removed on a clean stop
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
@@ -457,10 +459,48 @@ Subscriber::~Subscriber() {
     (void)impl_.release();
     return;  // and the client-id lock stays held while that client lives
   }
-  if (impl_->client_lock_fd >= 0) ::close(impl_->client_lock_fd);
+  if (impl_->client_lock_fd >= 0) ::close(impl_->client_lock_fd);  // a stop() retried late
 }
 
 namespace {
+
+// SubscriberOptions::client_id_lock_dir "auto": the service manager's runtime folder,
+// else /run/mqtt-inbox if writable, else /tmp.
+std::string client_id_lock_dir(const std::string& configured) {
+  if (configured != "auto") return configured;
+  if (const char* rt = std::getenv("RUNTIME_DIRECTORY"); rt && *rt) {
+    const std::string all(rt);
+    return all.substr(0, all.find(':'));
+  }
+  if (::access("/run/mqtt-inbox", W_OK | X_OK) == 0) return "/run/mqtt-inbox";
+  return "/tmp";
+}
+
+// Takes the exclusive lock on `path`. Because a clean stop removes the file, a process
+// may lock a file that was just unlinked while another creates and locks a new one: so
+// the lock only counts if `path` still names the locked inode; otherwise try again.
+Status lock_client_id(const std::string& path, const std::string& client_id, int* fd_out) {
+  for (int tries = 0; tries < 10; ++tries) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return Status(Status::Code::kBusy,
+                    "client id '" + client_id + "' is in use by another process on this host (" +
+                        path + " is locked); two clients with one id take the session from "
+                        "each other");
+    }
+    struct stat locked, named;
+    if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
+        locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
+      *fd_out = fd;
+      return Status::Ok();
+    }
+    ::close(fd);  // unlinked by the previous holder's clean stop: lock the new file
+  }
+  return Status(Status::Code::kBusy, "client-id lock " + path + " keeps being replaced");
+}
+
 
 // Paho C sends the PUBACK after the message callback returns only from 1.3.10 on (its
 // change "ack after processing incoming message"); older versions ack before the
@@ -573,18 +613,11 @@ Status Subscriber::start() {
           name += hex;
         }
       }
-      const std::string path = m.options.client_id_lock_dir + "/mqtt-inbox-client-" + name + ".lock";
-      m.client_lock_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (m.client_lock_fd < 0)
-        return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
-      if (::flock(m.client_lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        ::close(m.client_lock_fd);
-        m.client_lock_fd = -1;
-        return Status(Status::Code::kBusy,
-                      "client id '" + m.options.client_id + "' is in use by another process on "
-                      "this host (" + path + " is locked); two clients with one id take the "
-                      "session from each other");
-      }
+      const std::string path = client_id_lock_dir(m.options.client_id_lock_dir) +
+                               "/mqtt-inbox-client-" + name + ".lock";
+      if (Status s = lock_client_id(path, m.options.client_id, &m.client_lock_fd); !s.ok())
+        return s;
+      m.client_lock_path = path;
     }
     m.started = true;
   }
@@ -718,6 +751,11 @@ Status Subscriber::stop() {
     m.log->info("disconnect: {}", e.what());
   }
   m.connected = false;
+  if (m.client_lock_fd >= 0) {  // clean stop: remove the lock file while still holding it
+    ::unlink(m.client_lock_path.c_str());
+    ::close(m.client_lock_fd);
+    m.client_lock_fd = -1;
+  }
   return Status::Ok();
 }
 

@@ -149,9 +149,16 @@ struct SubscriberOptions {
   // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host with the same
   // client id fails with kBusy instead of taking the session over (the broker closes the
   // older connection whenever a client with the same id connects, MQTT 3.1.1 section
-  // 3.1.4, and two such clients can push each other off forever). Default "/tmp";
-  // "" disables the lock.
-  std::string client_id_lock_dir = "/tmp";
+  // 3.1.4, and two such clients can push each other off forever). Default "auto", chosen
+  // at start(): $RUNTIME_DIRECTORY (systemd sets it for a unit with RuntimeDirectory=; the
+  // first folder if it lists several), else /run/mqtt-inbox if this process can write it,
+  // else /tmp. Processes that pick different folders cannot see each other's lock, so run
+  // a second instance beside a service as the service's user (README "Running as a
+  // service"). "" disables the lock. A clean stop() (and the destructor after one)
+  // removes the file; start() checks that the file it locked is still the one at the
+  // path, so removing it can never let two processes hold the lock at once. After a
+  // crash the file stays, unlocked, and the next start() takes it.
+  std::string client_id_lock_dir = "auto";
   // A connection lost within this many ms of being made counts as unstable (for example
   // another client, on another host, using the same client id): reconnects then back
   // off exponentially up to reconnect_backoff_max_ms instead of reconnecting at once,

@@ -1,19 +1,28 @@
-# cpack -G DEB in the build, unpack the .deb with dpkg -x into a scratch root, then build
-# and run the find_package consumer and a pkg-config compile against that root.
+# cpack -G DEB in the build: two packages (cmake/packaging.cmake).
+#  - libmqtt-inbox-dev, unpacked with dpkg -x into a scratch root: the find_package consumer
+#    and a pkg-config compile against that root.
+#  - mqtt-inbox, unpacked into another scratch root (service_deb_test.cmake): the files
+#    where the README says, the programs run, systemd-analyze verify on its units, its
+#    postinst creating the service user in the scratch root.
 #   cmake -DBUILD=<build> -DWORK=<scratch> -DSRC=<tests/package> [-DGENERATOR=..] -P deb_test.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}/out" "${WORK}/root")
 run(cpack -G DEB --config "${BUILD}/CPackConfig.cmake" -B "${WORK}/out")
-file(GLOB debs "${WORK}/out/*.deb")
-list(LENGTH debs n)
-if(NOT n EQUAL 1)
-  message(FATAL_ERROR "expected one .deb, found: ${debs}")
+file(GLOB all_debs "${WORK}/out/*.deb")
+file(GLOB debs "${WORK}/out/libmqtt-inbox-dev_*.deb")
+file(GLOB service_deb "${WORK}/out/mqtt-inbox_*.deb")
+list(LENGTH all_debs n)
+if(NOT n EQUAL 2 OR NOT debs OR NOT service_deb)
+  message(FATAL_ERROR "expected libmqtt-inbox-dev_*.deb and mqtt-inbox_*.deb, found: ${all_debs}")
 endif()
 run(dpkg-deb --info ${debs})
 run(dpkg-deb --contents ${debs})
 run(dpkg -x ${debs} "${WORK}/root")
+if(EXISTS "${WORK}/root/usr/bin" OR EXISTS "${WORK}/root/usr/lib/systemd")
+  message(FATAL_ERROR "libmqtt-inbox-dev holds programs or units: they belong to mqtt-inbox")
+endif()
 
 set(root "${WORK}/root/usr")
 file(GLOB_RECURSE cfg "${root}/*/mqtt_inbox-config.cmake")
@@ -49,3 +58,7 @@ if(PKG_CONFIG AND CXX)
   run(${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${libdir}" ${WORK}/pc_consumer
       ${WORK}/pc_consumer.db)
 endif()
+
+# The service package.
+include(${CMAKE_CURRENT_LIST_DIR}/service_deb_test.cmake)
+mqtt_inbox_check_service_deb("${service_deb}" "${WORK}/service")

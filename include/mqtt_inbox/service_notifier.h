@@ -1,0 +1,163 @@
+// ServiceNotifier: tells a service manager (systemd, through sd_notify(3)) that the
+// application is ready, alive and healthy, and what it is doing, in the protocol a unit
+// with Type=notify and WatchdogSec= expects (systemd.service(5), sd_notify(3)):
+//
+//   READY=1      ready(): once the store is open and the subscriber started. It does not
+//                wait for the first CONNACK: a device boots before its network, and the
+//                subscriber connects (and reconnects) in the background.
+//   WATCHDOG=1   every WATCHDOG_USEC / 3 while no health source has been stuck longer
+//                than stuck_limit_ms. Past that limit the pings stop, so systemd's
+//                watchdog (WatchdogSec=) kills and, with Restart=on-failure, restarts the
+//                service. That is safe: a stuck message was never acked (its PUBACK
+//                leaves only after its commit), so the broker redelivers it to the next
+//                run, and the claim makes the redelivery apply at most once. Pings
+//                resume if the sources recover before systemd acts.
+//   STATUS=...   one line, refreshed when it changes (`systemctl status` shows it):
+//                "connected; processed 1200; dead letters 3" or, while stuck,
+//                "not connected; processed 1200; dead letters 3; stuck 42 s: ledger:
+//                store failed while committing (busy: database is locked)".
+//   STOPPING=1   stopping(): on shutdown, before the subscriber stops.
+//   EXTEND_TIMEOUT_USEC=...  during start-up (after start(), before ready()) while a
+//                source reports a known wait (stuck, e.g. the store is locked) that is
+//                still within stuck_limit_ms, so TimeoutStartSec= does not end a wait
+//                the application chose; past the limit the start timeout applies again.
+//
+// What it reports comes from health sources: small functions, each returning a
+// ServiceHealth snapshot of one part of the application. health_source() adapts a
+// Consumer, a StoreThenProcess and a Subscriber (their health() and counters(), which
+// never wait for the store or for Paho's lock); an application adds its own for
+// anything else it waits on (a start-up wait for the store, a serial link).
+//
+// Stuck time is measured by the notifier on the monotonic clock, from the first tick that
+// saw a source stuck until the first tick that sees it not stuck, so a wall-clock jump
+// (NTP at boot) neither fires nor hides the watchdog. Resolution: one tick.
+//
+// Without systemd: the notifier reads NOTIFY_SOCKET and WATCHDOG_USEC (sd_watchdog_enabled)
+// once, in create(). Without NOTIFY_SOCKET (started by hand, by another supervisor, in a
+// test) every call does nothing and returns OK. When the library was built without
+// libsystemd (MQTT_INBOX_WITH_SYSTEMD=OFF, or libsystemd-dev absent at configure time, as
+// in a firmware build), supported() is false and every call does nothing and returns OK;
+// create() then logs an error if NOTIFY_SOCKET is set, because a Type=notify unit will
+// wait for a READY=1 that never comes.
+//
+// Thread safety: every method is safe from any thread. Health sources are called on the
+// notifier's own thread (and in ready()/stopping()/status_line()), never concurrently with
+// each other; they must return quickly and must not block on the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mqtt_inbox/status.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace mqtt_inbox {
+
+class Consumer;
+class StoreThenProcess;
+class Subscriber;
+
+// One part of the application as the service manager should see it. Unset optionals are
+// left out of STATUS (a Consumer knows nothing of the connection). No field may hold a
+// secret: STATUS is readable by every local user (`systemctl status`).
+struct ServiceHealth {
+  std::string name;                     // the part: a consumer name, "mqtt"; "" = unnamed
+  std::optional<bool> connected;        // a transport's connection; nullopt = not a transport
+  std::optional<int64_t> processed;     // effects committed by this part, this process
+  std::optional<int64_t> dead_letters;  // dead letters written by this part, this process
+  bool stuck = false;       // cannot make progress now (a message waits for the store)
+  std::string stuck_reason; // why, one line (e.g. Health::last_error); "" if not stuck
+  std::string note;         // other state worth a word in STATUS; "" if none
+};
+
+// A snapshot function. Called on the notifier's thread every tick; see the thread-safety
+// note above. An exception it throws is caught and shown in STATUS as a note.
+using HealthSource = std::function<ServiceHealth()>;
+
+// Adapters for the library's parts. Each keeps a reference: the object must outlive the
+// notifier (declare the notifier after it, or destroy it first).
+//   Consumer:          stuck from health() (a message waits for the store), processed and
+//                      dead_lettered from counters(); name = the consumer name.
+//   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
+//                      processed (rows done by the workers) and dead_lettered from
+//                      counters(); note "N worker store errors" once there were any.
+//   Subscriber:        connected from health(); while disconnected, a note with the
+//                      last failed attempt's reason (health().last_error: TLS, CONNACK
+//                      refusal, network); a note when the broker lost the session.
+//                      Defined in mqtt_inbox::mqtt_inbox (the MQTT layer); the other two
+//                      in mqtt_inbox::core.
+HealthSource health_source(const Consumer& consumer);
+HealthSource health_source(const StoreThenProcess& store_then_process);
+HealthSource health_source(const Subscriber& subscriber);
+
+struct ServiceNotifierOptions {
+  // Watchdog pings stop once any source has been stuck continuously for longer than this,
+  // ms. Size it above the longest wait you accept before a restart (a backup holding the
+  // write lock, a disk being cleaned). 0 = never withhold pings. Default 300000 (5 min).
+  int64_t stuck_limit_ms = 300000;
+  // How often the sources are read and STATUS refreshed, ms. With a watchdog
+  // (WATCHDOG_USEC set) the tick is the shorter of this and WATCHDOG_USEC / 3, so a ping
+  // is never late (systemd recommends at most half the interval). >= 10. Default 5000.
+  int64_t status_interval_ms = 5000;
+  // Where the notifier logs (watchdog pings withheld and resumed, a source that threw).
+  // Default nullptr = the "mqtt_inbox" logger (see options.h).
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+class ServiceNotifier {
+ public:
+  // True if this build of the library can notify (it was built with libsystemd).
+  static bool supported();
+
+  // Reads NOTIFY_SOCKET and the watchdog interval (sd_watchdog_enabled(3): WATCHDOG_USEC,
+  // checked against WATCHDOG_PID) once. Starts no thread. Errors: kInvalidArgument for a
+  // stuck_limit_ms < 0 or status_interval_ms < 10.
+  static Status create(const ServiceNotifierOptions& options,
+                       std::unique_ptr<ServiceNotifier>* out);
+  // Stops the notifier's thread (sends nothing more). Call it before destroying what the
+  // sources read.
+  ~ServiceNotifier();
+  ServiceNotifier(const ServiceNotifier&) = delete;
+  ServiceNotifier& operator=(const ServiceNotifier&) = delete;
+
+  // Adds a source; it is read from the next tick on. Errors: kInvalidArgument if empty.
+  Status add_source(HealthSource source);
+
+  // True if notifications go anywhere: supported() and NOTIFY_SOCKET was set at create().
+  bool enabled() const;
+  // The watchdog interval the service manager asked for, µs (WATCHDOG_USEC); 0 if none or
+  // not enabled().
+  int64_t watchdog_interval_us() const;
+
+  // Optional start-up phase: starts the notifier's thread before ready(), which then
+  // refreshes STATUS ("starting; ...") and sends EXTEND_TIMEOUT_USEC while a source is
+  // stuck within stuck_limit_ms (see the header comment). Idempotent.
+  Status start();
+  // READY=1 with the first STATUS (and WATCHDOG=1 if a watchdog is set), then the thread
+  // pings the watchdog and refreshes STATUS every tick. Starts the thread if start() did
+  // not. Idempotent: a second call sends nothing.
+  Status ready();
+  // STOPPING=1 and STATUS "stopping; ...". The thread goes on pinging the watchdog (under
+  // the same stuck rule) until the notifier is destroyed, because systemd keeps the
+  // watchdog armed while the service stops and Subscriber::stop() may wait up to its
+  // stop_timeout_ms for a message in the callback.
+  Status stopping();
+
+  // The STATUS line for the sources' state now, as it would be sent. Reads the sources.
+  std::string status_line() const;
+  // True while watchdog pings are withheld (a source stuck past stuck_limit_ms).
+  bool watchdog_withheld() const;
+
+ private:
+  struct Impl;
+  explicit ServiceNotifier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox
