@@ -50,10 +50,6 @@ bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
   return false;
 }
 
-namespace {
-
-}  // namespace
-
 struct Consumer::Impl {
   Inbox* inbox = nullptr;
   std::string name;
@@ -133,63 +129,57 @@ struct Consumer::Impl {
 
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
-      MessageState st;
-      until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
-      if (st.processed) return duplicate();
-      if (st.dead_letter_id && !replay_of) {
-        int64_t row = 0;
-        DeadLetter bump;
-        bump.consumer_name = name;
-        bump.message_id = id;
-        until_stored("counting a redelivery",
-                     [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
-        count(&ConsumerCounters::already_dead_lettered);
-        return Outcome::kAlreadyDeadLettered;
-      }
-      if (st.attempts >= options.max_attempts) {
-        // Attempts were used up without a recorded outcome. A 'running' last attempt
-        // means the process died inside the handler: do not run it again.
-        const DeadLetterReason r = st.last_attempt_running ? DeadLetterReason::kHandlerCrashed
-                                                           : DeadLetterReason::kHandlerFailed;
-        const std::string text =
-            st.last_attempt_running
-                ? "the process died inside the handler on " + std::to_string(st.attempts) +
-                      " attempt(s)"
-                : "handler failed " + std::to_string(st.attempts) + " time(s); last error: " +
-                      st.last_error;
-        return dead_letter(m, id, r, text, st.attempts, st.first_attempt_at_ms, replay_of);
-      }
-
-      int attempt = 0;
-      until_stored("recording an attempt",
-                   [&] { return inbox->begin_attempt(name, id, &attempt); });
-
-      ClaimResult result = ClaimResult::kHandlerFailed;
-      std::string error;
+      // One transaction decides and applies: duplicate, dead-lettered, out of attempts,
+      // or the handler's outcome (inbox.h, Inbox::process).
+      ProcessReport r;
       until_stored("committing", [&] {
-        return inbox->claim(name, m, id, attempt, handler, replay_of, &result, &error);
+        return inbox->process(name, m, id, handler, options.max_attempts, replay_of, &r);
       });
-      switch (result) {
+      const MessageState& st = r.state;
+      switch (r.result) {
         case ClaimResult::kProcessed:
           count(&ConsumerCounters::processed);
           return Outcome::kProcessed;
         case ClaimResult::kDuplicate:
           return duplicate();
+        case ClaimResult::kDeadLettered: {
+          int64_t row = 0;
+          DeadLetter bump;
+          bump.consumer_name = name;
+          bump.message_id = id;
+          until_stored("counting a redelivery",
+                       [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
+          count(&ConsumerCounters::already_dead_lettered);
+          return Outcome::kAlreadyDeadLettered;
+        }
+        case ClaimResult::kAttemptsExhausted: {
+          // Attempts were used up without a recorded outcome. A 'running' last attempt
+          // means the process died inside the handler: do not run it again.
+          const DeadLetterReason cause = st.last_attempt_running
+                                             ? DeadLetterReason::kHandlerCrashed
+                                             : DeadLetterReason::kHandlerFailed;
+          const std::string text =
+              st.last_attempt_running
+                  ? "the process died inside the handler on " + std::to_string(st.attempts) +
+                        " attempt(s)"
+                  : "handler failed " + std::to_string(st.attempts) +
+                        " time(s); last error: " + st.last_error;
+          return dead_letter(m, id, cause, text, st.attempts, st.first_attempt_at_ms,
+                             replay_of);
+        }
         case ClaimResult::kUndecodable:
-          return dead_letter(m, id, DeadLetterReason::kUndecodablePayload, error, attempt,
-                             st.first_attempt_at_ms, replay_of);
+          return dead_letter(m, id, DeadLetterReason::kUndecodablePayload, r.handler_error,
+                             r.attempt, st.first_attempt_at_ms, replay_of);
         case ClaimResult::kHandlerFailed:
           break;
       }
       count(&ConsumerCounters::handler_failures);
       log->warn("consumer '{}': handler failed on message '{}' (attempt {}/{}): {}", name,
-                detail::printable(id), attempt, options.max_attempts,
-                detail::printable(error, 300));
-      if (attempt >= options.max_attempts)
-        return dead_letter(m, id, DeadLetterReason::kHandlerFailed, error, attempt,
+                detail::printable(id), r.attempt, options.max_attempts,
+                detail::printable(r.handler_error, 300));
+      if (r.attempt >= options.max_attempts)
+        return dead_letter(m, id, DeadLetterReason::kHandlerFailed, r.handler_error, r.attempt,
                            st.first_attempt_at_ms, replay_of);
-      until_stored("recording a failed attempt",
-                   [&] { return inbox->record_attempt_failure(name, id, error); });
       clock->sleep_ms(backoff);
       backoff = std::min<int64_t>(backoff * 2, options.retry_backoff_max.count());
     }

@@ -7,7 +7,7 @@
 // exclusive=false, and SQLite's single-writer lock serialises the short transactions.
 //
 // Most applications do not call the claim methods directly: a Consumer (consumer.h)
-// runs the whole per-message policy on top of them. The dead-letter methods back the
+// runs the whole per-message policy on top of process(). The dead-letter methods back the
 // library's and the admin tool's dead-letter commands.
 //
 // Thread safety: an Inbox is thread-safe; calls are serialised on an internal mutex
@@ -50,10 +50,27 @@ struct MessageState {
 
 // Result of one claim transaction.
 enum class ClaimResult {
-  kProcessed,       // claim inserted, handler ran, committed
-  kDuplicate,       // claim row already there: rolled back, handler not run
-  kHandlerFailed,   // handler threw (not a store error): rolled back
-  kUndecodable,     // handler threw UndecodablePayload: rolled back
+  kProcessed,          // claim inserted, handler ran, committed
+  kDuplicate,          // claim row already there: rolled back, handler not run
+  kHandlerFailed,      // handler threw (not a store error): rolled back
+  kUndecodable,        // handler threw UndecodablePayload: rolled back
+  kDeadLettered,       // process() only: the id has a dead letter (status 'dead'): rolled
+                       // back, handler not run
+  kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
+                       // rolled back, handler not run
+};
+
+// What Inbox::process() found and did for one delivery.
+struct ProcessReport {
+  ClaimResult result = ClaimResult::kHandlerFailed;
+  // The attempt the handler ran as: 1-based, counting the attempts of earlier processes;
+  // 0 if the handler did not run.
+  int attempt = 0;
+  // What was recorded for the id before this delivery (attempts, a dead letter). Not
+  // filled for kDuplicate.
+  MessageState state;
+  // The handler's exception text, for kHandlerFailed and kUndecodable.
+  std::string handler_error;
 };
 
 class Inbox {
@@ -74,7 +91,33 @@ class Inbox {
   const std::string& path() const;
   const InboxOptions& options() const;
 
-  // --- building blocks of the per-message path (used by Consumer) ---
+  // --- the per-message path (used by Consumer) ---
+
+  // One delivery in one write transaction: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT
+  // DO NOTHING (zero rows changed -> kDuplicate, rolled back); read what is recorded for
+  // the id in the same transaction: a dead letter with status 'dead' (-> kDeadLettered,
+  // unless `replayed_dead_letter` is set) or `max_attempts` attempts (-> kAttemptsExhausted),
+  // both rolled back without running the handler. Otherwise run `handler` on this
+  // connection, delete the attempts row if there is one, mark `replayed_dead_letter`
+  // replayed if set, and COMMIT (fsync with synchronous=FULL). A first delivery therefore
+  // costs one transaction and one fsync, and writes no page but the claim's and the
+  // handler's.
+  //
+  // Attempts, so that a handler that kills the process is still counted (crash loops):
+  // while the handler runs, the id is written to "<path>.lock" (pwrite, no fsync; needs
+  // InboxOptions::exclusive) and the next open() records a marker left there by a dead
+  // process as a 'running' attempt. A failed attempt is recorded at once (attempts + 1,
+  // 'failed', the error) in a small commit without fsync. Without the lock file the
+  // attempt is committed before the handler runs instead (one more transaction). After a
+  // power loss, the attempt that was running can be missing: one extra attempt at most.
+  //
+  // A Status error means the store failed (nothing committed; retry later: a handler
+  // failure is then not counted). The handler's own failures come back in *report.
+  Status process(const std::string& consumer, const Message& message,
+                 const std::string& message_id, const Handler& handler, int max_attempts,
+                 std::optional<int64_t> replayed_dead_letter, ProcessReport* report);
+
+  // --- finer building blocks (the previous per-message path; for custom policies) ---
 
   // Reads what is known about (consumer, id). A read only: it never blocks a writer.
   Status lookup(const std::string& consumer, const std::string& message_id,
@@ -92,10 +135,11 @@ class Inbox {
   Status record_attempt_failure(const std::string& consumer, const std::string& message_id,
                                 const std::string& error);
 
-  // The claim transaction: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT DO NOTHING;
+  // The claim transaction alone: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT DO NOTHING;
   // zero rows changed -> kDuplicate (rollback, handler not run); else run `handler` on
   // this connection; delete the attempts row; if `replayed_dead_letter` is set, mark that
-  // dead letter replayed; COMMIT (fsync with synchronous=FULL). A Status error means the
+  // dead letter replayed; COMMIT (fsync with synchronous=FULL). It neither reads nor
+  // counts attempts (lookup and begin_attempt do, before it). A Status error means the
   // store failed (nothing committed; retry later); the handler's own failures come back
   // as ClaimResult with the exception text in *handler_error.
   Status claim(const std::string& consumer, const Message& message,

@@ -19,7 +19,7 @@ class ChildConsumerTest : public ::testing::Test {
   void SetUp() override { db_path_ = dir_.file("ledger.db"); }
 
   std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {built_program("crash_consumer"), broker_.uri(), "crash-client",
+    std::vector<std::string> argv = {built_program("crash_consumer"), broker_.uri(), client_id_,
                                      "credits/#", db_path_, "--mqtt-version", "5"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(argv, log_path());
@@ -66,6 +66,7 @@ class ChildConsumerTest : public ::testing::Test {
   Broker broker_;
   TempDir dir_;
   std::string db_path_;
+  std::string client_id_ = "crash-client";  // the MQTT session the children share
 };
 
 }  // namespace mqtt_inbox::test
