@@ -2,7 +2,7 @@
 // kills the process is still counted (the running-attempt marker in the lock file, turned
 // into an attempt row by the next open). Real SQLite files; real process deaths (fork, the
 // child dies inside the handler); commits counted with sqlite3_commit_hook and fsyncs by
-// the counting fault VFS.
+// the counting fault VFS. Also the in-place migration to schema version 4.
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -229,6 +229,58 @@ TEST_F(OneTransactionTest, MarkerIsCountedOnlyWhenTheAttemptCanHaveBeenLost) {
   }
   reopen();
   EXPECT_EQ(attempts("torn-1"), 0);
+}
+
+// Schema version 4 drops the received_at index. A version-3 database with rows (and the
+// index) is migrated in place: rows kept, index gone, old ids still deduplicate, and the
+// pruner still finds the expired ones without the index.
+TEST(MigrationV4, Version3DatabaseLosesTheReceivedAtIndexAndKeepsItsRows) {
+  TempDir dir;
+  const std::string path = dir.file("v3.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const auto& step : detail::schema_steps())
+      if (step.version <= 3) db.exec(step.sql);
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 3);
+    ASSERT_TRUE(db.execAndGet("SELECT count(*) FROM sqlite_master WHERE name ="
+                              " 'inbox_processed_received_at'")
+                    .getInt() == 1);
+    db.exec(
+        "INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
+        " VALUES ('ledger', 'old-1', 1000), ('ledger', 'old-2', 2000)");
+  }
+  std::unique_ptr<Inbox> inbox;
+  ASSERT_TRUE(Inbox::open(path, {}, &inbox).ok());
+  inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM sqlite_master WHERE name ="
+                      " 'inbox_processed_received_at'"),
+            0);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_processed"), 2);
+  {
+    SQLite::Database db(path, SQLite::OPEN_READONLY);
+    EXPECT_EQ(db.execAndGet("PRAGMA integrity_check").getString(), "ok");
+  }
+
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &c).ok());
+  EXPECT_EQ(c->handle(credit_message("old-1", "a", 1)), Outcome::kDuplicate);
+  EXPECT_EQ(c->handle(credit_message("new-1", "a", 1)), Outcome::kProcessed);
+
+  RetentionOptions r;
+  r.broker_session_expiry = std::chrono::minutes(1);
+  r.margin = std::chrono::minutes(1);
+  r.window = std::chrono::minutes(10);
+  r.stats_log_period_ms = 0;
+  std::unique_ptr<Pruner> pruner;
+  ASSERT_TRUE(Pruner::create(inbox.get(), r, &pruner).ok());
+  PruneResult pr;
+  ASSERT_TRUE(pruner->prune_once(&pr).ok());
+  EXPECT_EQ(pr.processed_deleted, 2);  // received_at 1000 and 2000: long expired
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_processed"), 1);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ namespace mqtt_inbox {
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();

@@ -116,9 +116,10 @@ class Pruner {
   static Status create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out);
   ~Pruner();  // stops the background thread
 
-  // One pass: delete expired ids in batches (own short transaction each, selected
-  // through the received_at index), then expired dead letters, then vacuum, checkpoint,
-  // refresh row stats, and log/export stats. Never touches dead letters inside the
+  // One pass: delete expired ids in batches (own short transaction each; the expired ids
+  // are found by walking the primary key in key order on a second connection, which
+  // blocks no commit, from where a pass that ran out of budget stopped), then expired
+  // dead letters, then vacuum, checkpoint, refresh row stats, and log/export stats. Never touches dead letters inside the
   // window, nor any row younger than the window. Errors: store codes (the pass stops;
   // what was deleted stays deleted).
   Status prune_once(PruneResult* result);
