@@ -4,6 +4,11 @@
 //   ledger_consumer --broker tcp://127.0.0.1:1883 --client-id ledger-1
 //                   --topic credits/# --db ledger.db [--mqtt-version 3.1.1|5]
 //
+// Over TLS with a client certificate and a password (connection_flags.h lists the flags):
+//   ledger_consumer --broker ssl://broker.example.com:8883 --cafile ca.crt
+//                   --cert device.crt --key device.key --username ledger-1
+//                   --password-file /etc/ledger/mqtt-password ...
+//
 // SIGINT/SIGTERM stop it cleanly; it then prints one summary line.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -14,27 +19,30 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
+#include "connection_flags.h"
 #include "ledger.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Apply JSON credits from MQTT exactly once (mqtt-inbox example)"};
-  mqtt_inbox::SubscriberOptions mqtt;
-  std::string topic, db_path, version = "3.1.1", consumer_name = "ledger", log_level = "info";
+  connection_flags::Flags connection;
+  connection_flags::add(app, &connection, connection_flags::Role::kSubscriber);
+  std::string topic, db_path, consumer_name = "ledger", log_level = "info";
   bool normal_sync = false;
-  app.add_option("--broker", mqtt.broker_uri, "Broker URI, e.g. tcp://127.0.0.1:1883")->required();
-  app.add_option("--client-id", mqtt.client_id, "Stable MQTT client id")->required();
   app.add_option("--topic", topic, "Topic filter to consume")->required();
   app.add_option("--db", db_path, "SQLite database file")->required();
-  app.add_option("--mqtt-version", version, "3.1.1 or 5")->check(CLI::IsMember({"3.1.1", "5"}));
   app.add_option("--consumer", consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_flag("--synchronous-normal", normal_sync,
                "Use PRAGMA synchronous=NORMAL (faster; loses the last commits on power loss)");
   CLI11_PARSE(app, argc, argv);
-  mqtt.mqtt_version = version == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
 
   auto log = spdlog::stderr_color_mt("ledger");
   log->set_level(spdlog::level::from_str(log_level));
+  mqtt_inbox::SubscriberOptions mqtt;
+  if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 2;
+  }
   mqtt.logger = log;
 
   // Block the stop signals before any thread starts, so only sigwait() below sees them.

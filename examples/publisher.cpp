@@ -6,6 +6,8 @@
 //   publisher --broker tcp://127.0.0.1:1883 --topic credits/demo --count 2000
 //             --duplicates 0.25 --seed 7
 //
+// TLS and credentials: the flags of connection_flags.h, as for the consumers.
+//
 // Last line: "publisher: unique=N duplicates=D malformed=M total_amount=T".
 #include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
@@ -16,6 +18,8 @@
 #include <deque>
 #include <random>
 #include <thread>
+
+#include "connection_flags.h"
 
 namespace {
 
@@ -40,11 +44,14 @@ Event malformed(int k, const std::string& prefix) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Publish credit events with producer-assigned ids (mqtt-inbox example)"};
-  std::string broker, topic, prefix = "credit", client_id = "publisher", version = "5";
+  connection_flags::Flags connection;
+  connection.client_id = "publisher";
+  connection.mqtt_version = "5";
+  connection_flags::add(app, &connection, connection_flags::Role::kPublisher);
+  std::string topic, prefix = "credit";
   int count = 1000, accounts = 10, malformed_count = 0, window = 100;
   double dup_fraction = 0.0, rate = 0.0;
   unsigned seed = 1;
-  app.add_option("--broker", broker, "Broker URI")->required();
   app.add_option("--topic", topic, "Topic to publish to")->required();
   app.add_option("--count", count, "Unique credit events")->check(CLI::PositiveNumber);
   app.add_option("--duplicates", dup_fraction, "Fraction of events re-sent as duplicates")
@@ -53,12 +60,10 @@ int main(int argc, char** argv) {
   app.add_option("--accounts", accounts, "Number of accounts")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Random seed");
   app.add_option("--id-prefix", prefix, "Prefix of the message ids");
-  app.add_option("--client-id", client_id, "MQTT client id of the publisher");
-  app.add_option("--mqtt-version", version)->check(CLI::IsMember({"3.1.1", "5"}));
   app.add_option("--rate", rate, "Messages per second (0 = as fast as PUBACKs allow)");
   app.add_option("--window", window, "PUBACKs outstanding at most")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  const bool v5 = version == "5";
+  const bool v5 = connection.mqtt_version == "5";
 
   std::mt19937_64 rng(seed);
   std::vector<Event> events;
@@ -86,16 +91,21 @@ int main(int argc, char** argv) {
     stream.insert(stream.begin() + static_cast<long>(rng() % (stream.size() + 1)),
                   malformed(k, prefix));
 
-  mqtt::async_client cli(broker, client_id,
-                         mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10),
-                         nullptr);
+  mqtt::ssl_options ssl;  // outlives opts (Paho C++ 1.2.0 bug #337, connection_flags.h)
   auto opts = mqtt::connect_options_builder()
                   .mqtt_version(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1)
                   .clean_session(!v5)
                   .clean_start(v5)
                   .max_inflight(window)
                   .finalize();
+  if (auto s = connection_flags::to_paho_options(connection, &ssl, &opts); !s.ok()) {
+    std::fprintf(stderr, "publisher: %s\n", s.to_string().c_str());
+    return 2;
+  }
   try {
+    mqtt::async_client cli(connection.broker, connection.client_id,
+                           mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10),
+                           nullptr);
     cli.connect(opts)->wait();
     std::deque<mqtt::delivery_token_ptr> inflight;
     const auto start = std::chrono::steady_clock::now();
@@ -115,7 +125,9 @@ int main(int argc, char** argv) {
     for (auto& t : inflight) t->wait();
     cli.disconnect()->wait();
   } catch (const mqtt::exception& e) {
-    std::fprintf(stderr, "publisher: %s\n", e.what());
+    // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
+    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(connection, 5000) : "";
+    std::fprintf(stderr, "publisher: %s%s%s\n", e.what(), why.empty() ? "" : ": ", why.c_str());
     return 1;
   }
   std::printf("publisher: unique=%d duplicates=%d malformed=%d total_amount=%lld\n", count,

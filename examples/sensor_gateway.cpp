@@ -5,6 +5,7 @@
 //
 //   sensor_gateway --broker tcp://127.0.0.1:1883 --client-id gw-1 --db sensors.db
 //                  [--topic sensors/+/reading] [--workers 2] [--mqtt-version 3.1.1|5]
+//                  [TLS and credential flags: connection_flags.h]
 //
 // Topic: sensors/<device>/reading. Payload: {"message_id": "...", "value": 21.5}
 // (the id may also come in the MQTT 5 user property "message-id").
@@ -20,6 +21,8 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 #include <mqtt_inbox/store_then_process.h>
+
+#include "connection_flags.h"
 
 // The business change: runs in the worker's transaction, together with marking the
 // reading done, so a reading is counted exactly once.
@@ -40,21 +43,23 @@ static void apply_reading(SQLite::Database& db, const mqtt_inbox::StoredDelivery
 
 int main(int argc, char** argv) {
   CLI::App app{"Latest reading per device, in order per device (mqtt-inbox store-then-process)"};
-  mqtt_inbox::SubscriberOptions mqtt;
-  std::string topic = "sensors/+/reading", db_path, version = "3.1.1", log_level = "info";
+  connection_flags::Flags connection;
+  connection_flags::add(app, &connection, connection_flags::Role::kSubscriber);
+  std::string topic = "sensors/+/reading", db_path, log_level = "info";
   int workers = 2;
-  app.add_option("--broker", mqtt.broker_uri, "Broker URI, e.g. tcp://127.0.0.1:1883")->required();
-  app.add_option("--client-id", mqtt.client_id, "Stable MQTT client id")->required();
   app.add_option("--db", db_path, "SQLite database file")->required();
   app.add_option("--topic", topic, "Topic filter; the device is the second level");
   app.add_option("--workers", workers, "Worker threads")->check(CLI::Range(1, 64));
-  app.add_option("--mqtt-version", version, "3.1.1 or 5")->check(CLI::IsMember({"3.1.1", "5"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
-  mqtt.mqtt_version = version == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
 
   auto log = spdlog::stderr_color_mt("sensors");
   log->set_level(spdlog::level::from_str(log_level));
+  mqtt_inbox::SubscriberOptions mqtt;
+  if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok()) {
+    log->error("{}", s.to_string());
+    return 2;
+  }
   mqtt.logger = log;
 
   sigset_t stop_signals;

@@ -8,7 +8,8 @@
 #
 # Unlike scripts/cross-aarch64.sh this does not use multiarch (dpkg
 # --add-architecture armhf): the armhf packages are unpacked into a separate
-# directory, so nothing of the host's package set changes.
+# directory, so nothing of the host's package set changes. The steps both share
+# (configure, build, verify, tests under qemu) are in scripts/cross-lib.sh.
 #
 # Stages (each prints its duration):
 #   deps       install mmdebstrap, g++-arm-linux-gnueabihf, qemu-user (if missing)
@@ -36,30 +37,31 @@
 #   MQTT_INBOX_CROSS_CMAKE_ARGS     extra cmake configure arguments
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SOURCE_DIR="${SOURCE_DIR:-$ROOT}"
+# shellcheck source=scripts/cross-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cross-lib.sh"
+
+CROSS_NAME=armhf-sysroot
+CROSS_ARCH=armhf
 SYSROOT="${SYSROOT:-$ROOT/build-armhf-sysroot}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-armhf}"
-JOBS="${JOBS:-2}"
-BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
-CTEST_TIMEOUT="${CTEST_TIMEOUT:-300}"
 TOOLCHAIN="$ROOT/toolchains/arm-linux-gnueabihf.cmake"
 TRIPLET=arm-linux-gnueabihf
 SUITE=bookworm
+CROSS_ELF_GLOB='*32-bit LSB*ARM, EABI5*'
+CROSS_OBJDUMP_FORMAT=elf32-littlearm
+CROSS_QEMU=qemu-arm
+CROSS_QEMU_ROOT="$SYSROOT"
+CROSS_CMAKE_ARGS=(-DMQTT_INBOX_SYSROOT="$SYSROOT")
 
-DO_INSTALL=1 DO_TESTS=1 DO_INTEGRATION=1 DO_CLEAN=0 SYSROOT_ONLY=0 REBUILD=0
-for arg in "$@"; do
-  case "$arg" in
-    --no-install) DO_INSTALL=0 ;;
+SYSROOT_ONLY=0 REBUILD=0
+cross_arg() {
+  case "$1" in
     --sysroot-only) SYSROOT_ONLY=1 ;;
-    --no-tests) DO_TESTS=0 ;;
-    --unit-only) DO_INTEGRATION=0 ;;
     --rebuild-sysroot) REBUILD=1 ;;
-    --clean) DO_CLEAN=1 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+    *) return 1 ;;
   esac
-done
+}
+cross_parse_args "$0" "$@"
 
 # Target packages unpacked into the sysroot. libc6-dev and libstdc++-12-dev
 # are needed because, with --sysroot, the cross compiler takes the C library
@@ -71,48 +73,11 @@ SYSROOT_PKGS=(libc6-dev libstdc++-12-dev libgcc-12-dev
               nlohmann-json3-dev libcli11-dev)
 HOST_PKGS=(mmdebstrap g++-arm-linux-gnueabihf qemu-user cmake make pkg-config file mosquitto)
 
-log() { printf '\n=== [armhf-sysroot] %s\n' "$*"; }
-SUMMARY=()
-stage() {
-  local name="$1"; shift
-  log "stage $name"
-  local t0=$SECONDS
-  "$@"
-  local dt=$((SECONDS - t0))
-  SUMMARY+=("$(printf '%-10s %4ds' "$name" "$dt")")
-  log "stage $name done in ${dt}s"
-}
-summary() {
-  log "summary"
-  printf '  %s\n' "${SUMMARY[@]}"
-  printf '  %-10s %4ds\n' total $((SECONDS - T0))
-}
-
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "not root and no sudo" >&2; exit 1; }
-  SUDO=(sudo)
-fi
-
-is_installed() {
-  [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
-}
-
 deps() {
   local want=() p
   for p in "${HOST_PKGS[@]}"; do is_installed "$p" || want+=("$p"); done
   if [ ${#want[@]} -eq 0 ]; then echo "all packages present"; return; fi
-  echo "missing: ${want[*]}"
-  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  local sim
-  sim="$(LC_ALL=C apt-get -s --no-install-recommends install "${want[@]}" 2>&1)" || {
-    echo "$sim" >&2; exit 1; }
-  if grep -q '^Remv ' <<<"$sim"; then
-    grep '^Remv ' <<<"$sim" >&2
-    echo "ABORT: installing ${want[*]} would remove the packages above" >&2; exit 1
-  fi
-  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y --no-install-recommends \
-    install "${want[@]}"
+  apt_install_missing "${want[@]}"
 }
 
 # The Debian mirrors apt is configured with on this machine, as mmdebstrap
@@ -205,141 +170,19 @@ fix_sysroot() {
   echo "rewrote $n absolute symlinks to relative ones"
 }
 
-configure() {
-  if [ "$DO_CLEAN" = 1 ]; then rm -rf "$BUILD_DIR"; fi
-  local gen=()
-  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null; then
-    gen=(-G Ninja)
-  fi
-  # shellcheck disable=SC2086
-  cmake -S "$SOURCE_DIR" -B "$BUILD_DIR" "${gen[@]}" \
-    -DCMAKE_TOOLCHAIN_FILE="$TOOLCHAIN" \
-    -DMQTT_INBOX_SYSROOT="$SYSROOT" \
-    -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
-    -DMQTT_INBOX_BUILD_TESTS=ON \
-    -DMQTT_INBOX_BUILD_EXAMPLES=ON \
-    ${MQTT_INBOX_CROSS_CMAKE_ARGS:-}
+cross_before_build() {
+  [ "$DO_INSTALL" = 1 ] && stage deps deps
+  stage sysroot sysroot
+  if [ "$SYSROOT_ONLY" = 1 ]; then summary; exit 0; fi
 }
 
-build() { cmake --build "$BUILD_DIR" -j "$JOBS"; }
-
-verify() {
-  local bad=0 n=0 f desc
-  while IFS= read -r -d '' f; do
-    desc="$(file -b "$f")"
-    case "$desc" in ELF*) ;; *) continue ;; esac
-    n=$((n + 1))
-    case "$desc" in
-      *"32-bit LSB"*"ARM, EABI5"*) ;;
-      *) echo "NOT armhf: $f: $desc" >&2; bad=1 ;;
-    esac
-  done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o \
-             -type f \( -perm -u+x -o -name '*.so*' \) -print0)
-  # Static libraries we built: every member must be elf32-littlearm.
-  while IFS= read -r -d '' f; do
-    n=$((n + 1))
-    if "$TRIPLET-objdump" -f "$f" 2>/dev/null | grep 'file format' \
-         | grep -qv 'elf32-littlearm'; then
-      echo "NOT armhf: $f" >&2; bad=1
-    fi
-  done < <(find "$BUILD_DIR" -path "$BUILD_DIR/CMakeFiles" -prune -o -type f -name '*.a' -print0)
-  echo "checked $n ELF files and static libraries built in $BUILD_DIR"
-  local linkfiles=()
-  [ -f "$BUILD_DIR/build.ninja" ] && linkfiles+=("$BUILD_DIR/build.ninja")
-  while IFS= read -r -d '' f; do linkfiles+=("$f"); done \
-    < <(find "$BUILD_DIR" -name link.txt -print0)
-  if [ ${#linkfiles[@]} -gt 0 ]; then
-    for f in $(grep -ohE '(^|[ =])/[^ ]+\.(so|a)(\.[0-9]+)*' "${linkfiles[@]}" \
-                 | sed 's/^[ =]//' | grep -v "^$BUILD_DIR/" | sort -u); do
-      case "$f" in
-        "$SYSROOT"/*) echo "  linked: ${f#"$SYSROOT"}  (sysroot)" ;;
-        *) echo "NOT from the sysroot: $f" >&2; bad=1 ;;
-      esac
-    done
-  fi
-  [ "$bad" = 0 ] || { echo "verify FAILED" >&2; exit 1; }
+# Every library on a link line must come from the sysroot.
+verify_linked_lib() {
+  case "$1" in
+    "$SYSROOT"/*) echo "  linked: ${1#"$SYSROOT"}  (sysroot)" ;;
+    *) echo "NOT from the sysroot: $1" >&2; VERIFY_BAD=1 ;;
+  esac
 }
+verify_extra() { :; }
 
-# ---------------------------------------------------------------- test --
-# Tests that start a *target* program themselves (crash and poison tests
-# exec crash_consumer) need that program run under qemu too: without
-# binfmt_misc the host kernel cannot exec an ARM binary. The fixture does that
-# when it honours MQTT_INBOX_TEST_EMULATOR (exported below). With a fixture
-# that does not, and no binfmt handler, the suites of the test sources that
-# start children (they use support/child_consumer.h, Child or
-# built_program) are left out by default.
-# MQTT_INBOX_CROSS_CTEST_EXCLUDE (even set to "") overrides the default.
-QEMU_BIN="$(command -v qemu-arm || true)"
-if [ -n "$QEMU_BIN" ]; then
-  export MQTT_INBOX_TEST_EMULATOR="$QEMU_BIN -L $SYSROOT"
-fi
-default_exclude() {
-  if [ -e /proc/sys/fs/binfmt_misc/qemu-arm ] \
-     || grep -rqs MQTT_INBOX_TEST_EMULATOR "$SOURCE_DIR/tests"; then
-    return
-  fi
-  local files suites
-  files="$(grep -lE 'child_consumer\.h|\bChild\b|built_program' "$SOURCE_DIR"/tests/*.cpp 2>/dev/null || true)"
-  [ -n "$files" ] || return 0
-  # shellcheck disable=SC2086
-  suites="$(grep -ohE '^(TYPED_)?TEST(_F|_P)?\( *[A-Za-z0-9_]+' $files \
-            | sed -E 's/.*\( *//' | sort -u | paste -sd'|' -)"
-  [ -n "$suites" ] && echo "(^|/)($suites)\."
-}
-
-TEST_FAILED=()
-run_ctest() {
-  local exclude_re exclude=()
-  exclude_re="${MQTT_INBOX_CROSS_CTEST_EXCLUDE-$(default_exclude)}"
-  if [ -n "$exclude_re" ]; then
-    echo "not run under qemu: tests matching '$exclude_re'" \
-         "(they exec target programs; see docs/cross-compiling.md)"
-    exclude=(-E "$exclude_re")
-  fi
-  ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout "$CTEST_TIMEOUT" \
-    -j "$JOBS" "${exclude[@]}" "$@"
-}
-
-# The project labels its tests "unit" and "integration" (the latter start a
-# mosquitto). Without labels everything runs in the unit stage.
-has_label() {
-  # (not piped into grep -q: with pipefail, ctest's SIGPIPE would fail the test)
-  local labels
-  labels="$(ctest --test-dir "$BUILD_DIR" --print-labels 2>/dev/null || true)"
-  grep -qx "  $1" <<<"$labels"
-}
-
-test_unit() {
-  if has_label integration; then
-    run_ctest -LE integration || TEST_FAILED+=(unit)
-  else
-    run_ctest || TEST_FAILED+=(unit)
-  fi
-}
-
-test_integration() {
-  if ! has_label integration; then
-    echo "no tests labelled 'integration' (already run with the unit stage)"
-    return
-  fi
-  command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || {
-    echo "mosquitto is not installed; skipping integration tests" >&2; return; }
-  run_ctest -L integration || TEST_FAILED+=(integration)
-}
-
-T0=$SECONDS
-[ "$DO_INSTALL" = 1 ] && stage deps deps
-stage sysroot sysroot
-if [ "$SYSROOT_ONLY" = 1 ]; then summary; exit 0; fi
-stage configure configure
-stage build build
-stage verify verify
-if [ "$DO_TESTS" = 1 ]; then
-  stage unit-tests test_unit
-  [ "$DO_INTEGRATION" = 1 ] && stage integration test_integration
-fi
-summary
-if [ ${#TEST_FAILED[@]} -gt 0 ]; then
-  echo "FAILED under qemu-arm: ${TEST_FAILED[*]} tests" >&2
-  exit 1
-fi
+cross_main

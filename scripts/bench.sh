@@ -79,7 +79,7 @@ trap 'exit 130' INT TERM
 # --- packages ---------------------------------------------------------------------------
 stage "packages"
 PKGS=(build-essential cmake pkg-config libsqlite3-dev libsqlitecpp-dev libpaho-mqttpp-dev
-      libpaho-mqtt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev mosquitto)
+      libpaho-mqtt-dev libspdlog-dev libssl-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev mosquitto)
 MISSING=()
 ARCH=$(dpkg --print-architecture)
 installed() {  # multi-arch packages need the :arch qualifier when several are installed

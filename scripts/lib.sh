@@ -4,7 +4,7 @@
 MQTT_INBOX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsqlite3-dev sqlite3 libsqlitecpp-dev
-  libpaho-mqtt-dev libpaho-mqttpp-dev libspdlog-dev
+  libpaho-mqtt-dev libpaho-mqttpp-dev libspdlog-dev libssl-dev openssl
   googletest libgtest-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   mosquitto mosquitto-clients

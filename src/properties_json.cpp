@@ -11,14 +11,7 @@ namespace {
 // replaced (nlohmann::json refuses invalid UTF-8 when dumping).
 nlohmann::json json_bytes(const std::string& s) {
   if (detail::is_valid_utf8(s)) return s;
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(s.size() * 2);
-  for (unsigned char c : s) {
-    hex.push_back(kHex[c >> 4]);
-    hex.push_back(kHex[c & 0xf]);
-  }
-  return nlohmann::json{{"hex", hex}};
+  return nlohmann::json{{"hex", detail::to_hex(s)}};
 }
 
 int hex_digit(char c) {

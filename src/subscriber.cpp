@@ -1,4 +1,7 @@
-// The MQTT layer. Paho C++ is included here and nowhere else in the library.
+// The MQTT layer: the session, the connection loop and the message callback. Paho C++ is
+// included only in src/subscriber*.cpp: TLS settings in subscriber_tls.cpp, the probe
+// handshake in subscriber_probe.cpp, health() and failure reports in
+// subscriber_health.cpp, refusals and passwords in subscriber_auth.cpp.
 #include "mqtt_inbox/subscriber.h"
 
 #include <mqtt/async_client.h>
@@ -7,6 +10,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -20,6 +24,9 @@
 #include <vector>
 
 #include "log.h"
+#include "subscriber_health.h"
+#include "subscriber_probe.h"
+#include "subscriber_tls.h"
 
 namespace mqtt_inbox {
 
@@ -85,6 +92,7 @@ Message to_message(const mqtt::message& pm) {
 
 struct Subscriber::Impl {
   SubscriberOptions options;
+  detail::BrokerAddress address;  // parsed broker_uri
   std::shared_ptr<spdlog::logger> log;
   std::vector<std::pair<std::string, MessageSink*>> routes;
   std::unique_ptr<mqtt::async_client> client;
@@ -100,6 +108,9 @@ struct Subscriber::Impl {
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
+
+  // health() and the reports of failed attempts (subscriber_health.h).
+  std::unique_ptr<detail::ConnectionHealth> conn;
 
   // Paho's message callback: runs on Paho's receive thread with Paho's lock held, and the
   // PUBACK leaves when it returns. So: return only after the consumer has a durable outcome.
@@ -144,6 +155,10 @@ struct Subscriber::Impl {
     in_callback.fetch_sub(1);
   }
 
+  // Paho's TLS settings, set once in start() and kept for the client's lifetime: the CA
+  // folder of every copy points here (Paho C++ 1.2.0 bug #337, see to_paho_ssl_options).
+  mqtt::ssl_options paho_ssl;
+
   // Built once and kept for the client's lifetime. Paho C++ 1.2.0 copies connect_options
   // without re-pointing the C struct at the copy's properties, so the copy passed to
   // connect() points at *these* properties, which must outlive every connect().
@@ -166,15 +181,99 @@ struct Subscriber::Impl {
     return b.finalize();
   }
 
+  // Before each CONNECT: the insecure warnings, the password, and the tls.version check.
+  bool prepare_attempt() {
+    conn->begin_attempt();
+    const TlsOptions& tls = options.tls;
+    if (address.tls && tls.insecure_skip_certificate_check)
+      log->warn("INSECURE: the certificate of {} is not verified "
+                "(tls.insecure_skip_certificate_check): anyone on the network path can read "
+                "and change this connection",
+                address.host_port());
+    else if (address.tls && tls.insecure_skip_hostname_check)
+      log->warn("INSECURE: the host name of {} is not checked against its certificate "
+                "(tls.insecure_skip_hostname_check, --insecure): any certificate from a "
+                "trusted CA is accepted for it",
+                address.host_port());
+    if (options.password_provider) {
+      std::string pw;
+      Status s;
+      try {
+        s = options.password_provider(&pw);
+      } catch (...) {
+        s = Status::Internal("the password provider threw an exception");
+      }
+      if (!s.ok()) {
+        conn->fail(SubscriberHealth::Failure::kCredentials, "password provider: " + s.to_string());
+        return false;
+      }
+      conn->remember_secret(pw);
+      conn_opts.set_password(pw);
+    }
+    if (address.tls && tls.version != TlsVersion::kDefault) {
+      const detail::ProbeResult p = detail::probe(address, tls, options.connect_timeout_ms);
+      if (!p.ok) {
+        conn->fail(p.failure, p.reason + " (in the check of tls.version before connecting)");
+        return false;
+      }
+      log->debug("{} negotiated {} in the check of tls.version", address.host_port(), p.tls_version);
+    }
+    return true;
+  }
+
+  struct ConnectOutcome {
+    bool connected = false;
+    bool session_present = false;
+    int rc = 0;           // Paho's code: < 0 an error of its own, > 0 a CONNACK refusal
+    std::string message;  // Paho's text for rc
+  };
+
+  // Waits until Paho has ended the connection attempt `tok`, successful or not. It does
+  // not give up earlier: see the note on Paho C++ bug #325 where it is called.
+  ConnectOutcome await_connect(const mqtt::token_ptr& tok) {
+    ConnectOutcome o;
+    for (;;) {
+      try {
+        if (tok->wait_for(std::chrono::milliseconds(options.connect_timeout_ms + 1000))) {
+          o.connected = true;
+          o.session_present = tok->get_connect_response().is_session_present();
+          return o;
+        }
+      } catch (const mqtt::exception& e) {
+        o.rc = e.get_return_code();
+        o.message = e.get_message();
+        return o;
+      }
+      log->warn("connect to {}: Paho has not ended the attempt after {} ms; waiting for its "
+                "connect timeout",
+                options.broker_uri, options.connect_timeout_ms + 1000);
+    }
+  }
+
   // One connection attempt: CONNECT, then SUBSCRIBE if the broker has no session for us.
   bool connect_once() {
     try {
-      mqtt::token_ptr tok = client->connect(conn_opts);
-      if (!tok->wait_for(std::chrono::milliseconds(options.connect_timeout_ms + 1000))) {
-        log->warn("connect to {} timed out", options.broker_uri);
+      if (!prepare_attempt()) return false;
+      ConnectOutcome outcome;
+      try {
+        // Paho C++ 1.2.0 bug #325 (fixed in 1.3.0 by caching the options in the client):
+        // connect() takes the options by value and gives Paho C a pointer into that copy
+        // as the context of the SSL error callback, which Paho C calls during the TLS
+        // handshake, after connect() has returned. The copy is destroyed at the end of
+        // the full expression that contains the call (GCC and Clang, Itanium C++ ABI;
+        // C++17 [expr.call]/4 leaves it to the implementation), so the wait for the end
+        // of the attempt happens inside the same expression: the callback's context is
+        // alive whenever Paho C can call it. Paho C takes a fresh copy at each connect.
+        outcome = await_connect(client->connect(conn_opts));
+      } catch (const mqtt::exception& e) {  // MQTTAsync_connect refused at once
+        outcome.rc = e.get_return_code();
+        outcome.message = e.get_message();
+      }
+      if (!outcome.connected) {
+        conn->connect_failed(outcome.rc, outcome.message);
         return false;
       }
-      const bool session_present = tok->get_connect_response().is_session_present();
+      const bool session_present = outcome.session_present;
       const int64_t n = ++connect_count;
       {
         if (!session_present && n > 1) {
@@ -215,7 +314,8 @@ struct Subscriber::Impl {
       }
       return true;
     } catch (const mqtt::exception& e) {
-      log->warn("connect to {} failed: {}", options.broker_uri, e.what());
+      conn->fail(SubscriberHealth::Failure::kSubscribe,
+                 std::string("connected, then Paho failed: ") + e.what());
       return false;
     }
   }
@@ -235,12 +335,17 @@ struct Subscriber::Impl {
       }
       if (connect_once()) {
         const auto since = std::chrono::steady_clock::now();
+        conn->set_connected(true);
         {
           std::unique_lock<std::mutex> lock(mu);
           connected = true;
           cv.notify_all();
           cv.wait(lock, [&] { return stopping || connection_lost; });
           connected = false;
+        }
+        conn->set_connected(false);
+        {
+          std::unique_lock<std::mutex> lock(mu);
           if (stopping) return;
         }
         const auto lived = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -253,9 +358,15 @@ struct Subscriber::Impl {
         log->warn("connection lost {} ms after it was made; backing off {} ms before "
                   "reconnecting (is another client using client id '{}'?)",
                   lived, backoff, options.client_id);
+      } else if (!conn->attempt_failed()) {
+        conn->fail(SubscriberHealth::Failure::kSubscribe,
+                   "connected, but subscribing failed (see the log above)");
       }
+      // A refused CONNECT will not be accepted sooner for asking again: wait the longest.
+      const int wait_ms = conn->attempt_refused() ? options.reconnect_backoff_max_ms : backoff;
+      if (conn->attempt_failed()) log->info("next connection attempt in {} ms", wait_ms);
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, std::chrono::milliseconds(backoff), [&] { return stopping; });
+      cv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping; });
       backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
     }
   }
@@ -316,10 +427,22 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
       options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms ||
       options.stop_timeout_ms < 0)
     return Status::InvalidArgument("timeouts must be > 0 and backoff initial <= max");
+  detail::BrokerAddress address;
+  if (Status s = detail::parse_broker_uri(options.broker_uri, &address); !s.ok()) return s;
+  if (Status s = check_tls_options(options.broker_uri, options.tls); !s.ok()) return s;
+  if (!options.password.empty() && options.password_provider)
+    return Status::InvalidArgument("both password and password_provider are set; give one");
+  if (options.mqtt_version == MqttVersion::kV3_1_1 && options.username.empty() &&
+      (!options.password.empty() || options.password_provider))
+    return Status::InvalidArgument(
+        "a password without a user name is not allowed in MQTT 3.1.1 (section 3.1.2.9); set "
+        "username, or use MQTT 5");
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->address = address;
   impl->log = detail::logger_or_default(options.logger);
+  impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, address, impl->log);
   try {
     mqtt::create_options co(options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5
                                                                      : MQTTVERSION_3_1_1);
@@ -401,6 +524,18 @@ Status Subscriber::start() {
     m.cv.notify_all();
   });
   m.conn_opts = m.make_connect_options();
+  if (m.address.tls) {
+    m.log->info("TLS to {}: {}", m.address.host_port(), detail::describe_tls(m.options.tls));
+    to_paho_ssl_options(m.options.tls, &m.paho_ssl);
+    m.paho_ssl.set_error_handler([&m](const std::string& line) { m.conn->on_ssl_error(line); });
+    // Set on the member itself, after make_connect_options (see paho_ssl and conn_opts).
+    m.conn_opts.set_ssl(m.paho_ssl);
+  } else if (!m.options.password.empty() || m.options.password_provider) {
+    m.log->warn("the password for {} travels in clear text ({}://): anyone on the network "
+                "path can read it; use ssl:// or mqtts://",
+                m.address.host_port(), m.address.scheme);
+  }
+  m.conn->started();
   if (m.options.mqtt_version == MqttVersion::kV5) {
     // Set on the member itself, not through the builder (see conn_opts).
     m.conn_opts.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL,
@@ -453,6 +588,8 @@ Status Subscriber::stop() {
   m.connected = false;
   return Status::Ok();
 }
+
+SubscriberHealth Subscriber::health() const { return impl_->conn->snapshot(); }
 
 int64_t Subscriber::messages_received() const { return impl_->received.load(); }
 int64_t Subscriber::connects() const { return impl_->connect_count.load(); }

@@ -1,6 +1,10 @@
-// Internal text checks for untrusted bytes.
+// Internal text helpers for untrusted bytes: UTF-8 validation and the byte encodings
+// (hex, base64) used wherever bytes that may not be text go into JSON or onto a terminal.
+// (`printable`, for log lines, is in log.h.)
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace mqtt_inbox::detail {
@@ -33,6 +37,46 @@ inline bool is_valid_utf8(std::string_view s) {
     i += len;
   }
   return true;
+}
+
+// Lowercase hex, two digits per byte.
+inline std::string to_hex(std::string_view bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (const char ch : bytes) {
+    const auto c = static_cast<unsigned char>(ch);
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 0xf]);
+  }
+  return out;
+}
+
+// Base64 with the standard alphabet and '=' padding (RFC 4648 section 4). None of the
+// fixed dependencies (SQLite, SQLiteCpp, Paho, spdlog, nlohmann-json, CLI11) exposes an
+// encoder, so it is written here, once.
+inline std::string base64(std::string_view bytes) {
+  static const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])); };
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = (byte(i) << 16) | (byte(i + 1) << 8) | byte(i + 2);
+    out.push_back(kAlphabet[v >> 18]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(kAlphabet[(v >> 6) & 63]);
+    out.push_back(kAlphabet[v & 63]);
+  }
+  if (i < bytes.size()) {
+    const bool two = i + 1 < bytes.size();
+    const uint32_t v = (byte(i) << 16) | (two ? byte(i + 1) << 8 : 0);
+    out.push_back(kAlphabet[v >> 18]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(two ? kAlphabet[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
 }
 
 }  // namespace mqtt_inbox::detail

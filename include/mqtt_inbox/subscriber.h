@@ -14,17 +14,30 @@
 //  - Reconnects are its own, with capped exponential backoff. When CONNACK reports no
 //    session (session present = 0, MQTT 3.1.1 section 3.2.2.2) it subscribes again and,
 //    on a reconnect, logs a warning that messages may have been missed.
+//  - TLS verifies the broker's certificate chain and host name unless an explicitly
+//    insecure option says otherwise (tls.h). A refused CONNECT (bad user name or
+//    password, not authorized, ...) is logged with its meaning, shown in health(), and
+//    retried only after reconnect_backoff_max_ms: it will not fix itself sooner.
+//  - A failed connection attempt is reported with a reason a person can act on, never
+//    Paho's bare "TCP/TLS connect failure": OpenSSL's reason from Paho's SSL error
+//    callback, and for failures Paho does not explain (host name mismatch, a broker that
+//    wants a client certificate, nothing listening) the result of a TCP/TLS handshake of
+//    the library's own, made with the same settings after the failure.
+//  - Secrets (password, password_provider's output, tls.key_password) never appear in a
+//    log line, in health(), or in a Status message.
 //
 // Thread safety: all methods are safe from any thread except that subscribe() must not
 // race with start(). Status queries (is_connected, health) never take Paho's lock.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/status.h"
+#include "mqtt_inbox/tls.h"
 
 namespace spdlog {
 class logger;
@@ -34,8 +47,26 @@ namespace mqtt_inbox {
 
 enum class MqttVersion { kV3_1_1, kV5 };
 
+// Supplies the password for the next CONNECT: called on the subscriber's connection thread
+// before every connection attempt (never inside a Paho callback), so a token that expires
+// (an Azure IoT Hub SAS token, a JWT) is renewed at each reconnect, and a password file is
+// read again each time. Write the password into *password and return OK; a non-OK Status
+// fails this attempt (its message is logged and shown in health(), so it must not contain
+// the secret) and the subscriber retries after the usual backoff. Must be thread-safe with
+// respect to the application, must not block for long (it delays the reconnect), and must
+// not throw.
+using PasswordProvider = std::function<Status(std::string* password)>;
+
+// A PasswordProvider that reads `path` at every connect: the whole file, one trailing
+// "\n" or "\r\n" removed. Errors name the file, never its content: kIoError if it cannot
+// be read, kInvalidArgument if it is empty.
+PasswordProvider password_from_file(const std::string& path);
+
 struct SubscriberOptions {
-  // Broker address, e.g. "tcp://127.0.0.1:1883" or "ssl://broker:8883". Required.
+  // Broker address, scheme://host[:port][/path]. Plaintext: tcp:// or mqtt:// (port 1883
+  // by default), ws:// (WebSocket, 80). TLS: ssl:// or mqtts:// (8883), wss:// (443); see
+  // tls.h. IPv6 hosts in brackets ("ssl://[::1]:8883"). Required. Other schemes are
+  // refused by create().
   std::string broker_uri;
   // MQTT client id. Required, and stable across restarts: the broker keeps the session,
   // and with it the unacknowledged messages, under this id.
@@ -52,14 +83,35 @@ struct SubscriberOptions {
   // Keep-alive in seconds. Default 30. A handler or store wait longer than 1.5 times this
   // makes the broker drop the connection; the message is then redelivered, not lost.
   int keep_alive_s = 30;
-  // Timeout of one connection attempt, ms. Default 10000.
+  // Timeout of one connection attempt, ms. Default 10000. It also bounds the library's own
+  // TCP/TLS handshake that explains a failed attempt, and the check of tls.version before
+  // each attempt, so one attempt can take up to about twice this.
   int connect_timeout_ms = 10000;
   // Reconnect backoff, ms: first wait, doubled each failure, capped. Defaults 500, 30000.
+  // After a CONNACK refusal (bad credentials, not authorized, banned, ...) the next
+  // attempt waits the maximum at once: asking again sooner does not help, and brokers
+  // throttle or ban clients that retry refused connects in a loop.
   int reconnect_backoff_initial_ms = 500;
   int reconnect_backoff_max_ms = 30000;
-  // Credentials; empty means none.
+  // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); empty means none.
+  // Not a secret: it is logged. Default "".
   std::string username;
+  // Password of the CONNECT packet (MQTT 3.1.1 section 3.1.3.5). A secret: never logged.
+  // MQTT 3.1.1 allows a password only together with a user name (section 3.1.2.9), so
+  // create() refuses a password without one on 3.1.1. Prefer password_provider or a
+  // password file (password_from_file) to a value compiled in or taken from the command
+  // line, where `ps` shows it. Over a plaintext URI it travels in clear text; start()
+  // logs a warning then. Default "" (none).
   std::string password;
+  // Called before every CONNECT for the password (see PasswordProvider); its output is
+  // handled as `password` is. Setting both `password` and `password_provider` is refused.
+  // Default empty (none).
+  PasswordProvider password_provider;
+  // TLS settings, used with an ssl://, mqtts:// or wss:// broker_uri; any of them with a
+  // plaintext URI is refused. Checked by create() (files read with OpenSSL, each error
+  // names its file). Default: verify the broker against the system trust store and its
+  // host name; no client certificate.
+  TlsOptions tls;
   // Folder for the client-id lock: start() takes an exclusive flock(2) on
   // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host with the same
   // client id fails with kBusy instead of taking the session over (the broker closes the
@@ -78,10 +130,50 @@ struct SubscriberOptions {
   std::shared_ptr<spdlog::logger> logger;
 };
 
+// A snapshot of the connection's state (Subscriber::health()). Times are wall-clock Unix
+// ms (UTC); 0 means never. No field ever holds a secret.
+struct SubscriberHealth {
+  // Why the last connection attempt failed.
+  enum class Failure {
+    kNone,         // no attempt has failed yet
+    kNetwork,      // no TCP connection (refused, unreachable, name not resolved, timeout)
+    kTls,          // TLS handshake or certificate verification failed, or tls.version not met
+    kRefused,      // the broker answered CONNACK with a refusal (see connack_code)
+    kCredentials,  // the password provider failed
+    kSubscribe,    // connected, but a SUBSCRIBE was refused or timed out
+    kOther,        // anything else Paho reported
+  };
+  bool connected = false;   // connected and subscribed now
+  int64_t since_ms = 0;     // when `connected` last changed (start() counts as a change)
+  int64_t connect_attempts = 0;      // attempts started, this process
+  int64_t connects = 0;              // attempts that connected and subscribed
+  int64_t consecutive_failures = 0;  // failed attempts since the last success
+  Failure last_failure = Failure::kNone;
+  // The last failed attempt's reason, as logged, e.g. "TLS: certificate verify failed:
+  // certificate has expired (depth 0, subject CN=broker, notAfter=...)". Kept after a
+  // later success, so the last problem stays visible; "" if none.
+  std::string last_error;
+  int64_t last_error_ms = 0;
+  // The broker's refusal in the last refused CONNACK: MQTT 3.1.1 return code 1..5
+  // (section 3.2.2.3) or MQTT 5 reason code >= 0x80 (section 3.2.2.2.3); 0 if none yet.
+  int connack_code = 0;
+  std::string connack_reason;  // its meaning, e.g. "not authorized"
+};
+
+// Name of a SubscriberHealth::Failure, e.g. "tls".
+const char* to_string(SubscriberHealth::Failure failure);
+
+// The meaning of a CONNACK refusal code and what to do about it, e.g. for 3.1.1 code 4:
+// "bad user name or password". `code` is a 3.1.1 return code (1..5) or an MQTT 5 reason
+// code (0x80..0xFF) as `version` says. Unknown codes get "unknown CONNACK code N".
+std::string connack_meaning(MqttVersion version, int code);
+
 class Subscriber {
  public:
   // Validates the options. Errors: kInvalidArgument with the reason, e.g. a clean session
-  // or a session expiry of 0 ("would void redelivery").
+  // or a session expiry of 0 ("would void redelivery"), a TLS setting or file refused by
+  // check_tls_options() (the file named), a password without a user name on MQTT 3.1.1,
+  // or both password and password_provider set.
   static Status create(const SubscriberOptions& options, std::unique_ptr<Subscriber>* out);
 
   // Stops (see stop()) if still running.
@@ -102,13 +194,20 @@ class Subscriber {
   bool wait_connected(int timeout_ms);
   bool is_connected() const;
 
-  // Disconnects and stops reconnecting. If a message is in the callback (for example the
+  // Disconnects and stops reconnecting; a connection attempt in progress is let finish
+  // first (see connect_timeout_ms). If a message is in the callback (for example the
   // store is failing), it waits up to stop_timeout_ms; if the message is still not
   // committed then, it returns kBusy and leaves Paho's client running so that the message
   // is never acked without a commit. The process should then exit: the broker redelivers
   // the message to the next run. (Destroying a Paho client whose callback is blocked would
   // hang, so the Subscriber then deliberately leaks it.)
   Status stop();
+
+  // The connection's state: connected or not since when, connection attempts, and the
+  // last failure with its reason (TLS, refusal, network). Cheap, and safe from any
+  // thread at any time (a small mutex of its own; never Paho's lock, never waits for a
+  // connection attempt or a message in the callback).
+  SubscriberHealth health() const;
 
   // Messages received through the callback (all outcomes), this process.
   int64_t messages_received() const;

@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "../../src/log.h"
-#include "../../src/message_id.h"
-#include "../../src/text.h"
+#include "log.h"
+#include "message_id.h"
+#include "text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

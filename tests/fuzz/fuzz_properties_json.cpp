@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "../../src/properties_json.h"
+#include "properties_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mqtt_inbox;

@@ -151,10 +151,13 @@ std::string mosquitto_binary() {
 
 }  // namespace
 
-Broker::Broker(Config config) : config_(config) {
+Broker::Broker(Config config, std::vector<std::string> extra_listeners)
+    : config_(config), extra_listeners_(std::move(extra_listeners)) {
   log_ = dir_.file("mosquitto.log");
   for (int tries = 0; tries < 5; ++tries) {
     port_ = free_port();
+    extra_ports_.clear();
+    for (size_t i = 0; i < extra_listeners_.size(); ++i) extra_ports_.push_back(free_port());
     try {
       start();
       return;
@@ -171,9 +174,12 @@ void Broker::start() {
   const std::string conf = dir_.file("mosquitto.conf");
   {
     std::ofstream f(conf);
+    if (!extra_listeners_.empty()) f << "per_listener_settings true\n";
     f << "listener " << port_ << " 127.0.0.1\n"
-      << "allow_anonymous true\n"
-      << "persistence " << (config_.persistence ? "true" : "false") << "\n"
+      << "allow_anonymous true\n";
+    for (size_t i = 0; i < extra_ports_.size(); ++i)
+      f << "listener " << extra_ports_[i] << " 127.0.0.1\n" << extra_listeners_[i] << "\n";
+    f << "persistence " << (config_.persistence ? "true" : "false") << "\n"
       << "persistence_location " << dir_.path() << "/\n"
       << "max_queued_messages " << config_.max_queued_messages << "\n"
       << "log_dest file " << log_ << "\n"
@@ -195,6 +201,9 @@ void Broker::start() {
     execl(bin.c_str(), bin.c_str(), "-c", conf.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  for (const int p : extra_ports_)
+    if (!wait_until([&] { return port_open(p); }, std::chrono::seconds(10)))
+      throw std::runtime_error("mosquitto did not open port " + std::to_string(p));
   if (!wait_until([&] { return port_open(port_); }, std::chrono::seconds(10)))
     throw std::runtime_error("mosquitto did not open port " + std::to_string(port_));
 }

@@ -66,11 +66,17 @@ class Broker {
     int max_queued_messages = 0;  // 0 = unlimited
   };
   Broker() : Broker(Config{}) {}
-  explicit Broker(Config config);
+  // `extra_listeners`: more listeners on 127.0.0.1, each on a free port of its own
+  // (listener_port(i)); each entry is the configuration lines that follow its "listener
+  // PORT" line (TLS files, password_file, require_certificate, ...). With any of them the
+  // broker runs with per_listener_settings, and the main listener stays anonymous
+  // plaintext.
+  explicit Broker(Config config, std::vector<std::string> extra_listeners = {});
   ~Broker();
 
   std::string uri() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
+  int listener_port(size_t i) const { return extra_ports_.at(i); }
   // Stops gracefully (SIGTERM: mosquitto saves its persistence file) / starts again on
   // the same port with the same persistence folder.
   void stop();
@@ -79,8 +85,10 @@ class Broker {
 
  private:
   Config config_;
+  std::vector<std::string> extra_listeners_;
   TempDir dir_;
   int port_ = 0;
+  std::vector<int> extra_ports_;
   std::string log_;
   pid_t pid_ = -1;
 };

@@ -1,0 +1,181 @@
+// StoreThenProcess::Impl: the state that the receipt, the worker pool and the maintenance
+// thread of one store-then-process consumer share, and the declarations of each part's
+// code. Each part is in its own file, with the SQL it runs on inbox_messages:
+//   store_then_process_receipt.cpp      receipt: store before PUBACK, or dead-letter
+//   store_then_process_workers.cpp      the worker pool: claim, lease, run, retry
+//   store_then_process_maintenance.cpp  reaper, replay, compaction and stats
+//   store_then_process.cpp              create, options checks, counters, health
+#pragma once
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "mqtt_inbox/store_then_process.h"
+#include "sqlite_util.h"
+#include "store_retry.h"
+
+namespace mqtt_inbox {
+
+namespace detail {
+
+// last_error of a row whose claim expired: the reaper counted an attempt for it. A row
+// dead-lettered after such an attempt is reported as handler_crashed.
+inline constexpr const char* kExpiredClaimError = "claim expired: the worker died or hung";
+
+}  // namespace detail
+
+struct StoreThenProcess::Impl {
+  Inbox* inbox = nullptr;
+  std::string name;
+  StoredHandler handler;
+  StoreThenProcessOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  std::string instance;
+  std::atomic<uint64_t> next_claim{0};
+
+  // Receipt statements live on the Inbox's connection and are used under its mutex
+  // (Inbox::with_connection).
+  std::unique_ptr<SQLite::Statement> insert, exists;
+
+  // The maintenance connection: reaper, replay, prune, stats.
+  std::mutex maint_mu;
+  std::unique_ptr<SQLite::Database> maint;
+
+  mutable std::mutex state_mu;  // guards counters; never held across I/O
+  StoreThenProcessCounters counters;
+  std::unique_ptr<detail::StoreRetry> retry;  // the receipt's health (health())
+
+  std::mutex run_mu;  // guards started/threads and the wake-up generation
+  std::condition_variable wake;
+  uint64_t wake_gen = 0;
+  std::atomic<bool> stopping{false};
+  bool started = false;
+  std::vector<std::thread> threads;
+
+  // ---------------------------------------------------------------- shared
+  // (store_then_process.cpp)
+
+  // The retention clock (received_at, done_at): the Inbox's, which wall-clock jumps
+  // cannot move, so retention and replay ranges are measured like inbox_processed's.
+  int64_t retention_now() { return inbox->retention_clock_ms(); }
+
+  void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1);
+  void worker_error(const Status& s);
+  void notify_workers();
+
+  // Sleeps up to `ms`, or until stop() or a wake-up. Returns false when stopping.
+  bool idle(int64_t ms, uint64_t* seen_gen);
+
+  // A connection to the Inbox's file with its settings; `sync` overrides synchronous.
+  std::unique_ptr<SQLite::Database> open_connection(std::optional<Synchronous> sync);
+
+  // Runs `fn` in BEGIN IMMEDIATE ... COMMIT on `db`. Store errors come back as Status.
+  template <typename Fn>
+  static Status transaction(SQLite::Database& db, const char* what, Fn&& fn) {
+    try {
+      db.exec("BEGIN IMMEDIATE");
+    } catch (const SQLite::Exception& e) {
+      return detail::to_status(e, std::string(what) + ": BEGIN IMMEDIATE");
+    }
+    try {
+      fn();
+      db.exec("COMMIT");
+    } catch (const SQLite::Exception& e) {
+      detail::rollback_quietly(db);
+      return detail::to_status(e, what);
+    } catch (const std::exception& e) {
+      detail::rollback_quietly(db);
+      return Status::Internal(std::string(what) + ": " + e.what());
+    }
+    return Status::Ok();
+  }
+
+  // ---------------------------------------------------------------- receipt
+  // (store_then_process_receipt.cpp)
+
+  // While the store fails, the message has no durable outcome, so the caller must not
+  // return (that would release the PUBACK): see detail::StoreRetry.
+  template <typename Op>
+  void until_stored(const char* what, Op&& op) {
+    retry->until_stored(what, std::forward<Op>(op));
+  }
+
+  Status stored_already(const std::string& id, bool* found);
+  Status store(const Message& m, const std::string& id, const std::string& key,
+               const std::string& props, bool* inserted);
+  Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
+                              DeadLetterReason reason, const std::string& text);
+  Outcome receive(const Message& m);
+
+  // ---------------------------------------------------------------- workers
+  // (store_then_process_workers.cpp)
+
+  struct Row {
+    int64_t seq = 0;
+    std::string message_id, aggregate_key;
+    Message message;
+    int64_t received_at = 0;
+    int attempts = 0;
+    std::string last_error;
+  };
+
+  // One worker's connection and its cached statements.
+  struct Worker {
+    int index = 0;
+    std::unique_ptr<SQLite::Database> db;
+    std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
+        failed, release, dead;
+    Synchronous handler_sync = Synchronous::kFull;
+    std::optional<Synchronous> current_sync;
+
+    // Bookkeeping commits (claim, failure, release) skip the fsync: losing one on power
+    // loss only repeats a claim or undercounts one attempt; the row itself is durable.
+    void set_sync(Synchronous s) {
+      if (current_sync == s) return;
+      try {
+        db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL"
+                                         : "PRAGMA synchronous = NORMAL");
+        current_sync = s;
+      } catch (const SQLite::Exception&) {
+        // Outside a transaction this does no I/O; if it fails the connection is broken
+        // and the next statement reports it.
+      }
+    }
+  };
+
+  enum class RunResult { kDone, kFailed, kDead, kLost, kStopped };
+
+  template <typename Op>
+  bool worker_retry(const char* what, Op&& op);
+  void prepare_worker(Worker& w);
+  std::vector<std::pair<int64_t, std::string>> candidates(Worker& w, int64_t now);
+  Status claim(Worker& w, const std::string& claimant, std::vector<Row>* rows);
+  Status release(Worker& w, const std::string& claimant, const std::string* aggregate);
+  RunResult dead_letter_row(Worker& w, const Row& r, const std::string& claimant,
+                            DeadLetterReason reason, const std::string& text, int attempts);
+  RunResult fail_row(Worker& w, const Row& r, const std::string& claimant, int attempt,
+                     const std::string& error);
+  RunResult run_row(Worker& w, const Row& r, const std::string& claimant);
+  void worker_loop(Worker& w);
+
+  // ---------------------------------------------------------------- maintenance
+  // (store_then_process_maintenance.cpp)
+
+  void maintenance_loop();
+  Status reap_now(int64_t* reaped);
+  Status prune_now(StoredPruneResult* out);
+};
+
+}  // namespace mqtt_inbox

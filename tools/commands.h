@@ -1,0 +1,71 @@
+// The admin tool's commands, one group per file (docs/admin-tool.md): each takes the
+// database path and its parsed options, prints a table or (with --json) JSON, returns
+// an exit code of tool.h, and reports failures by throwing ToolError (fail()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <mqtt_inbox/dead_letter.h>
+
+#include "connection_flags.h"  // examples/: the flags every program that connects shares
+
+namespace mqtt_inbox::cli {
+
+// stats.cpp
+int cmd_stats(const std::string& path);
+
+// prune.cpp
+struct PruneArgs {
+  std::string older_than, dead_letters_older_than, session_expiry, max_offline, replay_window, margin;
+  bool dry_run = false, force = false;
+  int64_t budget_ms = 2000;
+};
+int cmd_prune(const std::string& path, const PruneArgs& a);
+
+// dead_letters.cpp
+struct DlArgs {
+  std::string consumer, reason, since, before, message_id;
+  int64_t id = 0;
+  int64_t limit = 100;
+  bool include_replayed = false, yes = false, all = false;
+  std::string payload_encoding = "base64";
+};
+int cmd_dl_list(const std::string& path, const DlArgs& a);
+int cmd_dl_show(const std::string& path, const DlArgs& a);
+int cmd_dl_replay(const std::string& path, const DlArgs& a);
+int cmd_dl_purge(const std::string& path, const DlArgs& a);
+// A dead letter as JSON (also export's "dead_letter" lines); the payload in `encoding`
+// (base64 or hex) when `with_payload`.
+nlohmann::json dl_json(const DeadLetter& d, bool with_payload, const std::string& encoding = "base64");
+
+// replay.cpp: the store-then-process mode's replay and reap.
+struct ReplayArgs {
+  std::string consumer, since, until, aggregate, message_id;
+  bool include_dead = false, all = false;
+};
+int cmd_replay(const std::string& path, const ReplayArgs& a);
+int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease_ms);
+
+// check.cpp
+int cmd_check(const std::string& path);
+int cmd_migrate(const std::string& path);
+
+// export.cpp
+struct ExportArgs {
+  std::string since, consumer, encoding = "base64";
+};
+int cmd_export(const std::string& path, const ExportArgs& a);
+
+// probe_broker.cpp
+struct ProbeArgs {
+  connection_flags::Flags connection;  // --broker, --mqtt-version (default 5), TLS, credentials
+  std::string topic_prefix = "mqtt-inbox/probe";
+  int timeout_ms = 5000, count = 10, pause_offline_ms = 0;
+  uint32_t session_expiry_s = 300;
+};
+int cmd_probe(const ProbeArgs& a);
+
+}  // namespace mqtt_inbox::cli

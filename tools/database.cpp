@@ -1,0 +1,138 @@
+// Opening an inbox database next to a running consumer (see database.h).
+#include "database.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <stdexcept>
+
+namespace mqtt_inbox::cli {
+
+namespace mi = mqtt_inbox;
+
+namespace {
+
+// The tool shares the file with a running consumer: never take the consumer's exclusive
+// per-database lock (InboxOptions::exclusive, where the library has it).
+template <typename T>
+auto set_non_exclusive(T& o, int) -> decltype(o.exclusive = false, void()) {
+  o.exclusive = false;
+}
+template <typename T>
+void set_non_exclusive(T&, long) {}
+
+std::shared_ptr<spdlog::logger> tool_logger() {
+  static std::shared_ptr<spdlog::logger> log = [] {
+    auto l = spdlog::stderr_color_mt("mqtt-inbox");
+    l->set_level(spdlog::level::warn);
+    return l;
+  }();
+  return log;
+}
+
+}  // namespace
+
+void require_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);
+  if (!S_ISREG(st.st_mode)) fail(kStoreError, "not a regular file: " + path);
+}
+
+FileFacts read_facts(const std::string& path) {
+  require_file(path);
+  FileFacts f;
+  try {
+    SQLite::Database db(path, SQLite::OPEN_READONLY, g.busy_timeout_ms);
+    f.user_version = db.execAndGet("PRAGMA user_version").getInt();
+    f.journal_mode = db.execAndGet("PRAGMA journal_mode").getString();
+    f.has_inbox_tables =
+        db.execAndGet("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'inbox_processed'")
+            .getInt() > 0;
+  } catch (const SQLite::Exception& e) {
+    fail(kStoreError, path + ": " + e.what());
+  }
+  if (!f.has_inbox_tables && f.user_version == 0)
+    fail(kStoreError, path + " is not an mqtt-inbox database (no inbox tables)");
+  return f;
+}
+
+mi::InboxOptions tool_inbox_options() {
+  mi::InboxOptions o;
+  o.busy_timeout_ms = g.busy_timeout_ms;
+  o.logger = tool_logger();
+  set_non_exclusive(o, 0);
+  return o;
+}
+
+void require_current_schema(const std::string& path, const FileFacts& f) {
+  if (f.user_version > mi::kSchemaVersion)
+    fail(kSchema, path + " has schema version " + std::to_string(f.user_version) +
+                      ", newer than this tool's " + std::to_string(mi::kSchemaVersion) +
+                      ": use the mqtt-inbox tool of the release that wrote it");
+  if (f.user_version < mi::kSchemaVersion)
+    fail(kSchema, path + " has schema version " + std::to_string(f.user_version) + ", older than this tool's " +
+                      std::to_string(mi::kSchemaVersion) +
+                      ". Nothing was changed. Run `mqtt-inbox migrate " + path +
+                      "` after upgrading the application that uses it (an older library refuses a "
+                      "newer schema).");
+}
+
+std::unique_ptr<mi::Inbox> open_inbox(const std::string& path) {
+  const FileFacts f = read_facts(path);
+  require_current_schema(path, f);
+  std::unique_ptr<mi::Inbox> inbox;
+  const mi::Status s = mi::Inbox::open(path, tool_inbox_options(), &inbox);
+  if (!s.ok()) fail(s.code() == mi::Status::Code::kCorruption ? kSchema : kStoreError, s.to_string());
+  return inbox;
+}
+
+void check_status(const mi::Status& s, const std::string& what) {
+  if (s.ok()) return;
+  fail(s.code() == mi::Status::Code::kNotFound ? kNotFound : kStoreError, what + ": " + s.to_string());
+}
+
+std::map<std::string, std::string> read_meta(mi::Inbox& inbox) {
+  std::map<std::string, std::string> meta;
+  read_sql(inbox, "reading inbox_meta", [&](SQLite::Database& db) {
+    SQLite::Statement q(db, "SELECT key, value FROM inbox_meta");
+    while (q.executeStep()) meta[q.getColumn(0).getString()] = q.getColumn(1).getString();
+  });
+  return meta;
+}
+
+std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta, const std::string& key) {
+  auto it = meta.find(key);
+  if (it == meta.end()) return std::nullopt;
+  try {
+    return std::stoll(it->second);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::unique_ptr<mi::StoreThenProcess> stp_for(mi::Inbox* inbox, const std::string& consumer,
+                                              int64_t lease_ms) {
+  mi::StoreThenProcessOptions o;
+  if (lease_ms > 0) o.lease_ms = lease_ms;
+  o.workers = 0;
+  o.prune_interval_ms = 0;
+  std::unique_ptr<mi::StoreThenProcess> stp;
+  auto never = [](SQLite::Database&, const mi::StoredDelivery&) {
+    throw std::logic_error("the admin tool never processes rows");
+  };
+  check_status(mi::StoreThenProcess::create(inbox, consumer, never, o, &stp),
+               "opening store-then-process consumer '" + consumer + "'");
+  return stp;
+}
+
+std::set<std::string> stp_consumers(mi::Inbox& inbox) {
+  std::set<std::string> out;
+  read_sql(inbox, "listing store-then-process consumers", [&](SQLite::Database& db) {
+    SQLite::Statement q(db, "SELECT DISTINCT consumer_name FROM inbox_messages");
+    while (q.executeStep()) out.insert(q.getColumn(0).getString());
+  });
+  return out;
+}
+
+}  // namespace mqtt_inbox::cli

@@ -1,0 +1,165 @@
+// mqtt-inbox: inspect, repair and verify an inbox on a live device (docs/admin-tool.md).
+// This file: main and the command line (CLI11); each command group is in its own file
+// (commands.h), output formatting in format.h.
+//
+//   mqtt-inbox stats DB                      mqtt-inbox check DB / migrate DB
+//   mqtt-inbox prune DB [--older-than 8d]    mqtt-inbox export DB [--since 2d]
+//   mqtt-inbox dead-letters list|show|replay|purge DB ...
+//   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
+//                                              [--cafile/--cert/--key/--username/... as
+//                                               every example: connection_flags.h]
+//
+// Every command prints a table by default and JSON with --json. It works on a database a
+// running consumer is using: every write goes through the library (short BEGIN IMMEDIATE
+// transactions, the busy timeout), every read is a short statement of its own.
+//
+// Exit codes (also in docs/admin-tool.md):
+//   0 ok; 1 usage; 2 check or probe found problems; 3 store error (missing file, not an
+//   inbox, SQLite error); 4 refused (safety rule, no confirmation, already replayed);
+//   5 schema version differs from this tool's (older: run `migrate`; newer: upgrade the
+//   tool); 6 not possible without a library change (see the message); 7 broker
+//   unreachable or protocol error; 8 nothing matched (unknown id or consumer).
+
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <string>
+
+#include <mqtt_inbox/version.h>
+
+#include "commands.h"
+#include "tool.h"
+
+using namespace mqtt_inbox::cli;
+
+int main(int argc, char** argv) {
+  CLI::App app{"mqtt-inbox " MQTT_INBOX_VERSION_STRING ": inspect, repair and verify an mqtt-inbox database "
+               "(docs/admin-tool.md).\nExit codes: 0 ok, 1 usage, 2 problems found, 3 store error, 4 refused, "
+               "5 schema version mismatch, 6 needs a library change, 7 broker error, 8 nothing matched."};
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.add_flag("--json", g.json, "Print JSON instead of tables");
+  app.add_option("--busy-timeout-ms", g.busy_timeout_ms, "How long to wait for another connection's lock (default 5000)")
+      ->check(CLI::NonNegativeNumber);
+  app.set_version_flag("--version", MQTT_INBOX_VERSION_STRING);
+
+  std::string db;
+  std::function<int()> run;
+
+  auto* stats = app.add_subcommand("stats", "Rows per consumer, sizes, schema, dead letters, store-then-process counts");
+  stats->add_option("DB", db, "Database file")->required();
+  stats->callback([&] { run = [&] { return cmd_stats(db); }; });
+
+  PruneArgs pa;
+  auto* prune = app.add_subcommand("prune", "One pruning pass with the library's Pruner");
+  prune->add_option("DB", db, "Database file")->required();
+  prune->add_option("--older-than", pa.older_than, "Window: forget ids older than this (default: the recorded horizon)");
+  prune->add_option("--dead-letters-older-than", pa.dead_letters_older_than, "Also delete dead letters older than this (default: keep)");
+  prune->add_option("--session-expiry", pa.session_expiry, "Declare the broker session expiry (raises the horizon)");
+  prune->add_option("--max-offline", pa.max_offline, "Declare the longest offline period (raises the horizon)");
+  prune->add_option("--replay-window", pa.replay_window, "Declare a replay window (raises the horizon)");
+  prune->add_option("--margin", pa.margin, "Margin above the declared horizon (default 1h)");
+  prune->add_option("--budget-ms", pa.budget_ms, "Time the pass may spend deleting (default 2000)")->check(CLI::PositiveNumber);
+  prune->add_flag("--dry-run", pa.dry_run, "Only count what would be deleted");
+  prune->add_flag("--force", pa.force, "Accept a window below the horizon");
+  prune->callback([&] { run = [&] { return cmd_prune(db, pa); }; });
+
+  DlArgs da;
+  auto* dl = app.add_subcommand("dead-letters", "List, show, re-queue or purge dead letters");
+  dl->require_subcommand(1);
+  dl->fallthrough();
+  auto add_dl_filters = [&](CLI::App* c, bool filters) {
+    c->add_option("DB", db, "Database file")->required();
+    c->add_option("--id", da.id, "Dead-letter row id");
+    if (!filters) return;
+    c->add_option("--consumer", da.consumer, "Consumer name");
+    c->add_option("--reason", da.reason, "missing_id|invalid_id|payload_too_large|undecodable_payload|handler_failed|handler_crashed");
+    c->add_option("--since", da.since, "Dead-lettered at or after (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
+    c->add_option("--before", da.before, "Dead-lettered before (same forms)");
+    c->add_option("--message-id", da.message_id, "The producer's message id");
+    c->add_flag("--include-replayed", da.include_replayed, "Also rows already replayed");
+  };
+  auto* dl_list = dl->add_subcommand("list", "Dead letters, newest first");
+  add_dl_filters(dl_list, true);
+  dl_list->add_option("--limit", da.limit, "Rows at most (0 = all; default 100)");
+  dl_list->callback([&] { run = [&] { return cmd_dl_list(db, da); }; });
+  auto* dl_show = dl->add_subcommand("show", "One dead letter with its payload");
+  add_dl_filters(dl_show, false);
+  dl_show->add_option("--payload-encoding", da.payload_encoding, "base64|hex (JSON output)")->check(CLI::IsMember({"base64", "hex"}));
+  dl_show->callback([&] { run = [&] { return cmd_dl_show(db, da); }; });
+  auto* dl_replay = dl->add_subcommand("replay", "Re-queue a dead letter for the application (store-then-process rows)");
+  add_dl_filters(dl_replay, false);
+  dl_replay->callback([&] { run = [&] { return cmd_dl_replay(db, da); }; });
+  auto* dl_purge = dl->add_subcommand("purge", "Delete dead letters (asks unless --yes)");
+  add_dl_filters(dl_purge, true);
+  dl_purge->add_flag("--yes", da.yes, "Do not ask");
+  dl_purge->add_flag("--all", da.all, "Allow purging without a filter");
+  dl_purge->callback([&] { run = [&] { return cmd_dl_purge(db, da); }; });
+
+  ReplayArgs ra;
+  auto* replay = app.add_subcommand("replay", "Store-then-process: reset rows to pending so the workers run them again");
+  replay->add_option("DB", db, "Database file")->required();
+  replay->add_option("--consumer", ra.consumer, "Store-then-process consumer name")->required();
+  replay->add_option("--since", ra.since, "Received at or after (retention clock ms, 2h = 2 hours ago, or a UTC time)");
+  replay->add_option("--until", ra.until, "Received before (same forms)");
+  replay->add_option("--aggregate", ra.aggregate, "Aggregate key");
+  replay->add_option("--id", ra.message_id, "The producer's message id");
+  replay->add_flag("--include-dead", ra.include_dead, "Also rows the workers dead-lettered");
+  replay->add_flag("--all", ra.all, "Every finished row of the consumer");
+  replay->callback([&] { run = [&] { return cmd_replay(db, ra); }; });
+
+  std::string reap_consumer;
+  int64_t reap_lease_ms = 0;
+  auto* reap = app.add_subcommand("reap", "Store-then-process: return expired claims to pending now");
+  reap->add_option("DB", db, "Database file")->required();
+  reap->add_option("--consumer", reap_consumer, "Store-then-process consumer name")->required();
+  reap->add_option("--lease-ms", reap_lease_ms, "Claims older than this are expired (default: the library's 60000)");
+  reap->callback([&] { run = [&] { return cmd_reap(db, reap_consumer, reap_lease_ms); }; });
+
+  auto* check = app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");
+  check->add_option("DB", db, "Database file")->required();
+  check->callback([&] { run = [&] { return cmd_check(db); }; });
+
+  auto* migrate = app.add_subcommand("migrate", "Apply the schema migrations of this release");
+  migrate->add_option("DB", db, "Database file")->required();
+  migrate->callback([&] { run = [&] { return cmd_migrate(db); }; });
+
+  ExportArgs ea;
+  auto* exp = app.add_subcommand("export", "JSON Lines of processed ids and dead letters, for a support ticket");
+  exp->add_option("DB", db, "Database file")->required();
+  exp->add_option("--since", ea.since, "Only rows since (a duration ago like 2d, ms, or a UTC time)");
+  exp->add_option("--consumer", ea.consumer, "Only this consumer");
+  exp->add_option("--payload-encoding", ea.encoding, "base64|hex")->check(CLI::IsMember({"base64", "hex"}));
+  exp->callback([&] { run = [&] { return cmd_export(db, ea); }; });
+
+  ProbeArgs pr;
+  auto* probe = app.add_subcommand("probe-broker", "Check that the broker keeps sessions and queued QoS 1 messages");
+  pr.connection.mqtt_version = "5";
+  pr.connection.client_id = "";
+  // --broker, --client-id, --mqtt-version, TLS and credentials: as every program's.
+  connection_flags::add(*probe, &pr.connection, connection_flags::Role::kProbe);
+  probe->add_option("--timeout-ms", pr.timeout_ms, "Per step (default 5000)")->check(CLI::PositiveNumber);
+  probe->add_option("--count", pr.count, "Messages queued while offline (default 10)")->check(CLI::Range(1, 100000));
+  probe->add_option("--session-expiry-s", pr.session_expiry_s, "Session expiry requested with MQTT 5 (default 300)")->check(CLI::PositiveNumber);
+  probe->add_option("--pause-offline-ms", pr.pause_offline_ms, "Stay offline this long after publishing (restart the broker meanwhile)");
+  probe->add_option("--topic-prefix", pr.topic_prefix, "Topic prefix (default mqtt-inbox/probe)");
+  probe->callback([&] { run = [&] { return cmd_probe(pr); }; });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  }
+  try {
+    return run();
+  } catch (const ToolError& e) {
+    std::cerr << "mqtt-inbox: " << e.message << std::endl;
+    return e.code;
+  } catch (const std::exception& e) {
+    std::cerr << "mqtt-inbox: unexpected error: " << e.what() << std::endl;
+    return kStoreError;
+  }
+}

@@ -1,0 +1,227 @@
+// `mqtt-inbox probe-broker`: checks that the broker keeps a persistent session and the
+// QoS 1 messages queued for it while offline (docs/admin-tool.md). The only file of the
+// tool that uses Paho; it holds no SQL.
+#include <mqtt/async_client.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.h"
+#include "format.h"
+#include "tool.h"
+
+namespace mqtt_inbox::cli {
+
+namespace mi = mqtt_inbox;
+
+int cmd_probe(const ProbeArgs& a) {
+  const connection_flags::Flags& c = a.connection;
+  const bool v5 = c.mqtt_version == "5";
+  const int mqtt_version = v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1;
+  std::random_device rd;
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "%d-%08x", static_cast<int>(getpid()), rd());
+  const std::string client_id = c.client_id.empty() ? std::string("mqtt-inbox-probe-") + suffix : c.client_id;
+  const std::string topic = a.topic_prefix + "/" + suffix;
+  const auto timeout = std::chrono::milliseconds(a.timeout_ms);
+
+  json report = {{"broker", c.broker}, {"mqtt_version", c.mqtt_version}, {"client_id", client_id}, {"topic", topic},
+                 {"sent", 0}, {"received", 0}, {"paused_offline_ms", a.pause_offline_ms}};
+  json warnings = json::array();
+
+  // TLS and credentials from the flags, applied to every connect options object below.
+  // `ssl` outlives them all (Paho C++ 1.2.0 bug #337, connection_flags.h).
+  mqtt::ssl_options ssl;
+  auto secure = [&](mqtt::connect_options* o) {
+    if (const mi::Status s = connection_flags::to_paho_options(c, &ssl, o); !s.ok()) fail(kUsage, s.message());
+  };
+
+  std::mutex mu;
+  std::vector<std::pair<std::string, bool>> got;  // payload, dup
+  // Paho C++ 1.2.0 copies connect_options without re-pointing the C struct at the copy's
+  // properties: set them on long-lived objects, and pass those (as src/subscriber.cpp does).
+  mqtt::connect_options persistent;
+  {
+    auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout).keep_alive_interval(std::chrono::seconds(30));
+    if (v5) b.clean_start(false);
+    else b.clean_session(false);
+    persistent = b.finalize();
+    secure(&persistent);
+    if (v5) persistent.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(a.session_expiry_s)}});
+  }
+  mqtt::connect_options clean;
+  {
+    auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout);
+    if (v5) b.clean_start(true);
+    else b.clean_session(true);
+    clean = b.finalize();
+    secure(&clean);
+    if (v5) clean.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, 0}});
+  }
+  auto persistent_opts = [&]() -> const mqtt::connect_options& { return persistent; };
+  auto expiry_of = [&](const mqtt::connect_response& r) -> json {
+    if (v5 && r.get_properties().contains(mqtt::property::SESSION_EXPIRY_INTERVAL))
+      return mqtt::get<uint32_t>(r.get_properties(), mqtt::property::SESSION_EXPIRY_INTERVAL);
+    return nullptr;
+  };
+  mqtt::async_client sub(c.broker, client_id, mqtt::create_options(mqtt_version), nullptr);
+  sub.set_message_callback([&](mqtt::const_message_ptr m) {
+    std::lock_guard<std::mutex> l(mu);
+    got.emplace_back(m->to_string(), m->is_duplicate());
+  });
+  auto connect = [&](const mqtt::connect_options& o, std::chrono::milliseconds budget) -> mqtt::connect_response {
+    const auto deadline = std::chrono::steady_clock::now() + budget;
+    for (;;) {
+      try {
+        auto tok = sub.connect(o);
+        if (!tok->wait_for(budget)) throw mqtt::exception(-1, "connect timed out");
+        return tok->get_connect_response();
+      } catch (const mqtt::exception& e) {
+        if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+  };
+  int exit_code = kOk;
+  bool cleanup_needed = false;
+  try {
+    // 1. A persistent session with a QoS 1 subscription.
+    const auto r1 = connect(persistent_opts(), timeout);
+    cleanup_needed = true;
+    report["session_present_on_first_connect"] = r1.is_session_present();
+    report["requested_session_expiry_s"] = v5 ? json(a.session_expiry_s) : json();
+    report["connack_session_expiry_s_first"] = expiry_of(r1);
+    if (!sub.subscribe(topic, 1)->wait_for(timeout)) throw mqtt::exception(-1, "subscribe timed out");
+    if (!sub.disconnect()->wait_for(timeout)) throw mqtt::exception(-1, "disconnect timed out");
+
+    // 2. While it is offline, a second client publishes QoS 1 messages to it.
+    {
+      mqtt::async_client pub(c.broker, client_id + "-pub", mqtt::create_options(mqtt_version), nullptr);
+      auto po = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout);
+      if (v5) po.clean_start(true);
+      else po.clean_session(true);
+      mqtt::connect_options pub_opts = po.finalize();
+      secure(&pub_opts);
+      if (!pub.connect(pub_opts)->wait_for(timeout)) throw mqtt::exception(-1, "publisher connect timed out");
+      for (int i = 0; i < a.count; ++i) {
+        if (!pub.publish(mqtt::make_message(topic, "probe-" + std::to_string(i), 1, false))->wait_for(timeout))
+          throw mqtt::exception(-1, "publish (waiting for PUBACK) timed out");
+        report["sent"] = i + 1;
+      }
+      pub.disconnect()->wait_for(timeout);
+    }
+    if (a.pause_offline_ms > 0) {
+      std::cerr << "probe: offline for " << a.pause_offline_ms << " ms (restart the broker now to test persistence)" << std::endl;
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.pause_offline_ms));
+    }
+
+    // 3. Reconnect with the same client id: the broker should still hold the session and
+    //    send the queued messages right after CONNACK.
+    const auto r2 = connect(persistent_opts(), timeout + std::chrono::milliseconds(5000));
+    report["session_present"] = r2.is_session_present();
+    report["connack_session_expiry_s"] = expiry_of(r2);
+    json effective = nullptr;
+    std::string source = "none (MQTT 3.1.1: the broker's persistent_client_expiration applies)";
+    if (v5) {
+      if (!report["connack_session_expiry_s"].is_null()) effective = report["connack_session_expiry_s"], source = "CONNACK";
+      else effective = a.session_expiry_s, source = "requested (the broker returned none, so it accepted it)";
+    }
+    report["effective_session_expiry_s"] = effective;
+    report["session_expiry_source"] = source;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (static_cast<int>(got.size()) >= a.count) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // late duplicates
+    std::lock_guard<std::mutex> l(mu);
+    std::set<std::string> distinct;
+    int dup_true = 0;
+    for (const auto& m : got) {
+      distinct.insert(m.first);
+      dup_true += m.second ? 1 : 0;
+    }
+    report["received"] = got.size();
+    report["distinct_received"] = distinct.size();
+    report["dup_flags"] = {{"set", dup_true}, {"clear", static_cast<int>(got.size()) - dup_true}};
+  } catch (const mqtt::exception& e) {
+    // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
+    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(c, a.timeout_ms) : "";
+    report["error"] = std::string(e.what()) + (why.empty() ? "" : ": " + why);
+    exit_code = kBroker;
+  }
+  // Cleanup: drop the subscription and the session (clean start, expiry 0).
+  bool cleaned = false;
+  if (cleanup_needed) {
+    try {
+      if (sub.is_connected()) {
+        sub.unsubscribe(topic)->wait_for(timeout);
+        sub.disconnect()->wait_for(timeout);
+      }
+      if (sub.connect(clean)->wait_for(timeout)) {
+        sub.disconnect()->wait_for(timeout);
+        cleaned = true;
+      }
+    } catch (const mqtt::exception& e) {
+      warnings.push_back(std::string("cleanup failed: ") + e.what() + "; the broker may keep session " + client_id);
+    }
+  }
+  report["cleaned_up"] = cleaned;
+
+  std::string verdict = "error";
+  if (exit_code == kOk) {
+    const int sent = report["sent"].get<int>();
+    const int distinct = report["distinct_received"].get<int>();
+    const bool session = report["session_present"].get<bool>();
+    if (!session) {
+      verdict = "session_lost";
+      warnings.push_back("the broker did not keep the session (session_present=0): unacked and queued messages are lost when the "
+                         "consumer reconnects. Check persistence (and that its location is writable), the session expiry, "
+                         "and that the client uses a persistent session");
+    } else if (distinct < sent) {
+      verdict = "messages_dropped";
+      warnings.push_back(std::to_string(sent - distinct) + " of " + std::to_string(sent) +
+                         " messages queued while offline never arrived although the broker acked them: a queue limit "
+                         "(mosquitto max_queued_messages / max_queued_bytes) or message expiry drops messages silently");
+    } else {
+      verdict = "ok";
+    }
+    if (v5 && !report["effective_session_expiry_s"].is_null() &&
+        report["effective_session_expiry_s"].get<int64_t>() < static_cast<int64_t>(a.session_expiry_s))
+      warnings.push_back("the broker lowered the session expiry to " + report["effective_session_expiry_s"].dump() +
+                         " s: size the retention window and the offline budget to it");
+    if (session && report["session_present_on_first_connect"].get<bool>())
+      warnings.push_back("session_present was already set on the first connect of a fresh client id");
+    if (verdict != "ok") exit_code = kProblems;
+  }
+  report["verdict"] = verdict;
+  report["warnings"] = warnings;
+  if (g.json) emit(report);
+  else {
+    auto s = [](const json& v) { return v.is_null() ? std::string("-") : v.is_string() ? v.get<std::string>() : v.dump(); };
+    print_kv({{"broker", c.broker + " (MQTT " + c.mqtt_version + ")"},
+              {"client id", client_id},
+              {"session kept (session_present)", s(report.value("session_present", json()))},
+              {"queued messages", s(report["distinct_received"]) + " of " + s(report["sent"]) + " arrived"},
+              {"DUP flags", report.contains("dup_flags") ? "set " + s(report["dup_flags"]["set"]) + ", clear " + s(report["dup_flags"]["clear"]) : "-"},
+              {"effective session expiry", s(report.value("effective_session_expiry_s", json())) + " s (" + report.value("session_expiry_source", std::string("-")) + ")"},
+              {"cleaned up", cleaned ? "yes" : "no"},
+              {"verdict", verdict}});
+    if (report.contains("error")) std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";
+    for (const auto& w : warnings) std::cout << "warning: " << w.get<std::string>() << "\n";
+  }
+  return exit_code;
+}
+
+}  // namespace mqtt_inbox::cli

@@ -1,0 +1,117 @@
+// `mqtt-inbox stats`: rows per consumer, sizes, schema, dead letters and
+// store-then-process counts (docs/admin-tool.md).
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <mqtt_inbox/stats.h>
+
+#include "commands.h"
+#include "database.h"
+#include "format.h"
+#include "tool.h"
+
+namespace mqtt_inbox::cli {
+
+namespace mi = mqtt_inbox;
+
+int cmd_stats(const std::string& path) {
+  auto inbox = open_inbox(path);
+  const FileFacts facts = read_facts(path);
+  check_status(inbox->refresh_row_stats(), "measuring rows");
+  const mi::InboxStats s = inbox->stats();
+  const auto meta = read_meta(*inbox);
+  const int64_t clock = s.retention_clock_ms;
+
+  std::set<std::string> names;
+  for (const auto& c : s.consumers) names.insert(c.first);
+  std::map<std::string, std::map<std::string, int64_t>> dead_by_reason;
+  std::map<std::string, int64_t> replayed, attempts;
+  read_sql(*inbox, "counting dead letters", [&](SQLite::Database& db) {
+    SQLite::Statement q(db, "SELECT consumer_name, reason, status, count(*) FROM inbox_dead_letters"
+                            " GROUP BY consumer_name, reason, status");
+    while (q.executeStep()) {
+      const std::string c = q.getColumn(0).getString();
+      names.insert(c);
+      if (q.getColumn(2).getString() == "dead") dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
+      else replayed[c] += q.getColumn(3).getInt64();
+    }
+    SQLite::Statement a(db, "SELECT consumer_name, count(*) FROM inbox_attempts GROUP BY consumer_name");
+    while (a.executeStep()) {
+      names.insert(a.getColumn(0).getString());
+      attempts[a.getColumn(0).getString()] = a.getColumn(1).getInt64();
+    }
+  });
+  const std::set<std::string> stp_names = stp_consumers(*inbox);
+  names.insert(stp_names.begin(), stp_names.end());
+
+  json j;
+  j["database"] = path;
+  j["schema_version"] = facts.user_version;
+  j["library_schema_version"] = mi::kSchemaVersion;
+  j["db_bytes"] = s.db_bytes;
+  j["wal_bytes"] = s.wal_bytes;
+  j["retention_clock_ms"] = clock;
+  j["wall_clock_ms"] = wall_now_ms();
+  j["persisted_retention_clock_ms"] = meta_int(meta, "retention_clock_ms") ? json(*meta_int(meta, "retention_clock_ms")) : json();
+  j["required_window_ms"] = meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
+  j["consumers"] = json::array();
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& name : names) {
+    json c;
+    c["name"] = name;
+    mi::ConsumerRows r;
+    if (auto it = s.consumers.find(name); it != s.consumers.end()) r = it->second;
+    c["processed_rows"] = r.rows;
+    c["oldest_received_at"] = r.oldest_received_at;
+    c["newest_received_at"] = r.newest_received_at;
+    c["oldest_age_ms"] = r.rows ? clock - r.oldest_received_at : 0;
+    c["attempts_in_progress"] = attempts[name];
+    json reasons = json::object();
+    int64_t dead_total = 0;
+    for (const auto& kv : dead_by_reason[name]) {
+      reasons[kv.first] = kv.second;
+      dead_total += kv.second;
+    }
+    c["dead_letters"] = {{"dead", dead_total}, {"by_reason", reasons}, {"replayed", replayed[name]}};
+    std::string stp_cell = "-";
+    if (stp_names.count(name)) {
+      auto stp = stp_for(inbox.get(), name);
+      mi::StoreThenProcessStats st;
+      check_status(stp->stats(&st), "store-then-process stats");
+      c["store_then_process"] = {{"pending", st.pending}, {"processing", st.processing},
+                                 {"done", st.done}, {"dead", st.dead}};
+      stp_cell = std::to_string(st.pending) + "/" + std::to_string(st.processing) + "/" +
+                 std::to_string(st.done) + "/" + std::to_string(st.dead);
+    } else {
+      c["store_then_process"] = nullptr;
+    }
+    j["consumers"].push_back(c);
+    std::string reasons_cell;
+    for (const auto& kv : dead_by_reason[name])
+      reasons_cell += (reasons_cell.empty() ? "" : ",") + kv.first + "=" + std::to_string(kv.second);
+    rows.push_back({name, std::to_string(r.rows), r.rows ? human_ms(clock - r.oldest_received_at) : "-",
+                    r.rows ? human_ms(clock - r.newest_received_at) : "-", std::to_string(dead_total),
+                    reasons_cell.empty() ? "-" : reasons_cell, std::to_string(attempts[name]), stp_cell});
+  }
+  if (g.json) {
+    emit(j);
+    return kOk;
+  }
+  print_kv({{"database", path},
+            {"schema version", std::to_string(facts.user_version) + " (tool " + std::to_string(mi::kSchemaVersion) + ")"},
+            {"db size", human_bytes(s.db_bytes)},
+            {"wal size", human_bytes(s.wal_bytes)},
+            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) + ")"},
+            {"required window", j["required_window_ms"].is_null() ? "not recorded (no Pruner has run)"
+                                                                   : human_ms(j["required_window_ms"].get<int64_t>())}});
+  std::cout << "\n";
+  print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason", "attempts",
+               "stp pend/proc/done/dead"},
+              rows);
+  return kOk;
+}
+
+}  // namespace mqtt_inbox::cli
