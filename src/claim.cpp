@@ -13,7 +13,9 @@
 #include <exception>
 #include <mutex>
 
+#include "handler_verdict.h"
 #include "inbox_impl.h"
+#include "reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "sqlite_util.h"
@@ -37,7 +39,7 @@ constexpr const char* kLookupSql =
     "SELECT EXISTS(SELECT 1 FROM inbox_processed"
     "              WHERE consumer_name = ?1 AND message_id = ?2),"
     "       (SELECT id FROM inbox_dead_letters"
-    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status = 'dead'"
+    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status IN ('dead', 'requeued')"
     "        ORDER BY id DESC LIMIT 1),"
     "       a.attempts, a.state, a.last_error, a.first_attempt_at"
     "  FROM (SELECT 1) LEFT JOIN inbox_attempts a"
@@ -46,7 +48,7 @@ constexpr const char* kLookupSql =
 // What is recorded for an id whose claim was just inserted: lookup without the claim.
 constexpr const char* kStateSql =
     "SELECT (SELECT id FROM inbox_dead_letters"
-    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status = 'dead'"
+    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status IN ('dead', 'requeued')"
     "        ORDER BY id DESC LIMIT 1),"
     "       a.attempts, a.state, a.last_error, a.first_attempt_at"
     "  FROM (SELECT 1) LEFT JOIN inbox_attempts a"
@@ -87,6 +89,15 @@ constexpr const char* kDeleteAttemptsSql =
 
 constexpr const char* kMarkReplayedSql =
     "UPDATE inbox_dead_letters SET status = 'replayed', replayed_at = ?2 WHERE id = ?1";
+
+// The claim result of a handler that asked for (or earned) an immediate dead letter.
+ClaimResult claim_result_for(DeadLetterReason reason) {
+  switch (reason) {
+    case DeadLetterReason::kInvalidPayload: return ClaimResult::kRejected;
+    case DeadLetterReason::kHandlerReentered: return ClaimResult::kReentered;
+    default: return ClaimResult::kUndecodable;
+  }
+}
 
 // Runs a cached statement that returns no rows, once.
 void run(SQLite::Statement& q) {
@@ -178,6 +189,7 @@ int Inbox::Impl::count_attempt(const std::string& consumer, const std::string& i
 
 Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
                      MessageState* out) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::lookup"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   SQLite::Statement& q = *impl_->lookup;
   detail::StatementReset reset(q);
@@ -204,6 +216,7 @@ Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
 
 Status Inbox::begin_attempt(const std::string& consumer, const std::string& message_id,
                             int* attempt) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::begin_attempt"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     *attempt = impl_->count_attempt(consumer, message_id, nullptr);
@@ -215,6 +228,7 @@ Status Inbox::begin_attempt(const std::string& consumer, const std::string& mess
 
 Status Inbox::record_attempt_failure(const std::string& consumer, const std::string& message_id,
                                      const std::string& error) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::record_attempt_failure"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     Impl::RelaxedSync relaxed(*impl_);
@@ -275,6 +289,14 @@ void Inbox::Impl::delete_attempt_row(const std::string& consumer, const std::str
   q.exec();
 }
 
+void Inbox::Impl::mark_replayed_row(int64_t dead_letter_id) {
+  SQLite::Statement& q = *mark_replayed;
+  detail::StatementReset reset(q);
+  q.bind(1, dead_letter_id);
+  q.bind(2, clock->wall_ms());
+  q.exec();
+}
+
 Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& message,
                                  const std::string& message_id, int attempt, const Handler& handler,
                                  bool delete_attempt_row_after,
@@ -285,38 +307,22 @@ Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& mes
   SQLite::Database& d = *db;
   try {
     const Delivery delivery{message, message_id, attempt};
-    std::exception_ptr handler_failure;
     handler_running = true;
-    try {
-      handler(d, delivery);
-    } catch (...) {
-      handler_failure = std::current_exception();
-    }
+    const detail::HandlerVerdict v = detail::run_handler(self, [&] { handler(d, delivery); });
     handler_running = false;
-    try {
-      if (handler_failure) std::rethrow_exception(handler_failure);
-    } catch (const SQLite::Exception& e) {
-      detail::rollback_quietly(d);
-      const Status s = detail::to_status(e, "handler statement");
-      if (s.is_transient_store_error()) return store_error(s);
-      *result = ClaimResult::kHandlerFailed;
-      *handler_error = e.what();
-      return Status::Ok();
-    } catch (const UndecodablePayload& e) {
-      detail::rollback_quietly(d);
-      *result = ClaimResult::kUndecodable;
-      *handler_error = e.what();
-      return Status::Ok();
-    } catch (const std::exception& e) {
-      detail::rollback_quietly(d);
-      *result = ClaimResult::kHandlerFailed;
-      *handler_error = e.what();
-      return Status::Ok();
-    } catch (...) {
-      detail::rollback_quietly(d);
-      *result = ClaimResult::kHandlerFailed;
-      *handler_error = "handler threw a non-standard exception";
-      return Status::Ok();
+    switch (v.kind) {
+      case detail::HandlerVerdict::Kind::kOk:
+        break;
+      case detail::HandlerVerdict::Kind::kStoreError:
+        detail::rollback_quietly(d);
+        return store_error(v.store);
+      case detail::HandlerVerdict::Kind::kFailed:
+      case detail::HandlerVerdict::Kind::kDeadLetter:
+        detail::rollback_quietly(d);
+        *result = v.kind == detail::HandlerVerdict::Kind::kFailed ? ClaimResult::kHandlerFailed
+                                                                 : claim_result_for(v.reason);
+        *handler_error = v.text;
+        return Status::Ok();
     }
     if (sqlite3_get_autocommit(d.getHandle())) {
       // The handler ran COMMIT or ROLLBACK itself: the claim and its effect may be split.
@@ -327,13 +333,7 @@ Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& mes
       return Status::Ok();
     }
     if (delete_attempt_row_after) delete_attempt_row(consumer, message_id);
-    if (replayed_dead_letter) {
-      SQLite::Statement& q = *mark_replayed;
-      detail::StatementReset reset(q);
-      q.bind(1, *replayed_dead_letter);
-      q.bind(2, clock->wall_ms());
-      q.exec();
-    }
+    if (replayed_dead_letter) mark_replayed_row(*replayed_dead_letter);
     run(*commit);
   } catch (const SQLite::Exception& e) {
     handler_running = false;
@@ -354,6 +354,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
                     const std::string& message_id, int attempt, const Handler& handler,
                     std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                     std::string* handler_error) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::claim"); !r.ok()) return r;
   Impl& m = *impl_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
@@ -394,6 +395,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
 Status Inbox::process(const std::string& consumer, const Message& message,
                       const std::string& message_id, const Handler& handler, int max_attempts,
                       std::optional<int64_t> replayed_dead_letter, ProcessReport* report) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::process"); !r.ok()) return r;
   Impl& m = *impl_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
@@ -409,7 +411,14 @@ Status Inbox::process(const std::string& consumer, const Message& message,
   bool attempt_row = false;  // inbox_attempts has a row for the id
   try {
     if (!m.insert_claim(consumer, message, message_id)) {
-      detail::rollback_quietly(db);
+      if (replayed_dead_letter) {
+        // The replayed message's effect is already committed: close its dead letter, so
+        // a requeued row always ends (Consumer::replay_requeued).
+        m.mark_replayed_row(*replayed_dead_letter);
+        run(*m.commit);
+      } else {
+        detail::rollback_quietly(db);
+      }
       report->result = ClaimResult::kDuplicate;
       ++m.duplicates;
       return Status::Ok();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "inbox_impl.h"
+#include "reentry.h"
 #include "mqtt_inbox/inbox.h"
 #include "sqlite_util.h"
 
@@ -41,6 +42,7 @@ DeadLetter read_dead_letter(SQLite::Statement& q) {
   d.dead_lettered_at_ms = q.getColumn(13).getInt64();
   d.redeliveries = q.getColumn(14).getInt();
   d.replayed = q.getColumn(15).getString() == "replayed";
+  d.requeued = q.getColumn(15).getString() == "requeued";
   if (!q.getColumn(16).isNull()) d.replayed_at_ms = q.getColumn(16).getInt64();
   return d;
 }
@@ -79,7 +81,7 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
     int64_t v = *f.before_ms;
     s.binds.push_back([v](SQLite::Statement& q, int i) { q.bind(i, v); });
   }
-  if (!f.include_replayed) terms.push_back("status = 'dead'");
+  if (!f.include_replayed) terms.push_back("status <> 'replayed'");
   for (size_t i = 0; i < terms.size(); ++i) s.where += (i ? " AND " : " WHERE ") + terms[i];
   return s;
 }
@@ -89,6 +91,7 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
 
 Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,
                               int64_t* id) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::add_dead_letter"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   SQLite::Database& db = *m.db;
@@ -100,7 +103,8 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
       if (!existing && dl.message_id) {
         SQLite::Statement q(db,
                             "SELECT id FROM inbox_dead_letters WHERE consumer_name = ?1"
-                            " AND message_id = ?2 AND status = 'dead' ORDER BY id DESC LIMIT 1");
+                            " AND message_id = ?2 AND status IN ('dead', 'requeued')"
+                            " ORDER BY id DESC LIMIT 1");
         q.bind(1, dl.consumer_name);
         q.bind(2, *dl.message_id);
         if (q.executeStep()) {
@@ -169,6 +173,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
 }
 
 Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::list_dead_letters"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   out->clear();
   try {
@@ -186,6 +191,7 @@ Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<Dead
 }
 
 Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::get_dead_letter"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db, std::string("SELECT ") + kDeadLetterColumns +
@@ -200,6 +206,7 @@ Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
 }
 
 Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::purge_dead_letters"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     FilterSql f = filter_sql(filter);
@@ -210,6 +217,66 @@ Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* remove
     });
   } catch (const SQLite::Exception& e) {
     return impl_->store_error(detail::to_status(e, "purging dead letters"));
+  }
+  return Status::Ok();
+}
+
+Status Inbox::requeue_dead_letter(int64_t id) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::requeue_dead_letter"); !r.ok())
+    return r;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  SQLite::Database& db = *impl_->db;
+  Status refusal;
+  try {
+    impl_->write_transaction([&] {
+      SQLite::Statement q(db,
+                          "SELECT d.status, length(d.payload) < d.payload_size,"
+                          "       EXISTS(SELECT 1 FROM inbox_messages m WHERE"
+                          "              m.consumer_name = d.consumer_name AND"
+                          "              m.message_id = d.message_id)"
+                          "  FROM inbox_dead_letters d WHERE d.id = ?1");
+      q.bind(1, id);
+      const std::string row = "dead letter " + std::to_string(id);
+      if (!q.executeStep()) {
+        refusal = Status::NotFound(row + " not found");
+        return;
+      }
+      const std::string status = q.getColumn(0).getString();
+      if (status != "dead")
+        refusal = Status::InvalidArgument(row + " is '" + status + "', not 'dead': refused, a " +
+                                          "dead letter is replayed at most once at a time");
+      else if (q.getColumn(1).getInt() != 0)
+        refusal = Status::InvalidArgument(row + " holds a cut payload; it cannot be replayed");
+      else if (q.getColumn(2).getInt() != 0)
+        refusal = Status::InvalidArgument(row + " belongs to a store-then-process consumer: " +
+                                          "use StoreThenProcess::replay");
+      if (!refusal.ok()) return;
+      SQLite::Statement u(db, "UPDATE inbox_dead_letters SET status = 'requeued' WHERE id = ?1");
+      u.bind(1, id);
+      u.exec();
+    });
+  } catch (const SQLite::Exception& e) {
+    return impl_->store_error(detail::to_status(e, "requeuing dead letter"));
+  }
+  return refusal;
+}
+
+Status Inbox::requeued_dead_letters(const std::string& consumer, int64_t limit,
+                                    std::vector<int64_t>* ids) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::requeued_dead_letters"); !r.ok())
+    return r;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ids->clear();
+  try {
+    // Served by the partial index inbox_dead_letters_requeued (schema.sql).
+    SQLite::Statement q(*impl_->db,
+                        "SELECT id FROM inbox_dead_letters WHERE consumer_name = ?1"
+                        " AND status = 'requeued' ORDER BY id LIMIT ?2");
+    q.bind(1, consumer);
+    q.bind(2, limit);
+    while (q.executeStep()) ids->push_back(q.getColumn(0).getInt64());
+  } catch (const SQLite::Exception& e) {
+    return impl_->store_error(detail::to_status(e, "listing requeued dead letters"));
   }
   return Status::Ok();
 }

@@ -17,19 +17,21 @@
 
 #include <chrono>
 #include <exception>
+#include <stdexcept>
 #include <mutex>
 #include <vector>
 
 #include "log.h"
 #include "mqtt_inbox/clock.h"
 #include "inbox_impl.h"
+#include "reentry.h"
 #include "schema.h"
 #include "sqlite_util.h"
 #include "text.h"
 
 namespace mqtt_inbox {
 
-Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { impl_->self = this; }
 
 Inbox::~Inbox() {
   // Best effort: a clock that restarts from an older value only keeps rows longer.
@@ -42,6 +44,7 @@ Inbox::~Inbox() {
 int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
 
 Status Inbox::persist_retention_clock() {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::persist_retention_clock"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db,
@@ -98,7 +101,10 @@ InboxStats Inbox::stats() const {
   return s;
 }
 
-Status Inbox::refresh_row_stats() { return impl_->measure_rows(nullptr); }
+Status Inbox::refresh_row_stats() {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::refresh_row_stats"); !r.ok()) return r;
+  return impl_->measure_rows(nullptr);
+}
 
 Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
   std::map<std::string, ConsumerRows> rows;
@@ -266,6 +272,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
 }
 
 Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::count_processed"); !r.ok()) return r;
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     SQLite::Statement q(*impl_->db,
@@ -280,6 +287,8 @@ Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
 }
 
 void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::with_connection"); !r.ok())
+    throw std::logic_error(r.message());
   std::lock_guard<std::mutex> lock(impl_->mu);
   fn(*impl_->db);
 }

@@ -24,6 +24,7 @@
 namespace mqtt_inbox {
 
 struct Inbox::Impl {
+  const Inbox* self = nullptr;  // the owner: the key of handler re-entry checks (reentry.h)
   std::string path;
   InboxOptions options;
   Clock* clock = nullptr;
@@ -60,6 +61,9 @@ struct Inbox::Impl {
   void read_state(const std::string& consumer, const std::string& message_id,
                   MessageState* out);
   void delete_attempt_row(const std::string& consumer, const std::string& id);
+  // Marks a dead letter 'replayed' (its message's effect is committed), in the open
+  // transaction.
+  void mark_replayed_row(int64_t dead_letter_id);
   // The rest of the claim transaction, with the claim inserted: the handler, then COMMIT,
   // or ROLLBACK on any failure (claim.cpp). Under `mu`.
   Status claim_locked(const std::string& consumer, const Message& message,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "inbox_impl.h"
+#include "reentry.h"
 
 namespace mqtt_inbox {
 
@@ -286,6 +287,7 @@ int64_t Pruner::required_window_ms(const RetentionOptions& o) {
 
 Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (Status r = detail::refuse_if_in_handler(inbox, "Pruner::create"); !r.ok()) return r;
   if (options.window.count() <= 0) return Status::InvalidArgument("retention window must be > 0");
   if (options.batch_rows < 1) return Status::InvalidArgument("batch_rows must be >= 1");
   if (options.max_batch_ms < 1) return Status::InvalidArgument("max_batch_ms must be >= 1");
@@ -347,6 +349,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
 
 Status Pruner::prune_once(PruneResult* result) {
   Impl& m = *impl_;
+  if (Status r = detail::refuse_if_in_handler(m.inbox, "Pruner::prune_once"); !r.ok()) return r;
   std::lock_guard<std::mutex> pass(m.pass_mu);
   PruneResult r;
   const int64_t start = m.store->clock->steady_ms();
@@ -420,6 +423,9 @@ void Pruner::stop() {
     m.stopping = true;
     m.cv.notify_all();
   }
+  // From inside a handler of the inbox, the thread may be waiting for the connection the
+  // handler holds: ask it to stop, but leave the join to a later stop() or ~Pruner.
+  if (!detail::refuse_if_in_handler(m.inbox, "Pruner::stop").ok()) return;
   if (m.thread.joinable()) m.thread.join();
 }
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,16 +33,25 @@ class StoreRetry {
         clock_(clock),
         log_(std::move(log)) {}
 
+  // Thrown by until_stored() when its `stop` flag is set while the store fails.
+  struct Stopped {};
+
   // Runs `op` until it returns OK, with capped exponential backoff; logs the first
-  // failure, then at most once per log interval, and the recovery.
+  // failure, then at most once per log interval, and the recovery. With `stop`, gives up
+  // by throwing Stopped once *stop is true after a failure (for a caller that is not a
+  // transport callback and so may leave a message without an outcome, to try later).
   template <typename Op>
-  void until_stored(const char* what, Op&& op) {
+  void until_stored(const char* what, Op&& op, const std::atomic<bool>* stop = nullptr) {
     Status s = op();
     if (s.ok()) return;
     int64_t backoff = initial_ms_;
     int64_t retries = 0;
     const int64_t since = clock_->wall_ms();
     while (!s.ok()) {
+      if (stop && stop->load()) {
+        set_not_stuck();
+        throw Stopped{};
+      }
       ++retries;
       bool log_now;
       {
@@ -65,12 +75,7 @@ class StoreRetry {
       backoff = std::min<int64_t>(backoff * 2, max_ms_);
       s = op();
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      health_.stuck = false;
-      health_.stuck_since_ms = 0;
-      health_.retries = 0;
-    }
+    set_not_stuck();
     log_->info("{}: store recovered after {} retries ({} ms)", who_, retries,
                clock_->wall_ms() - since);
   }
@@ -86,6 +91,13 @@ class StoreRetry {
   }
 
  private:
+  void set_not_stuck() {
+    std::lock_guard<std::mutex> lock(mu_);
+    health_.stuck = false;
+    health_.stuck_since_ms = 0;
+    health_.retries = 0;
+  }
+
   const std::string who_;
   const int64_t initial_ms_, max_ms_, log_interval_ms_;
   Clock* const clock_;

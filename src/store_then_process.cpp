@@ -14,6 +14,7 @@
 #include <string>
 
 #include "log.h"
+#include "reentry.h"
 #include "store_then_process_impl.h"
 #include "text.h"
 
@@ -118,6 +119,7 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
                                 const StoreThenProcessOptions& options,
                                 std::unique_ptr<StoreThenProcess>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
   if (!handler) return Status::InvalidArgument("handler is empty");

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "reentry.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -138,6 +139,8 @@ Status StoreThenProcess::Impl::prune_now(StoredPruneResult* out) {
 }
 
 Status StoreThenProcess::reap(int64_t* reaped) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reap"); !r.ok())
+    return r;
   int64_t n = 0;
   const Status s = impl_->reap_now(&n);
   if (reaped) *reaped = n;
@@ -146,6 +149,8 @@ Status StoreThenProcess::reap(int64_t* reaped) {
 }
 
 Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::replay"); !r.ok())
+    return r;
   Impl& m = *impl_;
   ReplayResult r;
   std::string where = " WHERE consumer_name = ?1";
@@ -201,6 +206,8 @@ Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
 }
 
 Status StoreThenProcess::prune(StoredPruneResult* result) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::prune"); !r.ok())
+    return r;
   StoredPruneResult r;
   const Status s = impl_->prune_now(&r);
   if (result) *result = r;
@@ -208,6 +215,8 @@ Status StoreThenProcess::prune(StoredPruneResult* result) {
 }
 
 Status StoreThenProcess::stats(StoreThenProcessStats* out) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::stats"); !r.ok())
+    return r;
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.maint_mu);
   try {

@@ -32,7 +32,7 @@ namespace mqtt_inbox {
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 4;
+constexpr int kSchemaVersion = 5;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -54,6 +54,10 @@ enum class ClaimResult {
   kDuplicate,          // claim row already there: rolled back, handler not run
   kHandlerFailed,      // handler threw (not a store error): rolled back
   kUndecodable,        // handler threw UndecodablePayload: rolled back
+  kRejected,           // handler threw RejectMessage: rolled back (dead letter
+                       // invalid_payload at once)
+  kReentered,          // handler called back into this inbox (handler.h): rolled back
+                       // (dead letter handler_reentered at once)
   kDeadLettered,       // process() only: the id has a dead letter (status 'dead'): rolled
                        // back, handler not run
   kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
@@ -69,7 +73,8 @@ struct ProcessReport {
   // What was recorded for the id before this delivery (attempts, a dead letter). Not
   // filled for kDuplicate.
   MessageState state;
-  // The handler's exception text, for kHandlerFailed and kUndecodable.
+  // The handler's exception text, for kHandlerFailed, kUndecodable and kRejected; the
+  // refused call, for kReentered.
   std::string handler_error;
 };
 
@@ -163,6 +168,20 @@ class Inbox {
   Status get_dead_letter(int64_t id, DeadLetter* out);
   // Deletes rows matching `filter` (its limit is ignored); *removed gets the row count.
   Status purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed);
+  // Marks dead letter `id` 'requeued': the running Consumer of its consumer name replays
+  // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms; README "Replaying
+  // a dead letter while the service runs"), through the handler in its own transaction;
+  // it ends 'replayed' (committed once, like Consumer::replay_dead_letter) or 'dead' again
+  // with the new reason. Meant for a second connection (the admin tool opens the file
+  // with exclusive=false next to the running service; SQLite serialises the one short
+  // write). Errors: kNotFound; kInvalidArgument if the row is not 'dead' (already
+  // requeued or replayed), its payload was cut (dead_letter_payload_bytes), or it belongs
+  // to a store-then-process consumer (use StoreThenProcess::replay); store codes.
+  Status requeue_dead_letter(int64_t id);
+  // Ids of `consumer`'s dead letters with status 'requeued', oldest first, at most
+  // `limit` (> 0). One index probe; what a Consumer polls.
+  Status requeued_dead_letters(const std::string& consumer, int64_t limit,
+                               std::vector<int64_t>* ids);
 
   // --- inspection ---
 
