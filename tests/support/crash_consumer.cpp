@@ -4,7 +4,7 @@
 //
 //   crash_consumer BROKER CLIENT_ID TOPIC DB [--crash-after-commit ID] [--crash-in-handler ID]
 //                  [--fail-attempts N] [--fail-handler ID] [--max-attempts N]
-//                  [--max-payload BYTES] [--mqtt-version 3.1.1|5]
+//                  [--max-payload BYTES] [--mqtt-version 3.1.1|5] [--requeue-poll-ms MS]
 //
 // --crash-after-commit ID  SIGKILL itself after ID's commit, before the callback returns
 //                          (so before the PUBACK).
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     else if (flag == "--fail-attempts") fail_attempts = std::stoi(value);
     else if (flag == "--max-attempts") copts.max_attempts = std::stoi(value);
     else if (flag == "--max-payload") copts.max_payload_bytes = std::stoul(value);
+    else if (flag == "--requeue-poll-ms") copts.requeue_poll_ms = std::stoll(value);
     else if (flag == "--mqtt-version")
       mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
