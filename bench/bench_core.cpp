@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
       .add("vfs_db_bytes_per_msg", c.db_write_bytes / n)
       .add("wal_syncs_per_msg", c.wal_syncs / n)
       .add("db_syncs_per_msg", c.db_syncs / n)
+      .add("fsyncs_per_msg", (c.wal_syncs + c.db_syncs) / n)
       .print();
   std::fprintf(stderr,
                "core[%s] sync=%s retained=%lld page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
