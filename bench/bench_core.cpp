@@ -1,5 +1,5 @@
 // bench_core: the library's per-message path without MQTT. Calls Consumer::handle with
-// the ledger handler (ledger::apply_credit) for --count messages with random UUID ids,
+// the ledger handler (ledger::CreditHandler) for --count messages with random UUID ids,
 // on one thread, exactly as the Subscriber would from Paho's callback. Used for:
 //   - scale: --prefill M first puts M retained ids in inbox_processed (one big
 //     transaction, synchronous=OFF, prepared statement, keys inserted in order), then
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string db_path, sync = "full", id_kind = "uuid", label = "core";
   int count = 20000, page_size = 4096, autocheckpoint = 1000;
   int64_t prefill = 0;
-  bool reuse = false, keep = false, no_metadata = false;
+  bool reuse = false, keep = false, no_metadata = false, inline_checkpoint = false;
   app.add_option("--db", db_path, "Database file")->required();
   app.add_option("--sync", sync)->check(CLI::IsMember({"full", "normal"}));
   app.add_option("--count", count, "Messages");
@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
   app.add_option("--id", id_kind, "uuid | seq")->check(CLI::IsMember({"uuid", "seq"}));
   app.add_flag("--no-metadata", no_metadata, "InboxOptions::record_metadata = false");
   app.add_option("--autocheckpoint", autocheckpoint, "InboxOptions::wal_autocheckpoint_pages");
+  app.add_flag("--inline-checkpoint", inline_checkpoint,
+               "InboxOptions::background_checkpoint = false (checkpoint inside the commit)");
   app.add_option("--label", label, "Name in the JSON line");
   CLI11_PARSE(app, argc, argv);
 
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
   io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
   io.record_metadata = !no_metadata;
   io.wal_autocheckpoint_pages = autocheckpoint;
+  io.background_checkpoint = !inline_checkpoint;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, io, &inbox); !s.ok()) {
     std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
     db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   });
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
-  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {},
+  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::CreditHandler{}, {},
                                             &consumer);
       !s.ok()) {
     std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
       .add("id", id_kind)
       .add("metadata", !no_metadata)
       .add("autocheckpoint", autocheckpoint)
+      .add("background_checkpoint", !inline_checkpoint)
       .add("seconds", secs)
       .add("msgs_per_s", n / secs)
       .add("us_per_msg", secs * 1e6 / n)
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
                actual_page_size, id_kind.c_str(), count, secs, n / secs, (wb1 - wb0) / n,
                c.wal_write_bytes / n, c.wal_write_bytes / n / (actual_page_size + 24),
                c.db_write_bytes / n, (c.wal_syncs + c.db_syncs) / n);
+  consumer.reset();  // its handler's statements belong to the inbox's connection
   inbox.reset();
   if (!keep)
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_path + suffix);

@@ -34,6 +34,8 @@ Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Inbox::~Inbox() {
   // Best effort: a clock that restarts from an older value only keeps rows longer.
   (void)persist_retention_clock();
+  if (impl_->marker) impl_->marker->clear();  // a clean close leaves no marker behind
+  impl_->stop_checkpointer();
   const int fd = impl_->lock_fd;
   impl_.reset();  // close the database before giving up the lock
   if (fd >= 0) ::close(fd);
@@ -96,6 +98,11 @@ InboxStats Inbox::stats() const {
     s.rows_measured_at = m.rows_measured_at;
   }
   return s;
+}
+
+int Inbox::Impl::on_wal_commit(void* self, sqlite3* db, const char* name, int frames) {
+  static_cast<Impl*>(self)->checkpointer->on_commit(db, name, frames);
+  return SQLITE_OK;  // the commit stands whatever a checkpoint did
 }
 
 Status Inbox::refresh_row_stats() { return impl_->measure_rows(nullptr); }
@@ -241,6 +248,14 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
     db.exec("PRAGMA cache_size = -" + std::to_string(options.cache_size_kib));
     db.exec("PRAGMA journal_size_limit = " + std::to_string(options.journal_size_limit_bytes));
     db.exec("PRAGMA wal_autocheckpoint = " + std::to_string(options.wal_autocheckpoint_pages));
+    if (options.exclusive && options.background_checkpoint &&
+        options.wal_autocheckpoint_pages > 0) {
+      impl->checkpointer = std::make_unique<detail::Checkpointer>(
+          path, options.vfs, options.synchronous == Synchronous::kFull, options.busy_timeout_ms,
+          options.wal_autocheckpoint_pages, &impl->mu, impl->log);
+      // Replaces SQLite's autocheckpoint hook on this connection (checkpointer.h).
+      sqlite3_wal_hook(db.getHandle(), &Impl::on_wal_commit, impl.get());
+    }
 
     // Installed once: setting an authorizer expires every prepared statement, so doing it
     // around each handler run would re-prepare the cached statements for every message.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <array>
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "attempt_marker.h"
+#include "checkpointer.h"
 #include "log.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
@@ -32,11 +34,26 @@ struct Inbox::Impl {
   std::mutex mu;  // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
   // The per-message path's statements, prepared once (claim.cpp).
-  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, state, begin_attempt,
-      attempt_failed, attempt_failed_counted, claim, delete_attempts, mark_replayed;
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
+      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
+      mark_replayed;
   // Which handler is running, outside the database (attempt_marker.h). Null without the
   // lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<detail::AttemptMarker> marker;
+  // Checkpoints off the message path (checkpointer.h); null = SQLite's autocheckpoint.
+  // Declared after `db` and the statements: destroyed (joined) before them.
+  std::unique_ptr<detail::Checkpointer> checkpointer;
+  // sqlite3_wal_hook callback on `db` while `checkpointer` exists.
+  static int on_wal_commit(void* self, sqlite3* db, const char* name, int frames);
+  // Stops the checkpointer (its hook first) before anything else goes, on every path
+  // (~Inbox, or open() failing after the checkpointer started): no hook may call into a
+  // destroyed Checkpointer, and its thread ends before the connection closes.
+  ~Impl() { stop_checkpointer(); }
+  void stop_checkpointer() {
+    if (!checkpointer) return;
+    if (db) sqlite3_wal_hook(db->getHandle(), nullptr, nullptr);
+    checkpointer.reset();  // joins the thread, closes its connection
+  }
   // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
   bool handler_running = false;
 
@@ -53,12 +70,14 @@ struct Inbox::Impl {
   int count_attempt(const std::string& consumer, const std::string& id,
                     const std::string* error);
   // Inside the open transaction (claim.cpp), under `mu`; throw SQLite::Exception.
-  // The claim insert: true if this delivery claimed the id.
+  // The claim insert: true if this delivery claimed the id. With
+  // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
   bool insert_claim(const std::string& consumer, const Message& message,
-                    const std::string& message_id);
-  // What is recorded for the id besides the claim (attempts, a dead letter).
-  void read_state(const std::string& consumer, const std::string& message_id,
-                  MessageState* out);
+                    const std::string& message_id, bool only_if_nothing_recorded);
+  // Everything recorded for the id (claim, dead letter, attempts); returns processed.
+  // Also outside a transaction.
+  bool read_lookup(const std::string& consumer, const std::string& message_id,
+                   MessageState* out);
   void delete_attempt_row(const std::string& consumer, const std::string& id);
   // The rest of the claim transaction, with the claim inserted: the handler, then COMMIT,
   // or ROLLBACK on any failure (claim.cpp). Under `mu`.

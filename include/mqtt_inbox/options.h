@@ -55,8 +55,19 @@ struct InboxOptions {
   // checkpoint resets it. Default 4 MiB.
   int64_t journal_size_limit_bytes = 4 * 1024 * 1024;
 
-  // PRAGMA wal_autocheckpoint in pages. Default 1000 (SQLite's default).
+  // PRAGMA wal_autocheckpoint in pages: the WAL length at which its pages are copied back
+  // into the database file (a checkpoint). Default 1000 (SQLite's default). 0 disables
+  // automatic checkpoints (the Pruner still checkpoints).
   int wal_autocheckpoint_pages = 1000;
+
+  // Run those checkpoints on a connection and a thread of the Inbox's own instead of
+  // inside the commit that crosses wal_autocheckpoint_pages (SQLite's way). That commit
+  // would copy ~1000 pages and fsync the database file while its message waits (and its
+  // PUBACK): measured, 35-45 % of the per-message time with kNormal, and a latency spike
+  // of tens of ms with either setting (docs/benchmarks.md). Only with exclusive = true.
+  // Costs one thread and one more SQLite connection (64 KiB page cache). If the thread
+  // falls 4x the threshold behind, the commit checkpoints as SQLite would. Default true.
+  bool background_checkpoint = true;
 
   // Record topic and payload hash in inbox_processed for debugging. Default true.
   // Turning it off makes rows smaller (fewer bytes written per message on flash).
