@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string db_path, sync = "full", id_kind = "uuid", label = "core";
   int count = 20000, page_size = 4096, autocheckpoint = 1000;
   int64_t prefill = 0;
-  bool reuse = false, keep = false, no_metadata = false, inline_checkpoint = false;
+  bool reuse = false, keep = false, no_metadata = false;
   app.add_option("--db", db_path, "Database file")->required();
   app.add_option("--sync", sync)->check(CLI::IsMember({"full", "normal"}));
   app.add_option("--count", count, "Messages");
@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--id", id_kind, "uuid | seq")->check(CLI::IsMember({"uuid", "seq"}));
   app.add_flag("--no-metadata", no_metadata, "InboxOptions::record_metadata = false");
   app.add_option("--autocheckpoint", autocheckpoint, "InboxOptions::wal_autocheckpoint_pages");
-  app.add_flag("--inline-checkpoint", inline_checkpoint,
-               "InboxOptions::background_checkpoint = false (checkpoint inside the commit)");
+  bool background_checkpoint = false;
+  app.add_flag("--background-checkpoint", background_checkpoint,
+               "InboxOptions::background_checkpoint = true (checkpoints on a thread)");
   app.add_option("--label", label, "Name in the JSON line");
   CLI11_PARSE(app, argc, argv);
 
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
   io.record_metadata = !no_metadata;
   io.wal_autocheckpoint_pages = autocheckpoint;
-  io.background_checkpoint = !inline_checkpoint;
+  io.background_checkpoint = background_checkpoint;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, io, &inbox); !s.ok()) {
     std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
       .add("id", id_kind)
       .add("metadata", !no_metadata)
       .add("autocheckpoint", autocheckpoint)
-      .add("background_checkpoint", !inline_checkpoint)
+      .add("background_checkpoint", background_checkpoint)
       .add("seconds", secs)
       .add("msgs_per_s", n / secs)
       .add("us_per_msg", secs * 1e6 / n)

@@ -72,17 +72,17 @@ void Checkpointer::run() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || due_; });
       if (stop_) return;
-      due_ = false;
     }
     // PASSIVE copies what no reader still needs and never waits for the writer. Commits
-    // go on meanwhile, so repeat while that makes progress: each round is shorter.
+    // go on meanwhile; another round is worth its two fsyncs (WAL before, database after)
+    // only while a good part of a threshold is left.
     int before = -1, left = 0;
     bool ok = true;
-    for (int round = 0; round < 16; ++round) {
+    for (int round = 0; round < 4; ++round) {
       int wal = 0, copied = 0;
       if (!(ok = checkpoint(&wal, &copied))) break;
       left = wal - copied;
-      if (left <= 0 || left == before) break;  // copied back, or no progress (a reader)
+      if (left <= threshold_ / 4 || left == before) break;  // little left, or a reader
       before = left;
     }
     // The rest with the writer held off, so that this checkpoint copies the whole WAL and
@@ -92,6 +92,12 @@ void Checkpointer::run() {
       int wal = 0, copied = 0;
       (void)checkpoint(&wal, &copied);
     }
+    // One cycle per threshold: commits during it must not start another (each would cost
+    // two fsyncs for a few frames). If the WAL was not copied back (a reader, a failure),
+    // the next commit past the threshold wakes the thread again, as SQLite's own
+    // autocheckpoint retries after every such commit.
+    std::lock_guard<std::mutex> lock(mu_);
+    due_ = false;
   }
 }
 

@@ -40,7 +40,7 @@ struct Inbox::Impl {
   // Which handler is running, outside the database (attempt_marker.h). Null without the
   // lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<detail::AttemptMarker> marker;
-  // Checkpoints off the message path (checkpointer.h); null = SQLite's autocheckpoint.
+  // Checkpoints off the message path (checkpointer.h), with InboxOptions::background_checkpoint; null = SQLite's autocheckpoint.
   // Declared after `db` and the statements: destroyed (joined) before them.
   std::unique_ptr<detail::Checkpointer> checkpointer;
   // sqlite3_wal_hook callback on `db` while `checkpointer` exists.

@@ -24,7 +24,7 @@ class CheckpointerTest : public ::testing::Test {
     o.vfs = vfs;
     o.wal_autocheckpoint_pages = kThresholdPages;
     o.journal_size_limit_bytes = kJournalLimit;
-    o.background_checkpoint = true;  // the default, stated
+    o.background_checkpoint = true;  // opt-in (options.h)
     return o;
   }
 
