@@ -1,5 +1,5 @@
 // bench_consumer: the MQTT side of the benchmarks.
-//   --mode inbox    Inbox + Consumer + Subscriber running ledger::apply_credit (the ledger
+//   --mode inbox    Inbox + Consumer + Subscriber running ledger::CreditHandler (the ledger
 //                   example's handler), synchronous FULL or NORMAL.
 //   --mode ceiling  a bare Paho callback subscriber that does nothing: the transport
 //                   ceiling for the same stream (same persistent session, QoS 1).
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       };
     }
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
-    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, co,
+    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::CreditHandler{}, co,
                                               &consumer);
         !s.ok()) {
       std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());

@@ -2,7 +2,8 @@
 # Runs the mqtt-inbox benchmarks (issues 8 and 14; results explained in docs/benchmarks.md).
 #
 #   scripts/bench.sh [--quick] [--n N] [--rounds R] [--prefill M] [--skip-scale]
-#                    [--skip-micro] [--skip-extra] [--dir DIR] [--out FILE]
+#                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
+#                    [--out FILE]
 #
 # Installs missing Debian packages (as root or with sudo), builds bench/ in Release into
 # build-bench, starts its own mosquitto brokers on free 127.0.0.1 ports (persistence on,
@@ -28,6 +29,7 @@ WEAR_N=2000        # messages of each flash-wear run (FULL)
 SKIP_SCALE=0
 SKIP_MICRO=0
 SKIP_EXTRA=0       # live runs, latency, window sweep
+SYNCS="full normal"  # synchronous modes of the three-way comparison
 DIR=""
 OUT=""
 while [[ $# -gt 0 ]]; do
@@ -39,9 +41,10 @@ while [[ $# -gt 0 ]]; do
     --skip-scale) SKIP_SCALE=1; shift ;;
     --skip-micro) SKIP_MICRO=1; shift ;;
     --skip-extra) SKIP_EXTRA=1; shift ;;
+    --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -244,7 +247,7 @@ echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK ou
 # credits; the clock runs from 5 % of the stream to its end.
 RAW_MIN=(--shape minimal)
 for ROUND in $(seq 1 "$ROUNDS"); do
-  for sync in full normal; do
+  for sync in $SYNCS; do
     stage "round $ROUND: $sync: raw minimal, hand-written, inbox"
     "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" "${RAW_MIN[@]}" --sync "$sync" --count "$N" \
       --label "raw_min_$sync" | record
@@ -344,7 +347,7 @@ echo "   (÷ raw = median over rounds of the ratio within the round; WAL = bytes
 echo "   the WAL through the counting VFS, frame headers included, per message; frames = WAL"
 echo "   bytes / (page size + 24); fsync = WAL + database syncs per message)"
 printf '  %-34s %6s %9s %7s %9s %7s %6s %6s\n' consumer sync "msg/s" "÷ raw" "WAL B" "÷ min" frames fsync
-for sync in full normal; do
+for sync in $SYNCS; do
   RAWB=$(jmed "$(lab "raw_min_$sync")" vfs_wal_bytes_per_msg)
   for pair in "raw_min_$sync:minimal raw transaction (no MQTT)" \
               "hand_$sync:hand-written (Paho C++ + SQLiteCpp)" \
@@ -358,7 +361,7 @@ for sync in full normal; do
       "$(jmed "$(lab "$l")" vfs_wal_frames_per_msg)" "$(jmed "$(lab "$l")" fsyncs_per_msg)"
   done
 done
-for sync in full normal; do
+for sync in $SYNCS; do
   echo "  $sync: inbox / hand-written $(rmed "inbox_${sync}_drain" "hand_$sync")" \
     "(goal >= 1), inbox / raw $(rmed "inbox_${sync}_drain" "raw_min_$sync")" \
     "$([[ $sync == full ]] && echo '(goal >= 0.8, aim 0.9)')"

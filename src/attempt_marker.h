@@ -12,6 +12,10 @@
 // a power loss or kernel crash before the page reaches the disk: that costs one
 // uncounted attempt, as the unsynced attempt commit it replaces did.
 //
+// After a commit the marker is left as it is (one pwrite per message, not two): the next
+// open ignores a marker whose id is processed, the next message overwrites it, a clean
+// close and the pruner (before it deletes ids) clear it.
+//
 // Record (little-endian): "MIA1", u32 body length, body = u64 nonce, u32 consumer length,
 // consumer, u32 id length, id; then u32 FNV-1a of the body. Cleared by zeroing the magic.
 // A torn record fails its checksum and reads as no marker (it can only be torn by a death

@@ -46,15 +46,6 @@ constexpr const char* kLookupSql =
     "  FROM (SELECT 1) LEFT JOIN inbox_attempts a"
     "    ON a.consumer_name = ?1 AND a.message_id = ?2";
 
-// What is recorded for an id whose claim was just inserted: lookup without the claim.
-constexpr const char* kStateSql =
-    "SELECT (SELECT id FROM inbox_dead_letters"
-    "        WHERE consumer_name = ?1 AND message_id = ?2 AND status IN ('dead', 'requeued')"
-    "        ORDER BY id DESC LIMIT 1),"
-    "       a.attempts, a.state, a.last_error, a.first_attempt_at"
-    "  FROM (SELECT 1) LEFT JOIN inbox_attempts a"
-    "    ON a.consumer_name = ?1 AND a.message_id = ?2";
-
 constexpr const char* kBeginAttemptSql =
     "INSERT INTO inbox_attempts (consumer_name, message_id, attempts, first_attempt_at,"
     "                            last_attempt_at, state)"
@@ -83,6 +74,19 @@ constexpr const char* kClaimSql =
     "INSERT INTO inbox_processed (consumer_name, message_id, received_at, topic,"
     "                             message_type, correlation_id, payload_hash)"
     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+    " ON CONFLICT (consumer_name, message_id) DO NOTHING";
+
+// The claim of the common case, a first delivery: inserted only if nothing is recorded for
+// the id either (no attempts, no dead letter), so that one statement both claims and
+// checks. Zero rows changed sends process() to the slow path, which reads why.
+constexpr const char* kClaimIfNothingRecordedSql =
+    "INSERT INTO inbox_processed (consumer_name, message_id, received_at, topic,"
+    "                             message_type, correlation_id, payload_hash)"
+    " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7"
+    " WHERE NOT EXISTS (SELECT 1 FROM inbox_attempts"
+    "                   WHERE consumer_name = ?1 AND message_id = ?2)"
+    "   AND NOT EXISTS (SELECT 1 FROM inbox_dead_letters WHERE consumer_name = ?1"
+    "                   AND message_id = ?2 AND status IN ('dead', 'requeued'))"
     " ON CONFLICT (consumer_name, message_id) DO NOTHING";
 
 constexpr const char* kDeleteAttemptsSql =
@@ -133,7 +137,7 @@ void Inbox::Impl::prepare_statements() {
   begin_immediate = std::make_unique<SQLite::Statement>(d, "BEGIN IMMEDIATE");
   commit = std::make_unique<SQLite::Statement>(d, "COMMIT");
   lookup = std::make_unique<SQLite::Statement>(d, kLookupSql);
-  state = std::make_unique<SQLite::Statement>(d, kStateSql);
+  claim_if_nothing_recorded = std::make_unique<SQLite::Statement>(d, kClaimIfNothingRecordedSql);
   begin_attempt = std::make_unique<SQLite::Statement>(d, kBeginAttemptSql);
   attempt_failed = std::make_unique<SQLite::Statement>(d, kAttemptFailedSql);
   attempt_failed_counted = std::make_unique<SQLite::Statement>(d, kAttemptFailedCountedSql);
@@ -205,23 +209,9 @@ Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::lookup"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  SQLite::Statement& q = *impl_->lookup;
-  detail::StatementReset reset(q);
   try {
-    q.bind(1, consumer);
-    q.bind(2, message_id);
-    *out = MessageState{};
-    if (q.executeStep()) {
-      out->processed = q.getColumn(0).getInt() != 0;
-      if (out->processed) ++impl_->duplicates;  // the caller skips it as a duplicate
-      if (!q.getColumn(1).isNull()) out->dead_letter_id = q.getColumn(1).getInt64();
-      if (!q.getColumn(2).isNull()) {
-        out->attempts = q.getColumn(2).getInt();
-        out->last_attempt_running = q.getColumn(3).getString() == "running";
-        out->last_error = q.getColumn(4).isNull() ? "" : q.getColumn(4).getString();
-        out->first_attempt_at_ms = q.getColumn(5).getInt64();
-      }
-    }
+    if (impl_->read_lookup(consumer, message_id, out))
+      ++impl_->duplicates;  // the caller skips it as a duplicate
   } catch (const SQLite::Exception& e) {
     return impl_->store_error(detail::to_status(e, "looking up message"));
   }
@@ -262,39 +252,42 @@ Status Inbox::record_attempt_failure(const std::string& consumer, const std::str
 }
 
 bool Inbox::Impl::insert_claim(const std::string& consumer, const Message& message,
-                               const std::string& message_id) {
+                               const std::string& message_id, bool only_if_nothing_recorded) {
   Impl& m = *this;
-  SQLite::Statement& q = *m.claim;
+  SQLite::Statement& q = only_if_nothing_recorded ? *m.claim_if_nothing_recorded : *m.claim;
   detail::StatementReset reset(q);
-  q.bind(1, consumer);
-  q.bind(2, message_id);
+  // No copies: the strings outlive the statement's step (StatementReset clears them).
+  q.bindNoCopy(1, consumer);
+  q.bindNoCopy(2, message_id);
   q.bind(3, m.retention_clock());
   if (m.options.record_metadata) {
-    q.bind(4, message.topic);
-    if (message.content_type) q.bind(5, *message.content_type);
+    q.bindNoCopy(4, message.topic);
+    if (message.content_type) q.bindNoCopy(5, *message.content_type);
     if (message.correlation_data && detail::is_valid_utf8(*message.correlation_data))
-      q.bind(6, *message.correlation_data);
+      q.bindNoCopy(6, *message.correlation_data);
     q.bind(7, payload_hash(message.payload));
   }
   q.exec();
   return m.db->getChanges() > 0;
 }
 
-void Inbox::Impl::read_state(const std::string& consumer, const std::string& message_id,
-                             MessageState* out) {
-  SQLite::Statement& q = *state;
+bool Inbox::Impl::read_lookup(const std::string& consumer, const std::string& message_id,
+                              MessageState* out) {
+  SQLite::Statement& q = *lookup;
   detail::StatementReset reset(q);
-  q.bind(1, consumer);
-  q.bind(2, message_id);
+  q.bindNoCopy(1, consumer);
+  q.bindNoCopy(2, message_id);
   *out = MessageState{};
-  if (!q.executeStep()) return;
-  if (!q.getColumn(0).isNull()) out->dead_letter_id = q.getColumn(0).getInt64();
-  if (!q.getColumn(1).isNull()) {
-    out->attempts = q.getColumn(1).getInt();
-    out->last_attempt_running = q.getColumn(2).getString() == "running";
-    out->last_error = q.getColumn(3).isNull() ? "" : q.getColumn(3).getString();
-    out->first_attempt_at_ms = q.getColumn(4).getInt64();
+  if (!q.executeStep()) return false;
+  out->processed = q.getColumn(0).getInt() != 0;
+  if (!q.getColumn(1).isNull()) out->dead_letter_id = q.getColumn(1).getInt64();
+  if (!q.getColumn(2).isNull()) {
+    out->attempts = q.getColumn(2).getInt();
+    out->last_attempt_running = q.getColumn(3).getString() == "running";
+    out->last_error = q.getColumn(4).isNull() ? "" : q.getColumn(4).getString();
+    out->first_attempt_at_ms = q.getColumn(5).getInt64();
   }
+  return out->processed;
 }
 
 void Inbox::Impl::delete_attempt_row(const std::string& consumer, const std::string& id) {
@@ -383,7 +376,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
     return m.store_error(detail::to_status(e, "BEGIN IMMEDIATE"));
   }
   try {
-    if (!m.insert_claim(consumer, message, message_id)) {
+    if (!m.insert_claim(consumer, message, message_id, false)) {
       // Someone else's claim won (a concurrent delivery). Our begin_attempt may have
       // re-created the attempts row after their commit deleted it; remove it with them.
       m.delete_attempt_row(consumer, message_id);
@@ -432,29 +425,35 @@ Status Inbox::process(const std::string& consumer, const Message& message,
   bool counted = false;      // this attempt is already counted in inbox_attempts
   bool refused = false;      // the store refused this message's change before the handler
   try {
-    if (!m.insert_claim(consumer, message, message_id)) {
-      if (replayed_dead_letter) {
-        // The replayed message's effect is already committed: close its dead letter, so
-        // a requeued row always ends (Consumer::replay_requeued).
-        m.mark_replayed_row(*replayed_dead_letter);
-        run(*m.commit);
-      } else {
-        detail::rollback_quietly(db);
+    if (!m.insert_claim(consumer, message, message_id, /*only_if_nothing_recorded=*/true)) {
+      // A duplicate, or something is recorded for the id: read what (the slow path).
+      if (m.read_lookup(consumer, message_id, &report->state)) {
+        if (replayed_dead_letter) {
+          // The replayed message's effect is already committed: close its dead letter, so
+          // a requeued row always ends (Consumer::replay_requeued).
+          m.mark_replayed_row(*replayed_dead_letter);
+          run(*m.commit);
+        } else {
+          detail::rollback_quietly(db);
+        }
+        report->result = ClaimResult::kDuplicate;
+        ++m.duplicates;
+        return Status::Ok();
       }
-      report->result = ClaimResult::kDuplicate;
-      ++m.duplicates;
-      return Status::Ok();
-    }
-    m.read_state(consumer, message_id, &report->state);
-    if (report->state.dead_letter_id && !replayed_dead_letter) {
-      detail::rollback_quietly(db);
-      report->result = ClaimResult::kDeadLettered;
-      return Status::Ok();
-    }
-    if (report->state.attempts >= max_attempts) {
-      detail::rollback_quietly(db);
-      report->result = ClaimResult::kAttemptsExhausted;
-      return Status::Ok();
+      if (report->state.dead_letter_id && !replayed_dead_letter) {
+        detail::rollback_quietly(db);
+        report->result = ClaimResult::kDeadLettered;
+        return Status::Ok();
+      }
+      if (report->state.attempts >= max_attempts) {
+        detail::rollback_quietly(db);
+        report->result = ClaimResult::kAttemptsExhausted;
+        return Status::Ok();
+      }
+      // Not processed, and we hold the write lock since BEGIN IMMEDIATE: this claims.
+      if (!m.insert_claim(consumer, message, message_id, false))
+        throw SQLite::Exception("the claim changed no row after a lookup found none",
+                                SQLITE_INTERNAL);
     }
     report->attempt = report->state.attempts + 1;
     attempt_row = report->state.attempts > 0;
@@ -466,7 +465,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       report->attempt = m.count_attempt(consumer, message_id, nullptr);
       attempt_row = counted = true;
       run(*m.begin_immediate);
-      if (!m.insert_claim(consumer, message, message_id)) {
+      if (!m.insert_claim(consumer, message, message_id, false)) {
         // A concurrent delivery committed meanwhile: our attempt row goes with it.
         m.delete_attempt_row(consumer, message_id);
         run(*m.commit);
@@ -508,8 +507,11 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       s = m.store_error(detail::to_status(e, "recording attempt failure"));
     }
   }
-  if (marked) m.marker->clear();
-  if (s.ok() && report->result == ClaimResult::kProcessed) {
+  const bool committed = s.ok() && report->result == ClaimResult::kProcessed;
+  // After a commit the marker may stay: the next open skips an id that is processed, and
+  // the next message overwrites it (one pwrite per message instead of two).
+  if (marked && !committed) m.marker->clear();
+  if (committed) {
     m.record_latency(std::chrono::duration_cast<std::chrono::microseconds>(
                          std::chrono::steady_clock::now() - started)
                          .count());

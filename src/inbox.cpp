@@ -42,6 +42,7 @@ Inbox::~Inbox() {
     sqlite3_busy_timeout(impl_->db->getHandle(), std::min(impl_->options.busy_timeout_ms, 200));
   }
   (void)persist_retention_clock();
+  if (impl_->marker) impl_->marker->clear();  // a clean close leaves no marker behind
   const int fd = impl_->lock_fd;
   impl_.reset();  // close the database before giving up the lock
   if (fd >= 0) ::close(fd);

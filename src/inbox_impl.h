@@ -4,6 +4,7 @@
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <array>
@@ -36,8 +37,9 @@ struct Inbox::Impl {
   std::mutex mu;  // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
   // The per-message path's statements, prepared once (claim.cpp).
-  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, state, begin_attempt,
-      attempt_failed, attempt_failed_counted, claim, delete_attempts, mark_replayed;
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
+      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
+      mark_replayed;
   // Which handler is running, outside the database (attempt_marker.h). Null without the
   // lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<detail::AttemptMarker> marker;
@@ -57,12 +59,14 @@ struct Inbox::Impl {
   int count_attempt(const std::string& consumer, const std::string& id,
                     const std::string* error);
   // Inside the open transaction (claim.cpp), under `mu`; throw SQLite::Exception.
-  // The claim insert: true if this delivery claimed the id.
+  // The claim insert: true if this delivery claimed the id. With
+  // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
   bool insert_claim(const std::string& consumer, const Message& message,
-                    const std::string& message_id);
-  // What is recorded for the id besides the claim (attempts, a dead letter).
-  void read_state(const std::string& consumer, const std::string& message_id,
-                  MessageState* out);
+                    const std::string& message_id, bool only_if_nothing_recorded);
+  // Everything recorded for the id (claim, dead letter, attempts); returns processed.
+  // Also outside a transaction.
+  bool read_lookup(const std::string& consumer, const std::string& message_id,
+                   MessageState* out);
   void delete_attempt_row(const std::string& consumer, const std::string& id);
   // Marks a dead letter 'replayed' (its message's effect is committed), in the open
   // transaction.

@@ -110,7 +110,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
 
 void Inbox::Impl::close_connection() {
   wal_guard.reset();
-  for (auto* q : {&begin_immediate, &commit, &lookup, &state, &begin_attempt, &attempt_failed,
+  for (auto* q : {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt, &attempt_failed,
                   &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
     q->reset();
   db.reset();

@@ -168,6 +168,10 @@ struct Pruner::Impl {
   int64_t delete_keys(const std::vector<std::pair<std::string, std::string>>& keys,
                       int64_t cutoff) {
     std::lock_guard<std::mutex> lock(store->mu);
+    // The running-attempt marker can still name the last processed id (claim.cpp leaves it
+    // after a commit); once that id is pruned, the next open would count it as a lost
+    // attempt. No handler runs while we hold the lock, so clear it first.
+    if (store->marker) store->marker->clear();
     Inbox::Impl::RelaxedSync relaxed(*store);  // as in delete_batch
     int64_t n = 0;
     store->write_transaction([&] {

@@ -92,8 +92,8 @@ struct ProcessReport {
   // The attempt the handler ran as: 1-based, counting the attempts of earlier processes;
   // 0 if the handler did not run.
   int attempt = 0;
-  // What was recorded for the id before this delivery (attempts, a dead letter). Not
-  // filled for kDuplicate.
+  // What was recorded for the id before this delivery (claim, attempts, a dead letter).
+  // Read only when the claim did not go through at once: all zero for a first delivery.
   MessageState state;
   // The handler's exception text, for kHandlerFailed, kUndecodable and kRejected; the
   // refused call, for kReentered.
@@ -133,10 +133,11 @@ class Inbox {
   // --- the per-message path (used by Consumer) ---
 
   // One delivery in one write transaction: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT
-  // DO NOTHING (zero rows changed -> kDuplicate, rolled back); read what is recorded for
-  // the id in the same transaction: a dead letter with status 'dead' (-> kDeadLettered,
-  // unless `replayed_dead_letter` is set) or `max_attempts` attempts (-> kAttemptsExhausted),
-  // both rolled back without running the handler. Otherwise run `handler` on this
+  // DO NOTHING, in the same statement only if no attempts and no dead letter are recorded
+  // for the id. If that changed no row, read why, in the same transaction: a claim
+  // (-> kDuplicate), a dead letter with status 'dead' (-> kDeadLettered, unless
+  // `replayed_dead_letter` is set) or `max_attempts` attempts (-> kAttemptsExhausted), all
+  // rolled back without running the handler; else claim. Otherwise run `handler` on this
   // connection, delete the attempts row if there is one, mark `replayed_dead_letter`
   // replayed if set, and COMMIT (fsync with synchronous=FULL). A first delivery therefore
   // costs one transaction and one fsync, and writes no page but the claim's and the

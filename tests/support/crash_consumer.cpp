@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   }
   inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
 
+  const ledger::CreditHandler credit;  // what ledger_consumer runs
   auto handler = [&](SQLite::Database& db, const mqtt_inbox::Delivery& d) {
     if (d.message_id == crash_in_handler) {
       if (d.attempt <= fail_attempts) {
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
       raise(SIGKILL);
     }
     if (d.message_id == fail_handler) throw std::runtime_error("poison: " + d.message_id);
-    ledger::apply_credit(db, d);
+    credit(db, d);
   };
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, copts, &consumer);
