@@ -20,6 +20,7 @@
 #include "file_access.h"
 #include "inbox_impl.h"
 #include "log.h"
+#include "reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "schema.h"
@@ -227,6 +228,7 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
 }
 
 Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
   Impl& m = *impl_;
   return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
     std::lock_guard<std::mutex> lock(m.mu);

@@ -114,6 +114,12 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       {"Inbox::get_dead_letter", [&] { return inbox_->get_dead_letter(1, &dl); }},
       {"Inbox::add_dead_letter", [&] { return inbox_->add_dead_letter(DeadLetter{}, std::nullopt, &n); }},
       {"Inbox::purge_dead_letters", [&] { return inbox_->purge_dead_letters({}, &n); }},
+      // Inbox: set-up and the transport's session records (main's calls on the connection)
+      {"Inbox::setup", [&] { return inbox_->setup([](SQLite::Database&) {}); }},
+      {"Inbox::record_session", [&] { return inbox_->record_session(SessionRecord{}); }},
+      {"Inbox::load_session", [&] { SessionRecord r; return inbox_->load_session("c", &r); }},
+      {"Inbox::list_sessions", [&] { std::vector<SessionRecord> v; return inbox_->list_sessions(&v); }},
+      {"Inbox::forget_session", [&] { bool gone = false; return inbox_->forget_session("c", &gone); }},
       // Inbox: the plain connection (throws instead of returning a Status)
       {"Inbox::with_connection",
        [&] {
