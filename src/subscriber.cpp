@@ -1,7 +1,14 @@
 // The MQTT layer: the session, the connection loop and the message callback. Paho C++ is
 // included only in src/subscriber*.cpp: TLS settings in subscriber_tls.cpp, the probe
 // handshake in subscriber_probe.cpp, health() and failure reports in
-// subscriber_health.cpp, refusals and passwords in subscriber_auth.cpp.
+// subscriber_health.cpp, refusals and passwords in subscriber_auth.cpp, the session
+// record and (un)subscribing in subscriber_session.cpp, message conversion and topic
+// matching in subscriber_message.cpp, the client-id lock in subscriber_client_lock.cpp.
+// What stays here (about 670 lines) is one piece on purpose: the Paho client, the
+// connection loop, the message callback and stop() share Impl's state under one mutex,
+// and the rules that keep the guarantee (the PUBACK leaves when on_message returns;
+// stop() never destroys a client whose callback is still waiting for the store) are
+// checked by reading them side by side.
 #include "mqtt_inbox/subscriber.h"
 
 #include <mqtt/async_client.h>
@@ -25,6 +32,8 @@
 #include <vector>
 
 #include "log.h"
+#include "subscriber_client_lock.h"
+#include "subscriber_message.h"
 #include "subscriber_health.h"
 #include "subscriber_probe.h"
 #include "subscriber_tls.h"
@@ -33,66 +42,6 @@
 
 namespace mqtt_inbox {
 
-bool topic_matches(const std::string& filter_in, const std::string& topic) {
-  std::string filter = filter_in;
-  if (filter.rfind("$share/", 0) == 0) {  // $share/{group}/{filter}, MQTT 5.0 4.8.2
-    const size_t slash = filter.find('/', 7);
-    if (slash == std::string::npos) return false;
-    filter = filter.substr(slash + 1);
-  }
-  if (!topic.empty() && topic[0] == '$' && !filter.empty() && (filter[0] == '+' || filter[0] == '#'))
-    return false;  // MQTT 3.1.1 section 4.7.2
-  size_t f = 0, t = 0;
-  for (;;) {
-    const size_t fe = filter.find('/', f);
-    const std::string level = filter.substr(f, fe == std::string::npos ? std::string::npos : fe - f);
-    if (level == "#") return true;  // matches the parent level too ("a/#" matches "a")
-    if (t > topic.size()) return false;
-    const size_t te = topic.find('/', t);
-    const std::string tlevel = topic.substr(t, te == std::string::npos ? std::string::npos : te - t);
-    if (level != "+" && level != tlevel) return false;
-    if (fe == std::string::npos) return te == std::string::npos;
-    if (te == std::string::npos) {
-      // Topic ended; only a trailing "#" level can still match.
-      return filter.compare(fe + 1, std::string::npos, "#") == 0;
-    }
-    f = fe + 1;
-    t = te + 1;
-  }
-}
-
-namespace {
-
-Message to_message(const mqtt::message& pm) {
-  Message m;
-  m.topic = pm.get_topic();
-  m.payload = pm.get_payload();
-  m.qos = pm.get_qos();
-  m.dup = pm.is_duplicate();
-  m.retain = pm.is_retained();
-  const mqtt::properties& props = pm.get_properties();
-  if (props.size() == 0) return m;
-  const size_t n = props.count(mqtt::property::USER_PROPERTY);
-  for (size_t i = 0; i < n; ++i) {
-    auto pair = mqtt::get<mqtt::string_pair>(props, mqtt::property::USER_PROPERTY, i);
-    m.user_properties.emplace_back(std::get<0>(pair), std::get<1>(pair));
-  }
-  if (props.contains(mqtt::property::CONTENT_TYPE))
-    m.content_type = mqtt::get<std::string>(props, mqtt::property::CONTENT_TYPE);
-  if (props.contains(mqtt::property::RESPONSE_TOPIC))
-    m.response_topic = mqtt::get<std::string>(props, mqtt::property::RESPONSE_TOPIC);
-  if (props.contains(mqtt::property::CORRELATION_DATA))
-    m.correlation_data = mqtt::get<std::string>(props, mqtt::property::CORRELATION_DATA);
-  if (props.contains(mqtt::property::PAYLOAD_FORMAT_INDICATOR))
-    m.payload_format_indicator =
-        mqtt::get<uint8_t>(props, mqtt::property::PAYLOAD_FORMAT_INDICATOR);
-  if (props.contains(mqtt::property::MESSAGE_EXPIRY_INTERVAL))
-    m.message_expiry_interval_s =
-        mqtt::get<uint32_t>(props, mqtt::property::MESSAGE_EXPIRY_INTERVAL);
-  return m;
-}
-
-}  // namespace
 
 struct Subscriber::Impl {
   SubscriberOptions options;
@@ -127,7 +76,7 @@ struct Subscriber::Impl {
     in_callback.fetch_add(1);
     try {
       ++received;
-      const Message m = to_message(*pm);
+      const Message m = detail::to_message(*pm);
       MessageSink* target = nullptr;
       for (const auto& r : routes)
         if (topic_matches(r.first, m.topic)) {
@@ -464,44 +413,6 @@ Subscriber::~Subscriber() {
 
 namespace {
 
-// SubscriberOptions::client_id_lock_dir "auto": the service manager's runtime folder,
-// else /run/mqtt-inbox if writable, else /tmp.
-std::string client_id_lock_dir(const std::string& configured) {
-  if (configured != "auto") return configured;
-  if (const char* rt = std::getenv("RUNTIME_DIRECTORY"); rt && *rt) {
-    const std::string all(rt);
-    return all.substr(0, all.find(':'));
-  }
-  if (::access("/run/mqtt-inbox", W_OK | X_OK) == 0) return "/run/mqtt-inbox";
-  return "/tmp";
-}
-
-// Takes the exclusive lock on `path`. Because a clean stop removes the file, a process
-// may lock a file that was just unlinked while another creates and locks a new one: so
-// the lock only counts if `path` still names the locked inode; otherwise try again.
-Status lock_client_id(const std::string& path, const std::string& client_id, int* fd_out) {
-  for (int tries = 0; tries < 10; ++tries) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd);
-      return Status(Status::Code::kBusy,
-                    "client id '" + client_id + "' is in use by another process on this host (" +
-                        path + " is locked); two clients with one id take the session from "
-                        "each other");
-    }
-    struct stat locked, named;
-    if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
-        locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
-      *fd_out = fd;
-      return Status::Ok();
-    }
-    ::close(fd);  // unlinked by the previous holder's clean stop: lock the new file
-  }
-  return Status(Status::Code::kBusy, "client-id lock " + path + " keeps being replaced");
-}
-
-
 // Paho C sends the PUBACK after the message callback returns only from 1.3.10 on (its
 // change "ack after processing incoming message"); older versions ack before the
 // callback runs, which voids the guarantee.
@@ -613,9 +524,9 @@ Status Subscriber::start() {
           name += hex;
         }
       }
-      const std::string path = client_id_lock_dir(m.options.client_id_lock_dir) +
+      const std::string path = detail::client_id_lock_dir(m.options.client_id_lock_dir) +
                                "/mqtt-inbox-client-" + name + ".lock";
-      if (Status s = lock_client_id(path, m.options.client_id, &m.client_lock_fd); !s.ok())
+      if (Status s = detail::lock_client_id(path, m.options.client_id, &m.client_lock_fd); !s.ok())
         return s;
       m.client_lock_path = path;
     }

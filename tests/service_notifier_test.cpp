@@ -244,6 +244,10 @@ TEST_F(ServiceNotifierTest, StartUpWaitExtendsTheStartTimeoutWithinTheLimit) {
   std::thread starter([&] {
     InboxOptions io;
     io.busy_timeout_ms = 50;
+    // The library waits out a locked store at start-up by itself (startup_deadline_ms 0 =
+    // for ever); this application prefers to retry and report each attempt, so each
+    // Pruner::create gives up after 100 ms.
+    io.startup_deadline_ms = 100;
     std::unique_ptr<Inbox> inbox;
     if (!Inbox::open(db_path_, io, &inbox).ok()) return;
     while (!give_up) {
