@@ -107,17 +107,7 @@ TEST_F(FileOwnerTest, ConsumerRefusesSidecarsOfAnotherUserBeforeConnecting) {
 
   // The consumer as the service user refuses, names the file and the owner, exits 6,
   // and never connects.
-  std::vector<std::string> argv = {built_program("ledger_consumer"),
-                                   "--broker",
-                                   broker_.uri(),
-                                   "--client-id",
-                                   client_id_,
-                                   "--topic",
-                                   "credits/#",
-                                   "--db",
-                                   db_,
-                                   "--mqtt-version",
-                                   "5"};
+  const std::vector<std::string> argv = ledger_argv();
   Child refused(svc.as(argv), dir_.file("refused.log"));
   const int rc = refused.wait(seconds(30));
   const std::string log = read_text(dir_.file("refused.log"));

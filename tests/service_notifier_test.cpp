@@ -196,11 +196,13 @@ TEST_F(ServiceNotifierTest, PingsStopWhileTheStoreIsStuckPastTheLimitAndResume) 
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 1);  // nothing committed while locked
 
   // The store recovers: the message commits once, pings resume, STATUS clears.
+  // The mark is taken before the release: the STATUS line changes (and is sent) as soon
+  // as the commit lands, possibly before this thread sees `done`.
+  const size_t recovered = socket_->size();
   release();
   ASSERT_TRUE(wait_until([&] { return done.load(); }, seconds(10)));
   handler.join();
   EXPECT_EQ(out, Outcome::kProcessed);
-  const size_t recovered = socket_->size();
   ASSERT_TRUE(socket_->wait_line("WATCHDOG=1", seconds(3), recovered)) << socket_->dump();
   ASSERT_TRUE(socket_->wait_status("processed 2; dead letters 0", seconds(3), recovered));
   EXPECT_FALSE(notifier->watchdog_withheld());

@@ -78,6 +78,12 @@ class ExampleProgramTest : public ::testing::Test {
 
   // ledger_consumer with the test's broker, database and client id, logging to `log`.
   std::unique_ptr<Child> start_ledger(const std::string& log, std::vector<std::string> extra = {}) {
+    return std::make_unique<Child>(ledger_argv(std::move(extra)), dir_.file(log));
+  }
+
+  // The command line of start_ledger(), for a test that runs it another way (as another
+  // user, say).
+  std::vector<std::string> ledger_argv(std::vector<std::string> extra = {}) const {
     std::vector<std::string> argv = {built_program("ledger_consumer"),
                                      "--broker",
                                      broker_.uri(),
@@ -90,7 +96,7 @@ class ExampleProgramTest : public ::testing::Test {
                                      "--mqtt-version",
                                      "5"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<Child>(argv, dir_.file(log));
+    return argv;
   }
 
   // sensor_gateway likewise (topic sensors/+/reading).

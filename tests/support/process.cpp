@@ -46,12 +46,18 @@ int elf_machine(const std::string& path) {
 std::vector<std::string> with_emulator(std::vector<std::string> argv) {
   const char* emu = std::getenv("MQTT_INBOX_TEST_EMULATOR");
   if (!emu || !*emu || argv.empty()) return argv;
-  // Under qemu-user, /proc/self/exe is the target binary being emulated.
-  if (elf_machine(argv[0]) != elf_machine("/proc/self/exe")) return argv;  // a host tool
+  // Under qemu-user, /proc/self/exe is the target binary being emulated. The program to
+  // emulate is the first target binary in argv, not only argv[0]: host wrappers such as
+  // setpriv, env or timeout exec the word after them, and the kernel cannot run a target
+  // binary for them (without binfmt_misc it falls back to /bin/sh and fails).
+  const int target = elf_machine("/proc/self/exe");
+  auto at = argv.begin();
+  while (at != argv.end() && elf_machine(*at) != target) ++at;
+  if (at == argv.end()) return argv;  // host tools only
   std::vector<std::string> prefix;
   std::istringstream words(emu);
   for (std::string w; words >> w;) prefix.push_back(w);
-  argv.insert(argv.begin(), prefix.begin(), prefix.end());
+  argv.insert(at, prefix.begin(), prefix.end());
   return argv;
 }
 

@@ -24,8 +24,9 @@ class TempDir {
 };
 
 // In a cross build (ctest sets MQTT_INBOX_TEST_EMULATOR to CMAKE_CROSSCOMPILING_EMULATOR),
-// prefixes `argv` with the emulator when argv[0] is a target binary (the same ELF machine
-// as this test), so built programs run under qemu while host tools (sqlite3) run natively.
+// puts the emulator in front of the first word of `argv` that is a target binary (the same
+// ELF machine as this test), so built programs run under qemu, also behind host wrappers
+// (setpriv, env, timeout), while host tools (sqlite3) run natively.
 // Otherwise returns `argv` unchanged.
 std::vector<std::string> with_emulator(std::vector<std::string> argv);
 
