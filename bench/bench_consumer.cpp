@@ -1,5 +1,5 @@
 // bench_consumer: the MQTT side of the benchmarks.
-//   --mode inbox    Inbox + Consumer + Subscriber running ledger::apply_credit (the ledger
+//   --mode inbox    Inbox + Consumer + Subscriber running ledger::CreditHandler (the ledger
 //                   example's handler), synchronous FULL or NORMAL.
 //   --mode ceiling  a bare Paho callback subscriber that does nothing: the transport
 //                   ceiling for the same stream (same persistent session, QoS 1).
@@ -49,29 +49,6 @@ std::string id_of(const std::string& payload) {
   const size_t b = at + 14, e = payload.find('"', b);
   return e == std::string::npos ? std::string() : payload.substr(b, e - b);
 }
-
-struct Done {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::atomic<int64_t> n{0};
-  int64_t target = 0;
-  std::atomic<int64_t> t_first{0}, t_last{0};
-  void one() {
-    const int64_t now = bench::now_ns();
-    int64_t zero = 0;
-    t_first.compare_exchange_strong(zero, now);
-    const int64_t k = ++n;
-    if (k >= target) {
-      t_last = now;
-      std::lock_guard<std::mutex> lock(mu);
-      cv.notify_all();
-    }
-  }
-  bool wait(int timeout_s) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(timeout_s), [&] { return n >= target; });
-  }
-};
 
 // Per-message stage times, filled on Paho's receive thread (one message at a time).
 struct Stages {
@@ -140,10 +117,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  Done done;
-  done.target = count;
+  bench::Drain done(count);
   Samples samples;
-  const int64_t t_start = bench::now_ns();
+  int page_size = 0;
 
   if (mode == "ceiling") {
     mqtt::async_client cli(broker, client_id, mqtt::create_options(MQTTVERSION_3_1_1), nullptr);
@@ -167,7 +143,7 @@ int main(int argc, char** argv) {
       if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
       if (!done.wait(timeout_s)) {
         std::fprintf(stderr, "ceiling: timeout after %lld of %d\n",
-                     static_cast<long long>(done.n.load()), count);
+                     static_cast<long long>(done.done()), count);
         return 1;
       }
       cli.disconnect()->wait();
@@ -186,6 +162,8 @@ int main(int argc, char** argv) {
     io.logger = log;
     io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
     io.record_metadata = !no_metadata;
+    bench::register_counting_vfs();  // the WAL figures; forwards everything to the default
+    io.vfs = "counting";
     io.after_commit_hook = [&](const std::string&, const std::string&) {
       if (latency) samples.add(g_cur, bench::now_ns());
       done.one();
@@ -199,7 +177,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
       return 1;
     }
-    inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
+    inbox->with_connection([&](SQLite::Database& db) {
+      ledger::create_tables(db);
+      page_size = db.execAndGet("PRAGMA page_size").getInt();
+    });
     mqtt_inbox::ConsumerOptions co;
     if (latency) {
       co.message_id.user_property.clear();
@@ -214,7 +195,7 @@ int main(int argc, char** argv) {
       };
     }
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
-    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, co,
+    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::CreditHandler{}, co,
                                               &consumer);
         !s.ok()) {
       std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
@@ -238,7 +219,7 @@ int main(int argc, char** argv) {
     if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
     if (!done.wait(timeout_s)) {
       std::fprintf(stderr, "inbox: timeout after %lld of %d\n",
-                   static_cast<long long>(done.n.load()), count);
+                   static_cast<long long>(done.done()), count);
       std::_Exit(1);
     }
     (void)sub->stop();
@@ -249,18 +230,13 @@ int main(int argc, char** argv) {
                    static_cast<long long>(c.duplicates));
   }
 
-  const double secs = (done.t_last - done.t_first) / 1e9;
-  const double wall = (done.t_last - t_start) / 1e9;
-  const double rate = (count - 1) / secs;  // first message starts the clock
   bench::Json j;
   j.add("bench", "consumer")
       .add("label", label)
       .add("mode", mode)
       .add("sync", mode == "inbox" ? sync : std::string("none"))
-      .add("count", count)
-      .add("seconds", secs)
-      .add("seconds_incl_connect", wall)
-      .add("msgs_per_s", rate);
+      .add("count", count);
+  done.add_to(j, page_size > 0 ? page_size : 4096);
   if (latency) {
     add_dist(j, "latency", samples.total);
     add_dist(j, "transport", samples.transport);
@@ -268,8 +244,8 @@ int main(int argc, char** argv) {
     add_dist(j, "claim", samples.claim);
   }
   j.print();
-  std::fprintf(stderr, "consumer[%s]: %d msgs in %.2f s = %.0f msg/s", label.c_str(), count, secs,
-               rate);
+  std::fprintf(stderr, "consumer[%s]: %.0f msgs in %.2f s = %.0f msg/s", label.c_str(),
+               done.measured(), done.seconds(), done.rate());
   if (latency && !samples.total.empty())
     std::fprintf(stderr, "; latency p50 %.2f ms p99 %.2f ms max %.2f ms",
                  bench::percentile(samples.total, 50), bench::percentile(samples.total, 99),

@@ -1,5 +1,5 @@
 // bench_core: the library's per-message path without MQTT. Calls Consumer::handle with
-// the ledger handler (ledger::apply_credit) for --count messages with random UUID ids,
+// the ledger handler (ledger::CreditHandler) for --count messages with random UUID ids,
 // on one thread, exactly as the Subscriber would from Paho's callback. Used for:
 //   - scale: --prefill M first puts M retained ids in inbox_processed (one big
 //     transaction, synchronous=OFF, prepared statement, keys inserted in order), then
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   });
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
-  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {},
+  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::CreditHandler{}, {},
                                             &consumer);
       !s.ok()) {
     std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
       .add("vfs_db_bytes_per_msg", c.db_write_bytes / n)
       .add("wal_syncs_per_msg", c.wal_syncs / n)
       .add("db_syncs_per_msg", c.db_syncs / n)
+      .add("fsyncs_per_msg", (c.wal_syncs + c.db_syncs) / n)
       .print();
   std::fprintf(stderr,
                "core[%s] sync=%s retained=%lld page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
@@ -181,6 +182,7 @@ int main(int argc, char** argv) {
                actual_page_size, id_kind.c_str(), count, secs, n / secs, (wb1 - wb0) / n,
                c.wal_write_bytes / n, c.wal_write_bytes / n / (actual_page_size + 24),
                c.db_write_bytes / n, (c.wal_syncs + c.db_syncs) / n);
+  consumer.reset();  // its handler's statements belong to the inbox's connection
   inbox.reset();
   if (!keep)
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_path + suffix);

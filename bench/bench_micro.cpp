@@ -1,8 +1,10 @@
 // bench_micro: Google Benchmark micro-benchmarks of the core (no MQTT), on a temp db:
 //   BM_HandleNewId        Consumer::handle, ledger handler, a new id each time
-//   BM_HandleDuplicate    Consumer::handle of an id already processed (lookup only)
-//   BM_ClaimNewId         Inbox::claim alone (no lookup, no attempt record), same handler
+//   BM_HandleDuplicate    Consumer::handle of an id already processed (claim conflicts,
+//                         rollback)
+//   BM_ClaimNewId         Inbox::claim alone (no state read, no attempt), same handler
 //   BM_ClaimDuplicate     Inbox::claim of an id already claimed (insert conflicts, rollback)
+// The handler is ledger::CreditHandler, as in ledger_consumer.
 // Argument: 1 = synchronous FULL, 0 = NORMAL.
 // (A prune batch benchmark belongs here once include/mqtt_inbox exposes a prune API.)
 //
@@ -27,6 +29,7 @@ struct Fixture {
   std::string path;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
+  ledger::CreditHandler handler;
   std::mt19937_64 rng{1};
 
   explicit Fixture(bool full) {
@@ -40,12 +43,13 @@ struct Fixture {
     io.synchronous = full ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
     if (!mqtt_inbox::Inbox::open(path, io, &inbox).ok()) std::abort();
     inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
-    if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &consumer)
+    if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, {}, &consumer)
              .ok())
       std::abort();
   }
   ~Fixture() {
     consumer.reset();
+    handler = ledger::CreditHandler{};  // its statements belong to the inbox's connection
     inbox.reset();
     cleanup();
   }
@@ -89,7 +93,7 @@ void BM_ClaimNewId(benchmark::State& state) {
     state.ResumeTiming();
     mqtt_inbox::ClaimResult r;
     std::string err;
-    if (!f.inbox->claim("ledger", m, id, 1, ledger::apply_credit, std::nullopt, &r, &err).ok() ||
+    if (!f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err).ok() ||
         r != mqtt_inbox::ClaimResult::kProcessed)
       state.SkipWithError("claim failed");
   }
@@ -102,9 +106,9 @@ void BM_ClaimDuplicate(benchmark::State& state) {
   const auto m = f.message(id);
   mqtt_inbox::ClaimResult r;
   std::string err;
-  (void)f.inbox->claim("ledger", m, id, 1, ledger::apply_credit, std::nullopt, &r, &err);
+  (void)f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err);
   for (auto _ : state) {
-    if (!f.inbox->claim("ledger", m, id, 1, ledger::apply_credit, std::nullopt, &r, &err).ok() ||
+    if (!f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err).ok() ||
         r != mqtt_inbox::ClaimResult::kDuplicate)
       state.SkipWithError("not a duplicate");
   }

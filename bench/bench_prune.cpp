@@ -5,6 +5,10 @@
 //
 //   bench_prune --dir /var/tmp --rows 1000000 --rate 200 --batch 500
 //
+// --fresh F adds F ids inside the window (kept): a steady-state pass, where a window's
+// worth of ids is stored and only the oldest slice has expired (e.g. --rows 6000
+// --fresh 1000000: one hour of a 7-day window).
+//
 // Goal: p99 during the prune <= 2 x p99 without it.
 #include <CLI/CLI.hpp>
 
@@ -20,7 +24,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"Commit latency of a steady stream without and during a full prune"};
   std::string dir = "/var/tmp";
-  int64_t rows = 1'000'000;
+  int64_t rows = 1'000'000, fresh = 0;
   double rate = 200;
   int batch = 500, seconds = 0, max_batch_ms = mqtt_inbox::RetentionOptions{}.max_batch_ms;
   int autocheckpoint = mqtt_inbox::InboxOptions{}.wal_autocheckpoint_pages;
@@ -28,6 +32,7 @@ int main(int argc, char** argv) {
   bool normal = false;
   app.add_option("--dir", dir, "Folder for the database (not tmpfs)");
   app.add_option("--rows", rows, "Expired ids to fill");
+  app.add_option("--fresh", fresh, "Ids inside the retention window to fill (kept)");
   app.add_option("--rate", rate, "Messages per second of the stream");
   app.add_option("--batch", batch, "Pruner batch_rows");
   app.add_option("--max-batch-ms", max_batch_ms, "Pruner max_batch_ms");
@@ -57,9 +62,11 @@ int main(int argc, char** argv) {
     db.exec("BEGIN");
     SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at,"
                               " topic, payload_hash) VALUES ('ledger', ?1, ?2, 'credits/bench', ?3)");
-    for (int64_t i = 0; i < rows; ++i) {
+    const int64_t now = inbox->retention_clock_ms();
+    for (int64_t i = 0; i < rows + fresh; ++i) {
       ins.bind(1, bench::uuid_like(rng));
-      ins.bind(2, i);  // ancient on the retention clock: all expired
+      // The first `rows` are ancient on the retention clock (expired), the rest current.
+      ins.bind(2, i < rows ? i : now);
       ins.bind(3, static_cast<int64_t>(rng()));
       ins.exec();
       ins.reset();
@@ -127,6 +134,7 @@ int main(int argc, char** argv) {
       .add("bench", "prune")
       .add("synchronous", normal ? "NORMAL" : "FULL")
       .add("rows", rows)
+      .add("fresh", fresh)
       .add("fill_s", fill_s)
       .add("batch_rows", static_cast<int64_t>(batch))
       .add("max_batch_ms", static_cast<int64_t>(max_batch_ms))
@@ -145,18 +153,18 @@ int main(int argc, char** argv) {
       .add("p99_ratio", p99a > 0 ? p99b / p99a : 0)
       .print();
   std::fprintf(stderr,
-               "prune: %lld expired ids (filled in %.1f s), stream %.0f msg/s, %s\n"
+               "prune: %lld expired ids, %lld kept (filled in %.1f s), stream %.0f msg/s, %s\n"
                "  commit latency without prune: p50 %.0f us, p99 %.0f us (%zu msgs)\n"
                "  commit latency during prune:  p50 %.0f us, p99 %.0f us (%zu msgs)\n"
                "  p99 ratio %.2f (goal <= 2); prune deleted %lld rows in %.1f s = %.0f rows/s, "
                "%lld pages freed\n"
-               "  reproduce: bench_prune --dir %s --rows %lld --rate %.0f --batch %d --max-batch-ms %d"
+               "  reproduce: bench_prune --dir %s --rows %lld --fresh %lld --rate %.0f --batch %d --max-batch-ms %d"
                " --pause-factor %g --autocheckpoint %d%s\n",
-               static_cast<long long>(rows), fill_s, rate, normal ? "NORMAL" : "FULL", p50a, p99a,
+               static_cast<long long>(rows), static_cast<long long>(fresh), fill_s, rate, normal ? "NORMAL" : "FULL", p50a, p99a,
                base.size(), p50b, p99b, during.size(), p99a > 0 ? p99b / p99a : 0.0,
                static_cast<long long>(pr.processed_deleted), static_cast<double>(prune_ns) / 1e9,
                rows_per_s, static_cast<long long>(pr.pages_freed), dir.c_str(),
-               static_cast<long long>(rows), rate, batch, max_batch_ms, pause_factor, autocheckpoint,
+               static_cast<long long>(rows), static_cast<long long>(fresh), rate, batch, max_batch_ms, pause_factor, autocheckpoint,
                normal ? " --normal" : "");
   for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
   return 0;

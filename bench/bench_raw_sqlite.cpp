@@ -1,15 +1,20 @@
-// bench_raw_sqlite: the physical limit. A plain SQLite loop with the ledger handler's
-// transaction shape and one commit per message, no library, no MQTT:
+// bench_raw_sqlite: the limit. A plain SQLite loop, one commit per message, no library,
+// no MQTT:
 //   BEGIN IMMEDIATE;
-//   INSERT INTO inbox_processed (...) ON CONFLICT DO NOTHING;   -- the claim
+//   INSERT INTO inbox_processed (...) ON CONFLICT DO NOTHING;     -- the claim
 //   INSERT INTO accounts ... ON CONFLICT DO UPDATE balance += ?;  -- the credit
 //   INSERT INTO ledger_entries ...;                               -- the append
 //   COMMIT;
-// The claim table has inbox_processed's shape (WITHOUT ROWID, received_at index).
-// Prints one JSON line and a human summary. Also serves the flash-wear levers:
-// --page-size, --id, --metadata, --rowid, --autocheckpoint.
+// --shape minimal (the reference of issue 14): the claim table is PRIMARY KEY
+//   (consumer_name, message_id) WITHOUT ROWID and nothing else: no secondary index, no
+//   metadata columns filled, auto_vacuum NONE (SQLite's default).
+// --shape inbox: the claim table as the inbox's schema version 3 had it (received_at
+//   index, topic + payload hash filled, auto_vacuum INCREMENTAL).
+// Each part can be switched on its own (--index, --metadata, --rowid, --auto-vacuum) to
+// measure what it costs in WAL frames per message. Other flash-wear levers: --page-size,
+// --id, --autocheckpoint. Prints one JSON line and a human summary.
 //
-//   bench_raw_sqlite --db /tmp/x.db --sync full --count 20000
+//   bench_raw_sqlite --db /var/tmp/x.db --shape minimal --sync full --count 20000
 #include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 
@@ -21,49 +26,73 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Raw SQLite loop with the ledger transaction shape (mqtt-inbox benchmark)"};
-  std::string db_path, sync = "full", id_kind = "uuid", label = "raw";
+  std::string db_path, sync = "full", id_kind = "uuid", label = "raw", shape = "inbox",
+              auto_vacuum;
   int count = 20000, page_size = 4096, accounts = 10, autocheckpoint = 1000;
-  bool metadata = true, rowid = false, keep = false;
+  bool metadata = true, rowid = false, keep = false, index = true, received_at = true;
   app.add_option("--db", db_path, "Database file (deleted first)")->required();
   app.add_option("--sync", sync, "full|normal")->check(CLI::IsMember({"full", "normal"}));
   app.add_option("--count", count, "Messages (commits)");
   app.add_option("--page-size", page_size, "PRAGMA page_size for the new file");
   app.add_option("--id", id_kind, "uuid (36-char text) | seq (credit-N) | blob16 (16 bytes)")
       ->check(CLI::IsMember({"uuid", "seq", "blob16"}));
+  app.add_option("--shape", shape, "minimal | inbox (sets the defaults of the four below)")
+      ->check(CLI::IsMember({"minimal", "inbox"}));
   app.add_option("--metadata", metadata, "Store topic and payload hash in the claim row (1/0)");
+  app.add_option("--received-at", received_at, "received_at column (retention time) (1/0)");
+  app.add_option("--index", index, "Secondary index on received_at (1/0)");
+  app.add_option("--auto-vacuum", auto_vacuum, "none | incremental")
+      ->check(CLI::IsMember({"none", "incremental"}));
   app.add_option("--rowid", rowid, "Claim table as a rowid table + unique index (1/0)");
   app.add_option("--autocheckpoint", autocheckpoint, "PRAGMA wal_autocheckpoint (pages)");
   app.add_option("--accounts", accounts, "Accounts credited round-robin");
   app.add_option("--label", label, "Name in the JSON line");
   app.add_flag("--keep", keep, "Keep the database file afterwards");
   CLI11_PARSE(app, argc, argv);
+  const bool minimal = shape == "minimal";
+  if (!app.count("--metadata")) metadata = !minimal;
+  if (!app.count("--index")) index = !minimal;
+  if (!app.count("--received-at")) received_at = !minimal || index;
+  if (index && !received_at) {
+    std::fprintf(stderr, "--index 1 needs --received-at 1\n");
+    return 2;
+  }
+  if (auto_vacuum.empty()) auto_vacuum = minimal ? "none" : "incremental";
 
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_path + suffix);
   bench::register_counting_vfs();
   SQLite::Database db(db_path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE, 5000, "counting");
   db.exec("PRAGMA page_size = " + std::to_string(page_size));
-  db.exec("PRAGMA auto_vacuum = INCREMENTAL");  // as the inbox schema does
+  if (auto_vacuum == "incremental") db.exec("PRAGMA auto_vacuum = INCREMENTAL");
   db.exec("PRAGMA journal_mode = WAL");
   db.exec(std::string("PRAGMA synchronous = ") + (sync == "full" ? "FULL" : "NORMAL"));
   db.exec("PRAGMA wal_autocheckpoint = " + std::to_string(autocheckpoint));
   db.exec("PRAGMA journal_size_limit = 4194304");
   db.exec("PRAGMA cache_size = -2048");
   const char* id_type = id_kind == "blob16" ? "BLOB" : "TEXT";
-  db.exec(std::string("CREATE TABLE inbox_processed (consumer_name TEXT NOT NULL,"
-                      " message_id ") + id_type + " NOT NULL, received_at INTEGER NOT NULL,"
-          " topic TEXT, message_type TEXT, correlation_id TEXT, payload_hash INTEGER," +
-          (rowid ? std::string("UNIQUE (consumer_name, message_id))")
-                 : std::string("PRIMARY KEY (consumer_name, message_id)) WITHOUT ROWID")));
-  db.exec("CREATE INDEX inbox_processed_received_at ON inbox_processed (received_at)");
+  std::string columns = std::string("consumer_name TEXT NOT NULL, message_id ") + id_type +
+                        " NOT NULL";
+  std::string insert = "consumer_name, message_id", values = "?1, ?2";
+  if (received_at) {
+    columns += ", received_at INTEGER NOT NULL";
+    insert += ", received_at";
+    values += ", ?3";
+  }
+  if (metadata) {
+    columns += ", topic TEXT, message_type TEXT, correlation_id TEXT, payload_hash INTEGER";
+    insert += ", topic, payload_hash";
+    values += ", ?4, ?5";
+  }
+  db.exec("CREATE TABLE inbox_processed (" + columns +
+          (rowid ? std::string(", UNIQUE (consumer_name, message_id))")
+                 : std::string(", PRIMARY KEY (consumer_name, message_id)) WITHOUT ROWID")));
+  if (index) db.exec("CREATE INDEX inbox_processed_received_at ON inbox_processed (received_at)");
   db.exec("CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)");
   db.exec("CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
           " account TEXT NOT NULL, amount INTEGER NOT NULL)");
 
-  SQLite::Statement claim(db,
-                          "INSERT INTO inbox_processed (consumer_name, message_id, received_at,"
-                          " topic, message_type, correlation_id, payload_hash)"
-                          " VALUES (?1, ?2, ?3, ?4, NULL, NULL, ?5)"
-                          " ON CONFLICT (consumer_name, message_id) DO NOTHING");
+  SQLite::Statement claim(db, "INSERT INTO inbox_processed (" + insert + ") VALUES (" + values +
+                                  ") ON CONFLICT (consumer_name, message_id) DO NOTHING");
   SQLite::Statement credit(db,
                            "INSERT INTO accounts (account, balance) VALUES (?1, ?2)"
                            " ON CONFLICT (account) DO UPDATE SET balance = balance + ?2");
@@ -100,13 +129,10 @@ int main(int argc, char** argv) {
       claim.bind(2, ids[i].data(), 16);
     else
       claim.bind(2, ids[i]);
-    claim.bind(3, static_cast<int64_t>(1700000000000LL + i));
+    if (received_at) claim.bind(3, static_cast<int64_t>(1700000000000LL + i));
     if (metadata) {
       claim.bind(4, "bench/credits");
       claim.bind(5, static_cast<int64_t>(rng()));
-    } else {
-      claim.bind(4);
-      claim.bind(5);
     }
     claim.exec();
     claim.reset();
@@ -140,6 +166,10 @@ int main(int argc, char** argv) {
       .add("label", label)
       .add("sync", sync)
       .add("count", count)
+      .add("shape", shape)
+      .add("index", index)
+      .add("received_at", received_at)
+      .add("auto_vacuum", auto_vacuum)
       .add("page_size", page_size)
       .add("id", id_kind)
       .add("metadata", metadata)
@@ -155,12 +185,13 @@ int main(int argc, char** argv) {
       .add("vfs_db_bytes_per_msg", static_cast<double>(c.db_write_bytes) / count)
       .add("wal_syncs_per_msg", static_cast<double>(c.wal_syncs) / count)
       .add("db_syncs_per_msg", static_cast<double>(c.db_syncs) / count)
+      .add("fsyncs_per_msg", static_cast<double>(c.wal_syncs + c.db_syncs) / count)
       .add("db_file_bytes", db_bytes)
       .print();
   std::fprintf(stderr,
-               "raw_sqlite[%s] sync=%s page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
+               "raw_sqlite[%s] shape=%s sync=%s page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
                "write_bytes/msg=%.0f (WAL %.0f B = %.2f frames, db %.0f B, %.2f fsync)\n",
-               label.c_str(), sync.c_str(), page_size, id_kind.c_str(), count, secs, rate,
+               label.c_str(), shape.c_str(), sync.c_str(), page_size, id_kind.c_str(), count, secs, rate,
                static_cast<double>(wb1 - wb0) / count,
                static_cast<double>(c.wal_write_bytes) / count,
                static_cast<double>(c.wal_write_bytes) / (page_size + 24) / count,

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -244,6 +246,81 @@ inline void register_counting_vfs() {
   sqlite3_vfs_register(&vfs, 0);
   done = true;
 }
+
+// What SQLite and the process had written at one moment (counting VFS + /proc/self/io).
+struct WriteSnapshot {
+  int64_t wal_bytes = 0, wal_syncs = 0, db_bytes = 0, db_syncs = 0, proc_write_bytes = 0;
+  static WriteSnapshot now() {
+    const VfsCounters& c = vfs_counters();
+    WriteSnapshot s;
+    s.wal_bytes = c.wal_write_bytes;
+    s.wal_syncs = c.wal_syncs;
+    s.db_bytes = c.db_write_bytes;
+    s.db_syncs = c.db_syncs;
+    s.proc_write_bytes = bench::proc_write_bytes();
+    return s;
+  }
+};
+
+// Adds the per-message write figures between two snapshots to a JSON line:
+// vfs_wal_bytes_per_msg (what SQLite wrote to the WAL through xWrite, frame headers
+// included), vfs_wal_frames_per_msg (that / (page_size + 24)), vfs_db_bytes_per_msg
+// (checkpoints), fsyncs_per_msg (WAL + database) and proc_write_bytes_per_msg.
+inline void add_writes(Json& j, const WriteSnapshot& a, const WriteSnapshot& b, double msgs,
+                       int page_size) {
+  j.add("vfs_wal_bytes_per_msg", (b.wal_bytes - a.wal_bytes) / msgs)
+      .add("vfs_wal_frames_per_msg", (b.wal_bytes - a.wal_bytes) / msgs / (page_size + 24))
+      .add("vfs_db_bytes_per_msg", (b.db_bytes - a.db_bytes) / msgs)
+      .add("fsyncs_per_msg", (b.wal_syncs - a.wal_syncs + b.db_syncs - a.db_syncs) / msgs)
+      .add("proc_write_bytes_per_msg", (b.proc_write_bytes - a.proc_write_bytes) / msgs);
+}
+
+// Times a drain of `target` messages, one() per message with a durable outcome (called
+// from one thread at a time: the MQTT callback). The clock starts at message number
+// `warm` (5 % of the stream by default: connecting, the session's first redeliveries and
+// the first page reads are not the steady rate) and stops at the last one; the write
+// counters are snapshotted at the same two points.
+class Drain {
+ public:
+  explicit Drain(int64_t target, double warm_fraction = 0.05)
+      : target_(target),
+        warm_(std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(target) *
+                                                       warm_fraction))) {}
+  void one() {
+    const int64_t k = ++n_;
+    if (k == warm_) {
+      w0_ = WriteSnapshot::now();
+      t_warm_ = now_ns();
+    }
+    if (k == target_) {
+      t_last_ = now_ns();
+      w1_ = WriteSnapshot::now();
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+  }
+  bool wait(int timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(timeout_s), [&] { return n_ >= target_; });
+  }
+  int64_t done() const { return n_; }
+  // Messages inside the timed span, and the span in seconds.
+  double measured() const { return static_cast<double>(target_ - warm_); }
+  double seconds() const { return static_cast<double>(t_last_ - t_warm_) / 1e9; }
+  double rate() const { return measured() / seconds(); }
+  void add_to(Json& j, int page_size) const {
+    j.add("msgs_per_s", rate()).add("seconds", seconds()).add("measured", measured());
+    add_writes(j, w0_, w1_, measured(), page_size);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<int64_t> n_{0};
+  const int64_t target_, warm_;
+  int64_t t_warm_ = 0, t_last_ = 0;
+  WriteSnapshot w0_, w1_;
+};
 
 inline int64_t device_write_bytes(const std::string& path) {
   struct stat st {};

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
 
   // 2. The consumer: the handler runs inside the claim transaction.
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
-  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), consumer_name, ledger::apply_credit, {},
+  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), consumer_name, ledger::CreditHandler{}, {},
                                             &consumer);
       !s.ok()) {
     log->error("{}", s.to_string());

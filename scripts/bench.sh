@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs the mqtt-inbox benchmarks (issue 8; results explained in docs/benchmarks.md).
+# Runs the mqtt-inbox benchmarks (issues 8 and 14; results explained in docs/benchmarks.md).
 #
 #   scripts/bench.sh [--quick] [--n N] [--rounds R] [--prefill M] [--skip-scale]
-#                    [--skip-micro] [--dir DIR] [--out FILE]
+#                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
+#                    [--out FILE]
 #
 # Installs missing Debian packages (as root or with sudo), builds bench/ in Release into
-# build-bench, starts its own mosquitto on a free 127.0.0.1 port (persistence on,
-# max_queued_messages 0: nothing is dropped), runs every measurement interleaved so that
-# drift hits all of them alike, prints the ratios, and stops everything it started.
+# build-bench, starts its own mosquitto brokers on free 127.0.0.1 ports (persistence on,
+# max_queued_messages 0: nothing is dropped; one with the default in-flight window of 20,
+# one with 100), runs every measurement interleaved so that drift hits all of them alike,
+# prints the three-way table (library vs hand-written consumer vs minimal raw transaction,
+# medians of R rounds) and the other figures, and stops everything it started.
 # Every result is one JSON object per line, collected in --out
 # (default build-bench/bench-results.jsonl).
 #
@@ -18,26 +21,30 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-bench}
 N=20000            # messages per throughput run (drain and live)
-ROUNDS=1           # interleaved rounds of the throughput block
+ROUNDS=3           # interleaved rounds of the three-way comparison (medians are reported)
 LAT_COUNT=3000     # messages of each latency run at 200 msg/s (15 s)
 PREFILL=10000000   # retained ids for the scale test
 SCALE_N=3000       # messages of each FULL scale run
 WEAR_N=2000        # messages of each flash-wear run (FULL)
 SKIP_SCALE=0
 SKIP_MICRO=0
+SKIP_EXTRA=0       # live runs, latency, window sweep
+SYNCS="full normal"  # synchronous modes of the three-way comparison
 DIR=""
 OUT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) N=2000; LAT_COUNT=1000; PREFILL=1000000; SCALE_N=1000; WEAR_N=500; shift ;;
+    --quick) N=2000; LAT_COUNT=600; PREFILL=1000000; SCALE_N=600; WEAR_N=400; shift ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
     --skip-scale) SKIP_SCALE=1; shift ;;
     --skip-micro) SKIP_MICRO=1; shift ;;
+    --skip-extra) SKIP_EXTRA=1; shift ;;
+    --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -117,36 +124,46 @@ EOF
 fi
 cmake -S "$SRC" -B "$BIN" -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}" >/dev/null
 cmake --build "$BIN" -j2 --target bench_raw_sqlite bench_publisher bench_consumer bench_core \
-  bench_micro nodelay_preload >/dev/null
+  bench_micro nodelay_preload handwritten_consumer >/dev/null
 
-# --- broker -------------------------------------------------------------------------------
-stage "broker"
+# --- brokers ------------------------------------------------------------------------------
+stage "brokers"
 mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/run.XXXXXX")
 : >"$OUT"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORT=""
-for _ in $(seq 1 50); do
-  p=$((20000 + RANDOM % 40000))
-  if port_free "$p"; then PORT=$p; break; fi
-done
-[[ -n $PORT ]] || { echo "no free port" >&2; exit 1; }
-mkdir -p "$WORK/mosquitto"
-{
-  echo "listener $PORT 127.0.0.1"
-  echo "allow_anonymous true"
-  echo "persistence true"
-  echo "persistence_location $WORK/mosquitto/"
-  echo "max_queued_messages 0"
-  echo "log_dest file $WORK/mosquitto/mosquitto.log"
-  [[ $(id -u) -eq 0 ]] && echo "user root"
-} >"$WORK/mosquitto.conf"
-mosquitto -c "$WORK/mosquitto.conf" &
-PIDS+=($!)
-for _ in $(seq 1 100); do port_free "$PORT" || break; sleep 0.1; done
-port_free "$PORT" && { echo "mosquitto did not start" >&2; cat "$WORK/mosquitto/mosquitto.log" >&2; exit 1; }
-BROKER=tcp://127.0.0.1:$PORT
-echo "mosquitto $(mosquitto -h 2>/dev/null | head -1 | awk '{print $3}') on $BROKER"
+# start_broker NAME INFLIGHT: a mosquitto with max_inflight_messages INFLIGHT (its window of
+# unacknowledged QoS 1 messages towards each subscriber); prints its URI.
+start_broker() {
+  local name=$1 inflight=$2 port="" p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 40000))
+    if port_free "$p"; then port=$p; break; fi
+  done
+  [[ -n $port ]] || { echo "no free port" >&2; exit 1; }
+  mkdir -p "$WORK/$name"
+  {
+    echo "listener $port 127.0.0.1"
+    echo "allow_anonymous true"
+    echo "persistence true"
+    echo "persistence_location $WORK/$name/"
+    echo "max_queued_messages 0"
+    echo "max_inflight_messages $inflight"
+    echo "log_dest file $WORK/$name/mosquitto.log"
+    [[ $(id -u) -eq 0 ]] && echo "user root"
+  } >"$WORK/$name.conf"
+  mosquitto -c "$WORK/$name.conf" &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do port_free "$port" || break; sleep 0.1; done
+  port_free "$port" && { echo "mosquitto did not start" >&2; cat "$WORK/$name/mosquitto.log" >&2; exit 1; }
+  BROKER_URI=tcp://127.0.0.1:$port
+}
+start_broker mosquitto 20
+BROKER=$BROKER_URI
+start_broker mosquitto100 100
+BROKER100=$BROKER_URI
+echo "mosquitto $(mosquitto -h 2>/dev/null | head -1 | awk '{print $3}') on $BROKER (window 20)" \
+  "and $BROKER100 (window 100)"
 
 # --- helpers ------------------------------------------------------------------------------
 RUN_ID=0
@@ -160,9 +177,28 @@ record() {  # keeps the JSON lines of a program's stdout, adding the round
 jget() {  # jget FILTER FIELD: FIELD of the last JSON line in $OUT whose text holds FILTER
   grep -F -- "$1" "$OUT" | tail -1 | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"
 }
+jvals() {  # jvals FILTER FIELD: FIELD of every line holding FILTER, one per line
+  grep -F -- "$1" "$OUT" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"
+}
 javg() {  # javg FILTER FIELD: mean of FIELD over all lines holding FILTER
-  grep -F -- "$1" "$OUT" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" |
-    awk '{s+=$1; n++} END {if (n) printf "%.6g", s/n; else print "nan"}'
+  jvals "$1" "$2" | awk '{s+=$1; n++} END {if (n) printf "%.6g", s/n; else print "nan"}'
+}
+median() {  # median of the numbers on stdin
+  sort -g | awk '{v[n++]=$1} END {if (!n) print "nan"; else if (n%2) printf "%.6g", v[(n-1)/2];
+                                  else printf "%.6g", (v[n/2-1]+v[n/2])/2}'
+}
+jmed() { jvals "$1" "$2" | median; }  # jmed FILTER FIELD: median over all lines holding FILTER
+# rmed LABEL_A LABEL_B: median over rounds of (msgs_per_s of A / msgs_per_s of B) in the
+# same round: a ratio taken within a round, so drift between rounds cancels out.
+rmed() {
+  local r a b
+  for r in $(seq 1 "$ROUNDS"); do
+    a=$(grep -F -- "\"label\":\"$1\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+        sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')
+    b=$(grep -F -- "\"label\":\"$2\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+        sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')
+    [[ -n $a && -n $b ]] && awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.6g\n", a / b }'
+  done | median
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "nan" }'; }
 
@@ -175,21 +211,24 @@ consume() {
   local extra=("$@")
   RUN_ID=$((RUN_ID + 1))
   local cid="bench-$RUN_ID-$label" topic="bench/$RUN_ID/credits" db="$WORK/$label-$RUN_ID.db"
-  local common=(--mode "$mode" --sync "$sync" --broker "$BROKER" --topic "$topic"
+  local broker=${CONSUME_BROKER:-$BROKER}
+  local common=(--sync "$sync" --broker "$broker" --topic "$topic"
                 --client-id "$cid" --db "$db" --count "$count" --label "$label")
-  "$BENCH_BIN/bench_consumer" "${common[@]}" --phase setup
+  local prog=("$BENCH_BIN/bench_consumer" --mode "$mode")
+  [[ $mode == handwritten ]] && prog=("$BENCH_BIN/handwritten_consumer")
+  "${prog[@]}" "${common[@]}" --phase setup
   if [[ $phase == drain ]]; then
-    "$BENCH_BIN/bench_publisher" --broker "$BROKER" --topic "$topic" --count "$count" \
+    "$BENCH_BIN/bench_publisher" --broker "$broker" --topic "$topic" --count "$count" \
       --client-id "pub-$RUN_ID" --label "pub_$label" --seed "$RUN_ID" 2>&1 >/dev/null
-    "$BENCH_BIN/bench_consumer" "${common[@]}" --phase run "${extra[@]}" | record
+    "${prog[@]}" "${common[@]}" --phase run "${extra[@]}" | record
   else
     local ready="$WORK/ready-$RUN_ID"
-    "${PRELOAD_ENV[@]}" "$BENCH_BIN/bench_consumer" "${common[@]}" --phase run \
+    "${PRELOAD_ENV[@]}" "${prog[@]}" "${common[@]}" --phase run \
       --ready-file "$ready" "${extra[@]}" >"$WORK/out-$RUN_ID" &
     local cpid=$!
     PIDS+=($cpid)
     for _ in $(seq 1 300); do [[ -e $ready ]] && break; sleep 0.05; done
-    "${PRELOAD_ENV[@]}" "$BENCH_BIN/bench_publisher" --broker "$BROKER" --topic "$topic" \
+    "${PRELOAD_ENV[@]}" "$BENCH_BIN/bench_publisher" --broker "$broker" --topic "$topic" \
       --count "$count" --rate "$rate" --client-id "pub-$RUN_ID" --label "pub_$label" \
       --seed "$RUN_ID" 2>&1 >/dev/null
     wait "$cpid"
@@ -201,26 +240,42 @@ PRELOAD_ENV=(env)
 
 echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK out=$OUT"
 
-# --- 1-4: throughput, interleaved ---------------------------------------------------------
+# --- 1: the three-way comparison (issue 14), interleaved rounds ---------------------------
+# Per round and per synchronous mode: the minimal raw transaction (in-process, no MQTT), the
+# hand-written consumer (bench/handwritten_consumer.cpp) and the library (Inbox + Consumer +
+# Subscriber with the ledger example's handler, library defaults), each draining N queued
+# credits; the clock runs from 5 % of the stream to its end.
+RAW_MIN=(--shape minimal)
 for ROUND in $(seq 1 "$ROUNDS"); do
-  stage "round $ROUND: raw FULL"
-  "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" --sync full --count "$N" --label raw_full | record
-  stage "round $ROUND: ceiling drain+live"
-  consume ceiling full drain ceiling_drain "$N" 0
-  consume ceiling full live ceiling_live "$N" 0
-  stage "round $ROUND: inbox FULL drain"
-  consume inbox full drain inbox_full_drain "$N" 0
-  stage "round $ROUND: inbox FULL live"
-  consume inbox full live inbox_full_live "$N" 0
-  stage "round $ROUND: raw NORMAL"
-  "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" --sync normal --count "$N" --label raw_normal | record
-  stage "round $ROUND: inbox NORMAL drain+live"
-  consume inbox normal drain inbox_normal_drain "$N" 0
-  consume inbox normal live inbox_normal_live "$N" 0
+  for sync in $SYNCS; do
+    stage "round $ROUND: $sync: raw minimal, hand-written, inbox"
+    "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" "${RAW_MIN[@]}" --sync "$sync" --count "$N" \
+      --label "raw_min_$sync" | record
+    consume handwritten "$sync" drain "hand_$sync" "$N" 0
+    consume inbox "$sync" drain "inbox_${sync}_drain" "$N" 0
+  done
 done
 ROUND=0
 
+# --- 2-4: transport ceiling, live streams, the in-flight window ---------------------------
+if [[ $SKIP_EXTRA -eq 0 ]]; then
+  stage "ceiling, live streams"
+  consume ceiling full drain ceiling_drain "$N" 0
+  consume ceiling full live ceiling_live "$N" 0
+  consume inbox full live inbox_full_live "$N" 0
+  consume inbox normal live inbox_normal_live "$N" 0
+  # Paho runs the callbacks one at a time, so a larger window only hides network latency.
+  stage "in-flight window 20 vs 100 (inbox drain)"
+  for r in 1 2; do
+    for sync in normal full; do
+      consume inbox "$sync" drain "window20_$sync" "$N" 0
+      CONSUME_BROKER=$BROKER100 consume inbox "$sync" drain "window100_$sync" "$N" 0
+    done
+  done
+fi
+
 # --- 5: latency at a paced 200 msg/s ------------------------------------------------------
+if [[ $SKIP_EXTRA -eq 0 ]]; then
 stage "latency 200 msg/s"
 consume ceiling full live lat_ceiling "$LAT_COUNT" 200 --latency
 consume inbox full live lat_inbox_full "$LAT_COUNT" 200 --latency
@@ -229,6 +284,7 @@ PRELOAD_ENV=(env "LD_PRELOAD=$BENCH_BIN/libnodelay_preload.so")
 consume ceiling full live lat_ceiling_nodelay "$LAT_COUNT" 200 --latency
 consume inbox normal live lat_inbox_normal_nodelay "$LAT_COUNT" 200 --latency
 PRELOAD_ENV=(env)
+fi
 
 # --- 6: scale -----------------------------------------------------------------------------
 if [[ $SKIP_SCALE -eq 0 ]]; then
@@ -247,24 +303,36 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   rm -f "$WORK"/scale.db*
 fi
 
-# --- 7: flash wear (FULL) -----------------------------------------------------------------
+# --- 7: pages per commit: what each part of the claim row costs ---------------------------
+# Raw loop, NORMAL (the frames a commit writes do not depend on the fsync), N messages:
+# the minimal shape, then one part added at a time, then the shape of schema version 3.
+stage "pages per commit (raw loop, NORMAL)"
+P=(--sync normal --count "$N")
+R=("$BENCH_BIN/bench_raw_sqlite" --db "$WORK/p.db")
+"${R[@]}" "${P[@]}" --shape minimal --label parts_minimal | record
+"${R[@]}" "${P[@]}" --shape minimal --received-at 1 --label parts_received_at | record
+"${R[@]}" "${P[@]}" --shape minimal --received-at 1 --index 1 --label parts_received_at_index | record
+"${R[@]}" "${P[@]}" --shape minimal --metadata 1 --label parts_metadata | record
+"${R[@]}" "${P[@]}" --shape minimal --auto-vacuum incremental --label parts_auto_vacuum | record
+"${R[@]}" "${P[@]}" --shape minimal --rowid 1 --label parts_rowid_table | record
+"${R[@]}" "${P[@]}" --shape minimal --received-at 1 --metadata 1 --auto-vacuum incremental \
+  --label parts_library_v4 | record
+"${R[@]}" "${P[@]}" --shape inbox --label parts_schema_v3 | record
+
+# --- 8: flash wear (FULL) -----------------------------------------------------------------
 stage "flash wear levers (FULL)"
 W=(--sync full --count "$WEAR_N")
-"$BENCH_BIN/bench_raw_sqlite" --db "$WORK/w.db" "${W[@]}" --label wear_raw_min | record
-"$BENCH_BIN/bench_raw_sqlite" --db "$WORK/w.db" "${W[@]}" --rowid 1 --label wear_raw_rowid | record
-"$BENCH_BIN/bench_raw_sqlite" --db "$WORK/w.db" "${W[@]}" --id blob16 --label wear_raw_blob16 | record
+"$BENCH_BIN/bench_raw_sqlite" --db "$WORK/w.db" "${W[@]}" --shape minimal --label wear_raw_min | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --label wear_core_default | record
-for ps in 1024 2048 8192; do
+for ps in 1024 2048; do
   "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --page-size "$ps" --label "wear_core_page$ps" | record
 done
-"$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --id seq --label wear_core_seqid | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --no-metadata --label wear_core_nometa | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --autocheckpoint 100 --label wear_core_ckpt100 | record
-"$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --autocheckpoint 10000 --label wear_core_ckpt10000 | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --page-size 1024 --no-metadata \
   --label wear_core_page1024_nometa | record
 
-# --- 8: micro-benchmarks ------------------------------------------------------------------
+# --- 9: micro-benchmarks ------------------------------------------------------------------
 if [[ $SKIP_MICRO -eq 0 ]]; then
   stage "micro-benchmarks"
   (cd "$WORK" && TMPDIR=$WORK "$BENCH_BIN/bench_micro" --benchmark_min_time=0.3 --benchmark_color=false) | record
@@ -272,24 +340,45 @@ fi
 stage ""
 
 # --- summary ------------------------------------------------------------------------------
-RAW_F=$(javg '"label":"raw_full"' msgs_per_s)
-RAW_N=$(javg '"label":"raw_normal"' msgs_per_s)
-CEIL_D=$(javg '"label":"ceiling_drain"' msgs_per_s)
-CEIL_L=$(javg '"label":"ceiling_live"' msgs_per_s)
-IF_D=$(javg '"label":"inbox_full_drain"' msgs_per_s)
-IF_L=$(javg '"label":"inbox_full_live"' msgs_per_s)
-IN_D=$(javg '"label":"inbox_normal_drain"' msgs_per_s)
-IN_L=$(javg '"label":"inbox_normal_live"' msgs_per_s)
+lab() { echo "\"label\":\"$1\""; }
 echo
-echo "== throughput (msg/s, mean of $ROUNDS round(s), N=$N)"
-printf '  %-22s %10.0f\n' "raw SQLite FULL" "$RAW_F" "raw SQLite NORMAL" "$RAW_N" \
-  "ceiling drain" "$CEIL_D" "ceiling live" "$CEIL_L" "inbox FULL drain" "$IF_D" \
-  "inbox FULL live" "$IF_L" "inbox NORMAL drain" "$IN_D" "inbox NORMAL live" "$IN_L"
-echo "== ratios"
-echo "  inbox FULL / raw FULL      drain $(ratio "$IF_D" "$RAW_F")  live $(ratio "$IF_L" "$RAW_F")  (goal >= 0.9)"
-echo "  inbox NORMAL / raw NORMAL  drain $(ratio "$IN_D" "$RAW_N")  live $(ratio "$IN_L" "$RAW_N")"
-echo "  inbox FULL / ceiling       drain $(ratio "$IF_D" "$CEIL_D")  live $(ratio "$IF_L" "$CEIL_L")"
-echo "  inbox NORMAL / ceiling     drain $(ratio "$IN_D" "$CEIL_D")  live $(ratio "$IN_L" "$CEIL_L")"
+echo "== three-way comparison: drain of N=$N queued credits, median of $ROUNDS interleaved rounds"
+echo "   (÷ raw = median over rounds of the ratio within the round; WAL = bytes SQLite wrote to"
+echo "   the WAL through the counting VFS, frame headers included, per message; frames = WAL"
+echo "   bytes / (page size + 24); fsync = WAL + database syncs per message)"
+printf '  %-34s %6s %9s %7s %9s %7s %6s %6s\n' consumer sync "msg/s" "÷ raw" "WAL B" "÷ min" frames fsync
+for sync in $SYNCS; do
+  RAWB=$(jmed "$(lab "raw_min_$sync")" vfs_wal_bytes_per_msg)
+  for pair in "raw_min_$sync:minimal raw transaction (no MQTT)" \
+              "hand_$sync:hand-written (Paho C++ + SQLiteCpp)" \
+              "inbox_${sync}_drain:mqtt-inbox (library defaults)"; do
+    l=${pair%%:*}
+    name=${pair#*:}
+    printf '  %-34s %6s %9.0f %7s %9.0f %7s %6.2f %6.2f\n' "$name" "$sync" \
+      "$(jmed "$(lab "$l")" msgs_per_s)" "$(rmed "$l" "raw_min_$sync")" \
+      "$(jmed "$(lab "$l")" vfs_wal_bytes_per_msg)" \
+      "$(ratio "$(jmed "$(lab "$l")" vfs_wal_bytes_per_msg)" "$RAWB")" \
+      "$(jmed "$(lab "$l")" vfs_wal_frames_per_msg)" "$(jmed "$(lab "$l")" fsyncs_per_msg)"
+  done
+done
+for sync in $SYNCS; do
+  echo "  $sync: inbox / hand-written $(rmed "inbox_${sync}_drain" "hand_$sync")" \
+    "(goal >= 1), inbox / raw $(rmed "inbox_${sync}_drain" "raw_min_$sync")" \
+    "$([[ $sync == full ]] && echo '(goal >= 0.8, aim 0.9)')"
+done
+if [[ $SKIP_EXTRA -eq 0 ]]; then
+  echo "== transport ceiling and live streams (msg/s, one run each)"
+  printf '  %-24s %10.0f\n' "ceiling drain" "$(jget "$(lab ceiling_drain)" msgs_per_s)" \
+    "ceiling live" "$(jget "$(lab ceiling_live)" msgs_per_s)" \
+    "inbox FULL live" "$(jget "$(lab inbox_full_live)" msgs_per_s)" \
+    "inbox NORMAL live" "$(jget "$(lab inbox_normal_live)" msgs_per_s)"
+  echo "== in-flight window (broker max_inflight_messages), inbox drain, median of 2 (msg/s)"
+  for sync in full normal; do
+    w20=$(jmed "$(lab "window20_$sync")" msgs_per_s)
+    w100=$(jmed "$(lab "window100_$sync")" msgs_per_s)
+    printf '  %-6s window 20 %8.0f   window 100 %8.0f   100/20 %s\n' "$sync" "$w20" "$w100" \
+      "$(ratio "$w100" "$w20")"
+  done
 echo "== latency at 200 msg/s (ms): p50 / p99 / max"
 for l in lat_ceiling lat_ceiling_nodelay lat_inbox_full lat_inbox_normal lat_inbox_normal_nodelay; do
   printf '  %-26s total %6s / %6s / %7s   transport %6s / %6s   claim %6s / %6s\n' "$l" \
@@ -298,6 +387,7 @@ for l in lat_ceiling lat_ceiling_nodelay lat_inbox_full lat_inbox_normal lat_inb
     "$(jget "\"label\":\"$l\"" transport_p99_ms)" "$(jget "\"label\":\"$l\"" claim_p50_ms)" \
     "$(jget "\"label\":\"$l\"" claim_p99_ms)"
 done
+fi
 if [[ $SKIP_SCALE -eq 0 ]]; then
   SE_F=$(javg '"label":"scale_empty_full"' msgs_per_s); SB_F=$(javg '"label":"scale_big_full"' msgs_per_s)
   SE_N=$(javg '"label":"scale_empty_normal"' msgs_per_s); SB_N=$(javg '"label":"scale_big_normal"' msgs_per_s)
@@ -305,12 +395,20 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   echo "  FULL   empty $(printf %.0f "$SE_F")  retained $(printf %.0f "$SB_F")  ratio $(ratio "$SB_F" "$SE_F")  (goal >= 0.9)"
   echo "  NORMAL empty $(printf %.0f "$SE_N")  retained $(printf %.0f "$SB_N")  ratio $(ratio "$SB_N" "$SE_N")"
 fi
+echo "== pages per commit (raw loop, NORMAL, N=$N): WAL frames per message, and / minimal"
+PM=$(jget "$(lab parts_minimal)" vfs_wal_frames_per_msg)
+grep -F '"label":"parts_' "$OUT" | while IFS= read -r line; do
+  l=$(sed -n 's/.*"label":"\([^"]*\)".*/\1/p' <<<"$line")
+  f=$(jget "$(lab "$l")" vfs_wal_frames_per_msg)
+  printf '  %-26s %6.2f  %s\n' "$l" "$f" "$(ratio "$f" "$PM")"
+done
 echo "== flash wear per message (FULL): write_bytes / WAL bytes / WAL frames / db bytes / fsyncs"
 grep -F '"label":"wear_' "$OUT" | while IFS= read -r line; do
   l=$(sed -n 's/.*"label":"\([^"]*\)".*/\1/p' <<<"$line")
   printf '  %-26s %8.0f %8.0f %6.2f %7.0f %5.2f\n' "$l" \
     "$(jget "\"label\":\"$l\"" proc_write_bytes_per_msg)" "$(jget "\"label\":\"$l\"" vfs_wal_bytes_per_msg)" \
     "$(jget "\"label\":\"$l\"" vfs_wal_frames_per_msg)" "$(jget "\"label\":\"$l\"" vfs_db_bytes_per_msg)" \
-    "$(jget "\"label\":\"$l\"" wal_syncs_per_msg)"
+    "$(jget "\"label\":\"$l\"" fsyncs_per_msg)"
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (cores: $(nproc))"
 echo "total $((SECONDS - T_ALL)) s; results in $OUT"

@@ -3,7 +3,12 @@
 #include "mqtt_inbox/consumer.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +16,7 @@
 #include "log_context.h"
 #include "message_id.h"
 #include "properties_json.h"
+#include "reentry.h"
 #include "retained.h"
 #include "store_retry.h"
 #include "mqtt_inbox/clock.h"
@@ -35,18 +41,17 @@ const char* to_string(DeadLetterReason reason) {
     case DeadLetterReason::kInvalidId: return "invalid_id";
     case DeadLetterReason::kPayloadTooLarge: return "payload_too_large";
     case DeadLetterReason::kUndecodablePayload: return "undecodable_payload";
+    case DeadLetterReason::kInvalidPayload: return "invalid_payload";
     case DeadLetterReason::kHandlerFailed: return "handler_failed";
     case DeadLetterReason::kHandlerCrashed: return "handler_crashed";
     case DeadLetterReason::kRetained: return "retained";
+    case DeadLetterReason::kHandlerReentered: return "handler_reentered";
   }
   return "unknown";
 }
 
 bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
-  for (auto r : {DeadLetterReason::kMissingId, DeadLetterReason::kInvalidId,
-                 DeadLetterReason::kPayloadTooLarge, DeadLetterReason::kUndecodablePayload,
-                 DeadLetterReason::kHandlerFailed, DeadLetterReason::kHandlerCrashed,
-                 DeadLetterReason::kRetained}) {
+  for (auto r : kDeadLetterReasons) {
     if (text == to_string(r)) {
       *out = r;
       return true;
@@ -54,10 +59,6 @@ bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
   }
   return false;
 }
-
-namespace {
-
-}  // namespace
 
 struct Consumer::Impl {
   Inbox* inbox = nullptr;
@@ -73,6 +74,13 @@ struct Consumer::Impl {
   ConsumerCounters counters;
   std::unique_ptr<detail::StoreRetry> retry;
 
+  // The requeue thread (ConsumerOptions::requeue_poll_ms): replays dead letters the admin
+  // tool marked 'requeued'. `stopping` also makes its store waits give up.
+  std::atomic<bool> stopping{false};
+  std::mutex poll_mu;  // pairs with poll_cv; guards nothing else
+  std::condition_variable poll_cv;
+  std::thread poller;
+
   void count(int64_t ConsumerCounters::*field) {
     std::lock_guard<std::mutex> lock(state_mu);
     ++(counters.*field);
@@ -81,7 +89,8 @@ struct Consumer::Impl {
 
   Outcome dead_letter(const Message& m, const std::optional<std::string>& id,
                       DeadLetterReason reason, const std::string& text, int attempts,
-                      int64_t first_attempt_ms, std::optional<int64_t> replace_id) {
+                      int64_t first_attempt_ms, std::optional<int64_t> replace_id,
+                      const std::atomic<bool>* stop = nullptr) {
     DeadLetter dl;
     dl.consumer_name = name;
     dl.message_id = id;
@@ -97,7 +106,7 @@ struct Consumer::Impl {
     dl.last_attempt_at_ms = clock->wall_ms();
     int64_t row = 0;
     until_stored("writing a dead letter",
-                 [&] { return inbox->add_dead_letter(dl, replace_id, &row); });
+                 [&] { return inbox->add_dead_letter(dl, replace_id, &row); }, stop);
     count(&ConsumerCounters::dead_lettered);
     log->warn("consumer '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}", name,
               id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
@@ -108,26 +117,29 @@ struct Consumer::Impl {
   // While the store fails, the message has no durable outcome, so the caller must not
   // return (that would release the PUBACK): see detail::StoreRetry.
   template <typename Op>
-  void until_stored(const char* what, Op&& op) {
-    retry->until_stored(what, std::forward<Op>(op));
+  void until_stored(const char* what, Op&& op, const std::atomic<bool>* stop = nullptr) {
+    retry->until_stored(what, std::forward<Op>(op), stop);
   }
 
   // A retained message under RetainedPolicy kSkip or kDeadLetter (defined below).
   Outcome retained(const Message& m);
 
   // A redelivery of an id that is already a dead letter: counted on that row, not run.
-  Outcome already_dead_lettered(const std::string& id) {
+  Outcome already_dead_lettered(const std::string& id, const std::atomic<bool>* stop = nullptr) {
     int64_t row = 0;
     DeadLetter bump;
     bump.consumer_name = name;
     bump.message_id = id;
     until_stored("counting a redelivery",
-                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); });
+                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); }, stop);
     count(&ConsumerCounters::already_dead_lettered);
     return Outcome::kAlreadyDeadLettered;
   }
 
-  Outcome run(const Message& m, std::optional<int64_t> replay_of) {
+  // `stop`: set for the requeue thread only, which may give up while the store fails
+  // (StoreRetry::Stopped); a transport's caller never does.
+  Outcome run(const Message& m, std::optional<int64_t> replay_of,
+              const std::atomic<bool>* stop = nullptr) {
     detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
     if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess)
       return retained(m);
@@ -139,74 +151,148 @@ struct Consumer::Impl {
         if (detail::validate_message_id(*v, options.message_id.max_id_bytes).empty()) id = *v;
       if (id && !replay_of) {
         MessageState st;
-        until_stored("looking up a message", [&] { return inbox->lookup(name, *id, &st); });
+        until_stored("looking up a message", [&] { return inbox->lookup(name, *id, &st); },
+                     stop);
         if (st.processed) return duplicate();
       }
       return dead_letter(m, id, DeadLetterReason::kPayloadTooLarge,
                          "payload is " + std::to_string(m.payload.size()) +
                              " bytes, limit is " + std::to_string(options.max_payload_bytes),
-                         0, 0, replay_of);
+                         0, 0, replay_of, stop);
     }
 
     std::string id;
     DeadLetterReason reason;
     std::string why;
     if (!detail::extract_message_id(m, options.message_id, &id, &reason, &why))
-      return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of);
+      return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of, stop);
     log_fields.set_message_id(id);
 
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
-      MessageState st;
-      until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
-      if (st.processed) return duplicate();
-      if (st.dead_letter_id && !replay_of) return already_dead_lettered(id);
-      if (st.attempts >= options.max_attempts) {
-        // Attempts were used up without a recorded outcome. A 'running' last attempt
-        // means the process died inside the handler: do not run it again.
-        const DeadLetterReason r = st.last_attempt_running ? DeadLetterReason::kHandlerCrashed
-                                                           : DeadLetterReason::kHandlerFailed;
-        const std::string text =
-            st.last_attempt_running
-                ? "the process died inside the handler on " + std::to_string(st.attempts) +
-                      " attempt(s)"
-                : "handler failed " + std::to_string(st.attempts) + " time(s); last error: " +
-                      st.last_error;
-        return dead_letter(m, id, r, text, st.attempts, st.first_attempt_at_ms, replay_of);
-      }
-
-      int attempt = 0;
-      until_stored("recording an attempt",
-                   [&] { return inbox->begin_attempt(name, id, &attempt); });
-
-      ClaimResult result = ClaimResult::kHandlerFailed;
-      std::string error;
-      until_stored("committing", [&] {
-        return inbox->claim(name, m, id, attempt, handler, replay_of, &result, &error);
-      });
-      switch (result) {
+      // One transaction decides and applies: duplicate, dead-lettered, out of attempts,
+      // or the handler's outcome (inbox.h, Inbox::process).
+      ProcessReport r;
+      until_stored(
+          "committing",
+          [&] { return inbox->process(name, m, id, handler, options.max_attempts, replay_of, &r); },
+          stop);
+      const MessageState& st = r.state;
+      switch (r.result) {
         case ClaimResult::kProcessed:
           count(&ConsumerCounters::processed);
           return Outcome::kProcessed;
         case ClaimResult::kDuplicate:
           return duplicate();
+        case ClaimResult::kDeadLettered:
+          return already_dead_lettered(id, stop);
+        case ClaimResult::kAttemptsExhausted: {
+          // Attempts were used up without a recorded outcome. A 'running' last attempt
+          // means the process died inside the handler: do not run it again.
+          const DeadLetterReason cause = st.last_attempt_running
+                                             ? DeadLetterReason::kHandlerCrashed
+                                             : DeadLetterReason::kHandlerFailed;
+          const std::string text =
+              st.last_attempt_running
+                  ? "the process died inside the handler on " + std::to_string(st.attempts) +
+                        " attempt(s)"
+                  : "handler failed " + std::to_string(st.attempts) +
+                        " time(s); last error: " + st.last_error;
+          return dead_letter(m, id, cause, text, st.attempts, st.first_attempt_at_ms,
+                             replay_of, stop);
+        }
         case ClaimResult::kUndecodable:
-          return dead_letter(m, id, DeadLetterReason::kUndecodablePayload, error, attempt,
-                             st.first_attempt_at_ms, replay_of);
+        case ClaimResult::kRejected:
+        case ClaimResult::kReentered: {
+          // Permanent: retrying cannot change the outcome, so no backoff holds the stream.
+          const DeadLetterReason permanent =
+              r.result == ClaimResult::kRejected    ? DeadLetterReason::kInvalidPayload
+              : r.result == ClaimResult::kReentered ? DeadLetterReason::kHandlerReentered
+                                                    : DeadLetterReason::kUndecodablePayload;
+          return dead_letter(m, id, permanent, r.handler_error, r.attempt,
+                             st.first_attempt_at_ms, replay_of, stop);
+        }
         case ClaimResult::kHandlerFailed:
           break;
       }
       count(&ConsumerCounters::handler_failures);
       log->warn("consumer '{}': handler failed on message '{}' (attempt {}/{}): {}", name,
-                detail::printable(id), attempt, options.max_attempts,
-                detail::printable(error, 300));
-      if (attempt >= options.max_attempts)
-        return dead_letter(m, id, DeadLetterReason::kHandlerFailed, error, attempt,
-                           st.first_attempt_at_ms, replay_of);
-      until_stored("recording a failed attempt",
-                   [&] { return inbox->record_attempt_failure(name, id, error); });
+                detail::printable(id), r.attempt, options.max_attempts,
+                detail::printable(r.handler_error, 300));
+      if (r.attempt >= options.max_attempts)
+        return dead_letter(m, id, DeadLetterReason::kHandlerFailed, r.handler_error, r.attempt,
+                           st.first_attempt_at_ms, replay_of, stop);
       clock->sleep_ms(backoff);
       backoff = std::min<int64_t>(backoff * 2, options.retry_backoff_max.count());
+    }
+  }
+
+  // Replays one dead letter by id, as Consumer::replay_dead_letter does. `stop` as for run().
+  // `requeued_only`: only a row still 'requeued' (another caller may have replayed it).
+  Status replay(int64_t id, Outcome* outcome, const std::atomic<bool>* stop,
+                bool requeued_only = false) {
+    DeadLetter dl;
+    Status s = inbox->get_dead_letter(id, &dl);
+    if (!s.ok()) return s;
+    if (requeued_only && !dl.requeued)
+      return Status::InvalidArgument("dead letter " + std::to_string(id) + " is no longer requeued");
+    if (dl.consumer_name != name)
+      return Status::InvalidArgument("dead letter " + std::to_string(id) + " belongs to consumer '" +
+                                     dl.consumer_name + "', not '" + name + "'");
+    if (dl.replayed)
+      return Status::InvalidArgument("dead letter " + std::to_string(id) + " was already replayed");
+    if (dl.payload_size > static_cast<int64_t>(dl.payload.size()))
+      return Status::InvalidArgument("dead letter " + std::to_string(id) +
+                                     " holds a cut payload; it cannot be replayed");
+    *outcome = run(detail::message_from_dead_letter(dl), id, stop);
+    return Status::Ok();
+  }
+
+  Status replay_requeued(int64_t* replayed) {
+    int64_t n = 0;
+    std::vector<int64_t> ids;
+    for (;;) {
+      Status s = inbox->requeued_dead_letters(name, 16, &ids);
+      if (!s.ok() || ids.empty()) {
+        if (replayed) *replayed = n;
+        return s;
+      }
+      for (int64_t id : ids) {
+        if (stopping.load()) {
+          if (replayed) *replayed = n;
+          return Status::Aborted("the consumer is stopping");
+        }
+        Outcome o = Outcome::kProcessed;
+        try {
+          s = replay(id, &o, &stopping, true);
+        } catch (const detail::StoreRetry::Stopped&) {
+          if (replayed) *replayed = n;
+          return Status::Aborted("the consumer is stopping; dead letter " + std::to_string(id) +
+                                 " stays requeued");
+        }
+        if (!s.ok()) {
+          // Gone (purged) or changed since it was listed: nothing to replay.
+          log->warn("consumer '{}': requeued dead letter {} not replayed: {}", name, id,
+                    s.to_string());
+          continue;
+        }
+        ++n;
+        log->info("consumer '{}': requeued dead letter {} replayed: {}", name, id, to_string(o));
+      }
+    }
+  }
+
+  void poll_requeued() {
+    const auto period = std::chrono::milliseconds(options.requeue_poll_ms);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(poll_mu);
+        if (poll_cv.wait_for(lock, period, [&] { return stopping.load(); })) return;
+      }
+      const Status s = replay_requeued(nullptr);
+      if (!s.ok() && s.code() != Status::Code::kAborted)
+        log->warn("consumer '{}': looking for requeued dead letters failed: {}", name,
+                  s.to_string());
     }
   }
 
@@ -217,7 +303,15 @@ struct Consumer::Impl {
 };
 
 Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Consumer::~Consumer() = default;
+
+Consumer::~Consumer() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->poll_mu);
+    impl_->stopping = true;
+  }
+  impl_->poll_cv.notify_all();
+  if (impl_->poller.joinable()) impl_->poller.join();
+}
 
 Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
                         const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
@@ -236,6 +330,7 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
       options.store_backoff_initial.count() < 1 ||
       options.store_backoff_max < options.store_backoff_initial)
     return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
+  if (options.requeue_poll_ms < 0) return Status::InvalidArgument("requeue_poll_ms must be >= 0");
 
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
@@ -246,13 +341,19 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
   impl->log = detail::logger_or_default(inbox->options().logger);
   impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", inbox->path(),
                                                      options, impl->clock, impl->log);
+  Impl* self = impl.get();
   out->reset(new Consumer(std::move(impl)));
+  if (options.requeue_poll_ms > 0) self->poller = std::thread([self] { self->poll_requeued(); });
   return Status::Ok();
 }
 
 const std::string& Consumer::name() const { return impl_->name; }
 
 Outcome Consumer::handle(const Message& message) {
+  // From inside a handler of the same inbox: refused (reentry.h). The running handler's
+  // message is dead-lettered as handler_reentered, which covers this one too.
+  if (!detail::refuse_if_in_handler(impl_->inbox, "Consumer::handle").ok())
+    return Outcome::kDeadLettered;
   const Outcome o = impl_->run(message, std::nullopt);
   if (impl_->log->should_log(spdlog::level::debug))
     impl_->log->debug("consumer '{}': message on '{}' (dup flag {}): {}", impl_->name,
@@ -261,6 +362,8 @@ Outcome Consumer::handle(const Message& message) {
 }
 
 Outcome Consumer::reject(const Message& message, const std::string& why) {
+  if (!detail::refuse_if_in_handler(impl_->inbox, "Consumer::reject").ok())
+    return Outcome::kDeadLettered;
   try {
     return impl_->dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why, 0, 0,
                               std::nullopt);
@@ -270,19 +373,16 @@ Outcome Consumer::reject(const Message& message, const std::string& why) {
 }
 
 Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
-  DeadLetter dl;
-  Status s = impl_->inbox->get_dead_letter(id, &dl);
-  if (!s.ok()) return s;
-  if (dl.consumer_name != impl_->name)
-    return Status::InvalidArgument("dead letter " + std::to_string(id) + " belongs to consumer '" +
-                                   dl.consumer_name + "', not '" + impl_->name + "'");
-  if (dl.replayed)
-    return Status::InvalidArgument("dead letter " + std::to_string(id) + " was already replayed");
-  if (dl.payload_size > static_cast<int64_t>(dl.payload.size()))
-    return Status::InvalidArgument("dead letter " + std::to_string(id) +
-                                   " holds a cut payload; it cannot be replayed");
-  *outcome = impl_->run(detail::message_from_dead_letter(dl), id);
-  return Status::Ok();
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Consumer::replay_dead_letter");
+      !r.ok())
+    return r;
+  return impl_->replay(id, outcome, nullptr);
+}
+
+Status Consumer::replay_requeued(int64_t* replayed) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Consumer::replay_requeued"); !r.ok())
+    return r;
+  return impl_->replay_requeued(replayed);
 }
 
 bool Consumer::extract_message_id(const Message& message, std::string* id,

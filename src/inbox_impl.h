@@ -1,8 +1,10 @@
-// Internal: the Inbox's state, shared by inbox.cpp and retention.cpp (the Pruner works
-// on the Inbox's own connection, one batch at a time under its mutex).
+// Internal: the Inbox's state, shared by inbox.cpp (open, stats), claim.cpp (the
+// per-message path), dead_letters.cpp and retention.cpp (the Pruner works on the Inbox's
+// own connection, one batch at a time under its mutex).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "attempt_marker.h"
 #include "log.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/health.h"
@@ -25,18 +28,61 @@
 namespace mqtt_inbox {
 
 struct Inbox::Impl {
+  const Inbox* self = nullptr;  // the owner: the key of handler re-entry checks (reentry.h)
   std::string path;
   InboxOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
-  std::mutex mu;  // serialises use of `db` and the cached statements
+  std::mutex mu;  // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
-  std::unique_ptr<SQLite::Statement> lookup, begin_attempt, attempt_failed, claim,
-      delete_attempts, mark_replayed;
+  // The per-message path's statements, prepared once (claim.cpp).
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
+      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
+      mark_replayed;
+  // Which handler is running, outside the database (attempt_marker.h). Null without the
+  // lock file (exclusive = false): attempts are then committed before each handler run.
+  std::unique_ptr<detail::AttemptMarker> marker;
+  // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
+  bool handler_running = false;
+
+  // sqlite3_set_authorizer callback, installed once at open with `this`.
+  static int authorize(void* self, int action, const char*, const char*, const char*,
+                       const char*);
+  void prepare_statements();  // on a connection just opened (open_connection)
+  // Turns a marker left by a process that died inside a handler into a 'running' attempt
+  // (one committed transaction), then clears it. Throws SQLite::Exception.
+  void recover_marked_attempt();
+  // Adds one attempt to (consumer, id) and returns the count: 'running' before a handler
+  // run (error null), or 'failed' with *error after one. Commits on its own without fsync
+  // (RelaxedSync). Under `mu`. Throws SQLite::Exception.
+  int count_attempt(const std::string& consumer, const std::string& id,
+                    const std::string* error);
+  // Inside the open transaction (claim.cpp), under `mu`; throw SQLite::Exception.
+  // The claim insert: true if this delivery claimed the id. With
+  // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
+  bool insert_claim(const std::string& consumer, const Message& message,
+                    const std::string& message_id, bool only_if_nothing_recorded);
+  // Everything recorded for the id (claim, dead letter, attempts); returns processed.
+  // Also outside a transaction.
+  bool read_lookup(const std::string& consumer, const std::string& message_id,
+                   MessageState* out);
+  void delete_attempt_row(const std::string& consumer, const std::string& id);
+  // Marks a dead letter 'replayed' (its message's effect is committed), in the open
+  // transaction.
+  void mark_replayed_row(int64_t dead_letter_id);
+  // The rest of the claim transaction, with the claim inserted: the handler, then COMMIT,
+  // or ROLLBACK on any failure (claim.cpp). Under `mu`.
+  Status claim_locked(const std::string& consumer, const Message& message,
+                      const std::string& message_id, int attempt, const Handler& handler,
+                      bool delete_attempt_row, std::optional<int64_t> replayed_dead_letter,
+                      ClaimResult* result, std::string* handler_error);
   // Adaptive checkpoints and the checkpoint on SQLITE_FULL (wal_guard.h). Declared after
-  // `db`: it removes its hook before the connection closes.
+  // `db` and the statements: it removes its hook before the connection closes.
   std::unique_ptr<detail::WalGuard> wal_guard;
+  // Drops the connection and everything prepared on it (statements, WAL guard): before
+  // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
+  void close_connection();
 
   // Retention clock (README "Clock safety"): clock_base_ms at steady time steady_base_ms;
   // advances only with the monotonic clock. Both are fixed after open.
@@ -95,7 +141,6 @@ struct Inbox::Impl {
   // `busy_timeout_ms`: this attempt's (see wait_at_startup); open() sets the configured
   // one afterwards.
   Status open_connection(int busy_timeout_ms);
-  void prepare_statements();  // inbox.cpp: the cached statements of the message path
 
   // Inbox::open's, Inbox::setup's, Pruner::create's and StoreThenProcess::create's and
   // start()'s wait for a transiently unavailable store (InboxOptions::startup_*).

@@ -2,7 +2,8 @@
 // file, the check that this process can write the files, the connection with its
 // pragmas, schema and migrations and the retention clock, the application's own set-up
 // SQL (Inbox::setup), each attempt waited out while the store is transiently unavailable
-// (detail::StoreRetry::until_ready). Also the fatal latch: once the file is found
+// (detail::StoreRetry::until_ready), and the attempt a process that died inside a handler
+// left in the lock file (attempt_marker.h). Also the fatal latch: once the file is found
 // corrupt, the inbox never touches it again.
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include "file_access.h"
 #include "inbox_impl.h"
 #include "log.h"
+#include "reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "schema.h"
@@ -98,14 +100,8 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
                                       [m](int busy_ms) { return m->open_connection(busy_ms); });
   if (impl->db) sqlite3_busy_timeout(impl->db->getHandle(), options.busy_timeout_ms);
   if (!s.ok()) {
-    impl->wal_guard.reset();
-    impl->lookup.reset();
-    impl->begin_attempt.reset();
-    impl->attempt_failed.reset();
-    impl->claim.reset();
-    impl->delete_attempts.reset();
-    impl->mark_replayed.reset();
-    impl->db.reset();
+    impl->close_connection();
+    impl->marker.reset();
     if (impl->lock_fd >= 0) ::close(impl->lock_fd);
     return s;
   }
@@ -113,16 +109,17 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
   return Status::Ok();
 }
 
+void Inbox::Impl::close_connection() {
+  wal_guard.reset();
+  for (auto* q : {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt, &attempt_failed,
+                  &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
+    q->reset();
+  db.reset();
+}
+
 Status Inbox::Impl::open_connection(int busy_timeout_ms) {
   // A failed attempt leaves nothing behind: the next one starts with a new connection.
-  wal_guard.reset();
-  lookup.reset();
-  begin_attempt.reset();
-  attempt_failed.reset();
-  claim.reset();
-  delete_attempts.reset();
-  mark_replayed.reset();
-  db.reset();
+  close_connection();
   try {
     db = std::make_unique<SQLite::Database>(
         path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI, busy_timeout_ms,
@@ -208,7 +205,20 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
       if (size_limit < 0 || size_limit > wal_bytes) size_limit = wal_bytes;
     }
     c.exec("PRAGMA journal_size_limit = " + std::to_string(size_limit));
+    // Installed once: setting an authorizer expires every prepared statement, so doing it
+    // around each handler run would re-prepare the cached statements for every message.
+    sqlite3_set_authorizer(c.getHandle(), &Impl::authorize, this);
     prepare_statements();
+    // A marker left in the lock file means the last owner died inside a handler: count
+    // that attempt before anything is delivered (attempt_marker.h).
+    if (lock_fd >= 0) {
+      if (!marker) marker = std::make_unique<detail::AttemptMarker>(lock_fd);
+      recover_marked_attempt();
+      if (!marker->prepare())
+        log->warn("{}: cannot size the attempt marker in {}.lock ({}); attempts are "
+                  "committed to the database instead",
+                  path, path, std::strerror(errno));
+    }
   } catch (const SQLite::Exception& e) {
     return store_error(detail::to_status(e, "opening " + path));
   } catch (const std::exception& e) {
@@ -218,6 +228,7 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
 }
 
 Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
   Impl& m = *impl_;
   return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
     std::lock_guard<std::mutex> lock(m.mu);

@@ -5,18 +5,31 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "inbox_impl.h"
+#include "reentry.h"
 
 namespace mqtt_inbox {
 
 namespace {
 
-constexpr const char* kPruneProcessedSql =
-    "DELETE FROM inbox_processed WHERE (consumer_name, message_id) IN ("
-    "  SELECT consumer_name, message_id FROM inbox_processed"
-    "  WHERE received_at < ?1 ORDER BY received_at LIMIT ?2)";
+// Expired ids, in primary-key order from a cursor. inbox_processed has no index on
+// received_at (it would cost a WAL page per message, schema.sql version 4), so the pass
+// walks the primary key; the filter runs inside SQLite and only expired keys come back.
+constexpr const char* kExpiredIdsFirstSql =
+    "SELECT consumer_name, message_id FROM inbox_processed WHERE received_at < ?1"
+    " ORDER BY consumer_name, message_id LIMIT ?2";
+constexpr const char* kExpiredIdsAfterSql =
+    "SELECT consumer_name, message_id FROM inbox_processed"
+    " WHERE (consumer_name, message_id) > (?3, ?4) AND received_at < ?1"
+    " ORDER BY consumer_name, message_id LIMIT ?2";
+constexpr const char* kDeleteIdSql =
+    "DELETE FROM inbox_processed"
+    " WHERE consumer_name = ?1 AND message_id = ?2 AND received_at < ?3";
 
 constexpr const char* kPruneDeadLettersSql =
     "DELETE FROM inbox_dead_letters WHERE id IN ("
@@ -51,6 +64,9 @@ struct Pruner::Impl {
   // Refuses (kInvalidArgument) a window below the recorded session expiries, unless
   // overridden; defined with required_window_ms(Inbox*, ...) below.
   Status check_recorded_sessions(bool at_create);
+  // Where the walk over inbox_processed resumes when a pass ran out of budget (the last
+  // key it deleted); empty = from the start.
+  std::optional<std::pair<std::string, std::string>> cursor;
 
   // Copies the WAL back into the database on the second connection (PASSIVE: never
   // waits for a lock, does what it can). Each delete batch dirties pages all over the
@@ -118,6 +134,87 @@ struct Pruner::Impl {
       total += n;
       checkpoint_between_batches();
       if (n < limit) return total;
+      if (took_us > options.max_batch_ms * 1000) limit = std::max<int64_t>(10, limit / 2);
+      else if (took_us * 2 < options.max_batch_ms * 1000)
+        limit = std::min<int64_t>(options.batch_rows, limit * 2);
+      pace(us_since(t0));
+    }
+  }
+
+  // Reads the next up-to-`limit` expired keys after `cursor` (on the second connection:
+  // a read of a WAL snapshot that blocks no commit; else under the inbox lock).
+  std::vector<std::pair<std::string, std::string>> next_expired(int64_t cutoff, int64_t limit) {
+    std::vector<std::pair<std::string, std::string>> keys;
+    auto read = [&](SQLite::Database& db) {
+      SQLite::Statement q(db, cursor ? kExpiredIdsAfterSql : kExpiredIdsFirstSql);
+      q.bind(1, cutoff);
+      q.bind(2, limit);
+      if (cursor) {
+        q.bind(3, cursor->first);
+        q.bind(4, cursor->second);
+      }
+      while (q.executeStep()) keys.emplace_back(q.getColumn(0).getString(), q.getColumn(1).getString());
+    };
+    if (side_db) {
+      read(*side_db);
+    } else {
+      std::lock_guard<std::mutex> lock(store->mu);
+      read(*store->db);
+    }
+    return keys;
+  }
+
+  // Deletes `keys` (still expired) in one short transaction; returns the count.
+  int64_t delete_keys(const std::vector<std::pair<std::string, std::string>>& keys,
+                      int64_t cutoff) {
+    std::lock_guard<std::mutex> lock(store->mu);
+    // The running-attempt marker can still name the last processed id (claim.cpp leaves it
+    // after a commit); once that id is pruned, the next open would count it as a lost
+    // attempt. No handler runs while we hold the lock, so clear it first.
+    if (store->marker) store->marker->clear();
+    Inbox::Impl::RelaxedSync relaxed(*store);  // as in delete_batch
+    int64_t n = 0;
+    store->write_transaction([&] {
+      SQLite::Statement q(*store->db, kDeleteIdSql);
+      for (const auto& k : keys) {
+        q.bind(1, k.first);
+        q.bind(2, k.second);
+        q.bind(3, cutoff);
+        n += q.exec();
+        q.reset();
+      }
+    });
+    return n;
+  }
+
+  // Deletes every id older than `cutoff`, walking the primary key from where the last
+  // pass stopped to its end, batch by batch, until done or the budget is spent. Batches
+  // are sized and paced like delete_expired's. Keys come in key order, so a batch of ids
+  // shares a few leaf pages: far fewer pages per batch than deleting in time order.
+  int64_t sweep_expired_ids(int64_t cutoff, int64_t deadline_ms, PruneResult* r) {
+    int64_t total = 0;
+    int64_t limit = options.batch_rows;
+    for (;;) {
+      if (store->clock->steady_ms() >= deadline_ms) {
+        r->budget_exhausted = true;
+        return total;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto keys = next_expired(cutoff, limit);
+      if (keys.empty()) {
+        cursor.reset();  // walked to the end: the next pass starts over
+        return total;
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      total += delete_keys(keys, cutoff);
+      const int64_t took_us = us_since(t1);
+      ++r->batches;
+      cursor = keys.back();
+      checkpoint_between_batches();
+      if (static_cast<int64_t>(keys.size()) < limit) {
+        cursor.reset();
+        return total;
+      }
       if (took_us > options.max_batch_ms * 1000) limit = std::max<int64_t>(10, limit / 2);
       else if (took_us * 2 < options.max_batch_ms * 1000)
         limit = std::min<int64_t>(options.batch_rows, limit * 2);
@@ -205,6 +302,7 @@ int64_t Pruner::required_window_ms(const RetentionOptions& o) {
 
 Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (Status r = detail::refuse_if_in_handler(inbox, "Pruner::create"); !r.ok()) return r;
   if (options.window.count() <= 0) return Status::InvalidArgument("retention window must be > 0");
   if (options.batch_rows < 1) return Status::InvalidArgument("batch_rows must be >= 1");
   if (options.max_batch_ms < 1) return Status::InvalidArgument("max_batch_ms must be >= 1");
@@ -274,6 +372,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
 
 Status Pruner::prune_once(PruneResult* result) {
   Impl& m = *impl_;
+  if (Status r = detail::refuse_if_in_handler(m.inbox, "Pruner::prune_once"); !r.ok()) return r;
   std::lock_guard<std::mutex> pass(m.pass_mu);
   *result = PruneResult{};
   if (m.store->fatal.load()) return m.store->fatal_status();  // never touch a corrupt file
@@ -284,7 +383,7 @@ Status Pruner::prune_once(PruneResult* result) {
   const int64_t now = m.store->retention_clock();
   r.cutoff = now - m.options.window.count();
   try {
-    r.processed_deleted = m.delete_expired(kPruneProcessedSql, r.cutoff, deadline, &r);
+    r.processed_deleted = m.sweep_expired_ids(r.cutoff, deadline, &r);
     m.store->pruned += r.processed_deleted;
     if (m.options.dead_letter_window.count() > 0) {
       r.dead_letters_deleted = m.delete_expired(
@@ -359,6 +458,9 @@ void Pruner::stop() {
     m.stopping = true;
     m.cv.notify_all();
   }
+  // From inside a handler of the inbox, the thread may be waiting for the connection the
+  // handler holds: ask it to stop, but leave the join to a later stop() or ~Pruner.
+  if (!detail::refuse_if_in_handler(m.inbox, "Pruner::stop").ok()) return;
   if (m.thread.joinable()) m.thread.join();
 }
 

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -48,19 +49,28 @@ class StoreRetry {
              std::shared_ptr<spdlog::logger> log)
       : StoreRetry(std::move(who), std::string(), o, clock, std::move(log)) {}
 
+  // Thrown by until_stored() when its `stop` flag is set while the store fails.
+  struct Stopped {};
+
   // The message path: runs `op` until it returns OK and never gives up, because the
   // caller may not return before the message has a durable outcome. Any failure is
   // retried with capped backoff. A fatal one (Status::is_fatal_store_error: the file is
   // corrupt) turns the health red and logs what to do; the wait then goes on at the
   // maximum backoff (the Inbox no longer touches a fatal file, so a retry costs nothing)
-  // and the message is never acknowledged.
+  // and the message is never acknowledged. With `stop`, gives up by throwing Stopped once
+  // *stop is true after a failure (for a caller that is not a transport callback and so
+  // may leave a message without an outcome, to try later: the Consumer's requeue thread).
   template <typename Op>
-  void until_stored(const char* what, Op&& op) {
+  void until_stored(const char* what, Op&& op, const std::atomic<bool>* stop = nullptr) {
     Status s = op();
     if (s.ok()) return;
     int64_t backoff = initial_ms_;
     Wait w{what, clock_->wall_ms(), 0, false};
     while (!s.ok()) {
+      if (stop && stop->load()) {
+        settle(w);
+        throw Stopped{};
+      }
       const bool log_now = failed(w, s);
       if (s.is_fatal_store_error()) {
         if (log_now) log_fatal(what, s);

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "inbox_impl.h"
+#include "reentry.h"
 #include "store_then_process_impl.h"
 #include "text.h"
 
@@ -141,6 +142,7 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
                                 const StoreThenProcessOptions& options,
                                 std::unique_ptr<StoreThenProcess>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
   if (!handler) return Status::InvalidArgument("handler is empty");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "log.h"
+#include "reentry.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -144,6 +145,8 @@ Status StoreThenProcess::Impl::prune_now(StoredPruneResult* out) {
 }
 
 Status StoreThenProcess::reap(int64_t* reaped) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reap"); !r.ok())
+    return r;
   int64_t n = 0;
   const Status s = impl_->reap_now(&n);
   if (reaped) *reaped = n;
@@ -152,6 +155,8 @@ Status StoreThenProcess::reap(int64_t* reaped) {
 }
 
 Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::replay"); !r.ok())
+    return r;
   Impl& m = *impl_;
   if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   ReplayResult r;
@@ -208,6 +213,8 @@ Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
 }
 
 Status StoreThenProcess::prune(StoredPruneResult* result) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::prune"); !r.ok())
+    return r;
   StoredPruneResult r;
   const Status s = impl_->prune_now(&r);
   if (result) *result = r;
@@ -215,6 +222,8 @@ Status StoreThenProcess::prune(StoredPruneResult* result) {
 }
 
 Status StoreThenProcess::stats(StoreThenProcessStats* out) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::stats"); !r.ok())
+    return r;
   Impl& m = *impl_;
   if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(m.maint_mu);

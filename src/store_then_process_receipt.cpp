@@ -12,6 +12,7 @@
 #include "message_id.h"
 #include "properties_json.h"
 #include "retained.h"
+#include "reentry.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -157,6 +158,10 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
 }
 
 Outcome StoreThenProcess::reject(const Message& message, const std::string& why) {
+  // From inside a handler of the same inbox: refused (reentry.h); that handler's message
+  // is dead-lettered as handler_reentered.
+  if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reject").ok())
+    return Outcome::kDeadLettered;
   try {
     return impl_->receipt_dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why);
   } catch (...) {
@@ -165,6 +170,8 @@ Outcome StoreThenProcess::reject(const Message& message, const std::string& why)
 }
 
 Outcome StoreThenProcess::handle(const Message& message) {
+  if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::handle").ok())
+    return Outcome::kDeadLettered;
   Outcome o = Outcome::kDuplicate;
   try {
     o = impl_->receive(message);

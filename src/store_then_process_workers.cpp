@@ -16,9 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "handler_verdict.h"
 #include "log.h"
 #include "log_context.h"
 #include "properties_json.h"
+#include "reentry.h"
 #include "store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -331,23 +333,21 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
   const StoredDelivery pre{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
                            attempt, prepared};
   if (options.prepare) {
-    try {
-      prepared = options.prepare(pre);
-    } catch (const UndecodablePayload& e) {
-      return dead_letter_row(w, r, claimant, DeadLetterReason::kUndecodablePayload, e.what(),
-                             attempt);
-    } catch (const std::exception& e) {
-      return fail_row(w, r, claimant, attempt, std::string("prepare: ") + e.what());
-    } catch (...) {
-      return fail_row(w, r, claimant, attempt, "prepare threw a non-standard exception");
-    }
+    // A PrepareFn holds no connection: it is judged like a handler but may call anything.
+    const detail::HandlerVerdict v =
+        detail::run_handler(nullptr, [&] { prepared = options.prepare(pre); });
+    if (v.kind == detail::HandlerVerdict::Kind::kDeadLetter)
+      return dead_letter_row(w, r, claimant, v.reason, v.text, attempt);
+    if (v.kind != detail::HandlerVerdict::Kind::kOk)
+      return fail_row(w, r, claimant, attempt, "prepare: " + v.text);
   }
   if (options.before_handler_hook) options.before_handler_hook(r.message_id);
   const StoredDelivery d{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
                          attempt, prepared};
 
-  enum { kOk, kLostClaim, kThrew, kUndecodable } result = kOk;
+  enum { kOk, kLostClaim, kThrew, kDeadLetter } result = kOk;
   std::string error;
+  DeadLetterReason reason = DeadLetterReason::kHandlerFailed;
   int64_t held_ms = 0;
   w.set_sync(w.handler_sync);
   SQLite::Database& db = *w.db;
@@ -371,30 +371,15 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
           return Status::Ok();
         }
       }
-      try {
-        handler(db, d);
-      } catch (const SQLite::Exception& e) {
+      // The worker's transaction holds SQLite's write lock: a call back into the inbox
+      // from the handler would wait for it (reentry.h).
+      const detail::HandlerVerdict v = detail::run_handler(inbox, [&] { handler(db, d); });
+      if (v.kind != detail::HandlerVerdict::Kind::kOk) {
         detail::rollback_quietly(db);
-        const Status s = detail::to_status(e, "handler statement");
-        // The store's failure (transient: retry; fatal: latch), or this row's (sqlite_errors.h).
-        if (detail::error_class(e.getErrorCode()) != detail::ErrorClass::kMessage) return s;
-        result = kThrew;
-        error = e.what();
-        return Status::Ok();
-      } catch (const UndecodablePayload& e) {
-        detail::rollback_quietly(db);
-        result = kUndecodable;
-        error = e.what();
-        return Status::Ok();
-      } catch (const std::exception& e) {
-        detail::rollback_quietly(db);
-        result = kThrew;
-        error = e.what();
-        return Status::Ok();
-      } catch (...) {
-        detail::rollback_quietly(db);
-        result = kThrew;
-        error = "handler threw a non-standard exception";
+        if (v.kind == detail::HandlerVerdict::Kind::kStoreError) return v.store;  // retry
+        result = v.kind == detail::HandlerVerdict::Kind::kDeadLetter ? kDeadLetter : kThrew;
+        reason = v.reason;
+        error = v.text;
         return Status::Ok();
       }
       if (sqlite3_get_autocommit(db.getHandle())) {
@@ -457,9 +442,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       return RunResult::kDone;
     case kLostClaim:
       return RunResult::kLost;
-    case kUndecodable:
-      return dead_letter_row(w, r, claimant, DeadLetterReason::kUndecodablePayload, error,
-                             attempt);
+    case kDeadLetter:
+      return dead_letter_row(w, r, claimant, reason, error, attempt);
     case kThrew:
       break;
   }
@@ -523,6 +507,7 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
 
 Status StoreThenProcess::start() {
   Impl& m = *impl_;
+  if (Status r = detail::refuse_if_in_handler(m.inbox, "StoreThenProcess::start"); !r.ok()) return r;
   {
     std::lock_guard<std::mutex> lock(m.run_mu);
     if (m.started) return Status::InvalidArgument("already started");
@@ -568,6 +553,8 @@ Status StoreThenProcess::start() {
 
 Status StoreThenProcess::stop() {
   Impl& m = *impl_;
+  // From a worker's handler, stop() would join its own thread.
+  if (Status r = detail::refuse_if_in_handler(m.inbox, "StoreThenProcess::stop"); !r.ok()) return r;
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(m.run_mu);

@@ -21,6 +21,7 @@
 
 #include "support/ledger_fixture.h"
 #include "support/process.h"
+#include "support/publisher.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -159,7 +160,7 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
   EXPECT_TRUE(ck["integrity_check"]["ok"].get<bool>());
   EXPECT_TRUE(ck["quick_check"]["ok"].get<bool>());
 
-  // Dead letters: filters, show, replay (Consumer mode: not possible), purge.
+  // Dead letters: filters, show, replay (Consumer mode: requeued), purge.
   r = tool({"dead-letters", "list", db, "--json", "--reason", "undecodable_payload"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["count"], 2);
@@ -189,10 +190,22 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("payload:\nhex 00ff01\n"), std::string::npos) << r.out;
 
-  r = tool({"dead-letters", "replay", db, "--id", std::to_string(bad_id)});
-  EXPECT_EQ(r.code, 6) << r.err;
-  EXPECT_NE(r.err.find("Consumer::replay_dead_letter"), std::string::npos) << r.err;
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE status = 'dead'"), 3);
+  // The table shows the reason text next to the reason (issue 18).
+  r = tool({"dead-letters", "list", db});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("reason text"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'amount' is missing or not an integer"), std::string::npos) << r.out;
+
+  // Consumer mode: replay marks the row 'requeued' for the running consumer (none runs
+  // here, so it stays so: requeue_test has the running one); not twice.
+  r = tool({"dead-letters", "replay", db, "--id", std::to_string(bad_id), "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["status"], "requeued");
+  EXPECT_EQ(tool({"dead-letters", "replay", db, "--id", std::to_string(bad_id)}).code, 4);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE status = 'dead'"), 2);
+  EXPECT_EQ(query_int(db, "SELECT status = 'requeued' FROM inbox_dead_letters WHERE id = " +
+                              std::to_string(bad_id)),
+            1);
 
   // export: JSON Lines, every line parses; the binary payload survives as base64.
   r = tool({"export", db});
@@ -543,6 +556,88 @@ TEST(AdminTool, EveryReadCommandAndPruneWhileALedgerConsumerIsWriting) {
   EXPECT_EQ(query_int(db, "SELECT sum(balance) FROM accounts"), total);
   EXPECT_EQ(query_int(db, "SELECT count(DISTINCT message_id) FROM ledger_entries"), 1200);
   EXPECT_EQ(tool({"check", db}).code, 0);
+}
+
+// Issue 18 section 6: replaying a Consumer-mode dead letter while the service runs. The
+// service holds the inbox's exclusive lock file; the tool opens the file without it and
+// marks rows 'requeued' in one short write; the running consumer replays them on its own
+// thread through its (now fixed) handler: one ends 'replayed' with its effect applied
+// once, one that is still bad ends 'dead' again in the same row; the stream goes on.
+TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
+  Broker broker;
+  TempDir dir;
+  const std::string db = dir.file("ledger.db");
+  auto consumer_args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {built_program("crash_consumer"), broker.uri(), "requeue-client", "credits/#", db,
+                                  "--mqtt-version", "5", "--max-attempts", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // The first release has a bug: every attempt at "fix-me" throws.
+  {
+    const std::string log = dir.file("first.log");
+    Child first(consumer_args({"--fail-handler", "fix-me"}), log);
+    ASSERT_TRUE(wait_until([&] { return file_text(log).find("subscribing") != std::string::npos; },
+                           std::chrono::seconds(10)));
+    TestPublisher pub(broker.uri());
+    pub.credit("credits/r", "c-1", "acct", 10);
+    pub.credit("credits/r", "fix-me", "acct", 5);
+    pub.publish("credits/r", R"({"message_id":"still-bad","account":"acct","amount":"x"})");
+    pub.credit("credits/r", "c-2", "acct", 1);
+    ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM inbox_dead_letters") == 2 &&
+                                        query_int(db, "SELECT count(*) FROM ledger_entries") == 2; },
+                           std::chrono::seconds(20)));
+    first.signal(SIGTERM);
+    ASSERT_NE(first.wait(std::chrono::seconds(20)), -1);
+  }
+  const std::string fix_id =
+      std::to_string(query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'fix-me'"));
+  const std::string bad_id =
+      std::to_string(query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'still-bad'"));
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'fix-me'"
+                          " AND reason = 'handler_failed' AND status = 'dead'"), 1);
+  EXPECT_EQ(query_int(db, "SELECT balance FROM accounts WHERE account = 'acct'"), 11);
+
+  // The fixed release runs; it holds the exclusive lock file while the tool works.
+  const std::string log = dir.file("fixed.log");
+  Child fixed(consumer_args({"--requeue-poll-ms", "100"}), log);
+  ASSERT_TRUE(wait_until([&] { return file_text(log).find("with session present") != std::string::npos; },
+                         std::chrono::seconds(10)))
+      << file_text(log);
+  ToolRun r = tool({"dead-letters", "replay", db, "--id", fix_id, "--json"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.j()["status"], "requeued");
+  r = tool({"dead-letters", "requeue", db, "--id", bad_id});  // the alias
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("requeued"), std::string::npos) << r.out;
+
+  ASSERT_TRUE(wait_until([&] {
+    return query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + fix_id +
+                             " AND status = 'replayed' AND replayed_at IS NOT NULL") == 1 &&
+           query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + bad_id +
+                             " AND status = 'dead'") == 1;
+  }, std::chrono::seconds(15))) << file_text(log);
+  // fix-me's effect, once; still-bad dead again in its own row with the handler's reason.
+  EXPECT_EQ(query_int(db, "SELECT balance FROM accounts WHERE account = 'acct'"), 16);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM ledger_entries WHERE message_id = 'fix-me'"), 1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed WHERE message_id = 'fix-me'"), 1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'still-bad'"
+                          " AND reason = 'undecodable_payload'"), 1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed WHERE message_id = 'still-bad'"), 0);
+  EXPECT_NE(file_text(log).find("requeued dead letter " + fix_id + " replayed: processed"), std::string::npos);
+  EXPECT_NE(file_text(log).find("requeued dead letter " + bad_id + " replayed: dead_lettered"), std::string::npos);
+  // Not twice; and the stream still flows.
+  EXPECT_EQ(tool({"dead-letters", "replay", db, "--id", fix_id}).code, 4);
+  {
+    TestPublisher pub(broker.uri());
+    pub.credit("credits/r", "c-3", "acct", 100);
+  }
+  ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM ledger_entries") == 4; },
+                         std::chrono::seconds(10)));
+  fixed.signal(SIGTERM);
+  ASSERT_NE(fixed.wait(std::chrono::seconds(20)), -1);
+  EXPECT_EQ(query_int(db, "SELECT balance FROM accounts WHERE account = 'acct'"), 116);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE status = 'requeued'"), 0);
 }
 
 // probe-broker runs as a Child so the test can restart the broker while it is offline.

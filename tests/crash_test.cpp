@@ -32,6 +32,13 @@ TEST_F(CrashTest, KilledInsideHandlerIsRedeliveredAndAppliedOnce) {
   const int st = child->wait(std::chrono::seconds(20));
   ASSERT_NE(st, -1) << "consumer did not crash";
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-3'"), 0);
+  // The dead process counted its attempt outside the database (the running-attempt marker
+  // in the lock file, so a first delivery costs one transaction); the next open records it
+  // as a 'running' attempt, before anything is delivered.
+  {
+    std::unique_ptr<Inbox> reopened;
+    ASSERT_TRUE(Inbox::open(db_path_, {}, &reopened).ok());
+  }
   EXPECT_EQ(q("SELECT attempts FROM inbox_attempts WHERE message_id = 'c-3' AND state = 'running'"), 1);
 
   auto restarted = start_consumer();

@@ -95,13 +95,18 @@ class DiskFullTest : public ::testing::TestWithParam<const char*> {
   int64_t fill() { return fill_file_system(filler_); }
   void free_space() { ::unlink(filler_.c_str()); }
 
-  // The consumer waits for the store with SQLITE_FULL, and makes no progress meanwhile.
-  void expect_stuck_on_full(const std::string& where) {
+  // The consumer waits for the store with SQLITE_FULL. With `no_progress`, it also makes
+  // no progress meanwhile: true where no file has room left. After a checkpoint, commits
+  // may go on for a while in WAL space the file already has (a restarted WAL is rewritten
+  // from its start without growing), which loses nothing, so that case does not ask it.
+  void expect_stuck_on_full(const std::string& where, bool no_progress = true) {
     ASSERT_TRUE(wait_until([&] { return consumer_->health().stuck; }, seconds(20)))
         << where << ": the consumer never got stuck";
     const int before = done_.load();
     std::this_thread::sleep_for(milliseconds(300));
-    EXPECT_EQ(done_.load(), before) << where << ": a message completed on a full disk";
+    if (no_progress) {
+      EXPECT_EQ(done_.load(), before) << where << ": a message completed on a full disk";
+    }
     EXPECT_NE(consumer_->health().last_error.find("full"), std::string::npos)
         << where << ": " << consumer_->health().last_error;
   }
@@ -157,7 +162,7 @@ TEST_P(DiskFullTest, FillAndFreeAtSeveralPointsAppliesEveryCreditOnce) {
   ASSERT_TRUE(wait_until([&] { return filled_in_checkpoint.load(); }, seconds(60)))
       << "no checkpoint ran";
   vfs_.set_io_hook(nullptr);
-  expect_stuck_on_full("during a checkpoint");
+  expect_stuck_on_full("during a checkpoint", /*no_progress=*/false);
   free_space();
   expect_recovers_past(900, "during a checkpoint");
 

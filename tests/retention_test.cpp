@@ -330,7 +330,9 @@ TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
   const int64_t with = run(true);
   std::printf("WAL high-water mark: %lld bytes without, %lld with checkpoints between batches\n",
               static_cast<long long>(without), static_cast<long long>(with));
-  EXPECT_GT(without, 2 * 1024 * 1024) << "the pass should have dirtied many pages";
+  // Since schema version 4 the pass deletes in key order (a batch shares leaf pages), so
+  // it dirties far fewer pages than the time-ordered deletes this was first written for.
+  EXPECT_GT(without, 1024 * 1024) << "the pass should have dirtied many pages";
   EXPECT_LT(with * 4, without) << "with " << with << " without " << without;
 }
 

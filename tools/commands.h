@@ -37,6 +37,10 @@ int cmd_dl_list(const std::string& path, const DlArgs& a);
 int cmd_dl_show(const std::string& path, const DlArgs& a);
 int cmd_dl_replay(const std::string& path, const DlArgs& a);
 int cmd_dl_purge(const std::string& path, const DlArgs& a);
+// Every dead-letter reason's text form, joined with `sep` (help and error texts).
+std::string dl_reason_names(const char* sep);
+// "dead", "requeued" or "replayed".
+const char* dl_status(const DeadLetter& d);
 // A dead letter as JSON (also export's "dead_letter" lines); the payload in `encoding`
 // (base64 or hex) when `with_payload`.
 nlohmann::json dl_json(const DeadLetter& d, bool with_payload, const std::string& encoding = "base64");

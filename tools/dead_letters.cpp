@@ -24,8 +24,7 @@ mi::DeadLetterFilter dl_filter(const DlArgs& a) {
   if (!a.reason.empty()) {
     mi::DeadLetterReason r;
     if (!mi::parse_dead_letter_reason(a.reason, &r))
-      fail(kUsage, "--reason: unknown reason '" + a.reason +
-                       "' (missing_id, invalid_id, payload_too_large, undecodable_payload, handler_failed, handler_crashed)");
+      fail(kUsage, "--reason: unknown reason '" + a.reason + "' (" + dl_reason_names(", ") + ")");
     f.reason = r;
   }
   if (!a.message_id.empty()) f.message_id = a.message_id;
@@ -38,6 +37,14 @@ mi::DeadLetterFilter dl_filter(const DlArgs& a) {
 }
 
 }  // namespace
+
+std::string dl_reason_names(const char* sep) {
+  std::string out;
+  for (mi::DeadLetterReason r : mi::kDeadLetterReasons) out += (out.empty() ? "" : sep) + std::string(mi::to_string(r));
+  return out;
+}
+
+const char* dl_status(const mi::DeadLetter& d) { return d.replayed ? "replayed" : d.requeued ? "requeued" : "dead"; }
 
 json dl_json(const mi::DeadLetter& d, bool with_payload, const std::string& encoding) {
   json j = {{"id", d.id},
@@ -55,7 +62,7 @@ json dl_json(const mi::DeadLetter& d, bool with_payload, const std::string& enco
             {"last_attempt_at", d.last_attempt_at_ms},
             {"dead_lettered_at", d.dead_lettered_at_ms},
             {"redeliveries", d.redeliveries},
-            {"status", d.replayed ? "replayed" : "dead"},
+            {"status", dl_status(d)},
             {"replayed_at", d.replayed_at_ms ? json(*d.replayed_at_ms) : json()}};
   json props = json::parse(d.properties_json.empty() ? "{}" : d.properties_json, nullptr, false);
   j["properties"] = props.is_discarded() ? json(json_text(d.properties_json)) : props;
@@ -97,9 +104,11 @@ int cmd_dl_list(const std::string& path, const DlArgs& a) {
   std::vector<std::vector<std::string>> t;
   for (const auto& d : rows)
     t.push_back({std::to_string(d.id), d.consumer_name, d.message_id ? printable(*d.message_id, 40) : "(none)",
-                 mi::to_string(d.reason), std::to_string(d.attempts), iso(d.dead_lettered_at_ms),
-                 d.replayed ? "replayed" : "dead", printable(d.topic, 30), std::to_string(d.payload_size)});
-  print_table({"id", "consumer", "message id", "reason", "attempts", "dead-lettered at", "status", "topic", "bytes"}, t);
+                 mi::to_string(d.reason), printable(d.reason_text, 60), std::to_string(d.attempts),
+                 iso(d.dead_lettered_at_ms), dl_status(d), printable(d.topic, 30), std::to_string(d.payload_size)});
+  print_table({"id", "consumer", "message id", "reason", "reason text", "attempts", "dead-lettered at", "status", "topic",
+               "bytes"},
+              t);
   std::cout << rows.size() << " row(s)" << (a.limit > 0 && static_cast<int64_t>(rows.size()) == a.limit ? " (limit reached; --limit 0 for all)" : "") << "\n";
   return kOk;
 }
@@ -118,7 +127,7 @@ int cmd_dl_show(const std::string& path, const DlArgs& a) {
             {"message id", d.message_id ? printable(*d.message_id, 300) : "(none)"},
             {"topic", printable(d.topic, 300)},
             {"reason", std::string(mi::to_string(d.reason)) + ": " + printable(d.reason_text, 300)},
-            {"status", d.replayed ? "replayed at " + iso(d.replayed_at_ms.value_or(0)) : "dead"},
+            {"status", d.replayed ? "replayed at " + iso(d.replayed_at_ms.value_or(0)) : dl_status(d)},
             {"attempts", std::to_string(d.attempts)},
             {"first attempt", iso(d.first_attempt_at_ms)},
             {"last attempt", iso(d.last_attempt_at_ms)},
@@ -140,6 +149,7 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
   if (s.code() == mi::Status::Code::kNotFound) fail(kNotFound, "no dead letter with id " + std::to_string(a.id));
   check_status(s, "reading dead letter");
   if (d.replayed) fail(kRefused, "dead letter " + std::to_string(d.id) + " was already replayed: refused, a replay never applies twice");
+  if (d.requeued) fail(kRefused, "dead letter " + std::to_string(d.id) + " is already requeued: the running consumer replays it");
   if (!d.message_id)
     fail(kUnsupported, "dead letter " + std::to_string(d.id) + " (" + mi::to_string(d.reason) +
                            ") has no usable message id: it cannot be re-queued without one. Fix the producer and re-publish, "
@@ -152,12 +162,25 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
     q.bind(2, *d.message_id);
     if (q.executeStep()) status = q.getColumn(0).getString();
   });
-  if (!status)
-    fail(kUnsupported,
-         "dead letter " + std::to_string(d.id) + " belongs to a Consumer-mode consumer ('" + d.consumer_name +
-             "'): replaying it runs the application's handler, which this tool does not have, and the library "
-             "has no way to hand a dead letter to the running consumer. Nothing was changed. Call "
-             "Consumer::replay_dead_letter(" + std::to_string(d.id) + ") from the application (docs/admin-tool.md).");
+  if (!status) {
+    // Consumer mode: only the application has the handler. Mark the row 'requeued'; the
+    // running Consumer replays it on its own thread (ConsumerOptions::requeue_poll_ms).
+    // The tool opened the file without the service's exclusive lock file, so this one
+    // short write waits at most for one message's transaction.
+    const mi::Status s2 = inbox->requeue_dead_letter(d.id);
+    if (s2.code() == mi::Status::Code::kInvalidArgument) fail(kRefused, s2.message());
+    check_status(s2, "requeuing");
+    if (g.json)
+      emit({{"id", d.id}, {"consumer", d.consumer_name},
+            {"message_id", json_text(*d.message_id)}, {"mode", "consumer"},
+            {"status", "requeued"}});
+    else
+      std::cout << "dead letter " << d.id << " of consumer '" << d.consumer_name
+                << "' is requeued: the running consumer replays it through its handler within its "
+                   "requeue_poll_ms (default 2 s) and marks it replayed, or dead again with the new reason.\n"
+                << "follow it with: mqtt-inbox dead-letters show " << path << " --id " << d.id << "\n";
+    return kOk;
+  }
   if (*status != "dead")
     fail(kRefused, "the stored message of dead letter " + std::to_string(d.id) + " is '" + *status +
                        "', not 'dead': it was already re-queued or processed; refused");

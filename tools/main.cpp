@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     c->add_option("--id", da.id, "Dead-letter row id");
     if (!filters) return;
     c->add_option("--consumer", da.consumer, "Consumer name");
-    c->add_option("--reason", da.reason, "missing_id|invalid_id|payload_too_large|undecodable_payload|handler_failed|handler_crashed");
+    c->add_option("--reason", da.reason, dl_reason_names("|"));
     c->add_option("--since", da.since, "Dead-lettered at or after (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
     c->add_option("--before", da.before, "Dead-lettered before (same forms)");
     c->add_option("--message-id", da.message_id, "The producer's message id");
@@ -89,8 +89,9 @@ int main(int argc, char** argv) {
   add_dl_filters(dl_show, false);
   dl_show->add_option("--payload-encoding", da.payload_encoding, "base64|hex (JSON output)")->check(CLI::IsMember({"base64", "hex"}));
   dl_show->callback([&] { run = [&] { return cmd_dl_show(db, da); }; });
-  auto* dl_replay = dl->add_subcommand("replay", "Re-queue a dead letter for the application (store-then-process rows)");
+  auto* dl_replay = dl->add_subcommand("replay", "Re-queue a dead letter: the running application replays it (alias: requeue)");
   add_dl_filters(dl_replay, false);
+  dl_replay->alias("requeue");
   dl_replay->callback([&] { run = [&] { return cmd_dl_replay(db, da); }; });
   auto* dl_purge = dl->add_subcommand("purge", "Delete dead letters (asks unless --yes)");
   add_dl_filters(dl_purge, true);

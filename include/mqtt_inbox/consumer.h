@@ -24,6 +24,10 @@
 // one warning per dead letter and per failed handler attempt, one line per
 // store_error_log_interval_ms while the store fails, debug lines per message.
 //
+// Requeued dead letters: unless ConsumerOptions::requeue_poll_ms is 0, the Consumer owns
+// one thread that replays dead letters the admin tool marked 'requeued' while the service
+// runs (see replay_requeued()); ~Consumer stops and joins it.
+//
 // Thread safety: handle() may be called from several threads at once (each call blocks
 // on the Inbox's mutex for its transactions); health() and counters() are safe from any
 // thread and never wait for a running handle() (they take no lock that handle() holds
@@ -78,6 +82,16 @@ class Consumer final : public MessageSink {
   // which case the same row is updated). Replaying a row already replayed is refused
   // with kInvalidArgument, so a replay never applies a message twice.
   Status replay_dead_letter(int64_t id, Outcome* outcome);
+
+  // Replays this consumer's dead letters marked 'requeued' (Inbox::requeue_dead_letter,
+  // `mqtt-inbox dead-letters replay`), oldest first, each as replay_dead_letter does:
+  // 'replayed' once its effect commits, 'dead' again (same row, new reason) if it fails
+  // again. The Consumer's own thread calls this every ConsumerOptions::requeue_poll_ms;
+  // call it yourself with requeue_poll_ms = 0. *replayed (may be null) gets the number of
+  // rows handled. While the store fails it waits like handle(), but gives up at
+  // ~Consumer (the row stays 'requeued' for the next run). Errors: store codes from
+  // listing the rows; kAborted if the Consumer is being destroyed.
+  Status replay_requeued(int64_t* replayed);
 
   // Extracts and validates the message id the way handle() does. On failure returns
   // false and sets *reason and *why. Exposed for tools and fuzzing.

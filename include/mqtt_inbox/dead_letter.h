@@ -20,12 +20,25 @@ enum class DeadLetterReason {
   kPayloadTooLarge,     // payload longer than ConsumerOptions::max_payload_bytes
   kUndecodablePayload,  // the id extractor or the handler (by throwing
                         // UndecodablePayload) said the bytes cannot be decoded
+  kInvalidPayload,      // the handler threw RejectMessage: the message decodes but its
+                        // content is refused (a value out of range, an unknown account)
   kHandlerFailed,       // the handler threw on every attempt up to the limit
   kHandlerCrashed,      // the process died inside the handler on every attempt up to the
                         // limit (counted durably across restarts)
   kRetained,            // a retained message (Message::retain) under
                         // RetainedPolicy::kDeadLetter; replaying it processes it
+  kHandlerReentered,    // the handler called back into its own Inbox (or a Consumer,
+                        // Pruner or StoreThenProcess on it), which would have deadlocked;
+                        // the text names the call (handler.h)
 };
+
+// Every reason, in declaration order (for parsing, listing and help texts).
+inline constexpr DeadLetterReason kDeadLetterReasons[] = {
+    DeadLetterReason::kMissingId,         DeadLetterReason::kInvalidId,
+    DeadLetterReason::kPayloadTooLarge,   DeadLetterReason::kUndecodablePayload,
+    DeadLetterReason::kInvalidPayload,    DeadLetterReason::kHandlerFailed,
+    DeadLetterReason::kHandlerCrashed,    DeadLetterReason::kRetained,
+    DeadLetterReason::kHandlerReentered};
 
 const char* to_string(DeadLetterReason reason);
 // Parses the text form; returns false for an unknown name.
@@ -47,7 +60,9 @@ struct DeadLetter {
   int64_t last_attempt_at_ms = 0;
   int64_t dead_lettered_at_ms = 0;
   int redeliveries = 0;  // deliveries of the same (consumer, id) seen after dead-lettering
-  bool replayed = false;
+  bool replayed = false;   // status 'replayed': a replay committed its effect
+  bool requeued = false;   // status 'requeued': waiting for the running Consumer to replay
+                           // it (Inbox::requeue_dead_letter)
   std::optional<int64_t> replayed_at_ms;
 };
 
@@ -58,7 +73,8 @@ struct DeadLetterFilter {
   std::optional<std::string> message_id;
   std::optional<int64_t> since_ms;   // dead_lettered_at >= since_ms
   std::optional<int64_t> before_ms;  // dead_lettered_at < before_ms
-  bool include_replayed = false;     // also rows already replayed successfully
+  bool include_replayed = false;     // also rows already replayed successfully ('dead' and
+                                     // 'requeued' rows always match)
   int64_t limit = 1000;              // rows; <= 0 means no limit
 };
 

@@ -7,11 +7,18 @@
 //    ends it is reported as failed). SAVEPOINTs are fine.
 //  - Signal failure by throwing. Any exception rolls back the claim and the handler's
 //    writes; the message is retried (ConsumerOptions::max_attempts) and then
-//    dead-lettered as handler_failed. Throw UndecodablePayload for input that can never
-//    succeed: the message is dead-lettered at once, without retries.
-//  - A SQLite::Exception with a store error code (BUSY, FULL, IOERR, READONLY) is treated
-//    as a store failure, not as a handler failure: it is retried until the store
-//    recovers and does not count as an attempt.
+//    dead-lettered as handler_failed. For input that can never succeed, throw one of the
+//    two permanent failures below: the message is dead-lettered at once, without retries
+//    or backoff, and acked, with what() as the dead letter's reason text:
+//      UndecodablePayload  the bytes cannot be decoded (bad JSON, wrong types)
+//                          -> reason undecodable_payload
+//      RejectMessage       it decodes, but the application refuses its content (a value
+//                          out of range, an unknown account) -> reason invalid_payload
+//  - A SQLite::Exception is judged by its code (the one table, src/sqlite_errors.h): a
+//    store error code (BUSY, FULL, IOERR, READONLY, ...) is a store failure, not a
+//    handler failure: it is retried until the store recovers and does not count as an
+//    attempt; a corrupt file (CORRUPT, NOTADB) stops the inbox without an ack; any other
+//    code (a constraint, a CHECK, a syntax error) is a failed attempt.
 //  - Keep it short and local: SQLite has one writer at a time, and the PUBACK waits for
 //    it. External side effects (HTTP, e-mail, other brokers) are outside the transaction
 //    and may repeat; give them their own idempotency key.
@@ -19,6 +26,24 @@
 //    its committed effect is exactly-once.
 //  - `db` and `delivery` (and what delivery refers to) are valid only during the call:
 //    copy what you keep (message.h, Delivery).
+//  - Do not call back into the library for the inbox it runs for. While it runs, the
+//    handler holds that inbox's connection (its mutex in Consumer mode, SQLite's write
+//    lock in a store-then-process worker), so such a call would wait for its own thread:
+//    on Paho's callback thread a silent hang, no PUBACK, no log. The library detects the
+//    call on the handler's thread and refuses it: every method of that Inbox, and of a
+//    Consumer, Pruner or StoreThenProcess made on it, that takes the connection returns
+//    kInvalidArgument naming the call (Inbox::with_connection throws std::logic_error;
+//    Consumer/StoreThenProcess::handle and reject return kDeadLettered without recording
+//    anything; Pruner::stop only asks its thread to stop, ~Pruner joins it). The
+//    handler's own message is then dead-lettered at once as handler_reentered, with the
+//    call in the reason text, whatever the handler did with the refusal; the stream goes
+//    on with the next message. Calls that never wait stay allowed: Inbox::path, options,
+//    retention_clock_ms, stats; Consumer::name, health, counters, extract_message_id;
+//    StoreThenProcess::name, health, counters; Pruner::required_window_ms. Instead of
+//    the inbox's calls, read or write through the `db` the handler is given: it sees the
+//    inbox's tables (inbox_processed, inbox_dead_letters, ...) inside the same
+//    transaction. A PrepareFn (store_then_process.h) holds no connection and may call
+//    anything.
 #pragma once
 
 #include <functional>
@@ -35,8 +60,20 @@ namespace mqtt_inbox {
 using Handler = std::function<void(SQLite::Database& db, const Delivery& delivery)>;
 
 // Throw from a handler when the payload can never be processed (bad JSON, wrong types).
-// The message is dead-lettered as undecodable_payload with what() as the reason text.
+// The message is dead-lettered at once as undecodable_payload with what() as the reason
+// text.
 class UndecodablePayload : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throw from a handler when a well-formed message is invalid for the application and
+// retrying cannot change that, e.g.
+//   throw mqtt_inbox::RejectMessage("setpoint 95 C out of range 5..35");
+// The handler's writes are rolled back and the message is dead-lettered at once (no
+// retries, no backoff) as invalid_payload, with what() as the reason text, then acked.
+// Works alike in Consumer mode and in store-then-process handlers and PrepareFns.
+class RejectMessage : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

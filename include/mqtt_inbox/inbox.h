@@ -7,7 +7,7 @@
 // exclusive=false, and SQLite's single-writer lock serialises the short transactions.
 //
 // Most applications do not call the claim methods directly: a Consumer (consumer.h)
-// runs the whole per-message policy on top of them. The dead-letter methods back the
+// runs the whole per-message policy on top of process(). The dead-letter methods back the
 // library's and the admin tool's dead-letter commands.
 //
 // Backups: in WAL mode a committed transaction may live only in "<path>-wal" until a
@@ -47,7 +47,7 @@ struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 5;
+constexpr int kSchemaVersion = 7;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -72,10 +72,32 @@ struct MessageState {
 
 // Result of one claim transaction.
 enum class ClaimResult {
-  kProcessed,       // claim inserted, handler ran, committed
-  kDuplicate,       // claim row already there: rolled back, handler not run
-  kHandlerFailed,   // handler threw (not a store error): rolled back
-  kUndecodable,     // handler threw UndecodablePayload: rolled back
+  kProcessed,          // claim inserted, handler ran, committed
+  kDuplicate,          // claim row already there: rolled back, handler not run
+  kHandlerFailed,      // handler threw (not a store error): rolled back
+  kUndecodable,        // handler threw UndecodablePayload: rolled back
+  kRejected,           // handler threw RejectMessage: rolled back (dead letter
+                       // invalid_payload at once)
+  kReentered,          // handler called back into this inbox (handler.h): rolled back
+                       // (dead letter handler_reentered at once)
+  kDeadLettered,       // process() only: the id has a dead letter (status 'dead'): rolled
+                       // back, handler not run
+  kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
+                       // rolled back, handler not run
+};
+
+// What Inbox::process() found and did for one delivery.
+struct ProcessReport {
+  ClaimResult result = ClaimResult::kHandlerFailed;
+  // The attempt the handler ran as: 1-based, counting the attempts of earlier processes;
+  // 0 if the handler did not run.
+  int attempt = 0;
+  // What was recorded for the id before this delivery (claim, attempts, a dead letter).
+  // Read only when the claim did not go through at once: all zero for a first delivery.
+  MessageState state;
+  // The handler's exception text, for kHandlerFailed, kUndecodable and kRejected; the
+  // refused call, for kReentered.
+  std::string handler_error;
 };
 
 class Inbox {
@@ -108,7 +130,34 @@ class Inbox {
   const std::string& path() const;
   const InboxOptions& options() const;
 
-  // --- building blocks of the per-message path (used by Consumer) ---
+  // --- the per-message path (used by Consumer) ---
+
+  // One delivery in one write transaction: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT
+  // DO NOTHING, in the same statement only if no attempts and no dead letter are recorded
+  // for the id. If that changed no row, read why, in the same transaction: a claim
+  // (-> kDuplicate), a dead letter with status 'dead' (-> kDeadLettered, unless
+  // `replayed_dead_letter` is set) or `max_attempts` attempts (-> kAttemptsExhausted), all
+  // rolled back without running the handler; else claim. Otherwise run `handler` on this
+  // connection, delete the attempts row if there is one, mark `replayed_dead_letter`
+  // replayed if set, and COMMIT (fsync with synchronous=FULL). A first delivery therefore
+  // costs one transaction and one fsync, and writes no page but the claim's and the
+  // handler's.
+  //
+  // Attempts, so that a handler that kills the process is still counted (crash loops):
+  // while the handler runs, the id is written to "<path>.lock" (pwrite, no fsync; needs
+  // InboxOptions::exclusive) and the next open() records a marker left there by a dead
+  // process as a 'running' attempt. A failed attempt is recorded at once (attempts + 1,
+  // 'failed', the error) in a small commit without fsync. Without the lock file the
+  // attempt is committed before the handler runs instead (one more transaction). After a
+  // power loss, the attempt that was running can be missing: one extra attempt at most.
+  //
+  // A Status error means the store failed (nothing committed; retry later: a handler
+  // failure is then not counted). The handler's own failures come back in *report.
+  Status process(const std::string& consumer, const Message& message,
+                 const std::string& message_id, const Handler& handler, int max_attempts,
+                 std::optional<int64_t> replayed_dead_letter, ProcessReport* report);
+
+  // --- finer building blocks (the previous per-message path; for custom policies) ---
 
   // Reads what is known about (consumer, id). A read only: it never blocks a writer.
   Status lookup(const std::string& consumer, const std::string& message_id,
@@ -126,10 +175,11 @@ class Inbox {
   Status record_attempt_failure(const std::string& consumer, const std::string& message_id,
                                 const std::string& error);
 
-  // The claim transaction: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT DO NOTHING;
+  // The claim transaction alone: BEGIN IMMEDIATE; INSERT the claim ON CONFLICT DO NOTHING;
   // zero rows changed -> kDuplicate (rollback, handler not run); else run `handler` on
   // this connection; delete the attempts row; if `replayed_dead_letter` is set, mark that
-  // dead letter replayed; COMMIT (fsync with synchronous=FULL). A Status error means the
+  // dead letter replayed; COMMIT (fsync with synchronous=FULL). It neither reads nor
+  // counts attempts (lookup and begin_attempt do, before it). A Status error means the
   // store failed (nothing committed; retry later); the handler's own failures come back
   // as ClaimResult with the exception text in *handler_error.
   Status claim(const std::string& consumer, const Message& message,
@@ -153,6 +203,20 @@ class Inbox {
   Status get_dead_letter(int64_t id, DeadLetter* out);
   // Deletes rows matching `filter` (its limit is ignored); *removed gets the row count.
   Status purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed);
+  // Marks dead letter `id` 'requeued': the running Consumer of its consumer name replays
+  // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms; README "Replaying
+  // a dead letter while the service runs"), through the handler in its own transaction;
+  // it ends 'replayed' (committed once, like Consumer::replay_dead_letter) or 'dead' again
+  // with the new reason. Meant for a second connection (the admin tool opens the file
+  // with exclusive=false next to the running service; SQLite serialises the one short
+  // write). Errors: kNotFound; kInvalidArgument if the row is not 'dead' (already
+  // requeued or replayed), its payload was cut (dead_letter_payload_bytes), or it belongs
+  // to a store-then-process consumer (use StoreThenProcess::replay); store codes.
+  Status requeue_dead_letter(int64_t id);
+  // Ids of `consumer`'s dead letters with status 'requeued', oldest first, at most
+  // `limit` (> 0). One index probe; what a Consumer polls.
+  Status requeued_dead_letters(const std::string& consumer, int64_t limit,
+                               std::vector<int64_t>* ids);
 
   // --- inspection ---
 

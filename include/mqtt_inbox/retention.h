@@ -143,9 +143,11 @@ class Pruner {
 
   // One pass: first the window is checked against the session expiries recorded now (a
   // window below them, without the override: nothing is deleted, an error is logged, and
-  // kInvalidArgument is returned); then delete expired ids in batches (own short transaction each, selected
-  // through the received_at index), then expired dead letters, then vacuum, checkpoint,
-  // refresh row stats, and log/export stats. Never touches dead letters inside the
+  // kInvalidArgument is returned); then delete expired ids in batches (own short
+  // transaction each; the expired ids are found by walking the primary key in key order on
+  // a second connection, which blocks no commit, from where a pass that ran out of budget
+  // stopped), then expired dead letters, then vacuum, checkpoint, refresh row stats, and
+  // log/export stats. Never touches dead letters inside the
   // window, nor any row younger than the window. Errors: store codes (the pass stops;
   // what was deleted stays deleted).
   Status prune_once(PruneResult* result);

@@ -30,6 +30,8 @@ class ChildConsumers {
   const std::string& uri() const { return uri_; }
   bool mqtt5() const { return version_ == "5"; }
   std::string db_path() const { return dir_ + "/ledger.db"; }
+  // The MQTT session the children share; a test may move later children to a new one.
+  void set_client_id(std::string client_id) { client_id_ = std::move(client_id); }
 
   std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) const {
     std::vector<std::string> argv = {built_program("crash_consumer"), uri_, client_id_,

@@ -3,12 +3,15 @@
 // redelivers and what the database holds afterwards.
 //
 //   crash_consumer BROKER CLIENT_ID TOPIC DB [--crash-after-commit ID] [--crash-in-handler ID]
-//                  [--fail-handler ID] [--max-attempts N] [--max-payload BYTES]
-//                  [--mqtt-version 3.1.1|5]
+//                  [--fail-attempts N] [--fail-handler ID] [--max-attempts N]
+//                  [--max-payload BYTES] [--mqtt-version 3.1.1|5] [--requeue-poll-ms MS]
 //
 // --crash-after-commit ID  SIGKILL itself after ID's commit, before the callback returns
 //                          (so before the PUBACK).
-// --crash-in-handler ID    SIGKILL itself inside the handler whenever ID is processed.
+// --crash-in-handler ID    SIGKILL itself inside the handler whenever ID is processed
+//                          (logging the attempt number and the delivery's DUP flag).
+// --fail-attempts N        with --crash-in-handler: attempts 1..N of ID throw instead (a
+//                          handler that fails, then kills the process).
 // --fail-handler ID        the handler throws whenever ID is processed (a poison message).
 // SIGTERM: stops and prints the consumer's counters as "key=value" words on one line.
 #include <signal.h>
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   mqtt.client_id_lock_dir = std::string(argv[4]).substr(0, std::string(argv[4]).rfind('/'));
   const std::string topic = argv[3], db_path = argv[4];
   std::string crash_after_commit, crash_in_handler, fail_handler;
+  int fail_attempts = 0;
   mqtt_inbox::ConsumerOptions copts;
   copts.retry_backoff_initial = std::chrono::milliseconds(10);
   copts.retry_backoff_max = std::chrono::milliseconds(20);
@@ -45,8 +49,10 @@ int main(int argc, char** argv) {
     if (flag == "--crash-after-commit") crash_after_commit = value;
     else if (flag == "--crash-in-handler") crash_in_handler = value;
     else if (flag == "--fail-handler") fail_handler = value;
+    else if (flag == "--fail-attempts") fail_attempts = std::stoi(value);
     else if (flag == "--max-attempts") copts.max_attempts = std::stoi(value);
     else if (flag == "--max-payload") copts.max_payload_bytes = std::stoul(value);
+    else if (flag == "--requeue-poll-ms") copts.requeue_poll_ms = std::stoll(value);
     else if (flag == "--mqtt-version")
       mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
@@ -80,13 +86,20 @@ int main(int argc, char** argv) {
   }
   inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
 
+  const ledger::CreditHandler credit;  // what ledger_consumer runs
   auto handler = [&](SQLite::Database& db, const mqtt_inbox::Delivery& d) {
     if (d.message_id == crash_in_handler) {
-      log->info("crash inside the handler on {} (attempt {})", d.message_id, d.attempt);
+      if (d.attempt <= fail_attempts) {
+        log->info("failure inside the handler on {} (attempt {}, dup {})", d.message_id,
+                  d.attempt, d.message.dup ? 1 : 0);
+        throw std::runtime_error("failing before the crash: " + d.message_id);
+      }
+      log->info("crash inside the handler on {} (attempt {}, dup {})", d.message_id, d.attempt,
+                d.message.dup ? 1 : 0);
       raise(SIGKILL);
     }
     if (d.message_id == fail_handler) throw std::runtime_error("poison: " + d.message_id);
-    ledger::apply_credit(db, d);
+    credit(db, d);
   };
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, copts, &consumer);

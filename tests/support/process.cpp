@@ -231,7 +231,8 @@ std::string built_program(const std::string& name) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const auto dir = std::filesystem::path(self).parent_path();
   for (const auto& candidate :
-       {dir / name, dir.parent_path() / "examples" / name, dir.parent_path() / "tools" / name})
+       {dir / name, dir.parent_path() / "examples" / name, dir.parent_path() / "tools" / name,
+        dir.parent_path() / "bench" / name})
     if (std::filesystem::exists(candidate)) return candidate.string();
   throw std::runtime_error("program not built: " + name);
 }

@@ -96,8 +96,8 @@ class Broker {
   pid_t pid_ = -1;
 };
 
-// Path of a program built next to the tests (the examples and test helpers), from the
-// directory of the running test binary.
+// Path of a program built next to the tests (the examples, tools, benchmarks and test
+// helpers), from the directory of the running test binary.
 std::string built_program(const std::string& name);
 
 }  // namespace mqtt_inbox::test
