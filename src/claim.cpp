@@ -149,40 +149,70 @@ void Inbox::Impl::prepare_statements() {
 void Inbox::Impl::recover_marked_attempt() {
   detail::AttemptMarker::Entry e;
   if (!marker->read(&e)) return;
-  bool counted = false;
+  enum class Recovery { kNothing, kCounted, kRequeuedIsDeadAgain } outcome = Recovery::kNothing;
   write_transaction([&] {
-    // Not if the attempt ended after all (committed, or dead-lettered, just before the
-    // death), nor twice for one marker (a death between this commit and the clear).
+    outcome = Recovery::kNothing;
+    // Nothing to do if this marker was handled already (a death between that commit and
+    // the clear), or if the attempt ended after all (committed, or dead-lettered, just
+    // before the death).
     SQLite::Statement q(*db,
-                        "SELECT EXISTS(SELECT 1 FROM inbox_processed"
+                        "SELECT EXISTS(SELECT 1 FROM inbox_meta WHERE key = 'attempt_marker_nonce'"
+                        "              AND value = ?3)"
+                        "    OR EXISTS(SELECT 1 FROM inbox_processed"
                         "              WHERE consumer_name = ?1 AND message_id = ?2)"
                         "    OR EXISTS(SELECT 1 FROM inbox_dead_letters WHERE consumer_name = ?1"
-                        "              AND message_id = ?2 AND status = 'dead')"
-                        "    OR EXISTS(SELECT 1 FROM inbox_meta WHERE key = 'attempt_marker_nonce'"
-                        "              AND value = ?3)");
+                        "              AND message_id = ?2 AND status = 'dead'),"
+                        "       EXISTS(SELECT 1 FROM inbox_dead_letters WHERE consumer_name = ?1"
+                        "              AND message_id = ?2 AND status = 'requeued')");
     q.bind(1, e.consumer);
     q.bind(2, e.message_id);
     q.bind(3, std::to_string(e.nonce));
-    if (q.executeStep() && q.getColumn(0).getInt() != 0) return;
-    SQLite::Statement& a = *begin_attempt;
-    detail::StatementReset reset(a);
-    a.bind(1, e.consumer);
-    a.bind(2, e.message_id);
-    a.bind(3, clock->wall_ms());
-    while (a.executeStep()) {
+    if (!q.executeStep() || q.getColumn(0).getInt() != 0) return;
+    if (q.getColumn(1).getInt() != 0) {
+      // Only the requeue replay runs the handler of an id whose dead letter is
+      // 'requeued' (a delivery of it is counted on the row, not handled): the process
+      // died replaying it. Back to 'dead', or the running consumer would replay it, and
+      // die, at every start: a crash loop made by an operator's requeue.
+      SQLite::Statement back(*db,
+                             "UPDATE inbox_dead_letters SET status = 'dead',"
+                             "       reason = 'handler_crashed', reason_text = ?3,"
+                             "       attempts = attempts + 1, last_attempt_at = ?4"
+                             " WHERE consumer_name = ?1 AND message_id = ?2"
+                             "   AND status = 'requeued'");
+      back.bind(1, e.consumer);
+      back.bind(2, e.message_id);
+      back.bind(3, "the process died inside the handler while replaying this requeued "
+                   "dead letter");
+      back.bind(4, clock->wall_ms());
+      back.exec();
+      outcome = Recovery::kRequeuedIsDeadAgain;
+    } else {
+      SQLite::Statement& a = *begin_attempt;
+      detail::StatementReset reset(a);
+      a.bind(1, e.consumer);
+      a.bind(2, e.message_id);
+      a.bind(3, clock->wall_ms());
+      while (a.executeStep()) {
+      }
+      outcome = Recovery::kCounted;
     }
     SQLite::Statement n(*db,
                         "INSERT INTO inbox_meta (key, value) VALUES ('attempt_marker_nonce', ?1)"
                         " ON CONFLICT (key) DO UPDATE SET value = excluded.value");
     n.bind(1, std::to_string(e.nonce));
     n.exec();
-    counted = true;
   });
   marker->clear();
-  if (counted)
+  if (outcome == Recovery::kCounted)
     log->warn(
         "{}: the last process died inside the handler of message '{}' (consumer '{}'); "
         "that attempt is counted",
+        path, detail::printable(e.message_id), detail::printable(e.consumer));
+  else if (outcome == Recovery::kRequeuedIsDeadAgain)
+    log->error(
+        "{}: the last process died inside the handler while replaying the requeued dead "
+        "letter of message '{}' (consumer '{}'); it is dead again (handler_crashed) and "
+        "is not replayed until it is requeued again",
         path, detail::printable(e.message_id), detail::printable(e.consumer));
 }
 

@@ -4,8 +4,10 @@
 // the next open counts a marker left by a dead process. So counting must not depend on
 // the DUP flag (some brokers resend without it, a producer may publish the same id again)
 // nor on the kind of the earlier attempts (failed in-process, or killed).
+#include <chrono>
 #include <functional>
 #include <regex>
+#include <thread>
 
 #include "support/child_consumer.h"
 
@@ -174,6 +176,57 @@ TEST_F(CrashLoopTest, OneCrashThenSuccessAppliesOnceAsAttemptTwo) {
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'k-1'"), 1);
   EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), 1 + 2 + 3);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_attempts"), 0);
+}
+
+// An operator requeues a dead letter whose handler still kills the process. The replay
+// (the running Consumer's requeue thread) dies inside the handler; the next open puts the
+// row back to 'dead' (handler_crashed, one more attempt) instead of leaving it 'requeued',
+// which every later start would replay, and die of: a requeue cannot make a crash loop.
+TEST_F(CrashLoopTest, RequeuedDeadLetterWhoseReplayCrashesIsDeadAgainNotReplayedAtEveryStart) {
+  create_session();
+  {
+    TestPublisher pub(broker_.uri());
+    for (int i = 0; i < 4; ++i) pub.credit("credits/k", "k-" + std::to_string(i), "acct", 1 + i);
+  }
+  const std::string dead_k2 = "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'k-2'";
+  // 1. k-2 kills the process once; with max_attempts 1 its redelivery is dead-lettered.
+  const int crashes = crash_until_survived(
+      {"--crash-in-handler", "k-2", "--max-attempts", "1"}, [](int) {},
+      [&] { return q("SELECT count(*) FROM ledger_entries") == 3 && q(dead_k2) == 1; });
+  EXPECT_EQ(crashes, 1);
+  ASSERT_EQ(q(dead_k2 + " AND status = 'dead' AND reason = 'handler_crashed' AND attempts = 1"), 1);
+
+  // 2. The operator requeues it (the admin tool's connection) while the service is down.
+  {
+    InboxOptions o;
+    o.exclusive = false;
+    std::unique_ptr<Inbox> tool;
+    ASSERT_TRUE(Inbox::open(children_.db_path(), o, &tool).ok());
+    ASSERT_TRUE(tool->requeue_dead_letter(q("SELECT id FROM inbox_dead_letters")).ok());
+  }
+
+  // 3. The service starts, replays it, and dies inside the handler again.
+  auto replaying = start_consumer({"--crash-in-handler", "k-2", "--requeue-poll-ms", "50"});
+  ASSERT_NE(replaying->wait(std::chrono::seconds(20)), -1) << "the replay did not crash\n"
+                                                           << log_text();
+  EXPECT_EQ(crash_lines("k-2").size(), 2u);
+  EXPECT_EQ(q(dead_k2 + " AND status = 'requeued'"), 1);  // nothing committed
+
+  // 4. The next start puts it back to 'dead' and does not replay it: it keeps running.
+  auto next = start_consumer({"--crash-in-handler", "k-2", "--requeue-poll-ms", "50"});
+  ASSERT_TRUE(wait_until([&] { return q(dead_k2 + " AND status = 'dead'") == 1; },
+                         std::chrono::seconds(20)))
+      << log_text();
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // 20 requeue polls
+  EXPECT_TRUE(next->running()) << "the requeued poison was replayed again\n" << log_text();
+  stop_and_count(*next, "processed");
+  EXPECT_EQ(crash_lines("k-2").size(), 2u);
+  EXPECT_EQ(log_count("while replaying the requeued dead letter of message 'k-2'"), 1u);
+  EXPECT_EQ(q(dead_k2 + " AND status = 'dead' AND reason = 'handler_crashed' AND attempts = 2"
+                        " AND reason_text LIKE '%replaying this requeued dead letter%'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'k-2'"), 0);
+  EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), 1 + 2 + 4);
 }
 
 }  // namespace

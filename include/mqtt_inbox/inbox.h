@@ -207,7 +207,9 @@ class Inbox {
   // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms; README "Replaying
   // a dead letter while the service runs"), through the handler in its own transaction;
   // it ends 'replayed' (committed once, like Consumer::replay_dead_letter) or 'dead' again
-  // with the new reason. Meant for a second connection (the admin tool opens the file
+  // with the new reason; if the replay kills the process, the next Inbox::open makes it
+  // 'dead' again as handler_crashed (one more attempt), so it is not replayed at every
+  // start. Meant for a second connection (the admin tool opens the file
   // with exclusive=false next to the running service; SQLite serialises the one short
   // write). Errors: kNotFound; kInvalidArgument if the row is not 'dead' (already
   // requeued or replayed), its payload was cut (dead_letter_payload_bytes), or it belongs
