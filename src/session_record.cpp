@@ -74,6 +74,7 @@ std::vector<SessionRecord> read_sessions(SQLite::Database& db, const std::string
 
 Status Inbox::record_session(const SessionRecord& record) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::record_session"); !r.ok()) return r;
+  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
   if (record.client_id.empty()) return Status::InvalidArgument("session record: client id is empty");
   if (record.session_expiry_ms < 0)
     return Status::InvalidArgument("session record: session expiry must be >= 0 ms");
@@ -112,6 +113,7 @@ Status Inbox::record_session(const SessionRecord& record) {
 
 Status Inbox::load_session(const std::string& client_id, SessionRecord* out) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::load_session"); !r.ok()) return r;
+  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     std::vector<SessionRecord> found = read_sessions(*impl_->db, &client_id);
@@ -127,6 +129,7 @@ Status Inbox::load_session(const std::string& client_id, SessionRecord* out) {
 
 Status Inbox::list_sessions(std::vector<SessionRecord>* out) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::list_sessions"); !r.ok()) return r;
+  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     *out = read_sessions(*impl_->db, nullptr);
@@ -138,6 +141,7 @@ Status Inbox::list_sessions(std::vector<SessionRecord>* out) {
 
 Status Inbox::forget_session(const std::string& client_id, bool* removed) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::forget_session"); !r.ok()) return r;
+  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   try {

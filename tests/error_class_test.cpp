@@ -22,6 +22,7 @@
 #include <iterator>
 #include <thread>
 
+#include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/store_then_process.h"
 #include "sqlite_errors.h"
 #include "support/fault_vfs.h"
@@ -325,6 +326,22 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         if (level(h) != HealthLevel::kRed || h.database != db_ || !inbox_->health().fatal) _exit(4);
         std::ifstream f(db_, std::ios::binary);
         if (std::string(std::istreambuf_iterator<char>(f), {}) != before) _exit(5);
+        // Every other entry refuses at once too, without touching SQLite: reads, writes,
+        // the session records (which once forgot to) and the dead letters. The fault is
+        // lifted first, so an entry that still went to SQLite would succeed here.
+        vfs.disarm();
+        const auto corrupt = [](const Status& st) { return st.code() == Status::Code::kCorruption; };
+        SessionRecord rec;
+        std::vector<SessionRecord> records;
+        bool removed = false;
+        SessionRecord mine;
+        mine.client_id = "gateway-1";
+        std::vector<DeadLetter> dead;
+        if (!corrupt(inbox_->load_session("gateway-1", &rec)) ||
+            !corrupt(inbox_->list_sessions(&records)) || !corrupt(inbox_->record_session(mine)) ||
+            !corrupt(inbox_->forget_session("gateway-1", &removed)) ||
+            !corrupt(inbox_->list_dead_letters({}, &dead)))
+          _exit(6);
         std::fprintf(stderr, "RED: %s\n", h.last_error.c_str());
         _exit(0);
       },
