@@ -92,6 +92,11 @@ struct ServiceNotifier::Impl {
   int64_t watchdog_us = 0;
   std::chrono::milliseconds tick{0};
 
+  // Held from reading the state to sending it, by ready(), stopping() and each tick, so
+  // datagrams leave in the order of the state changes: a tick woken by ready() cannot
+  // send WATCHDOG=1 (or a newer STATUS) before ready()'s READY=1. Taken before `mu`.
+  std::mutex send_mu;
+
   // Guards everything below; never held while a source runs or a datagram is sent.
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -226,6 +231,7 @@ struct ServiceNotifier::Impl {
   }
 
   void tick_once() {
+    std::lock_guard<std::mutex> order(send_mu);
     const Snapshot snap = read_sources(current_phase());
     std::string msg;
     bool log_withheld = false, log_resumed = false;
@@ -336,6 +342,7 @@ Status ServiceNotifier::start() {
 
 Status ServiceNotifier::ready() {
   Impl& m = *impl_;
+  std::lock_guard<std::mutex> order(m.send_mu);
   const Impl::Snapshot snap = m.read_sources(Impl::Phase::kRunning);
   std::string msg;
   {
@@ -356,6 +363,7 @@ Status ServiceNotifier::ready() {
 
 Status ServiceNotifier::stopping() {
   Impl& m = *impl_;
+  std::lock_guard<std::mutex> order(m.send_mu);
   const Impl::Snapshot snap = m.read_sources(Impl::Phase::kStopping);
   std::string msg;
   {
