@@ -61,6 +61,11 @@ std::vector<std::string> with_emulator(std::vector<std::string> argv) {
   return argv;
 }
 
+bool under_emulator() {
+  const char* emu = std::getenv("MQTT_INBOX_TEST_EMULATOR");
+  return emu && *emu;
+}
+
 Child::Child(std::vector<std::string> argv, const std::string& log_path) {
   argv = with_emulator(std::move(argv));
   std::vector<char*> args;

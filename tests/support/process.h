@@ -30,6 +30,10 @@ class TempDir {
 // Otherwise returns `argv` unchanged.
 std::vector<std::string> with_emulator(std::vector<std::string> argv);
 
+// True when the tests run under an emulator (a cross build's ctest under qemu-user):
+// MQTT_INBOX_TEST_EMULATOR is set. For the few tests that cannot work there; each says why.
+bool under_emulator();
+
 // A child process started with execv. Killed (SIGKILL) on destruction if still running.
 class Child {
  public:
