@@ -59,7 +59,16 @@ int WalGuard::checkpoint_pages() const {
 int WalGuard::hook(void* self, sqlite3* db, const char* name, int frames) {
   auto* g = static_cast<WalGuard*>(self);
   if (g->disabled_.load() || frames < kMinWalPages) return SQLITE_OK;
-  const int limit = g->checkpoint_pages();
+  // statvfs(2) after every commit was a system call per message (issue 14). Free space is
+  // read again only once the WAL has grown by kRecheckPages since the last reading (or was
+  // restarted by a checkpoint): a stale limit moves a checkpoint by at most that many
+  // pages, and a disk that fills in between has its own path (on_full).
+  if (g->read_at_frames_ < 0 || frames < g->read_at_frames_ ||
+      frames - g->read_at_frames_ >= kRecheckPages) {
+    g->limit_ = g->checkpoint_pages();
+    g->read_at_frames_ = frames;
+  }
+  const int limit = g->limit_;
   if (frames < limit) return SQLITE_OK;
   if (limit < g->max_pages_ && !g->low_space_logged_) {
     g->low_space_logged_ = true;

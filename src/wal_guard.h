@@ -8,8 +8,9 @@
 //
 //  - Adaptive checkpoints. A WAL hook (sqlite3_wal_hook, which replaces SQLite's
 //    autocheckpoint hook) checkpoints (PASSIVE) after a commit once the WAL holds more
-//    frames than a quarter of the file system's free space, read with statvfs(2);
-//    never more than wal_autocheckpoint_pages, never less than kMinWalPages. The WAL then
+//    frames than a quarter of the file system's free space, read with statvfs(2) (again
+//    each time the WAL has grown by kRecheckPages); never more than
+//    wal_autocheckpoint_pages, never less than kMinWalPages. The WAL then
 //    stays small where space is scarce, and the checkpoint always has room to grow the
 //    database file.
 //  - On SQLITE_FULL, at once: a TRUNCATE checkpoint, which copies the WAL into the
@@ -40,6 +41,9 @@ class WalGuard {
  public:
   // The smallest WAL the hook lets grow before it checkpoints, in pages.
   static constexpr int kMinWalPages = 32;
+  // The WAL growth, in pages, after which the hook reads free space again (between
+  // readings it uses the last limit).
+  static constexpr int kRecheckPages = 32;
 
   // Installs the WAL hook on `db` (not owned; must outlive the guard) for the database
   // at `path`. `max_pages` is InboxOptions::wal_autocheckpoint_pages; 0 keeps automatic
@@ -69,7 +73,10 @@ class WalGuard {
   const int max_pages_;
   const std::shared_ptr<spdlog::logger> log_;
   std::atomic<bool> disabled_{false};
-  bool low_space_logged_ = false;  // only touched by the connection's thread
+  // Only touched by the connection's thread (the hook runs inside its commits):
+  bool low_space_logged_ = false;
+  int read_at_frames_ = -1;  // WAL size at the last free-space reading; -1 = none yet
+  int limit_ = 0;            // checkpoint_pages() at that reading
 };
 
 }  // namespace mqtt_inbox::detail
