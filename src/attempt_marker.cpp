@@ -1,10 +1,13 @@
 #include "attempt_marker.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <random>
 
 namespace mqtt_inbox::detail {
@@ -58,6 +61,23 @@ AttemptMarker::AttemptMarker(int fd) : fd_(fd) {
   nonce_base_ &= ~uint64_t{0xffffffff};  // the low half counts this process's markers
 }
 
+AttemptMarker::~AttemptMarker() {
+  if (page_ != nullptr) ::munmap(page_, kPrepared);
+}
+
+bool AttemptMarker::write_at_start(const char* p, size_t n) {
+  if (page_ == nullptr || n > kPrepared) return pwrite_all(fd_, p, n, 0);
+  // Magic last: until it is there the record reads as no marker (see the header). The
+  // fences keep the compiler from reordering the stores; the process's own stores reach
+  // the page in program order as far as a later reader after its death is concerned.
+  std::memset(page_, 0, 4);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(page_ + 4, p + 4, n - 4);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(page_, p, 4);
+  return true;
+}
+
 bool AttemptMarker::read(Entry* out) {
   if (fd_ < 0) return false;
   struct stat st {};
@@ -94,9 +114,18 @@ bool AttemptMarker::prepare() {
   if (fd_ < 0) return false;
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return false;
-  if (st.st_size >= static_cast<off_t>(kPrepared)) return true;
-  const std::string zeros(kPrepared - static_cast<size_t>(st.st_size), '\0');
-  return pwrite_all(fd_, zeros.data(), zeros.size(), st.st_size);
+  if (st.st_size < static_cast<off_t>(kPrepared)) {
+    const std::string zeros(kPrepared - static_cast<size_t>(st.st_size), '\0');
+    if (!pwrite_all(fd_, zeros.data(), zeros.size(), st.st_size)) return false;
+    if (::fstat(fd_, &st) != 0) return true;  // sized; pwrite serves
+  }
+  // Map only a page with blocks behind it: a store into a hole that the file system
+  // cannot fill (a full disk) is a SIGBUS, not an error return.
+  if (page_ == nullptr && st.st_blocks * 512 >= static_cast<blkcnt_t>(kPrepared)) {
+    void* p = ::mmap(nullptr, kPrepared, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p != MAP_FAILED) page_ = static_cast<char*>(p);
+  }
+  return true;
 }
 
 bool AttemptMarker::set(const std::string& consumer, const std::string& message_id) {
@@ -112,15 +141,15 @@ bool AttemptMarker::set(const std::string& consumer, const std::string& message_
   const size_t len = buf_.size() - kHeader;
   for (int i = 0; i < 4; ++i) buf_[4 + i] = static_cast<char>((len >> (8 * i)) & 0xff);
   put32(buf_, fnv1a(buf_.data() + kHeader, len));
-  // One write: the record is either all there or fails its checksum.
-  set_ = pwrite_all(fd_, buf_.data(), buf_.size(), 0);
+  // One write (or magic-last stores): the record is either all there or fails its checksum.
+  set_ = write_at_start(buf_.data(), buf_.size());
   return set_;
 }
 
 void AttemptMarker::clear() {
   if (fd_ < 0 || !set_) return;
   static const char zero[4] = {0, 0, 0, 0};
-  set_ = !pwrite_all(fd_, zero, sizeof zero, 0);
+  set_ = !write_at_start(zero, sizeof zero);
 }
 
 }  // namespace mqtt_inbox::detail

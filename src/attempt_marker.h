@@ -12,7 +12,15 @@
 // a power loss or kernel crash before the page reaches the disk: that costs one
 // uncounted attempt, as the unsynced attempt commit it replaces did.
 //
-// After a commit the marker is left as it is (one pwrite per message, not two): the next
+// Once prepare() has given the file its first page, that page is mapped (mmap(2),
+// MAP_SHARED) and the marker is written with plain stores: no system call per message
+// (issue 14). A store into a shared file mapping lands in the same page cache a pwrite
+// would, so it survives the death of the process just the same. A death in the middle of
+// the stores must not leave a record that reads as valid: the magic is zeroed first, the
+// body and checksum written, and the magic written last. Without a mapping (mmap failed,
+// or the page has no blocks yet) it falls back to one pwrite(2).
+//
+// After a commit the marker is left as it is (one write per message, not two): the next
 // open ignores a marker whose id is processed, the next message overwrites it, a clean
 // close and the pruner (before it deletes ids) clear it.
 //
@@ -39,12 +47,15 @@ class AttemptMarker {
 
   // `fd` is the lock file, open read-write; not owned. -1 = no marker (every call fails).
   explicit AttemptMarker(int fd);
+  ~AttemptMarker();  // unmaps the page (the fd stays the owner's)
+  AttemptMarker(const AttemptMarker&) = delete;
+  AttemptMarker& operator=(const AttemptMarker&) = delete;
 
   // Reads a marker left by an earlier owner. False if there is none (or it is torn).
   // A marker found is cleared by the next clear().
   bool read(Entry* out);
   // Gives the file its size, so later writes need no new blocks (a full disk then cannot
-  // fail them). False on an I/O error.
+  // fail them), and maps its first page. False on an I/O error.
   bool prepare();
   // Records that (consumer, message_id)'s handler is about to run. False if the write
   // failed: the caller must then count the attempt another way.
@@ -56,7 +67,11 @@ class AttemptMarker {
   bool usable() const { return fd_ >= 0; }
 
  private:
+  // Writes `n` bytes at offset 0: into the mapped page when there is one, else pwrite.
+  bool write_at_start(const char* p, size_t n);
+
   int fd_;
+  char* page_ = nullptr;  // the file's first kPrepared bytes, mapped; null = use pwrite
   uint64_t nonce_base_;
   uint64_t seq_ = 0;
   bool set_ = false;

@@ -162,6 +162,41 @@ TEST_F(OneTransactionTest, DeathInsideTheHandlerIsCountedAtTheNextOpen) {
             1);
 }
 
+// A prepared marker writes through a shared mapping of the lock file's first page, not
+// pwrite: what it writes must be what another descriptor (the next open, after a death)
+// reads, and a clear must be seen the same way.
+TEST_F(OneTransactionTest, MappedMarkerIsReadThroughAnotherDescriptor) {
+  { auto inbox = open_ledger_inbox(db_path_); }
+  const std::string lock = db_path_ + ".lock";
+  const int fd = ::open(lock.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const auto read_elsewhere = [&](detail::AttemptMarker::Entry* e) {
+    const int other = ::open(lock.c_str(), O_RDWR);
+    detail::AttemptMarker reader(other);
+    const bool found = reader.read(e);
+    ::close(other);
+    return found;
+  };
+  {
+    detail::AttemptMarker marker(fd);
+    ASSERT_TRUE(marker.prepare());
+    ASSERT_TRUE(marker.set("ledger", "a-rather-longer-id-than-the-next"));
+    ASSERT_TRUE(marker.set("ledger", "mapped-1"));  // overwrites a longer record
+    detail::AttemptMarker::Entry e;
+    ASSERT_TRUE(read_elsewhere(&e));
+    EXPECT_EQ(e.consumer, "ledger");
+    EXPECT_EQ(e.message_id, "mapped-1");
+    marker.clear();
+    EXPECT_FALSE(read_elsewhere(&e));
+    ASSERT_TRUE(marker.set("ledger", "mapped-2"));
+  }  // unmapped here; the store stays in the file, as after a death
+  ::close(fd);
+  { auto inbox = open_ledger_inbox(db_path_); }
+  EXPECT_EQ(q("SELECT coalesce(max(attempts), 0) FROM inbox_attempts WHERE message_id = "
+              "'mapped-2'"),
+            1);
+}
+
 // The marker is turned into an attempt only when that attempt can have been lost: not
 // twice for the same marker (a death between the conversion and clearing it), not for an
 // id that committed or was dead-lettered just before the death, not from a torn record.
