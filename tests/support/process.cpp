@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,9 @@ std::vector<std::string> with_emulator(std::vector<std::string> argv) {
   std::vector<std::string> prefix;
   std::istringstream words(emu);
   for (std::string w; words >> w;) prefix.push_back(w);
+  // Idempotent: Child applies it too, so a test that already did must not get the
+  // emulator twice (qemu would be asked to run itself: "Invalid ELF image").
+  if (!prefix.empty() && std::find(argv.begin(), at, prefix.front()) != at) return argv;
   argv.insert(at, prefix.begin(), prefix.end());
   return argv;
 }
@@ -193,6 +197,7 @@ void Broker::start() {
     f << "persistence " << (config_.persistence ? "true" : "false") << "\n"
       << "persistence_location " << dir_.path() << "/\n"
       << "max_queued_messages " << config_.max_queued_messages << "\n"
+      << "max_inflight_messages " << config_.max_inflight_messages << "\n"
       << "log_dest file " << log_ << "\n"
       << "log_type all\n";
     // Started as root, mosquitto drops to the `mosquitto` user, which cannot write our

@@ -71,6 +71,9 @@ class Broker {
   struct Config {
     bool persistence = true;
     int max_queued_messages = 0;  // 0 = unlimited
+    // QoS 1 messages in flight per client, each way; MQTT 5 clients get it as the
+    // CONNACK's Receive Maximum. mosquitto's default is 20.
+    int max_inflight_messages = 20;
   };
   Broker() : Broker(Config{}) {}
   // `extra_listeners`: more listeners on 127.0.0.1, each on a free port of its own
