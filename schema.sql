@@ -264,3 +264,67 @@ CREATE INDEX inbox_dead_letters_requeued ON inbox_dead_letters (consumer_name, i
     WHERE status = 'requeued';
 
 PRAGMA user_version = 7;
+
+-- @version 8
+-- Transactional outbox: messages to publish, enqueued inside the transaction that makes
+-- them true (a handler's claim, or the application's own), and published by the relay
+-- until the broker's PUBACK. message_id is the stable producer-assigned id sent with
+-- every (re)publish, so the next hop's inbox drops resends. seq is AUTOINCREMENT so a
+-- pruned or dropped last row's number is never reused: the relay reads rows past the
+-- last seq it took, and commit order is seq order (SQLite has one writer).
+CREATE TABLE IF NOT EXISTS outbox_messages (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id    TEXT    NOT NULL UNIQUE,
+    ordering_key  TEXT    NOT NULL,           -- FIFO per key; default the topic
+    class         TEXT    NOT NULL,           -- topic prefix of the bounding class, '' none
+    topic         TEXT    NOT NULL,
+    payload       BLOB    NOT NULL,
+    properties    TEXT    NOT NULL,           -- MQTT 5 properties as a JSON object
+    qos           INTEGER NOT NULL DEFAULT 1,
+    size_bytes    INTEGER NOT NULL,           -- counted against the class's byte bound
+    enqueued_at   INTEGER NOT NULL,           -- wall clock, ms
+    state         TEXT    NOT NULL DEFAULT 'pending'
+                      CHECK (state IN ('pending', 'sent', 'dead')),
+    attempts      INTEGER NOT NULL DEFAULT 0, -- publishes handed to the client
+    sent_at       INTEGER,                    -- wall clock, ms: PUBACK seen
+    dead_reason   TEXT CHECK (dead_reason IN ('rejected_by_broker', 'expired',
+                                              'payload_too_large')),
+    reason_code   INTEGER,                    -- MQTT 5 PUBACK reason code, if any
+    reason_text   TEXT,
+    dead_at       INTEGER                     -- wall clock, ms
+);
+CREATE INDEX IF NOT EXISTS outbox_messages_pending
+    ON outbox_messages (state, seq);
+CREATE INDEX IF NOT EXISTS outbox_messages_class
+    ON outbox_messages (class, seq) WHERE state = 'pending';
+
+-- Pending rows and bytes per class, kept by triggers so that every path (enqueue, the
+-- relay's marks, drops, purges) keeps the bounds' view exact without a scan.
+CREATE TABLE IF NOT EXISTS outbox_usage (
+    class   TEXT    PRIMARY KEY,
+    rows    INTEGER NOT NULL DEFAULT 0,
+    bytes   INTEGER NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0        -- rows removed by drop_oldest, ever
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS outbox_usage_insert AFTER INSERT ON outbox_messages
+WHEN NEW.state = 'pending' BEGIN
+    INSERT INTO outbox_usage (class, rows, bytes) VALUES (NEW.class, 1, NEW.size_bytes)
+    ON CONFLICT (class) DO UPDATE SET rows = rows + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_usage_leave AFTER UPDATE OF state ON outbox_messages
+WHEN OLD.state = 'pending' AND NEW.state <> 'pending' BEGIN
+    UPDATE outbox_usage SET rows = rows - 1, bytes = bytes - OLD.size_bytes
+    WHERE class = OLD.class;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_usage_return AFTER UPDATE OF state ON outbox_messages
+WHEN OLD.state <> 'pending' AND NEW.state = 'pending' BEGIN
+    INSERT INTO outbox_usage (class, rows, bytes) VALUES (NEW.class, 1, NEW.size_bytes)
+    ON CONFLICT (class) DO UPDATE SET rows = rows + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_usage_delete AFTER DELETE ON outbox_messages
+WHEN OLD.state = 'pending' BEGIN
+    UPDATE outbox_usage SET rows = rows - 1, bytes = bytes - OLD.size_bytes
+    WHERE class = OLD.class;
+END;
+
+PRAGMA user_version = 8;

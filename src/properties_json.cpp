@@ -60,11 +60,17 @@ std::string properties_json(const Message& m) {
 // Rebuilds the Message a dead letter was made from (for replay).
 Message message_from_dead_letter(const DeadLetter& dl) {
   Message m;
+  read_properties_json(dl.properties_json, &m);
   m.topic = dl.topic;
   m.payload = dl.payload;
   m.qos = dl.qos;
-  const nlohmann::json j = nlohmann::json::parse(dl.properties_json, nullptr, false);
-  if (!j.is_object()) return m;
+  return m;
+}
+
+void read_properties_json(const std::string& json, Message* out) {
+  Message& m = *out;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (!j.is_object()) return;
   if (auto it = j.find("user_properties"); it != j.end() && it->is_array())
     for (const auto& p : *it)
       if (p.is_array() && p.size() == 2)
@@ -80,7 +86,6 @@ Message message_from_dead_letter(const DeadLetter& dl) {
       it != j.end() && it->is_number_unsigned() && it->get<uint64_t>() <= 0xffffffffULL)
     m.message_expiry_interval_s = static_cast<uint32_t>(it->get<uint64_t>());
   if (auto it = j.find("dup"); it != j.end() && it->is_boolean()) m.dup = it->get<bool>();
-  return m;
 }
 
 }  // namespace mqtt_inbox::detail

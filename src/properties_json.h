@@ -16,4 +16,8 @@ std::string properties_json(const Message& m);
 // malformed JSON (keeps what it can read); never throws.
 Message message_from_dead_letter(const DeadLetter& dl);
 
+// Sets the MQTT 5 property fields (and dup) of *out from JSON made by properties_json();
+// keeps what it can read of malformed JSON, leaves other fields alone; never throws.
+void read_properties_json(const std::string& json, Message* out);
+
 }  // namespace mqtt_inbox::detail

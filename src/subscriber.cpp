@@ -1,10 +1,13 @@
 // The MQTT layer: the session, the connection loop and the message callback. Paho C++ is
-// included only in src/subscriber*.cpp: TLS settings in subscriber_tls.cpp, the probe
+// included only in the MQTT layer (src/subscriber*.cpp, mqtt_connection.cpp, relay.cpp):
+// how a client connects (connect options, TLS, the password provider, the CONNECT),
+// shared with the outbox relay, in mqtt_connection.cpp; TLS settings in
+// subscriber_tls.cpp, the probe
 // handshake in subscriber_probe.cpp, health() and failure reports in
 // subscriber_health.cpp, refusals and passwords in subscriber_auth.cpp, the session
 // record and (un)subscribing in subscriber_session.cpp, message conversion and topic
 // matching in subscriber_message.cpp, the client-id lock in subscriber_client_lock.cpp.
-// What stays here (about 670 lines) is one piece on purpose: the Paho client, the
+// What stays here (about 550 lines) is one piece on purpose: the Paho client, the
 // connection loop, the message callback and stop() share Impl's state under one mutex,
 // and the rules that keep the guarantee (the PUBACK leaves when on_message returns;
 // stop() never destroys a client whose callback is still waiting for the store) are
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "log.h"
+#include "mqtt_connection.h"
 #include "subscriber_client_lock.h"
 #include "subscriber_message.h"
 #include "subscriber_health.h"
@@ -122,70 +126,13 @@ struct Subscriber::Impl {
   // connect() points at *these* properties, which must outlive every connect().
   mqtt::connect_options conn_opts;
 
-  mqtt::connect_options make_connect_options() const {
-    mqtt::connect_options_builder b;
-    if (options.mqtt_version == MqttVersion::kV5) {
-      b.mqtt_version(MQTTVERSION_5);
-      b.clean_start(false);
-    } else {
-      b.mqtt_version(MQTTVERSION_3_1_1);
-      b.clean_session(false);
-    }
-    b.keep_alive_interval(std::chrono::seconds(options.keep_alive_s));
-    b.connect_timeout(std::chrono::milliseconds(options.connect_timeout_ms));
-    b.automatic_reconnect(false);  // ours: we need CONNACK's session-present flag
-    if (!options.username.empty()) b.user_name(options.username);
-    if (!options.password.empty()) b.password(options.password);
-    return b.finalize();
-  }
-
-  // Before each CONNECT: the insecure warnings, the password, and the tls.version check.
-  bool prepare_attempt() {
-    conn->begin_attempt();
-    const TlsOptions& tls = options.tls;
-    if (address.tls && tls.insecure_skip_certificate_check)
-      log->warn("INSECURE: the certificate of {} is not verified "
-                "(tls.insecure_skip_certificate_check): anyone on the network path can read "
-                "and change this connection",
-                address.host_port());
-    else if (address.tls && tls.insecure_skip_hostname_check)
-      log->warn("INSECURE: the host name of {} is not checked against its certificate "
-                "(tls.insecure_skip_hostname_check, --insecure): any certificate from a "
-                "trusted CA is accepted for it",
-                address.host_port());
-    if (options.password_provider) {
-      std::string pw;
-      Status s;
-      try {
-        s = options.password_provider(&pw);
-      } catch (...) {
-        s = Status::Internal("the password provider threw an exception");
-      }
-      if (!s.ok()) {
-        conn->fail(SubscriberHealth::Failure::kCredentials, "password provider: " + s.to_string());
-        return false;
-      }
-      conn->remember_secret(pw);
-      conn_opts.set_password(pw);
-    }
-    if (address.tls && tls.version != TlsVersion::kDefault) {
-      const detail::ProbeResult p = detail::probe(address, tls, options.connect_timeout_ms);
-      if (!p.ok) {
-        conn->fail(p.failure, p.reason + " (in the check of tls.version before connecting)");
-        return false;
-      }
-      log->debug("{} negotiated {} in the check of tls.version", address.host_port(), p.tls_version);
-    }
-    return true;
-  }
-
   // The Session Expiry Interval of an MQTT 5 CONNACK, in ms: present only when the broker
   // uses another value than the one asked for (MQTT 5.0 section 3.2.2.3.2).
-  bool granted_session_expiry(const mqtt::connect_response& r, int64_t* ms) const {
+  bool granted_session_expiry(const mqtt::properties& connack, int64_t* ms) const {
     if (options.mqtt_version != MqttVersion::kV5 ||
-        !r.get_properties().contains(mqtt::property::SESSION_EXPIRY_INTERVAL))
+        !connack.contains(mqtt::property::SESSION_EXPIRY_INTERVAL))
       return false;
-    *ms = 1000LL * mqtt::get<uint32_t>(r.get_properties(), mqtt::property::SESSION_EXPIRY_INTERVAL);
+    *ms = 1000LL * mqtt::get<uint32_t>(connack, mqtt::property::SESSION_EXPIRY_INTERVAL);
     return true;
   }
 
@@ -249,43 +196,11 @@ struct Subscriber::Impl {
     return true;
   }
 
-  struct ConnectOutcome {
-    bool connected = false;
-    bool session_present = false;
-    int rc = 0;           // Paho's code: < 0 an error of its own, > 0 a CONNACK refusal
-    std::string message;  // Paho's text for rc
-    bool expiry_granted = false;  // the CONNACK carried a Session Expiry Interval
-    int64_t granted_expiry_ms = 0;
-  };
-
-  // Waits until Paho has ended the connection attempt `tok`, successful or not. It does
-  // not give up earlier: see the note on Paho C++ bug #325 where it is called.
-  ConnectOutcome await_connect(const mqtt::token_ptr& tok) {
-    ConnectOutcome o;
-    for (;;) {
-      try {
-        if (tok->wait_for(std::chrono::milliseconds(options.connect_timeout_ms + 1000))) {
-          o.connected = true;
-          o.session_present = tok->get_connect_response().is_session_present();
-          o.expiry_granted = granted_session_expiry(tok->get_connect_response(), &o.granted_expiry_ms);
-          return o;
-        }
-      } catch (const mqtt::exception& e) {
-        o.rc = e.get_return_code();
-        o.message = e.get_message();
-        return o;
-      }
-      log->warn("connect to {}: Paho has not ended the attempt after {} ms; waiting for its "
-                "connect timeout",
-                options.broker_uri, options.connect_timeout_ms + 1000);
-    }
-  }
-
   // One connection attempt: record the session expiry, CONNECT, then bring the session's
   // subscriptions to the configured filters (subscribe_to_configuration()).
   bool connect_once() {
     try {
-      if (!prepare_attempt()) return false;
+      if (!detail::prepare_attempt(options, address, conn.get(), *log, &conn_opts)) return false;
       if (const Status s = session->before_connect(); !s.ok()) {
         conn->fail(SubscriberHealth::Failure::kOther,
                    "not connecting: cannot record the session of client '" +
@@ -294,28 +209,16 @@ struct Subscriber::Impl {
                        "retention window");
         return false;
       }
-      ConnectOutcome outcome;
-      try {
-        // Paho C++ 1.2.0 bug #325 (fixed in 1.3.0 by caching the options in the client):
-        // connect() takes the options by value and gives Paho C a pointer into that copy
-        // as the context of the SSL error callback, which Paho C calls during the TLS
-        // handshake, after connect() has returned. The copy is destroyed at the end of
-        // the full expression that contains the call (GCC and Clang, Itanium C++ ABI;
-        // C++17 [expr.call]/4 leaves it to the implementation), so the wait for the end
-        // of the attempt happens inside the same expression: the callback's context is
-        // alive whenever Paho C can call it. Paho C takes a fresh copy at each connect.
-        outcome = await_connect(client->connect(conn_opts));
-      } catch (const mqtt::exception& e) {  // MQTTAsync_connect refused at once
-        outcome.rc = e.get_return_code();
-        outcome.message = e.get_message();
-      }
+      const detail::ConnectOutcome outcome =
+          detail::connect_and_wait(*client, conn_opts, options, *log);
       if (!outcome.connected) {
         conn->connect_failed(outcome.rc, outcome.message);
         return false;
       }
+      int64_t granted_expiry_ms = 0;
+      const bool expiry_granted = granted_session_expiry(outcome.properties, &granted_expiry_ms);
       const bool session_present = outcome.session_present;
-      session->after_connack(session_present,
-                             outcome.expiry_granted ? &outcome.granted_expiry_ms : nullptr);
+      session->after_connack(session_present, expiry_granted ? &granted_expiry_ms : nullptr);
       const int64_t n = ++connect_count;
       {
         if (!session_present && n > 1) {
@@ -462,15 +365,7 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
       options.stop_timeout_ms < 0)
     return Status::InvalidArgument("timeouts must be > 0 and backoff initial <= max");
   detail::BrokerAddress address;
-  if (Status s = detail::parse_broker_uri(options.broker_uri, &address); !s.ok()) return s;
-  if (Status s = check_tls_options(options.broker_uri, options.tls); !s.ok()) return s;
-  if (!options.password.empty() && options.password_provider)
-    return Status::InvalidArgument("both password and password_provider are set; give one");
-  if (options.mqtt_version == MqttVersion::kV3_1_1 && options.username.empty() &&
-      (!options.password.empty() || options.password_provider))
-    return Status::InvalidArgument(
-        "a password without a user name is not allowed in MQTT 3.1.1 (section 3.1.2.9); set "
-        "username, or use MQTT 5");
+  if (Status s = detail::check_connection_settings(options, &address); !s.ok()) return s;
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -513,23 +408,10 @@ Status Subscriber::start() {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.started) return Status::InvalidArgument("already started");
     if (m.routes.empty()) return Status::InvalidArgument("no subscriptions: call subscribe() first");
-    if (!m.options.client_id_lock_dir.empty()) {
-      std::string name;  // the client id, made safe for a file name
-      for (unsigned char c : m.options.client_id) {
-        if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
-          name.push_back(static_cast<char>(c));
-        } else {
-          char hex[4];
-          std::snprintf(hex, sizeof hex, "%%%02x", c);
-          name += hex;
-        }
-      }
-      const std::string path = detail::client_id_lock_dir(m.options.client_id_lock_dir) +
-                               "/mqtt-inbox-client-" + name + ".lock";
-      if (Status s = detail::lock_client_id(path, m.options.client_id, &m.client_lock_fd); !s.ok())
-        return s;
-      m.client_lock_path = path;
-    }
+    if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
+                                               &m.client_lock_fd, &m.client_lock_path);
+        !s.ok())
+      return s;
     m.started = true;
   }
   // Everything that handles messages is in place before the first CONNECT, because
@@ -554,18 +436,9 @@ Status Subscriber::start() {
     m.connection_lost = true;
     m.cv.notify_all();
   });
-  m.conn_opts = m.make_connect_options();
-  if (m.address.tls) {
-    m.log->info("TLS to {}: {}", m.address.host_port(), detail::describe_tls(m.options.tls));
-    to_paho_ssl_options(m.options.tls, &m.paho_ssl);
-    m.paho_ssl.set_error_handler([&m](const std::string& line) { m.conn->on_ssl_error(line); });
-    // Set on the member itself, after make_connect_options (see paho_ssl and conn_opts).
-    m.conn_opts.set_ssl(m.paho_ssl);
-  } else if (!m.options.password.empty() || m.options.password_provider) {
-    m.log->warn("the password for {} travels in clear text ({}://): anyone on the network "
-                "path can read it; use ssl:// or mqtts://",
-                m.address.host_port(), m.address.scheme);
-  }
+  m.conn_opts = detail::connect_options_builder(m.options, /*clean=*/false).finalize();
+  // Set on the member itself, after the builder (see paho_ssl and conn_opts).
+  detail::set_up_tls(m.options, m.address, m.conn.get(), *m.log, &m.paho_ssl, &m.conn_opts);
   m.conn->started();
   if (m.options.mqtt_version == MqttVersion::kV5) {
     // Set on the member itself, not through the builder (see conn_opts).
@@ -662,11 +535,8 @@ Status Subscriber::stop() {
     m.log->info("disconnect: {}", e.what());
   }
   m.connected = false;
-  if (m.client_lock_fd >= 0) {  // clean stop: remove the lock file while still holding it
-    ::unlink(m.client_lock_path.c_str());
-    ::close(m.client_lock_fd);
-    m.client_lock_fd = -1;
-  }
+  // A clean stop: remove the lock file while still holding it.
+  detail::release_client_id_lock(&m.client_lock_fd, m.client_lock_path);
   return Status::Ok();
 }
 

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -51,6 +53,32 @@ Status lock_client_id(const std::string& path, const std::string& client_id, int
   return Status(Status::Code::kBusy, "client-id lock " + path + " keeps being replaced");
 }
 
+Status take_client_id_lock(const std::string& configured, const std::string& client_id,
+                           int* fd_out, std::string* path_out) {
+  *fd_out = -1;
+  if (configured.empty()) return Status::Ok();
+  std::string name;  // the client id, made safe for a file name
+  for (unsigned char c : client_id) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+      name.push_back(static_cast<char>(c));
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02x", c);
+      name += hex;
+    }
+  }
+  const std::string path = client_id_lock_dir(configured) + "/mqtt-inbox-client-" + name + ".lock";
+  if (Status s = lock_client_id(path, client_id, fd_out); !s.ok()) return s;
+  *path_out = path;
+  return Status::Ok();
+}
+
+void release_client_id_lock(int* fd, const std::string& path) {
+  if (*fd < 0) return;
+  ::unlink(path.c_str());
+  ::close(*fd);
+  *fd = -1;
+}
 
 }  // namespace detail
 }  // namespace mqtt_inbox

@@ -17,9 +17,10 @@ class logger;
 
 namespace mqtt_inbox::detail {
 
-// Thread safety: snapshot() and on_ssl_error() from any thread; everything else from the
-// subscriber's connection (supervisor) thread only. Its mutexes are never held across a
-// Paho call.
+// Used by every client that connects (mqtt_connection.h): the Subscriber and the outbox
+// Relay each keep one. Thread safety: snapshot() and on_ssl_error() from any thread;
+// everything else from the client's connection thread only (the subscriber's supervisor,
+// the relay's thread). Its mutexes are never held across a Paho call.
 class ConnectionHealth {
  public:
   ConnectionHealth(const SubscriberOptions& options, BrokerAddress address,

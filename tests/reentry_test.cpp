@@ -5,6 +5,7 @@
 // administration and plain connection; a Consumer, a Pruner and a StoreThenProcess on the
 // same inbox. Every handle() runs under a watchdog: a hang fails the test instead of
 // stalling the suite.
+#include <mqtt_inbox/outbox.h>
 #include <mqtt_inbox/retention.h>
 #include <mqtt_inbox/store_then_process.h>
 
@@ -65,6 +66,7 @@ class ReentryTest : public ::testing::Test {
     ASSERT_TRUE(Pruner::create(inbox_.get(), r, &pruner_).ok());
     StoreThenProcessOptions so;
     so.workers = 0;
+    ASSERT_TRUE(Outbox::create(inbox_.get(), {}, &outbox_).ok());
     ASSERT_TRUE(StoreThenProcess::create(inbox_.get(), "stored",
                                          stored_handler(ledger::apply_credit), so, &stp_)
                     .ok());
@@ -78,6 +80,7 @@ class ReentryTest : public ::testing::Test {
   std::unique_ptr<Consumer> consumer_, other_;
   std::unique_ptr<Pruner> pruner_;
   std::unique_ptr<StoreThenProcess> stp_;
+  std::unique_ptr<Outbox> outbox_;
   std::function<Status()> reenter_;
   Status last_status_;
 };
@@ -96,6 +99,8 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   std::unique_ptr<StoreThenProcess> stp2;
   Message other_msg = credit_message("audit-1", "zed", 1);
   ProcessReport report;
+  std::vector<OutboxRow> outbox_rows;
+  std::vector<OutboxClassUsage> outbox_usage;
   const std::vector<Case> cases = {
       // Inbox: reads and inspection
       {"Inbox::count_processed", [&] { return inbox_->count_processed("ledger", &rows); }},
@@ -155,6 +160,13 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
          return StoreThenProcess::create(inbox_.get(), "s2", stored_handler(ledger::apply_credit),
                                          {}, &stp2);
        }},
+      // The Outbox on the same inbox: every call but enqueue takes the inbox's connection
+      {"Outbox::fetch_pending", [&] { return outbox_->fetch_pending(0, 10, &outbox_rows); }},
+      {"Outbox::mark_sent", [&] { return outbox_->mark_sent({1}); }},
+      {"Outbox::mark_dead",
+       [&] { return outbox_->mark_dead(1, OutboxDeadReason::kRejectedByBroker, 0x87, "x"); }},
+      {"Outbox::list", [&] { return outbox_->list(OutboxState::kPending, 10, &outbox_rows); }},
+      {"Outbox::usage", [&] { return outbox_->usage(&outbox_usage); }},
   };
   int64_t expected_balance = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -205,6 +217,7 @@ TEST_F(ReentryTest, CallsThatNeverWaitStayAllowed) {
     (void)other_->name();
     (void)stp_->health();
     (void)stp_->counters();
+    (void)outbox_->counters();
     return Status::Ok();
   };
   EXPECT_EQ(within_deadline("allowed calls", [&] { return consumer_->handle(credit_message("reenter-ok", "bo", 4)); }),

@@ -10,6 +10,8 @@
 #include "mqtt_inbox/journal_log.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/outbox.h"
+#include "mqtt_inbox/relay.h"
 #include "mqtt_inbox/retention.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/service_notifier.h"

@@ -1,0 +1,231 @@
+// Outbox: the transactional outbox, the other half of exactly-once. Knows nothing of MQTT.
+//
+// A message to publish is written to the table outbox_messages inside the transaction
+// that makes it true: a handler's claim transaction (handler.h), or the application's own
+// transaction for telemetry the device produces itself (store-and-forward). It commits or
+// rolls back with that transaction, so a derived message exists exactly when the effect
+// that caused it does. The relay (relay.h) publishes committed rows at QoS 1 and marks a
+// row sent only after its PUBACK; a crash anywhere means a resend with the same stable
+// message id, never a loss, and the next hop's inbox drops the resends.
+//
+// Bounds, because flash is finite: classes by topic prefix, each with a row and a byte
+// limit on its pending rows, and a policy for when it is full: kReject (backpressure: the
+// enqueue fails, so the handler's attempt fails and the incoming message is not
+// acknowledged by that attempt) or kDropOldest (telemetry: the oldest pending rows of the
+// class are deleted, counted in outbox_usage.dropped and logged, never silently).
+//
+// The relay side (fetch_pending, mark_sent, mark_dead) runs on the Inbox's connection,
+// one short transaction each, under the Inbox's mutex.
+//
+// Thread safety: an Outbox is thread-safe. enqueue() uses only the connection it is given
+// (the caller serialises its use); the relay-side calls serialise on the Inbox's mutex.
+// Errors: every method returns a Status and never throws, except enqueue_or_throw(),
+// which is meant for handlers and throws as handler.h asks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mqtt_inbox/status.h"
+
+namespace SQLite {
+class Database;
+}
+namespace spdlog {
+class logger;
+}
+
+namespace mqtt_inbox {
+
+class Inbox;
+
+// What enqueue() does when a class is full.
+enum class OutboxFullPolicy {
+  // enqueue() fails with kRejected ("outbox full: ..."): the caller's transaction should
+  // fail. In a handler (enqueue_or_throw) the attempt fails and the incoming message is
+  // retried; with a Consumer it counts as a handler attempt (ConsumerOptions::max_attempts),
+  // with StoreThenProcess the row is retried after its backoff.
+  kReject,
+  // The oldest pending rows of the class are deleted until the new one fits; each drop is
+  // counted (outbox_usage.dropped, OutboxCounters::dropped) and logged at warn.
+  kDropOldest,
+};
+
+// A bounded class of outgoing messages: every topic starting with topic_prefix. A topic
+// belongs to the class with the longest matching prefix; a topic matching none is not
+// bounded (its rows are counted under class "").
+struct OutboxClass {
+  // Topic prefix, e.g. "telemetry/". "" matches every topic. Required to be unique.
+  std::string topic_prefix;
+  // Most pending rows of the class; 0 = no row limit. Default 0.
+  int64_t max_rows = 0;
+  // Most bytes of pending rows of the class (OutboxRow::size_bytes summed); 0 = no byte
+  // limit. Default 0.
+  int64_t max_bytes = 0;
+  // Default kReject.
+  OutboxFullPolicy policy = OutboxFullPolicy::kReject;
+};
+
+struct OutboxOptions {
+  // The bounded classes. Default none (nothing bounded).
+  std::vector<OutboxClass> classes;
+  // Largest accepted message id, bytes (as MessageIdOptions::max_id_bytes of the next
+  // hop). Default 256.
+  size_t max_id_bytes = 256;
+  // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+// One message to publish. QoS is always 1.
+struct OutgoingMessage {
+  // Topic name (no wildcards '+' or '#'; MQTT 3.1.1 section 4.7.1). Required.
+  std::string topic;
+  // Payload bytes. Default empty.
+  std::string payload;
+  // FIFO order holds among rows of one key. Default "" = the topic.
+  std::string ordering_key;
+  // The stable message id. Default "" = a random UUID (random_message_id). For a message
+  // derived from an incoming one, use derived_message_id() so that re-running the handler
+  // yields the same id.
+  std::string message_id;
+  // MQTT 5 properties sent with it (the relay adds the user property "message-id").
+  std::vector<std::pair<std::string, std::string>> user_properties;
+  std::optional<std::string> content_type;
+  std::optional<std::string> response_topic;
+  std::optional<std::string> correlation_data;
+  std::optional<uint8_t> payload_format_indicator;
+  std::optional<uint32_t> message_expiry_interval_s;
+};
+
+// The id of the outgoing message number/name `suffix` derived from the incoming message
+// `incoming_id`: incoming_id + "/" + suffix. The same inputs always give the same id, so a
+// handler that runs again (after a rollback, a crash, a replay) enqueues the same id.
+std::string derived_message_id(const std::string& incoming_id, const std::string& suffix);
+
+// A random RFC 4122 version 4 UUID ("xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx", lower case)
+// from /dev/urandom. Errors: kIoError if /dev/urandom cannot be read.
+Status random_message_id(std::string* out);
+
+enum class OutboxState { kPending, kSent, kDead };
+const char* to_string(OutboxState state);  // "pending", "sent", "dead"
+
+// Why a row became an outbox dead letter (stored as text; never changes meaning).
+enum class OutboxDeadReason {
+  kRejectedByBroker,  // MQTT 5 PUBACK reason code >= 0x80 (MQTT 5.0 section 3.4.2.1)
+  kExpired,           // its message expiry interval ran out while it waited
+  kPayloadTooLarge,   // larger than the broker's Maximum Packet Size
+};
+const char* to_string(OutboxDeadReason reason);  // "rejected_by_broker", ...
+
+// One row of outbox_messages.
+struct OutboxRow {
+  int64_t seq = 0;  // enqueue (and commit) order, never reused
+  std::string message_id;
+  std::string ordering_key;
+  std::string topic;
+  std::string payload;
+  OutgoingMessage properties;  // topic, payload, key and id are repeated above only
+  int64_t size_bytes = 0;      // id + key + topic + payload + properties JSON, bytes
+  int64_t enqueued_at_ms = 0;  // wall clock
+  OutboxState state = OutboxState::kPending;
+  int attempts = 0;        // times fetched for publishing
+  int64_t sent_at_ms = 0;  // 0 unless sent
+  std::optional<OutboxDeadReason> dead_reason;
+  int reason_code = 0;  // the PUBACK reason code of a dead row, else 0
+  std::string reason_text;
+};
+
+// Pending rows and bytes of one class (outbox_usage), and its drops ever.
+struct OutboxClassUsage {
+  std::string class_prefix;
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  int64_t dropped = 0;
+};
+
+// Counts of this Outbox object (this process).
+struct OutboxCounters {
+  int64_t enqueued = 0;    // rows inserted (their transaction may still roll back)
+  int64_t duplicates = 0;  // enqueue of an id already in the table: no second row
+  int64_t rejected = 0;    // enqueues refused by a full kReject class
+  int64_t dropped = 0;     // rows deleted by kDropOldest
+  int64_t sent = 0;        // rows marked sent
+  int64_t dead = 0;        // rows marked dead
+};
+
+// Thrown by Outbox::enqueue_or_throw when the enqueue was refused (a full kReject class,
+// a bad argument): the handler's attempt fails.
+class OutboxRejected : public std::runtime_error {
+ public:
+  explicit OutboxRejected(Status status)
+      : std::runtime_error(status.to_string()), status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+class Outbox {
+ public:
+  // `inbox` is the store whose connection the relay-side calls use; not owned, must
+  // outlive the Outbox. Errors: kInvalidArgument for a null inbox, a negative bound, or
+  // two classes with the same prefix.
+  static Status create(Inbox* inbox, const OutboxOptions& options, std::unique_ptr<Outbox>* out);
+  ~Outbox();
+  Outbox(const Outbox&) = delete;
+  Outbox& operator=(const Outbox&) = delete;
+
+  // --- producer side ---
+
+  // Adds `message` as a pending row on `db`, which must be inside an open transaction (a
+  // handler's, or one the application began with BEGIN IMMEDIATE); the row commits or
+  // rolls back with it. *message_id (optional) receives the id, given or assigned.
+  // If a row with that id exists already (a re-run after a committed enqueue, a replay),
+  // nothing is added and the call succeeds: the id names one message.
+  // Errors: kInvalidArgument (no open transaction; empty topic or one with '+' or '#'; an
+  // id refused as the next hop's inbox would refuse it; a message larger than its class's
+  // max_bytes); kRejected "outbox full: ..." (a full kReject class); store codes
+  // (kFull, kIoError, kCorruption, ...) when SQLite fails.
+  Status enqueue(SQLite::Database& db, const OutgoingMessage& message,
+                 std::string* message_id = nullptr);
+
+  // enqueue() for handlers: throws OutboxRejected for a refusal, and lets an SQLite
+  // failure through as the SQLite::Exception it is, so that a Consumer treats store
+  // errors (BUSY, FULL, IOERR) as store failures, not as handler attempts (handler.h).
+  void enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& message,
+                        std::string* message_id = nullptr);
+
+  // --- relay side (on the Inbox's connection) ---
+
+  // Up to `limit` pending rows with seq > after_seq, in seq order, and counts one attempt
+  // on each (one transaction, committed without fsync: losing the count loses nothing).
+  Status fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out);
+  // Marks these rows sent (state 'sent', sent_at) in one transaction, committed without
+  // fsync: a lost mark only means a resend with the same id. Rows no longer pending
+  // (dropped, dead, already sent) are skipped.
+  Status mark_sent(const std::vector<int64_t>& seqs);
+  // Makes a pending row an outbox dead letter with `reason`, the PUBACK reason code (0 if
+  // none) and a text. Committed with fsync.
+  Status mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code, const std::string& text);
+
+  // --- inspection ---
+
+  // Rows in `state`, oldest first, at most `limit` (> 0).
+  Status list(OutboxState state, int limit, std::vector<OutboxRow>* out);
+  // Pending rows and bytes per class, and drops, as kept in outbox_usage.
+  Status usage(std::vector<OutboxClassUsage>* out);
+  // This object's counters. Cheap; any thread.
+  OutboxCounters counters() const;
+
+ private:
+  struct Impl;
+  explicit Outbox(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox

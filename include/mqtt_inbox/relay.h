@@ -1,0 +1,177 @@
+// Relay: the MQTT layer of the transactional outbox (outbox.h). Publishes committed outbox
+// rows at QoS 1 from a thread of its own and marks a row sent only after its PUBACK, so a
+// crash anywhere means a resend with the same message id, never a loss. Holds no SQL: it
+// drives the Outbox through fetch_pending, mark_sent and mark_dead.
+//
+// Design:
+//  - Its own Paho client and connection (client id RelayOptions::client_id), never the
+//    Subscriber's. Paho runs every client's callbacks on one process-wide thread, which the
+//    inbox's commits hold while a message is processed (docs/guarantees.md sections 1 and
+//    7). The relay's callbacks only record an ack under a small mutex of its own and wake
+//    its thread; every publish, every store access and every wait happens on that thread,
+//    so the consumer's callback and the relay never wait for each other. (A broker that
+//    allows one connection per device, such as Azure IoT Hub, needs the shared connection;
+//    that is not built yet.)
+//  - Clean start, no session: the outbox table is the relay's only state. After every
+//    (re)connect it publishes all pending rows again from the first, in enqueue order,
+//    with the same ids; the next hop's inbox drops what it has already seen.
+//  - The message id travels as the MQTT 5 user property "message-id" (what
+//    MessageIdOptions reads by default). With MQTT 3.1.1 there are no properties: the
+//    payload must carry the id (a JSON field the enqueuer wrote).
+//  - In-flight window: at most min(max_inflight, the broker's Receive Maximum from CONNACK,
+//    MQTT 5.0 section 3.2.2.3.3) publishes without PUBACK.
+//  - Order: one connection, publishes in enqueue (seq) order and resends in the same order
+//    after a reconnect, so rows of one ordering key reach the broker in FIFO order (MQTT 5.0
+//    section 4.6). Different keys share the window and are published in parallel.
+//  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
+//    without fsync: a lost mark only causes a resend.
+//  - Poison: an MQTT 5 PUBACK reason code >= 0x80 (not authorized, topic name invalid,
+//    quota exceeded, payload format invalid, ...; MQTT 5.0 section 3.4.2.1) makes the row
+//    an outbox dead letter (reason rejected_by_broker, with the code) and the stream goes
+//    on. MQTT 3.1.1 has no such code: mosquitto acks a publish its ACL denies and drops it,
+//    so the row counts as sent.
+//  - Reconnects back off exponentially, capped; nothing is ever dropped for having been
+//    retried too often. A refused CONNECT (bad user name or password, not authorized,
+//    ...) waits reconnect_backoff_max_ms at once, as the Subscriber's does.
+//  - It connects exactly as the Subscriber does, with the same settings and the same code
+//    (TLS, user name, password or password provider, client-id lock): TLS verifies the
+//    broker's certificate chain and host name unless an INSECURE switch of tls.h says
+//    otherwise (then a warning at every connect); a failed attempt is logged once with a
+//    reason a person can act on (a CONNACK refusal by name and code, OpenSSL's reason, a
+//    host name mismatch) and shown in health(). Secrets (password, the provider's output,
+//    tls.key_password) never reach a log line, health(), counters() or a Status message.
+//
+// Thread safety: all methods are safe from any thread; start() and stop() must not race.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "mqtt_inbox/outbox.h"
+#include "mqtt_inbox/status.h"
+#include "mqtt_inbox/subscriber.h"  // MqttVersion, PasswordProvider, SubscriberHealth
+#include "mqtt_inbox/tls.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace mqtt_inbox {
+
+struct RelayOptions {
+  // The connection. Each field has the shape, meaning and checks of the SubscriberOptions
+  // field of the same name (subscriber.h), and is used by the same code.
+
+  // Broker address, scheme://host[:port][/path]: tcp://, mqtt://, ws:// (plaintext) or
+  // ssl://, mqtts://, wss:// (TLS, see `tls`). Required; other schemes are refused.
+  std::string broker_uri;
+  // MQTT client id of the relay's own connection. Required; must differ from every
+  // Subscriber's client id (the broker closes the older of two connections with one id;
+  // see client_id_lock_dir). The relay connects with a clean start: no session is kept.
+  std::string client_id;
+  // Default kV5 (PUBACK reason codes, user property "message-id").
+  MqttVersion mqtt_version = MqttVersion::kV5;
+  // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); "" = none. Not a
+  // secret: it is logged. Default "".
+  std::string username;
+  // Password of the CONNECT packet (MQTT 3.1.1 section 3.1.3.5). A secret: never logged.
+  // MQTT 3.1.1 allows it only with a user name (section 3.1.2.9): create() refuses it
+  // without one there. Prefer password_provider (password_from_file). Over a plaintext URI
+  // it travels in clear text; create() logs a warning then. Default "" (none).
+  std::string password;
+  // Called on the relay's thread before every CONNECT for the password (PasswordProvider,
+  // subscriber.h): password_from_file(path) reads the file again at each connect. A
+  // failure fails that attempt (kCredentials in health()) and it is retried with the
+  // backoff. Setting both password and password_provider is refused. Default empty.
+  PasswordProvider password_provider;
+  // TLS settings, used with an ssl://, mqtts:// or wss:// broker_uri; any of them with a
+  // plaintext URI is refused. Checked by create() with check_tls_options() (tls.h; each
+  // error names its file). Default: verify the broker against the system trust store and
+  // its host name; no client certificate.
+  TlsOptions tls;
+  // Folder of the client-id lock: start() takes an exclusive flock(2) on
+  // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host relaying with
+  // the same client id fails with kBusy instead of pushing this one off the broker.
+  // "auto" and "" as SubscriberOptions::client_id_lock_dir. stop() removes the file.
+  // Default "auto".
+  std::string client_id_lock_dir = "auto";
+  // Keep-alive, s. 1..65535. Default 30.
+  int keep_alive_s = 30;
+  // Timeout of one connection attempt, ms. > 0. It also bounds the library's own TCP/TLS
+  // handshake that explains a failed attempt, and the check of tls.version. Default 10000.
+  int connect_timeout_ms = 10000;
+  // Reconnect backoff, ms: first wait, doubled each failure, capped; after a CONNACK
+  // refusal the cap at once. > 0, max >= initial. Defaults 500, 30000.
+  int reconnect_backoff_initial_ms = 500;
+  int reconnect_backoff_max_ms = 30000;
+
+  // Publishing.
+
+  // Most publishes without PUBACK, further capped by the broker's Receive Maximum.
+  // 1..65535. Default 64.
+  int max_inflight = 64;
+  // Most rows marked sent per transaction. Default 256.
+  int mark_batch = 256;
+  // How often the relay looks for new rows when nothing woke it, ms. notify() wakes it at
+  // once. Default 200.
+  int poll_interval_ms = 200;
+  // Logger; default nullptr = the "mqtt_inbox" logger.
+  std::shared_ptr<spdlog::logger> logger;
+
+  // Test hooks, called on the relay thread with the row's seq. after_publish: right after
+  // publish() was handed the row (before its PUBACK can be marked). before_mark: with the
+  // first row of a batch of PUBACKs about to be marked sent. Default empty.
+  std::function<void(int64_t seq)> before_publish_hook;
+  std::function<void(int64_t seq)> after_publish_hook;
+  std::function<void(int64_t seq)> before_mark_hook;
+};
+
+// Counts of this Relay (this process). A snapshot; any thread.
+struct RelayCounters {
+  int64_t published = 0;          // publishes handed to Paho (resends included)
+  int64_t acked = 0;              // PUBACKs with a success code
+  int64_t rejected = 0;           // PUBACKs with a reason code >= 0x80 (rows made dead)
+  int64_t connects = 0;           // connections made
+  int64_t max_inflight_seen = 0;  // largest number of publishes without PUBACK seen
+  int receive_maximum = 0;        // the broker's Receive Maximum at the last CONNACK (65535 if
+                                  // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
+};
+
+class Relay {
+ public:
+  // Validates the options. `outbox` is not owned and must outlive the Relay.
+  // Errors: kInvalidArgument with the reason: a missing broker_uri or client_id, a URI
+  // scheme or TLS setting or file refused by check_tls_options() (the file named), a
+  // password without a user name on MQTT 3.1.1, both password and password_provider set,
+  // a count or interval out of range.
+  static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
+  // Stops if running.
+  ~Relay();
+
+  // Takes the client-id lock, then starts the relay thread, which connects (retrying
+  // with backoff) and publishes. Returns at once. Errors: kInvalidArgument if already
+  // started; kBusy if another process holds the client-id lock.
+  Status start();
+  // Stops the thread, disconnects and releases the client-id lock; unacknowledged rows
+  // stay pending for the next run.
+  Status stop();
+  // Wakes the relay to look for new rows now (for example after a commit that enqueued).
+  void notify();
+
+  bool is_connected() const;
+  RelayCounters counters() const;
+  // The connection's state, as Subscriber::health() reports its own (`connected` here
+  // means connected; there is no SUBSCRIBE): attempts, the last failure's kind and reason
+  // (e.g. kTls "certificate verify failed: hostname mismatch ..."), the last CONNACK
+  // refusal. Never holds a secret. Cheap; any thread.
+  SubscriberHealth health() const;
+
+ private:
+  struct Impl;
+  explicit Relay(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqtt_inbox

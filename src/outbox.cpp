@@ -1,0 +1,439 @@
+// The transactional outbox's store (outbox.h): enqueue inside the caller's transaction
+// with the class bounds, and the relay's fetch and marks on the Inbox's connection.
+#include "mqtt_inbox/outbox.h"
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "inbox_impl.h"
+#include "log.h"
+#include "message_id.h"
+#include "properties_json.h"
+#include "reentry.h"
+#include "sqlite_util.h"
+
+namespace mqtt_inbox {
+
+const char* to_string(OutboxState state) {
+  switch (state) {
+    case OutboxState::kPending:
+      return "pending";
+    case OutboxState::kSent:
+      return "sent";
+    case OutboxState::kDead:
+      return "dead";
+  }
+  return "unknown";
+}
+
+const char* to_string(OutboxDeadReason reason) {
+  switch (reason) {
+    case OutboxDeadReason::kRejectedByBroker:
+      return "rejected_by_broker";
+    case OutboxDeadReason::kExpired:
+      return "expired";
+    case OutboxDeadReason::kPayloadTooLarge:
+      return "payload_too_large";
+  }
+  return "unknown";
+}
+
+std::string derived_message_id(const std::string& incoming_id, const std::string& suffix) {
+  return incoming_id + "/" + suffix;
+}
+
+Status random_message_id(std::string* out) {
+  unsigned char b[16];
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status(Status::Code::kIoError, std::string("/dev/urandom: ") + std::strerror(errno));
+  size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::read(fd, b + got, sizeof b - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      return Status(Status::Code::kIoError,
+                    std::string("/dev/urandom: ") + (n == 0 ? "end of file" : std::strerror(e)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4 (RFC 4122 4.4)
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 10
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[b[i] >> 4];
+    s += hex[b[i] & 0x0f];
+  }
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+namespace {
+
+Message as_message(const OutgoingMessage& m) {
+  Message msg;
+  msg.user_properties = m.user_properties;
+  msg.content_type = m.content_type;
+  msg.response_topic = m.response_topic;
+  msg.correlation_data = m.correlation_data;
+  msg.payload_format_indicator = m.payload_format_indicator;
+  msg.message_expiry_interval_s = m.message_expiry_interval_s;
+  return msg;
+}
+
+constexpr const char* kRowColumns =
+    "seq, message_id, ordering_key, topic, payload, properties, size_bytes, enqueued_at, state, "
+    "attempts, sent_at, dead_reason, reason_code, reason_text";
+
+OutboxRow read_row(SQLite::Statement& q) {
+  OutboxRow r;
+  r.seq = q.getColumn(0).getInt64();
+  r.message_id = q.getColumn(1).getString();
+  r.ordering_key = q.getColumn(2).getString();
+  r.topic = q.getColumn(3).getString();
+  r.payload = q.getColumn(4).getString();
+  Message props;
+  detail::read_properties_json(q.getColumn(5).getString(), &props);
+  r.properties.topic = r.topic;
+  r.properties.payload = r.payload;
+  r.properties.ordering_key = r.ordering_key;
+  r.properties.message_id = r.message_id;
+  r.properties.user_properties = std::move(props.user_properties);
+  r.properties.content_type = props.content_type;
+  r.properties.response_topic = props.response_topic;
+  r.properties.correlation_data = props.correlation_data;
+  r.properties.payload_format_indicator = props.payload_format_indicator;
+  r.properties.message_expiry_interval_s = props.message_expiry_interval_s;
+  r.size_bytes = q.getColumn(6).getInt64();
+  r.enqueued_at_ms = q.getColumn(7).getInt64();
+  const std::string state = q.getColumn(8).getString();
+  r.state = state == "sent"   ? OutboxState::kSent
+            : state == "dead" ? OutboxState::kDead
+                              : OutboxState::kPending;
+  r.attempts = q.getColumn(9).getInt();
+  r.sent_at_ms = q.getColumn(10).isNull() ? 0 : q.getColumn(10).getInt64();
+  if (!q.getColumn(11).isNull()) {
+    const std::string reason = q.getColumn(11).getString();
+    for (auto c : {OutboxDeadReason::kRejectedByBroker, OutboxDeadReason::kExpired,
+                   OutboxDeadReason::kPayloadTooLarge})
+      if (reason == to_string(c)) r.dead_reason = c;
+  }
+  r.reason_code = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt();
+  r.reason_text = q.getColumn(13).isNull() ? "" : q.getColumn(13).getString();
+  return r;
+}
+
+}  // namespace
+
+struct Outbox::Impl {
+  Inbox* inbox = nullptr;
+  OutboxOptions options;
+  std::shared_ptr<spdlog::logger> log;
+  std::atomic<int64_t> enqueued{0}, duplicates{0}, rejected{0}, dropped{0}, sent{0}, dead{0};
+
+  // The class of `topic`: the longest matching prefix, or nullptr.
+  const OutboxClass* class_of(const std::string& topic) const {
+    const OutboxClass* best = nullptr;
+    for (const auto& c : options.classes)
+      if (topic.compare(0, c.topic_prefix.size(), c.topic_prefix) == 0 &&
+          (!best || c.topic_prefix.size() > best->topic_prefix.size()))
+        best = &c;
+    return best;
+  }
+
+  // Makes room for the row `seq` of `size` bytes in class `c`, just inserted (and so
+  // already counted in outbox_usage) inside the caller's transaction: OK if it fits (after
+  // drops of older rows under kDropOldest), else the refusal. Throws SQLite errors.
+  Status make_room(SQLite::Database& db, const OutboxClass& c, int64_t size, int64_t seq);
+
+  // Runs `fn` in a write transaction on the Inbox's connection, under its mutex; SQLite
+  // errors come back classified (and a corrupt file latches the inbox). `call` names the
+  // public method. Refused from inside a handler of this inbox, as every Inbox call that
+  // takes its mutex (reentry.h): the handler's thread holds that mutex already.
+  template <typename Fn>
+  Status on_inbox(const char* call, bool relaxed_sync, Fn&& fn) {
+    if (Status r = detail::refuse_if_in_handler(inbox, call); !r.ok()) return r;
+    const char* what = call;
+    auto& in = detail::InboxAccess::of(inbox);
+    std::lock_guard<std::mutex> lock(in.mu);
+    if (in.fatal.load()) return in.fatal_status();
+    try {
+      using InboxImpl = std::remove_reference_t<decltype(in)>;  // Inbox::Impl is private
+      std::optional<InboxImpl::RelaxedSync> relaxed;
+      if (relaxed_sync) relaxed.emplace(in);
+      in.write_transaction(fn);
+      return Status::Ok();
+    } catch (const SQLite::Exception& e) {
+      return in.store_error(detail::to_status(e, what));
+    } catch (const std::exception& e) {
+      return Status::Internal(std::string(what) + ": " + e.what());
+    }
+  }
+};
+
+Status Outbox::Impl::make_room(SQLite::Database& db, const OutboxClass& c, int64_t size,
+                               int64_t new_seq) {
+  if (c.max_bytes > 0 && size > c.max_bytes)
+    return Status::InvalidArgument("outbox message of " + std::to_string(size) +
+                                   " bytes is larger than class '" + c.topic_prefix +
+                                   "' allows (max_bytes " + std::to_string(c.max_bytes) + ")");
+  SQLite::Statement usage(db, "SELECT rows, bytes FROM outbox_usage WHERE class = ?");
+  usage.bind(1, c.topic_prefix);
+  int64_t rows = 0, bytes = 0;
+  if (usage.executeStep()) {
+    rows = usage.getColumn(0).getInt64();
+    bytes = usage.getColumn(1).getInt64();
+  }
+  usage.tryReset();
+  auto fits = [&] {  // rows and bytes include the new row
+    return (c.max_rows <= 0 || rows <= c.max_rows) && (c.max_bytes <= 0 || bytes <= c.max_bytes);
+  };
+  if (fits()) return Status::Ok();
+  if (c.policy == OutboxFullPolicy::kReject) {
+    ++rejected;
+    return Status(Status::Code::kRejected, "outbox full: class '" + c.topic_prefix + "' holds " +
+                                               std::to_string(rows) + " rows, " +
+                                               std::to_string(bytes) + " bytes (max_rows " +
+                                               std::to_string(c.max_rows) + ", max_bytes " +
+                                               std::to_string(c.max_bytes) + ")");
+  }
+  SQLite::Statement oldest(db,
+                           "SELECT seq, size_bytes, message_id FROM outbox_messages "
+                           "WHERE class = ? AND state = 'pending' AND seq <> ? "
+                           "ORDER BY seq LIMIT 1");
+  SQLite::Statement drop(db, "DELETE FROM outbox_messages WHERE seq = ?");
+  int64_t n = 0;
+  std::string first_id;
+  while (!fits()) {
+    oldest.bind(1, c.topic_prefix);
+    oldest.bind(2, new_seq);
+    if (!oldest.executeStep()) break;  // nothing left to drop (cannot happen: size fits)
+    const int64_t seq = oldest.getColumn(0).getInt64();
+    rows -= 1;
+    bytes -= oldest.getColumn(1).getInt64();
+    if (n == 0) first_id = oldest.getColumn(2).getString();
+    oldest.tryReset();
+    drop.bind(1, seq);
+    drop.exec();
+    drop.tryReset();
+    ++n;
+  }
+  SQLite::Statement count(db, "UPDATE outbox_usage SET dropped = dropped + ? WHERE class = ?");
+  count.bind(1, n);
+  count.bind(2, c.topic_prefix);
+  count.exec();
+  dropped += n;
+  log->warn(
+      "outbox: class '{}' full: dropped {} oldest pending row(s), first id '{}' "
+      "(policy drop_oldest)",
+      detail::printable(c.topic_prefix), n, detail::printable(first_id));
+  return Status::Ok();
+}
+
+Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_ptr<Outbox>* out) {
+  if (!inbox) return Status::InvalidArgument("Outbox::create: inbox is null");
+  for (size_t i = 0; i < options.classes.size(); ++i) {
+    const auto& c = options.classes[i];
+    if (c.max_rows < 0 || c.max_bytes < 0)
+      return Status::InvalidArgument("outbox class '" + c.topic_prefix +
+                                     "': max_rows and max_bytes must be >= 0");
+    for (size_t j = 0; j < i; ++j)
+      if (options.classes[j].topic_prefix == c.topic_prefix)
+        return Status::InvalidArgument("outbox class '" + c.topic_prefix + "' given twice");
+  }
+  if (options.max_id_bytes == 0) return Status::InvalidArgument("max_id_bytes must be > 0");
+  auto impl = std::make_unique<Impl>();
+  impl->inbox = inbox;
+  impl->options = options;
+  impl->log = detail::logger_or_default(options.logger);
+  out->reset(new Outbox(std::move(impl)));
+  return Status::Ok();
+}
+
+Outbox::Outbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Outbox::~Outbox() = default;
+
+void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
+                              std::string* message_id) {
+  if (sqlite3_get_autocommit(db.getHandle()))
+    throw OutboxRejected(Status::InvalidArgument("outbox enqueue needs an open transaction"));
+  if (m.topic.empty() || m.topic.find_first_of("+#") != std::string::npos)
+    throw OutboxRejected(Status::InvalidArgument("outbox topic '" + detail::printable(m.topic) +
+                                                 "' is empty or holds a wildcard"));
+  std::string id = m.message_id;
+  if (id.empty()) {
+    Status s = random_message_id(&id);
+    if (!s.ok()) throw OutboxRejected(s);
+  }
+  if (std::string why = detail::validate_message_id(id, impl_->options.max_id_bytes); !why.empty())
+    throw OutboxRejected(Status::InvalidArgument("outbox message id refused: " + why));
+  const std::string key = m.ordering_key.empty() ? m.topic : m.ordering_key;
+  const std::string props = detail::properties_json(as_message(m));
+  const int64_t size = static_cast<int64_t>(id.size() + key.size() + m.topic.size() +
+                                            m.payload.size() + props.size());
+  const OutboxClass* c = impl_->class_of(m.topic);
+
+  // Claim the id first (guarantees.md section 3): INSERT ... ON CONFLICT DO NOTHING, and
+  // no change means the id is already present and names this message: nothing to add,
+  // and no room to make. A new row is then fitted into its class; a refusal takes it out
+  // again, so that enqueue() leaves nothing behind even if the caller commits.
+  SQLite::Statement ins(db,
+                        "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
+                        "payload, properties, qos, size_bytes, enqueued_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT (message_id) DO NOTHING");
+  ins.bind(1, id);
+  ins.bind(2, key);
+  ins.bind(3, c ? c->topic_prefix : std::string());
+  ins.bind(4, m.topic);
+  ins.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
+  ins.bind(6, props);
+  ins.bind(7, size);
+  ins.bind(8, detail::InboxAccess::of(impl_->inbox).clock->wall_ms());
+  if (ins.exec() == 0) {
+    ++impl_->duplicates;
+  } else {
+    const int64_t seq = sqlite3_last_insert_rowid(db.getHandle());
+    if (c) {
+      Status s = impl_->make_room(db, *c, size, seq);
+      if (!s.ok()) {
+        SQLite::Statement undo(db, "DELETE FROM outbox_messages WHERE seq = ?");
+        undo.bind(1, seq);
+        undo.exec();
+        throw OutboxRejected(s);
+      }
+    }
+    ++impl_->enqueued;
+  }
+  if (message_id) *message_id = id;
+}
+
+Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::string* message_id) {
+  try {
+    enqueue_or_throw(db, m, message_id);
+    return Status::Ok();
+  } catch (const OutboxRejected& e) {
+    return e.status();
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, "outbox enqueue");
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("outbox enqueue: ") + e.what());
+  }
+}
+
+Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
+  out->clear();
+  if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  return impl_->on_inbox("Outbox::fetch_pending", /*relaxed_sync=*/true, [&] {
+    out->clear();  // a retried transaction starts over
+    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
+                                " FROM outbox_messages WHERE state = 'pending' AND seq > ? "
+                                "ORDER BY seq LIMIT ?");
+    q.bind(1, after_seq);
+    q.bind(2, limit);
+    while (q.executeStep()) out->push_back(read_row(q));
+    q.tryReset();
+    if (out->empty()) return;
+    SQLite::Statement up(db,
+                         "UPDATE outbox_messages SET attempts = attempts + 1 "
+                         "WHERE state = 'pending' AND seq BETWEEN ? AND ?");
+    up.bind(1, out->front().seq);
+    up.bind(2, out->back().seq);
+    up.exec();
+    for (auto& r : *out) ++r.attempts;
+  });
+}
+
+Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
+  if (seqs.empty()) return Status::Ok();
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  int64_t changed = 0;
+  Status s = impl_->on_inbox("Outbox::mark_sent", /*relaxed_sync=*/true, [&] {
+    changed = 0;
+    SQLite::Statement up(*in.db,
+                         "UPDATE outbox_messages SET state = 'sent', sent_at = ? "
+                         "WHERE seq = ? AND state = 'pending'");
+    const int64_t now = in.clock->wall_ms();
+    for (int64_t seq : seqs) {
+      up.bind(1, now);
+      up.bind(2, seq);
+      changed += up.exec();
+      up.tryReset();
+    }
+  });
+  if (s.ok()) impl_->sent += changed;
+  return s;
+}
+
+Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
+                         const std::string& text) {
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  int changed = 0;
+  Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
+    SQLite::Statement up(*in.db,
+                         "UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
+                         "reason_code = ?, reason_text = ?, dead_at = ? "
+                         "WHERE seq = ? AND state = 'pending'");
+    up.bind(1, to_string(reason));
+    up.bind(2, reason_code);
+    up.bind(3, text);
+    up.bind(4, in.clock->wall_ms());
+    up.bind(5, seq);
+    changed = up.exec();
+  });
+  if (s.ok() && changed > 0) {
+    ++impl_->dead;
+    impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}", seq,
+                     to_string(reason), reason_code, detail::printable(text));
+  }
+  return s;
+}
+
+Status Outbox::list(OutboxState state, int limit, std::vector<OutboxRow>* out) {
+  out->clear();
+  if (limit <= 0) return Status::InvalidArgument("list: limit must be > 0");
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  return impl_->on_inbox("Outbox::list", /*relaxed_sync=*/false, [&] {
+    out->clear();
+    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
+                                " FROM outbox_messages WHERE state = ? ORDER BY seq LIMIT ?");
+    q.bind(1, to_string(state));
+    q.bind(2, limit);
+    while (q.executeStep()) out->push_back(read_row(q));
+  });
+}
+
+Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
+  out->clear();
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  return impl_->on_inbox("Outbox::usage", /*relaxed_sync=*/false, [&] {
+    out->clear();
+    SQLite::Statement q(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
+    while (q.executeStep())
+      out->push_back({q.getColumn(0).getString(), q.getColumn(1).getInt64(),
+                      q.getColumn(2).getInt64(), q.getColumn(3).getInt64()});
+  });
+}
+
+OutboxCounters Outbox::counters() const {
+  OutboxCounters c;
+  c.enqueued = impl_->enqueued.load();
+  c.duplicates = impl_->duplicates.load();
+  c.rejected = impl_->rejected.load();
+  c.dropped = impl_->dropped.load();
+  c.sent = impl_->sent.load();
+  c.dead = impl_->dead.load();
+  return c;
+}
+
+}  // namespace mqtt_inbox

@@ -1,0 +1,386 @@
+// The outbox core on real SQLite files: enqueue inside the handler's claim transaction and
+// inside the application's own, stable ids, class bounds (reject, drop_oldest), order, and
+// the relay-side fetch and marks. Assertions read the tables back through a separate
+// connection.
+#include "mqtt_inbox/outbox.h"
+
+#include <sqlite3.h>
+
+#include <set>
+
+#include "support/ledger_fixture.h"
+
+namespace mqtt_inbox::test {
+namespace {
+
+class OutboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    db_path_ = dir_.file("inbox.db");
+    inbox_ = open_ledger_inbox(db_path_);
+    ASSERT_TRUE(inbox_);
+  }
+
+  std::unique_ptr<Outbox> make_outbox(OutboxOptions options = {}) {
+    std::unique_ptr<Outbox> o;
+    const Status s = Outbox::create(inbox_.get(), options, &o);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return o;
+  }
+
+  std::unique_ptr<Consumer> make_consumer(Handler handler, ConsumerOptions options = {}) {
+    options.max_attempts = 2;
+    options.retry_backoff_initial = std::chrono::milliseconds(1);
+    options.retry_backoff_max = std::chrono::milliseconds(2);
+    std::unique_ptr<Consumer> c;
+    const Status s = Consumer::create(inbox_.get(), "ledger", std::move(handler), options, &c);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return c;
+  }
+
+  // Enqueues `m` in a transaction of its own on the inbox's connection (store-and-forward).
+  Status enqueue_own(Outbox& o, const OutgoingMessage& m, std::string* id = nullptr) {
+    Status s;
+    inbox_->with_connection([&](SQLite::Database& db) {
+      db.exec("BEGIN IMMEDIATE");
+      s = o.enqueue(db, m, id);
+      db.exec(s.ok() ? "COMMIT" : "ROLLBACK");
+    });
+    return s;
+  }
+
+  int64_t count(const std::string& where = "1") {
+    return query_int(db_path_, "SELECT count(*) FROM outbox_messages WHERE " + where);
+  }
+  std::vector<std::string> pending_payloads() {
+    std::vector<std::string> out;
+    SQLite::Database db(db_path_, SQLite::OPEN_READONLY);
+    SQLite::Statement q(db,
+                        "SELECT payload FROM outbox_messages WHERE state = 'pending' ORDER BY seq");
+    while (q.executeStep()) out.push_back(q.getColumn(0).getString());
+    return out;
+  }
+
+  TempDir dir_;
+  std::string db_path_;
+  std::unique_ptr<Inbox> inbox_;
+};
+
+OutgoingMessage out_msg(const std::string& topic, const std::string& payload,
+                        const std::string& id = "") {
+  OutgoingMessage m;
+  m.topic = topic;
+  m.payload = payload;
+  m.message_id = id;
+  return m;
+}
+
+// The handler's enqueue commits with the claim and the credit; a failing attempt rolls all
+// three back, and the retry's row carries the same derived id.
+TEST_F(OutboxTest, EnqueueCommitsAndRollsBackWithTheClaim) {
+  auto outbox = make_outbox();
+  int calls = 0;
+  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
+    ledger::apply_credit(db, d);
+    OutgoingMessage m = out_msg("events/credited", "credited " + d.message_id);
+    m.message_id = derived_message_id(d.message_id, "0");
+    outbox->enqueue_or_throw(db, m);
+    if (++calls == 1) throw std::runtime_error("first attempt fails after the enqueue");
+  });
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 5)), Outcome::kProcessed);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(count(), 1);
+  EXPECT_EQ(count("message_id = 'c-1/0' AND state = 'pending' AND topic = 'events/credited'"), 1);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 5);
+  // A redelivery is a duplicate: no handler, no second row.
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 5)), Outcome::kDuplicate);
+  EXPECT_EQ(count(), 1);
+}
+
+TEST_F(OutboxTest, RollbackOfTheApplicationsTransactionRemovesTheRow) {
+  auto outbox = make_outbox();
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("telemetry/t", "1")).ok());
+    db.exec("ROLLBACK");
+  });
+  EXPECT_EQ(count(), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT coalesce(sum(rows), 0) FROM outbox_usage"), 0);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", "2")).ok());
+  EXPECT_EQ(count(), 1);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 1);
+}
+
+TEST_F(OutboxTest, EnqueueOutsideATransactionIsRefused) {
+  auto outbox = make_outbox();
+  Status s;
+  inbox_->with_connection(
+      [&](SQLite::Database& db) { s = outbox->enqueue(db, out_msg("telemetry/t", "1")); });
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.to_string();
+  EXPECT_EQ(count(), 0);
+}
+
+TEST_F(OutboxTest, BadTopicsAndIdsAreRefused) {
+  auto outbox = make_outbox();
+  for (const char* topic : {"", "a/+/b", "a/#"})
+    EXPECT_EQ(enqueue_own(*outbox, out_msg(topic, "x")).code(), Status::Code::kInvalidArgument)
+        << topic;
+  EXPECT_EQ(enqueue_own(*outbox, out_msg("t", "x", std::string("bad\x01id"))).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(enqueue_own(*outbox, out_msg("t", "x", std::string(300, 'a'))).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(count(), 0);
+}
+
+TEST_F(OutboxTest, DerivedIdsAreDeterministicAndEnqueueIsIdempotentOnThem) {
+  EXPECT_EQ(derived_message_id("in-7", "0"), "in-7/0");
+  EXPECT_EQ(derived_message_id("in-7", "0"), derived_message_id("in-7", "0"));
+  EXPECT_NE(derived_message_id("in-7", "0"), derived_message_id("in-7", "1"));
+  EXPECT_NE(derived_message_id("in-7", "0"), derived_message_id("in-8", "0"));
+  auto outbox = make_outbox();
+  std::string a, b;
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t", "x", derived_message_id("in-7", "0")), &a).ok());
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t", "x", derived_message_id("in-7", "0")), &b).ok());
+  EXPECT_EQ(a, "in-7/0");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(count(), 1);
+  EXPECT_EQ(outbox->counters().duplicates, 1);
+}
+
+// Enqueue claims the id with one INSERT ... ON CONFLICT DO NOTHING (guarantees.md section
+// 3), never SELECT then INSERT. The difference shows when another connection commits the
+// same id between the two: here an application's deferred transaction, and a second
+// writer that commits the id just before enqueue's INSERT starts (an SQLite trace
+// callback on the statement). A SELECT would have opened a read snapshot that no longer
+// sees the latest data, and the INSERT would fail (SQLITE_BUSY_SNAPSHOT or a UNIQUE
+// violation); the claim reads and writes at once and counts a duplicate.
+TEST_F(OutboxTest, EnqueueClaimsTheIdInOneStatement) {
+  auto outbox = make_outbox();
+  SQLite::Database app(db_path_, SQLite::OPEN_READWRITE);
+  app.setBusyTimeout(5000);
+  SQLite::Database other(db_path_, SQLite::OPEN_READWRITE);
+  other.setBusyTimeout(5000);
+  struct Race {
+    SQLite::Database* other;
+    Outbox* outbox;
+    int fired = 0;
+    Status other_status;
+  } race{&other, outbox.get(), 0, Status::Ok()};
+  sqlite3_trace_v2(
+      app.getHandle(), SQLITE_TRACE_STMT,
+      [](unsigned, void* ctx, void*, void* sql) -> int {
+        auto* r = static_cast<Race*>(ctx);
+        const std::string text(static_cast<const char*>(sql));
+        if (text.rfind("INSERT INTO outbox_messages", 0) == 0 && r->fired++ == 0) {
+          r->other->exec("BEGIN IMMEDIATE");
+          r->other_status = r->outbox->enqueue(*r->other, out_msg("t", "other", "same-id"));
+          r->other->exec("COMMIT");
+        }
+        return 0;
+      },
+      &race);
+  app.exec("BEGIN");  // deferred: the snapshot starts at the first statement
+  const Status s = outbox->enqueue(app, out_msg("t", "app", "same-id"));
+  app.exec(s.ok() ? "COMMIT" : "ROLLBACK");
+  sqlite3_trace_v2(app.getHandle(), 0, nullptr, nullptr);
+  ASSERT_EQ(race.fired, 1);
+  ASSERT_TRUE(race.other_status.ok()) << race.other_status.to_string();
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(count("message_id = 'same-id'"), 1);
+  EXPECT_EQ(pending_payloads(), std::vector<std::string>{"other"});
+  EXPECT_EQ(outbox->counters().enqueued, 1);
+  EXPECT_EQ(outbox->counters().duplicates, 1);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 1);
+}
+
+// A refused enqueue (the class is full) leaves no row and no usage behind, even when the
+// caller ignores the refusal and commits its transaction.
+TEST_F(OutboxTest, ARefusedEnqueueLeavesNothingEvenIfTheCallerCommits) {
+  OutboxOptions o;
+  o.classes = {{"t/", 1, 0, OutboxFullPolicy::kReject}};
+  auto outbox = make_outbox(o);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "first", "id-1")).ok());
+  Status s;
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    s = outbox->enqueue(db, out_msg("t/a", "second", "id-2"));
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(s.code(), Status::Code::kRejected) << s.to_string();
+  EXPECT_EQ(count(), 1);
+  EXPECT_EQ(count("message_id = 'id-2'"), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 't/'"), 1);
+  EXPECT_EQ(query_int(db_path_, "SELECT bytes FROM outbox_usage WHERE class = 't/'"),
+            query_int(db_path_, "SELECT sum(size_bytes) FROM outbox_messages"));
+}
+
+TEST_F(OutboxTest, RandomIdsAreVersion4UuidsAndDistinct) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    std::string id;
+    ASSERT_TRUE(random_message_id(&id).ok());
+    ASSERT_EQ(id.size(), 36u);
+    EXPECT_EQ(id[14], '4');
+    EXPECT_NE(std::string("89ab").find(id[19]), std::string::npos) << id;
+    for (int dash : {8, 13, 18, 23}) EXPECT_EQ(id[dash], '-');
+    seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+  auto outbox = make_outbox();
+  std::string id;
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t", "x"), &id).ok());
+  EXPECT_EQ(id.size(), 36u);
+  EXPECT_EQ(count("message_id = '" + id + "'"), 1);
+}
+
+// reject: the handler's attempt fails while the class is full, the message is retried and
+// applied once after the relay marked rows sent.
+TEST_F(OutboxTest, RejectFailsTheHandlerUntilSpaceFrees) {
+  OutboxOptions options;
+  options.classes.push_back({"events/", 2, 0, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
+    ledger::apply_credit(db, d);
+    outbox->enqueue_or_throw(
+        db, out_msg("events/c", d.message_id, derived_message_id(d.message_id, "0")));
+  });
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 1)), Outcome::kProcessed);
+  EXPECT_EQ(consumer->handle(credit_message("c-2", "a", 2)), Outcome::kProcessed);
+  // Full: every attempt fails; with max_attempts 2 the message ends as a dead letter,
+  // its credit not applied, and no third row.
+  EXPECT_EQ(consumer->handle(credit_message("c-3", "a", 4)), Outcome::kDeadLettered);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 3);
+  EXPECT_EQ(count(), 2);
+  EXPECT_EQ(outbox->counters().rejected, 2);
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason_text "
+                      "LIKE '%outbox full%'"),
+            1);
+  // The relay frees space; the replayed message now applies once.
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
+  const int64_t dl = query_int(db_path_, "SELECT id FROM inbox_dead_letters");
+  Outcome o;
+  ASSERT_TRUE(consumer->replay_dead_letter(dl, &o).ok());
+  EXPECT_EQ(o, Outcome::kProcessed);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 7);
+  EXPECT_EQ(count("state = 'pending'"), 2);
+  EXPECT_EQ(count("message_id = 'c-3/0'"), 1);
+}
+
+// Bounds by bytes as well as rows; other classes and unbounded topics are not affected.
+TEST_F(OutboxTest, RejectCountsBytesPerClass) {
+  OutboxOptions options;
+  options.classes.push_back({"big/", 0, 3000, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  const std::string kb(1000, 'x');
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("big/a", kb, "b1")).ok());
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("big/a", kb, "b2")).ok());
+  const Status full = enqueue_own(*outbox, out_msg("big/a", kb, "b3"));
+  EXPECT_EQ(full.code(), Status::Code::kRejected) << full.to_string();
+  EXPECT_NE(full.message().find("outbox full"), std::string::npos);
+  EXPECT_TRUE(enqueue_own(*outbox, out_msg("other/a", kb, "o1")).ok());
+  EXPECT_TRUE(enqueue_own(*outbox, out_msg("big/a", "small", "b4")).ok());
+  // A message that can never fit is an argument error, not "full".
+  EXPECT_EQ(enqueue_own(*outbox, out_msg("big/a", std::string(4000, 'y'), "b5")).code(),
+            Status::Code::kInvalidArgument);
+  EXPECT_EQ(count("class = 'big/'"), 3);
+  EXPECT_EQ(
+      query_int(db_path_, "SELECT bytes FROM outbox_usage WHERE class = 'big/'"),
+      query_int(db_path_, "SELECT sum(size_bytes) FROM outbox_messages WHERE class = 'big/'"));
+}
+
+// drop_oldest: exact counts, the newest rows kept in order, the longest prefix decides.
+TEST_F(OutboxTest, DropOldestKeepsTheNewestAndCountsExactly) {
+  OutboxOptions options;
+  options.classes.push_back({"telemetry/", 5, 0, OutboxFullPolicy::kDropOldest});
+  options.classes.push_back({"telemetry/alarm/", 0, 0, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  for (int i = 0; i < 12; ++i)
+    ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", std::to_string(i))).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/alarm/x", "alarm")).ok());
+  EXPECT_EQ(pending_payloads(),
+            (std::vector<std::string>{"7", "8", "9", "10", "11", "alarm", "alarm", "alarm"}));
+  EXPECT_EQ(outbox->counters().dropped, 7);
+  EXPECT_EQ(query_int(db_path_, "SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 7);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'telemetry/'"), 5);
+  // A drop inside a transaction that rolls back is undone with it.
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("telemetry/t", "rolled back")).ok());
+    db.exec("ROLLBACK");
+  });
+  EXPECT_EQ(count("class = 'telemetry/'"), 5);
+  EXPECT_EQ(query_int(db_path_, "SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 7);
+}
+
+// fetch_pending returns committed rows in enqueue order from a given seq on, counts an
+// attempt on each, and keeps the properties; marks move rows out of the pending set.
+TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
+  OutboxOptions options;
+  options.classes.push_back({"", 100, 0, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  for (int i = 0; i < 10; ++i) {
+    OutgoingMessage m =
+        out_msg(i % 2 ? "a/odd" : "a/even", std::to_string(i), "id-" + std::to_string(i));
+    m.user_properties = {{"k", "v" + std::to_string(i)}};
+    m.content_type = "text/plain";
+    if (i == 3) m.ordering_key = "custom";
+    ASSERT_TRUE(enqueue_own(*outbox, m).ok());
+  }
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 4, &rows).ok());
+  ASSERT_EQ(rows.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i].payload, std::to_string(i));
+    EXPECT_EQ(rows[i].message_id, "id-" + std::to_string(i));
+    EXPECT_EQ(rows[i].attempts, 1);
+    ASSERT_EQ(rows[i].properties.user_properties.size(), 1u);
+    EXPECT_EQ(rows[i].properties.user_properties[0].second, "v" + std::to_string(i));
+    EXPECT_EQ(rows[i].properties.content_type.value_or(""), "text/plain");
+  }
+  EXPECT_EQ(rows[0].ordering_key, "a/even");
+  EXPECT_EQ(rows[3].ordering_key, "custom");
+  std::vector<OutboxRow> rest;
+  ASSERT_TRUE(outbox->fetch_pending(rows.back().seq, 100, &rest).ok());
+  ASSERT_EQ(rest.size(), 6u);
+  EXPECT_EQ(rest.front().payload, "4");
+  ASSERT_TRUE(outbox->mark_sent({rows[0].seq, rows[1].seq, rows[1].seq}).ok());
+  ASSERT_TRUE(
+      outbox->mark_dead(rows[2].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+          .ok());
+  // A late mark for a dead row changes nothing.
+  ASSERT_TRUE(outbox->mark_sent({rows[2].seq}).ok());
+  EXPECT_EQ(count("state = 'sent'"), 2);
+  EXPECT_EQ(count("state = 'dead' AND dead_reason = 'rejected_by_broker' AND reason_code = 135"),
+            1);
+  EXPECT_EQ(outbox->counters().sent, 2);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 7);
+  std::vector<OutboxRow> dead;
+  ASSERT_TRUE(outbox->list(OutboxState::kDead, 10, &dead).ok());
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].reason_text, "not authorized");
+  ASSERT_TRUE(dead[0].dead_reason.has_value());
+  EXPECT_EQ(*dead[0].dead_reason, OutboxDeadReason::kRejectedByBroker);
+  ASSERT_TRUE(outbox->fetch_pending(0, 100, &rest).ok());
+  EXPECT_EQ(rest.size(), 7u);
+  EXPECT_EQ(rest.front().payload, "3");
+  EXPECT_EQ(rest.front().attempts, 2);
+}
+
+TEST_F(OutboxTest, CreateRefusesBadClasses) {
+  std::unique_ptr<Outbox> o;
+  OutboxOptions dup;
+  dup.classes = {{"a/", 1, 0, OutboxFullPolicy::kReject}, {"a/", 2, 0, OutboxFullPolicy::kReject}};
+  EXPECT_EQ(Outbox::create(inbox_.get(), dup, &o).code(), Status::Code::kInvalidArgument);
+  OutboxOptions neg;
+  neg.classes = {{"a/", -1, 0, OutboxFullPolicy::kReject}};
+  EXPECT_EQ(Outbox::create(inbox_.get(), neg, &o).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(Outbox::create(nullptr, {}, &o).code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test
