@@ -81,9 +81,9 @@ mqtt_inbox::Status read_password(const Flags& f, std::string* password) {
   return s;
 }
 
-}  // namespace
-
-mqtt_inbox::Status to_subscriber_options(const Flags& f, mqtt_inbox::SubscriberOptions* out) {
+// The connection fields, which SubscriberOptions and RelayOptions name alike.
+template <typename Options>
+mqtt_inbox::Status fill_connection(const Flags& f, Options* out) {
   out->broker_uri = f.broker;
   out->client_id = f.client_id;
   out->client_id_lock_dir = f.client_id_lock_dir;
@@ -97,6 +97,19 @@ mqtt_inbox::Status to_subscriber_options(const Flags& f, mqtt_inbox::SubscriberO
   }
   if (mqtt_inbox::Status s = tls_options(f, &out->tls); !s.ok()) return s;
   return mqtt_inbox::check_tls_options(f.broker, out->tls);
+}
+
+}  // namespace
+
+mqtt_inbox::Status to_subscriber_options(const Flags& f, mqtt_inbox::SubscriberOptions* out) {
+  return fill_connection(f, out);
+}
+
+mqtt_inbox::Status to_relay_options(const Flags& f, const std::string& client_id_suffix,
+                                    mqtt_inbox::RelayOptions* out) {
+  if (mqtt_inbox::Status s = fill_connection(f, out); !s.ok()) return s;
+  out->client_id += client_id_suffix;
+  return mqtt_inbox::Status::Ok();
 }
 
 mqtt_inbox::Status to_paho_options(const Flags& f, mqtt::ssl_options* ssl,

@@ -1,8 +1,9 @@
 // connection_flags: the broker connection flags of every program that connects
 // (ledger_consumer, sensor_gateway, publisher, mqtt-inbox probe-broker), named as the
 // mosquitto clients name them, and their translation into mqtt_inbox::SubscriberOptions
-// or, for a program that drives Paho itself, Paho connect options. One helper that each
-// program calls, so that no program copies it.
+// (and RelayOptions, for an outbox relay beside the subscriber) or, for a program that
+// drives Paho itself, Paho connect options. One helper that each program calls, so that
+// no program copies it.
 //
 //   --broker URI            tcp://, mqtt://, ws:// (plaintext) or ssl://, mqtts://, wss:// (TLS)
 //   --client-id ID          stable MQTT client id
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include <mqtt_inbox/relay.h>
 #include <mqtt_inbox/status.h>
 #include <mqtt_inbox/subscriber.h>
 
@@ -75,6 +77,13 @@ mqtt_inbox::Status tls_options(const Flags& flags, mqtt_inbox::TlsOptions* out);
 // the checks Subscriber::create makes on them, so a bad file is reported at once with its
 // name. Errors: kInvalidArgument or kIoError naming the flag and file.
 mqtt_inbox::Status to_subscriber_options(const Flags& flags, mqtt_inbox::SubscriberOptions* out);
+
+// The same connection settings for an outbox relay of the same program, so that it
+// connects exactly as the subscriber does (TLS, user name, --password-file read at every
+// connect, client-id lock folder), with client id --client-id + `client_id_suffix` (the
+// broker allows one connection per client id). Errors: as to_subscriber_options().
+mqtt_inbox::Status to_relay_options(const Flags& flags, const std::string& client_id_suffix,
+                                    mqtt_inbox::RelayOptions* out);
 
 // For a program that connects with Paho directly (examples/publisher): applies the same
 // connection settings to `*opts`: the user name, the password read from --password-file

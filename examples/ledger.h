@@ -106,4 +106,23 @@ class CreditHandler {
   std::shared_ptr<Prepared> prepared_ = std::make_shared<Prepared>();
 };
 
+// The event a credit emits downstream (ledger_consumer --emit-topic), read inside the
+// credit's transaction: {"message_id", "source_message_id", "account", "amount",
+// "balance" (after this credit)}. Call after the credit is written (apply_credit or
+// CreditHandler).
+inline std::string credited_event(SQLite::Database& db, const mqtt_inbox::Delivery& d,
+                                  const std::string& event_id) {
+  const auto j = nlohmann::json::parse(d.message.payload);
+  const std::string account = j.at("account").get<std::string>();
+  SQLite::Statement q(db, "SELECT balance FROM accounts WHERE account = ?");
+  q.bind(1, account);
+  q.executeStep();
+  return nlohmann::json{{"message_id", event_id},
+                        {"source_message_id", d.message_id},
+                        {"account", account},
+                        {"amount", j.at("amount")},
+                        {"balance", q.getColumn(0).getInt64()}}
+      .dump();
+}
+
 }  // namespace ledger
