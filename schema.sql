@@ -291,10 +291,20 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
                                               'payload_too_large')),
     reason_code   INTEGER,                    -- MQTT 5 PUBACK reason code, if any
     reason_text   TEXT,
-    dead_at       INTEGER                     -- wall clock, ms
+    dead_at       INTEGER,                    -- wall clock, ms
+    -- Retention clock (README "Clock safety"), ms, when the row became sent or dead: the
+    -- Pruner deletes sent rows past RetentionOptions::window and dead rows past
+    -- dead_letter_window by it, so a wall-clock jump never ages a row early.
+    retention_at  INTEGER
 );
 CREATE INDEX IF NOT EXISTS outbox_messages_pending
     ON outbox_messages (state, seq);
+-- What the Pruner walks. Partial, one per state, so a pending row (every enqueue) costs
+-- no entry in them and the Pruner's `state = ?` term matches the index's own.
+CREATE INDEX IF NOT EXISTS outbox_messages_sent_retention
+    ON outbox_messages (retention_at) WHERE state = 'sent';
+CREATE INDEX IF NOT EXISTS outbox_messages_dead_retention
+    ON outbox_messages (retention_at) WHERE state = 'dead';
 CREATE INDEX IF NOT EXISTS outbox_messages_class
     ON outbox_messages (class, seq) WHERE state = 'pending';
 

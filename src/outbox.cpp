@@ -361,12 +361,14 @@ Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
   Status s = impl_->on_inbox("Outbox::mark_sent", /*relaxed_sync=*/true, [&] {
     changed = 0;
     SQLite::Statement up(*in.db,
-                         "UPDATE outbox_messages SET state = 'sent', sent_at = ? "
-                         "WHERE seq = ? AND state = 'pending'");
+                         "UPDATE outbox_messages SET state = 'sent', sent_at = ?, "
+                         "retention_at = ? WHERE seq = ? AND state = 'pending'");
     const int64_t now = in.clock->wall_ms();
+    const int64_t retention_now = in.retention_clock();
     for (int64_t seq : seqs) {
       up.bind(1, now);
-      up.bind(2, seq);
+      up.bind(2, retention_now);
+      up.bind(3, seq);
       changed += up.exec();
       up.tryReset();
     }
@@ -382,13 +384,14 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
   Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
     SQLite::Statement up(*in.db,
                          "UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
-                         "reason_code = ?, reason_text = ?, dead_at = ? "
+                         "reason_code = ?, reason_text = ?, dead_at = ?, retention_at = ? "
                          "WHERE seq = ? AND state = 'pending'");
     up.bind(1, to_string(reason));
     up.bind(2, reason_code);
     up.bind(3, text);
     up.bind(4, in.clock->wall_ms());
-    up.bind(5, seq);
+    up.bind(5, in.retention_clock());
+    up.bind(6, seq);
     changed = up.exec();
   });
   if (s.ok() && changed > 0) {
@@ -423,6 +426,131 @@ Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
       out->push_back({q.getColumn(0).getString(), q.getColumn(1).getInt64(),
                       q.getColumn(2).getInt64(), q.getColumn(3).getInt64()});
   });
+}
+
+Status Outbox::summary(OutboxSummary* out) {
+  *out = OutboxSummary{};
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  return impl_->on_inbox("Outbox::summary", /*relaxed_sync=*/false, [&] {
+    out->classes.clear();
+    SQLite::Statement u(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
+    while (u.executeStep())
+      out->classes.push_back({u.getColumn(0).getString(), u.getColumn(1).getInt64(),
+                              u.getColumn(2).getInt64(), u.getColumn(3).getInt64()});
+    // Each count is answered from its own index (outbox_messages_pending, or the partial
+    // retention indexes), never from a scan of the payloads.
+    SQLite::Statement q(db,
+                        "SELECT (SELECT count(*) FROM outbox_messages WHERE state = 'pending'),"
+                        " (SELECT count(*) FROM outbox_messages WHERE state = 'sent'),"
+                        " (SELECT count(*) FROM outbox_messages WHERE state = 'dead'),"
+                        " (SELECT enqueued_at FROM outbox_messages WHERE state = 'pending'"
+                        "  ORDER BY seq LIMIT 1)");
+    if (q.executeStep()) {
+      out->pending_rows = q.getColumn(0).getInt64();
+      out->sent_rows = q.getColumn(1).getInt64();
+      out->dead_rows = q.getColumn(2).getInt64();
+      out->oldest_pending_enqueued_at_ms = q.getColumn(3).isNull() ? 0 : q.getColumn(3).getInt64();
+    }
+    out->pending_bytes = 0;
+    for (const auto& c : out->classes) out->pending_bytes += c.bytes;
+  });
+}
+
+Status Outbox::get(const std::string& message_id, OutboxRow* out) {
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  bool found = false;
+  Status s = impl_->on_inbox("Outbox::get", /*relaxed_sync=*/false, [&] {
+    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
+                                " FROM outbox_messages WHERE message_id = ?");
+    q.bind(1, message_id);
+    found = q.executeStep();
+    if (found) *out = read_row(q);
+  });
+  if (s.ok() && !found)
+    return Status(Status::Code::kNotFound,
+                  "no outbox message with id '" + detail::printable(message_id) + "'");
+  return s;
+}
+
+Status Outbox::replay_dead(const std::string& message_id) {
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  std::string state;  // "" = no such row
+  int64_t new_seq = 0;
+  Status s = impl_->on_inbox("Outbox::replay_dead", /*relaxed_sync=*/false, [&] {
+    state.clear();
+    SQLite::Statement q(*in.db, "SELECT state FROM outbox_messages WHERE message_id = ?");
+    q.bind(1, message_id);
+    if (!q.executeStep()) return;
+    state = q.getColumn(0).getString();
+    q.tryReset();
+    if (state != "dead") return;
+    // A new seq: the row is read, deleted and inserted again (message_id is UNIQUE).
+    // AUTOINCREMENT never hands out a seq used before, so the relay cannot skip it. The
+    // triggers count the pending row in its class again; the dead one counted nowhere.
+    SQLite::Statement read(*in.db,
+                           "SELECT ordering_key, class, topic, payload, properties, size_bytes, "
+                           "enqueued_at FROM outbox_messages WHERE message_id = ?");
+    read.bind(1, message_id);
+    read.executeStep();
+    const std::string key = read.getColumn(0).getString(), cls = read.getColumn(1).getString(),
+                      topic = read.getColumn(2).getString(),
+                      payload = read.getColumn(3).getString(),
+                      props = read.getColumn(4).getString();
+    const int64_t size = read.getColumn(5).getInt64(), enqueued_at = read.getColumn(6).getInt64();
+    read.tryReset();
+    SQLite::Statement del(*in.db, "DELETE FROM outbox_messages WHERE message_id = ?");
+    del.bind(1, message_id);
+    del.exec();
+    SQLite::Statement ins(*in.db,
+                          "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
+                          "payload, properties, qos, size_bytes, enqueued_at) "
+                          "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)");
+    ins.bind(1, message_id);
+    ins.bind(2, key);
+    ins.bind(3, cls);
+    ins.bind(4, topic);
+    ins.bind(5, payload.data(), static_cast<int>(payload.size()));
+    ins.bind(6, props);
+    ins.bind(7, size);
+    ins.bind(8, enqueued_at);
+    ins.exec();
+    new_seq = sqlite3_last_insert_rowid(in.db->getHandle());
+  });
+  if (!s.ok()) return s;
+  if (state.empty())
+    return Status(Status::Code::kNotFound,
+                  "no outbox message with id '" + detail::printable(message_id) + "'");
+  if (state != "dead")
+    return Status::InvalidArgument("outbox message '" + detail::printable(message_id) + "' is " +
+                                   state + ", not dead: only an outbox dead letter is replayed");
+  impl_->log->info("outbox: dead letter '{}' replayed: pending again as row {}",
+                   detail::printable(message_id), new_seq);
+  return s;
+}
+
+Status Outbox::purge(const OutboxPurgeFilter& f, int64_t* removed) {
+  if (removed) *removed = 0;
+  if (f.state == OutboxState::kPending)
+    return Status::InvalidArgument(
+        "outbox purge: pending rows are never purged (they are messages not yet delivered)");
+  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  int64_t n = 0;
+  Status s = impl_->on_inbox("Outbox::purge", /*relaxed_sync=*/false, [&] {
+    const bool dead = f.state == OutboxState::kDead;
+    std::string sql = std::string("DELETE FROM outbox_messages WHERE state = '") +
+                      (dead ? "dead" : "sent") + "'";
+    if (f.message_id) sql += " AND message_id = :id";
+    if (f.before_ms) sql += dead ? " AND dead_at < :before" : " AND sent_at < :before";
+    SQLite::Statement q(db, sql);
+    if (f.message_id) q.bind(":id", *f.message_id);
+    if (f.before_ms) q.bind(":before", *f.before_ms);
+    n = q.exec();
+  });
+  if (s.ok()) {
+    if (removed) *removed = n;
+    if (n > 0) impl_->log->info("outbox: {} {} row(s) purged", n, to_string(f.state));
+  }
+  return s;
 }
 
 OutboxCounters Outbox::counters() const {

@@ -36,6 +36,18 @@ constexpr const char* kPruneDeadLettersSql =
     "  SELECT id FROM inbox_dead_letters WHERE retention_at < ?1"
     "  ORDER BY retention_at LIMIT ?2)";
 
+// The outbox's finished rows (outbox.h): sent ones past the window (their UNIQUE id guards
+// a re-enqueue of the same derived id as long as the inbox remembers the incoming one),
+// dead ones past dead_letter_window. Each walks its partial index (schema.sql version 8).
+constexpr const char* kPruneOutboxSentSql =
+    "DELETE FROM outbox_messages WHERE seq IN ("
+    "  SELECT seq FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1"
+    "  ORDER BY retention_at LIMIT ?2)";
+constexpr const char* kPruneOutboxDeadSql =
+    "DELETE FROM outbox_messages WHERE seq IN ("
+    "  SELECT seq FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1"
+    "  ORDER BY retention_at LIMIT ?2)";
+
 std::string format_ms(int64_t ms) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f h", static_cast<double>(ms) / 3.6e6);
@@ -246,7 +258,8 @@ struct Pruner::Impl {
   }
 
   void hygiene(PruneResult* r) {
-    if (options.incremental_vacuum && (r->processed_deleted > 0 || r->dead_letters_deleted > 0))
+    if (options.incremental_vacuum && (r->processed_deleted > 0 || r->dead_letters_deleted > 0 ||
+                                       r->outbox_sent_deleted > 0 || r->outbox_dead_deleted > 0))
       vacuum(r);
     std::lock_guard<std::mutex> lock(store->mu);
     SQLite::Database& db = *store->db;
@@ -385,10 +398,12 @@ Status Pruner::prune_once(PruneResult* result) {
   try {
     r.processed_deleted = m.sweep_expired_ids(r.cutoff, deadline, &r);
     m.store->pruned += r.processed_deleted;
+    r.outbox_sent_deleted = m.delete_expired(kPruneOutboxSentSql, r.cutoff, deadline, &r);
     if (m.options.dead_letter_window.count() > 0) {
-      r.dead_letters_deleted = m.delete_expired(
-          kPruneDeadLettersSql, now - m.options.dead_letter_window.count(), deadline, &r);
+      const int64_t dead_cutoff = now - m.options.dead_letter_window.count();
+      r.dead_letters_deleted = m.delete_expired(kPruneDeadLettersSql, dead_cutoff, deadline, &r);
       m.store->dead_letters_pruned += r.dead_letters_deleted;
+      r.outbox_dead_deleted = m.delete_expired(kPruneOutboxDeadSql, dead_cutoff, deadline, &r);
     }
   } catch (const SQLite::Exception& e) {
     r.duration_ms = m.store->clock->steady_ms() - start;
@@ -407,10 +422,12 @@ Status Pruner::prune_once(PruneResult* result) {
     if (s.ok()) s = m.store->store_error(detail::to_status(e, "vacuum/checkpoint"));
   }
   r.duration_ms = m.store->clock->steady_ms() - start;
-  if (r.processed_deleted || r.dead_letters_deleted)
-    m.store->log->info("retention pass: {} ids and {} dead letters deleted in {} batches, {} pages "
-                       "freed, {} ms{}",
-                       r.processed_deleted, r.dead_letters_deleted, r.batches, r.pages_freed,
+  if (r.processed_deleted || r.dead_letters_deleted || r.outbox_sent_deleted ||
+      r.outbox_dead_deleted)
+    m.store->log->info("retention pass: {} ids, {} dead letters, {} sent and {} dead outbox rows "
+                       "deleted in {} batches, {} pages freed, {} ms{}",
+                       r.processed_deleted, r.dead_letters_deleted, r.outbox_sent_deleted,
+                       r.outbox_dead_deleted, r.batches, r.pages_freed,
                        r.duration_ms, r.budget_exhausted ? " (budget spent, more next pass)" : "");
   m.report();
   *result = r;

@@ -371,6 +371,92 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   EXPECT_EQ(rest.front().attempts, 2);
 }
 
+// A replayed dead letter is pending again under the same id with a new seq past every
+// existing row, so a relay that already read past its old seq publishes it; the class
+// counts it again, and only dead rows can be replayed.
+TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
+  OutboxOptions options;
+  options.classes.push_back({"a/", 100, 0, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  for (const char* id : {"r-1", "r-2", "r-3"}) ASSERT_TRUE(enqueue_own(*outbox, out_msg("a/x", id, id)).ok());
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 3u);
+  const int64_t cursor = rows.back().seq;
+  ASSERT_TRUE(outbox->mark_dead(rows[0].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized").ok());
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'a/'"), 2);
+
+  EXPECT_EQ(outbox->replay_dead("r-2").code(), Status::Code::kInvalidArgument);  // pending
+  EXPECT_EQ(outbox->replay_dead("nope").code(), Status::Code::kNotFound);
+  ASSERT_TRUE(outbox->replay_dead("r-1").ok());
+
+  OutboxRow r;
+  ASSERT_TRUE(outbox->get("r-1", &r).ok());
+  EXPECT_EQ(r.state, OutboxState::kPending);
+  EXPECT_GT(r.seq, cursor);
+  EXPECT_EQ(r.attempts, 0);
+  EXPECT_FALSE(r.dead_reason.has_value());
+  EXPECT_EQ(r.payload, "r-1");
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'a/'"), 3);
+  EXPECT_EQ(count("message_id = 'r-1'"), 1);
+  std::vector<OutboxRow> next;
+  ASSERT_TRUE(outbox->fetch_pending(cursor, 10, &next).ok());
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].message_id, "r-1");
+  // Replayed again once dead again: a new seq each time, never one used before.
+  ASSERT_TRUE(outbox->mark_dead(next[0].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "again").ok());
+  ASSERT_TRUE(outbox->replay_dead("r-1").ok());
+  ASSERT_TRUE(outbox->get("r-1", &r).ok());
+  EXPECT_GT(r.seq, next[0].seq);
+  EXPECT_EQ(outbox->get("nope", &r).code(), Status::Code::kNotFound);
+}
+
+// purge deletes the finished rows its filter selects and never a pending one; summary()
+// counts every state.
+TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
+  auto outbox = make_outbox();
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "p-" + std::to_string(i);
+    ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/" + id, "x", id)).ok());
+  }
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(outbox->mark_sent({rows[0].seq, rows[1].seq}).ok());
+  ASSERT_TRUE(outbox->mark_dead(rows[2].seq, OutboxDeadReason::kPayloadTooLarge, 0x95, "big").ok());
+  ASSERT_TRUE(outbox->mark_dead(rows[3].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+  OutboxSummary sum;
+  ASSERT_TRUE(outbox->summary(&sum).ok());
+  EXPECT_EQ(sum.pending_rows, 2);
+  EXPECT_EQ(sum.sent_rows, 2);
+  EXPECT_EQ(sum.dead_rows, 2);
+  EXPECT_GT(sum.pending_bytes, 0);
+  EXPECT_GT(sum.oldest_pending_enqueued_at_ms, 0);
+
+  OutboxPurgeFilter pending;
+  pending.state = OutboxState::kPending;
+  EXPECT_EQ(outbox->purge(pending).code(), Status::Code::kInvalidArgument);
+  OutboxPurgeFilter one;
+  one.message_id = "p-2";
+  int64_t removed = -1;
+  ASSERT_TRUE(outbox->purge(one, &removed).ok());
+  EXPECT_EQ(removed, 1);
+  one.message_id = "p-4";  // pending: the dead-state filter does not select it
+  ASSERT_TRUE(outbox->purge(one, &removed).ok());
+  EXPECT_EQ(removed, 0);
+  OutboxPurgeFilter old_sent;
+  old_sent.state = OutboxState::kSent;
+  old_sent.before_ms = 1;  // sent before 1970: none
+  ASSERT_TRUE(outbox->purge(old_sent, &removed).ok());
+  EXPECT_EQ(removed, 0);
+  old_sent.before_ms.reset();
+  ASSERT_TRUE(outbox->purge(old_sent, &removed).ok());
+  EXPECT_EQ(removed, 2);
+  EXPECT_EQ(count("state = 'pending'"), 2);
+  EXPECT_EQ(count("state = 'dead'"), 1);
+  EXPECT_EQ(count("state = 'sent'"), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
+}
+
 TEST_F(OutboxTest, CreateRefusesBadClasses) {
   std::unique_ptr<Outbox> o;
   OutboxOptions dup;

@@ -101,6 +101,8 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   ProcessReport report;
   std::vector<OutboxRow> outbox_rows;
   std::vector<OutboxClassUsage> outbox_usage;
+  OutboxSummary outbox_summary;
+  OutboxRow outbox_row;
   const std::vector<Case> cases = {
       // Inbox: reads and inspection
       {"Inbox::count_processed", [&] { return inbox_->count_processed("ledger", &rows); }},
@@ -167,6 +169,10 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
        [&] { return outbox_->mark_dead(1, OutboxDeadReason::kRejectedByBroker, 0x87, "x"); }},
       {"Outbox::list", [&] { return outbox_->list(OutboxState::kPending, 10, &outbox_rows); }},
       {"Outbox::usage", [&] { return outbox_->usage(&outbox_usage); }},
+      {"Outbox::summary", [&] { return outbox_->summary(&outbox_summary); }},
+      {"Outbox::get", [&] { return outbox_->get("x", &outbox_row); }},
+      {"Outbox::replay_dead", [&] { return outbox_->replay_dead("x"); }},
+      {"Outbox::purge", [&] { return outbox_->purge(OutboxPurgeFilter{}); }},
   };
   int64_t expected_balance = 0;
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "mqtt_inbox/outbox.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -111,6 +112,50 @@ class RetentionTest : public ::testing::Test {
   std::map<std::string, std::unique_ptr<Consumer>> consumers_;
   std::unique_ptr<Pruner> pruner_;
 };
+
+// Sent outbox rows are kept for the window after their PUBACK and outbox dead letters for
+// dead_letter_window, both on the retention clock (a wall-clock jump ages nothing);
+// pending rows are never pruned, however old.
+TEST_F(RetentionTest, OutboxSentRowsLiveForTheWindowDeadOnesForTheirsPendingOnesForever) {
+  std::unique_ptr<Outbox> o;
+  ASSERT_TRUE(Outbox::create(inbox_.get(), {}, &o).ok());
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    for (const char* id : {"s-1", "s-2", "d-1", "p-1"}) {
+      OutgoingMessage m;
+      m.topic = "events/x";
+      m.payload = id;
+      m.message_id = id;
+      ASSERT_TRUE(o->enqueue(db, m).ok());
+    }
+    db.exec("COMMIT");
+  });
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 4u);
+  ASSERT_TRUE(o->mark_sent({rows[0].seq, rows[1].seq}).ok());
+  ASSERT_TRUE(o->mark_dead(rows[2].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+
+  clock_.wall += 365LL * 24 * 60 * kMinute;  // NTP steps the wall clock a year forward
+  clock_.advance(60 * kMinute - 1);
+  PruneResult r = prune();
+  EXPECT_EQ(r.outbox_sent_deleted, 0);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages"), 4);
+  clock_.advance(2);
+  r = prune();
+  EXPECT_EQ(r.outbox_sent_deleted, 2);
+  EXPECT_EQ(r.outbox_dead_deleted, 0);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'sent'"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'dead'"), 1);
+  clock_.advance(60 * kMinute);  // dead_letter_window (120 min) + 1 ms after the mark
+  r = prune();
+  EXPECT_EQ(r.outbox_dead_deleted, 1);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'dead'"), 0);
+  clock_.advance(24 * 60 * kMinute);
+  prune();
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending' AND message_id = 'p-1'"), 1);
+  EXPECT_EQ(q("SELECT rows FROM outbox_usage WHERE class = ''"), 1);
+}
 
 TEST_F(RetentionTest, DuplicateJustInsideWindowIsCaught) {
   EXPECT_EQ(consumer("ledger").handle(credit_message("m-1", "a", 5)), Outcome::kProcessed);

@@ -148,6 +148,27 @@ struct OutboxClassUsage {
   int64_t dropped = 0;
 };
 
+// The whole table at a glance (summary()).
+struct OutboxSummary {
+  int64_t pending_rows = 0;
+  int64_t pending_bytes = 0;
+  int64_t sent_rows = 0;  // kept until the Pruner's window (RetentionOptions::window)
+  int64_t dead_rows = 0;  // kept until dead_letter_window, or a purge
+  // Wall clock, ms, of the oldest pending row's enqueue; 0 when nothing is pending.
+  int64_t oldest_pending_enqueued_at_ms = 0;
+  std::vector<OutboxClassUsage> classes;  // as usage()
+};
+
+// Which rows purge() deletes: all of the conditions given.
+struct OutboxPurgeFilter {
+  // kDead (default) or kSent. kPending is refused: a pending row is a message not yet
+  // delivered, and deleting it would lose it.
+  OutboxState state = OutboxState::kDead;
+  std::optional<std::string> message_id;
+  // Rows that became dead (dead_at) or sent (sent_at) before this wall-clock time, ms.
+  std::optional<int64_t> before_ms;
+};
+
 // Counts of this Outbox object (this process).
 struct OutboxCounters {
   int64_t enqueued = 0;    // rows inserted (their transaction may still roll back)
@@ -219,6 +240,27 @@ class Outbox {
   Status list(OutboxState state, int limit, std::vector<OutboxRow>* out);
   // Pending rows and bytes per class, and drops, as kept in outbox_usage.
   Status usage(std::vector<OutboxClassUsage>* out);
+  // Rows per state, pending bytes, the oldest pending row's age and usage(). Counting the
+  // sent and dead rows walks their indexes: meant for tools, not for every message.
+  Status summary(OutboxSummary* out);
+  // The row with this message id, in any state. Errors: kNotFound.
+  Status get(const std::string& message_id, OutboxRow* out);
+
+  // --- repair ---
+
+  // Makes the outbox dead letter `message_id` pending again: attempts 0, the dead fields
+  // cleared, and a new seq, so it goes to the end of the queue (after the rows of its
+  // ordering key enqueued before the replay) and a running relay, which reads past the
+  // last seq it took, publishes it. The class bounds are not applied: replaying is the
+  // operator's decision, and the row was counted in them when it was enqueued. Committed
+  // with fsync. Errors: kNotFound; kInvalidArgument if the row is not dead (a pending row
+  // is on its way; a sent one was acknowledged by the broker: enqueue a new message).
+  Status replay_dead(const std::string& message_id);
+  // Deletes the rows `filter` selects (dead or sent; never pending) in one transaction,
+  // committed with fsync. *removed (optional) receives the count. Sent and dead rows are
+  // also deleted by the Pruner (retention.h) once their window has passed.
+  // Errors: kInvalidArgument for filter.state kPending.
+  Status purge(const OutboxPurgeFilter& filter, int64_t* removed = nullptr);
   // This object's counters. Cheap; any thread.
   OutboxCounters counters() const;
 

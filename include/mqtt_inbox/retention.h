@@ -95,7 +95,8 @@ struct RetentionOptions {
   std::chrono::milliseconds period{60000};
 
   // Dead letters are kept this long (retention clock), independently of the window.
-  // 0 keeps them until purged by hand. Default 30 days.
+  // 0 keeps them until purged by hand. Default 30 days. The same holds for outbox dead
+  // letters (outbox.h); sent outbox rows are kept for `window` after their PUBACK.
   std::chrono::milliseconds dead_letter_window = std::chrono::hours(30 * 24);
 
   // After a pass that deleted rows, give freed pages back to the file system with
@@ -121,6 +122,8 @@ struct RetentionOptions {
 struct PruneResult {
   int64_t processed_deleted = 0;     // inbox_processed rows
   int64_t dead_letters_deleted = 0;
+  int64_t outbox_sent_deleted = 0;   // outbox rows sent before the window (outbox.h)
+  int64_t outbox_dead_deleted = 0;   // outbox dead letters older than dead_letter_window
   int64_t batches = 0;
   bool budget_exhausted = false;     // rows were left for the next pass
   int64_t pages_freed = 0;           // by incremental_vacuum
@@ -146,7 +149,8 @@ class Pruner {
   // kInvalidArgument is returned); then delete expired ids in batches (own short
   // transaction each; the expired ids are found by walking the primary key in key order on
   // a second connection, which blocks no commit, from where a pass that ran out of budget
-  // stopped), then expired dead letters, then vacuum, checkpoint, refresh row stats, and
+  // stopped), then sent outbox rows past the window, expired dead letters and outbox dead
+  // letters, then vacuum, checkpoint, refresh row stats, and
   // log/export stats. Never touches dead letters inside the
   // window, nor any row younger than the window. Errors: store codes (the pass stops;
   // what was deleted stays deleted).
