@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mqtt_inbox/clock.h>
+#include <mqtt_inbox/outbox.h>
 #include <mqtt_inbox/store_then_process.h>
 
 #include "support/ledger_fixture.h"
@@ -247,6 +248,89 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
 // A consumer persists the retention clock at each Pruner pass and at a clean stop. One
 // that dies without either (kill -9, power loss) leaves the file's clock behind the time it
 // ran: `stats` must say that its ages come from that clock and are lower bounds.
+// outbox stats|list|show|replay|purge on a file with pending, sent and dead outbox rows:
+// the JSON matches the table's state, replay makes the dead row pending again under its
+// id, purge deletes finished rows only and refuses pending ones.
+TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
+  TempDir dir;
+  const std::string db = dir.file("outbox.db");
+  {
+    auto inbox = open_ledger_inbox(db);
+    std::unique_ptr<Outbox> o;
+    OutboxOptions options;
+    options.classes.push_back({"events/", 100, 0, OutboxFullPolicy::kReject});
+    ASSERT_TRUE(Outbox::create(inbox.get(), options, &o).ok());
+    inbox->with_connection([&](SQLite::Database& c) {
+      c.exec("BEGIN IMMEDIATE");
+      for (const char* id : {"e-1", "e-2", "e-3", "e-4"}) {
+        OutgoingMessage m;
+        m.topic = "events/acct";
+        m.payload = std::string("{\"id\":\"") + id + "\"}";
+        m.message_id = id;
+        m.content_type = "application/json";
+        ASSERT_TRUE(o->enqueue(c, m).ok());
+      }
+      c.exec("COMMIT");
+    });
+    std::vector<OutboxRow> rows;
+    ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
+    ASSERT_TRUE(o->mark_sent({rows[0].seq}).ok());
+    ASSERT_TRUE(o->mark_dead(rows[1].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized").ok());
+  }
+  ToolRun r = tool({"--json", "outbox", "stats", db});
+  ASSERT_EQ(r.code, 0) << r.err;
+  json s = r.j();
+  EXPECT_EQ(s["pending_rows"], 2);
+  EXPECT_EQ(s["sent_rows"], 1);
+  EXPECT_EQ(s["dead_rows"], 1);
+  ASSERT_EQ(s["classes"].size(), 1u);
+  EXPECT_EQ(s["classes"][0]["class"], "events/");
+  EXPECT_EQ(s["classes"][0]["pending_rows"], 2);
+  EXPECT_GE(s["oldest_pending_age_ms"].get<int64_t>(), 0);
+  r = tool({"outbox", "stats", db});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("events/"), std::string::npos) << r.out;
+
+  r = tool({"--json", "outbox", "list", db});  // default: dead letters
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.j()["count"], 1);
+  EXPECT_EQ(r.j()["rows"][0]["message_id"], "e-2");
+  EXPECT_EQ(r.j()["rows"][0]["dead_reason"], "rejected_by_broker");
+  EXPECT_EQ(r.j()["rows"][0]["reason_code"], 0x87);
+  r = tool({"--json", "outbox", "list", db, "--state", "pending"});
+  EXPECT_EQ(r.j()["count"], 2);
+  r = tool({"outbox", "list", db, "--state", "sent"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("e-1"), std::string::npos) << r.out;
+
+  r = tool({"--json", "outbox", "show", db, "--message-id", "e-2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["payload_text"], "{\"id\":\"e-2\"}");
+  EXPECT_EQ(r.j()["properties"]["content_type"], "application/json");
+  EXPECT_EQ(tool({"outbox", "show", db, "--message-id", "nope"}).code, 8);
+
+  // Replay: only a dead row; it is pending again under the same id, past every seq.
+  EXPECT_EQ(tool({"outbox", "replay", db, "--message-id", "e-3"}).code, 4);  // pending
+  EXPECT_EQ(tool({"outbox", "replay", db, "--message-id", "nope"}).code, 8);
+  const int64_t max_seq = query_int(db, "SELECT max(seq) FROM outbox_messages");
+  r = tool({"--json", "outbox", "replay", db, "--message-id", "e-2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["state"], "pending");
+  EXPECT_GT(r.j()["seq"].get<int64_t>(), max_seq);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 3);
+  EXPECT_EQ(query_int(db, "SELECT rows FROM outbox_usage WHERE class = 'events/'"), 3);
+
+  // Purge: a filter or --all; --yes without a terminal; never pending rows.
+  EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent"}).code, 1);          // no filter
+  EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent", "--all"}).code, 4);  // not confirmed
+  EXPECT_EQ(tool({"outbox", "purge", db, "--state", "pending", "--all", "--yes"}).code, 1);
+  r = tool({"--json", "outbox", "purge", db, "--state", "sent", "--all", "--yes"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.j()["removed"], 1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM outbox_messages"), 3);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 3);
+}
+
 TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
   TempDir dir;
   const std::string db = dir.file("ledger.db");

@@ -45,6 +45,19 @@ const char* dl_status(const DeadLetter& d);
 // (base64 or hex) when `with_payload`.
 nlohmann::json dl_json(const DeadLetter& d, bool with_payload, const std::string& encoding = "base64");
 
+// outbox.cpp: the transactional outbox (include/mqtt_inbox/outbox.h).
+struct OutboxArgs {
+  std::string state, message_id, before;  // state "" = dead
+  int64_t limit = 100;
+  bool yes = false, all = false;
+  std::string payload_encoding = "base64";
+};
+int cmd_outbox_stats(const std::string& path);
+int cmd_outbox_list(const std::string& path, const OutboxArgs& a);
+int cmd_outbox_show(const std::string& path, const OutboxArgs& a);
+int cmd_outbox_replay(const std::string& path, const OutboxArgs& a);
+int cmd_outbox_purge(const std::string& path, const OutboxArgs& a);
+
 // replay.cpp: the store-then-process mode's replay and reap.
 struct ReplayArgs {
   std::string consumer, since, until, aggregate, message_id;

@@ -5,6 +5,7 @@
 //   mqtt-inbox stats DB                      mqtt-inbox check DB / migrate DB
 //   mqtt-inbox prune DB [--older-than 8d]    mqtt-inbox export DB [--since 2d]
 //   mqtt-inbox dead-letters list|show|replay|purge DB ...
+//   mqtt-inbox outbox stats|list|show|replay|purge DB ...
 //   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
 //                                              [--cafile/--cert/--key/--username/... as
 //                                               every example: connection_flags.h]
@@ -98,6 +99,36 @@ int main(int argc, char** argv) {
   dl_purge->add_flag("--yes", da.yes, "Do not ask");
   dl_purge->add_flag("--all", da.all, "Allow purging without a filter");
   dl_purge->callback([&] { run = [&] { return cmd_dl_purge(db, da); }; });
+
+  OutboxArgs oa;
+  auto* ob = app.add_subcommand("outbox", "The transactional outbox: stats, list, show, replay or purge its rows");
+  ob->require_subcommand(1);
+  ob->fallthrough();
+  auto* ob_stats = ob->add_subcommand("stats", "Pending rows and bytes per class, oldest pending, sent and dead counts");
+  ob_stats->add_option("DB", db, "Database file")->required();
+  ob_stats->callback([&] { run = [&] { return cmd_outbox_stats(db); }; });
+  auto* ob_list = ob->add_subcommand("list", "Rows in one state, oldest first");
+  ob_list->add_option("DB", db, "Database file")->required();
+  ob_list->add_option("--state", oa.state, "pending|sent|dead (default dead)")->check(CLI::IsMember({"pending", "sent", "dead"}));
+  ob_list->add_option("--limit", oa.limit, "Rows at most (default 100)")->check(CLI::PositiveNumber);
+  ob_list->callback([&] { run = [&] { return cmd_outbox_list(db, oa); }; });
+  auto* ob_show = ob->add_subcommand("show", "One row with its payload");
+  ob_show->add_option("DB", db, "Database file")->required();
+  ob_show->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
+  ob_show->add_option("--payload-encoding", oa.payload_encoding, "base64|hex (JSON output)")->check(CLI::IsMember({"base64", "hex"}));
+  ob_show->callback([&] { run = [&] { return cmd_outbox_show(db, oa); }; });
+  auto* ob_replay = ob->add_subcommand("replay", "Make an outbox dead letter pending again (same id, end of the queue)");
+  ob_replay->add_option("DB", db, "Database file")->required();
+  ob_replay->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
+  ob_replay->callback([&] { run = [&] { return cmd_outbox_replay(db, oa); }; });
+  auto* ob_purge = ob->add_subcommand("purge", "Delete dead (default) or sent rows; never pending ones (asks unless --yes)");
+  ob_purge->add_option("DB", db, "Database file")->required();
+  ob_purge->add_option("--state", oa.state, "dead|sent (default dead)")->check(CLI::IsMember({"dead", "sent"}));
+  ob_purge->add_option("--message-id", oa.message_id, "Only this outgoing message id");
+  ob_purge->add_option("--before", oa.before, "Dead (or sent) before (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
+  ob_purge->add_flag("--all", oa.all, "Allow purging without a filter");
+  ob_purge->add_flag("--yes", oa.yes, "Do not ask");
+  ob_purge->callback([&] { run = [&] { return cmd_outbox_purge(db, oa); }; });
 
   ReplayArgs ra;
   auto* replay = app.add_subcommand("replay", "Store-then-process: reset rows to pending so the workers run them again");
