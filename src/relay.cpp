@@ -11,11 +11,13 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "log.h"
 #include "mqtt_connection.h"
+#include "publish_size.h"
 #include "subscriber_client_lock.h"
 
 namespace mqtt_inbox {
@@ -90,6 +92,9 @@ struct Relay::Impl : public mqtt::iaction_listener {
   std::atomic<int64_t> published{0}, acked_count{0}, rejected_count{0}, connects{0},
       max_inflight_seen{0};
   std::atomic<int> receive_maximum{0};
+  // The broker's Maximum Packet Size from the last CONNACK, bytes; 0 = none announced.
+  std::atomic<int64_t> maximum_packet_size{0};
+  std::atomic<int64_t> expired_count{0}, too_large_count{0};
 
   // --- Paho callbacks: record and wake, nothing else (Paho's one callback thread) ---
 
@@ -176,6 +181,13 @@ struct Relay::Impl : public mqtt::iaction_listener {
         outcome.properties.contains(mqtt::property::RECEIVE_MAXIMUM))
       window = mqtt::get<uint16_t>(outcome.properties, mqtt::property::RECEIVE_MAXIMUM);
     receive_maximum = window;
+    // MQTT 5.0 section 3.2.2.3.6: the client MUST NOT send a packet larger than the
+    // Maximum Packet Size the server announces (absent: only the protocol's limit).
+    int64_t max_packet = 0;
+    if (options.mqtt_version == MqttVersion::kV5 &&
+        outcome.properties.contains(mqtt::property::MAXIMUM_PACKET_SIZE))
+      max_packet = mqtt::get<int>(outcome.properties, mqtt::property::MAXIMUM_PACKET_SIZE);
+    maximum_packet_size = max_packet;
     ++connects;
     conn->set_connected(true);
     was_connected = true;
@@ -225,7 +237,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
     }
   }
 
-  mqtt::message_ptr to_paho(const OutboxRow& row) const {
+  mqtt::message_ptr to_paho(const OutboxRow& row, int64_t now_ms) const {
     auto msg = mqtt::make_message(row.topic, row.payload, 1, false);
     if (options.mqtt_version == MqttVersion::kV5) {
       mqtt::properties props;
@@ -242,13 +254,36 @@ struct Relay::Impl : public mqtt::iaction_listener {
       if (p.payload_format_indicator)
         props.add({mqtt::property::PAYLOAD_FORMAT_INDICATOR,
                    static_cast<int32_t>(*p.payload_format_indicator)});
-      // Sent as enqueued: the expiry is not yet counted down while the row waits.
+      // What is left of the expiry after the wait in the outbox, as a server forwards it
+      // (MQTT 5.0 section 3.3.2.3.3); a row that ran out never gets here (unpublishable).
       if (p.message_expiry_interval_s)
         props.add({mqtt::property::MESSAGE_EXPIRY_INTERVAL,
-                   static_cast<int32_t>(*p.message_expiry_interval_s)});
+                   static_cast<int32_t>(detail::remaining_expiry_s(row, now_ms))});
       msg->set_properties(props);
     }
     return msg;
+  }
+
+  // A row that can never be published: its message expiry ran out while it waited, or
+  // its PUBLISH is larger than the broker's Maximum Packet Size (mosquitto answers one with
+  // DISCONNECT 0x95, and the resend after every reconnect would block the stream forever).
+  // Returns the reason and fills *text, or nullopt.
+  std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, int64_t now_ms,
+                                                std::string* text) const {
+    const auto& expiry = row.properties.message_expiry_interval_s;
+    if (expiry && now_ms - row.enqueued_at_ms >= static_cast<int64_t>(*expiry) * 1000) {
+      *text = "message expiry interval of " + std::to_string(*expiry) + " s ran out after " +
+              std::to_string((now_ms - row.enqueued_at_ms) / 1000) + " s in the outbox";
+      return OutboxDeadReason::kExpired;
+    }
+    const int64_t limit = maximum_packet_size.load();
+    const int64_t size = detail::publish_packet_size(row, options.mqtt_version == MqttVersion::kV5);
+    if (limit > 0 && size > limit) {
+      *text = "PUBLISH of " + std::to_string(size) + " bytes is larger than the broker's " +
+              "Maximum Packet Size of " + std::to_string(limit) + " bytes (CONNACK)";
+      return OutboxDeadReason::kPayloadTooLarge;
+    }
+    return std::nullopt;
   }
 
   // Publishes pending rows after `*last_seq` while the window has room. Returns false if
@@ -267,7 +302,22 @@ struct Relay::Impl : public mqtt::iaction_listener {
       log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
       return true;
     }
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
     for (const auto& row : rows) {
+      std::string why;
+      if (const auto reason = unpublishable(row, now_ms, &why)) {
+        const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
+        if (!d.ok()) {  // read again from this row at the next poll
+          log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
+                    d.to_string());
+          return true;
+        }
+        ++(*reason == OutboxDeadReason::kExpired ? expired_count : too_large_count);
+        *last_seq = row.seq;
+        continue;
+      }
       if (options.before_publish_hook) options.before_publish_hook(row.seq);
       const uint64_t n = ++pubno;
       {
@@ -277,7 +327,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
             std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
       }
       try {
-        client->publish(to_paho(row), reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *this);
+        client->publish(to_paho(row, now_ms), reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *this);
       } catch (const mqtt::exception& e) {
         log->warn("outbox relay: publish of row {} failed, reconnecting: {}", row.seq, e.what());
         return false;
@@ -442,6 +492,9 @@ RelayCounters Relay::counters() const {
   c.connects = impl_->connects.load();
   c.max_inflight_seen = impl_->max_inflight_seen.load();
   c.receive_maximum = impl_->receive_maximum.load();
+  c.maximum_packet_size = impl_->maximum_packet_size.load();
+  c.expired = impl_->expired_count.load();
+  c.too_large = impl_->too_large_count.load();
   return c;
 }
 

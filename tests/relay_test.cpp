@@ -145,9 +145,11 @@ class RelayTest : public ::testing::Test {
   static Broker::Config broker_config() {
     Broker::Config c;
     c.max_inflight_messages = 500;  // above Paho's default buffer of 100 publishes
+    c.max_packet_size = kMaxPacket;  // far above every event but the oversized test's
     return c;
   }
 
+  static constexpr int kMaxPacket = 4096;
   TempDir dir_;
   Broker broker_{broker_config()};
   std::string up_path_, down_path_;
@@ -225,6 +227,65 @@ TEST_F(RelayTest, StopAndRestartLosesNothing) {
   ASSERT_TRUE(relay->start().ok());
   expect_delivered_once(300);
   ASSERT_TRUE(relay->stop().ok());
+}
+
+// Rows that can never be published become outbox dead letters before they are sent, and
+// the rows behind them on the same ordering key flow: one whose message expiry ran out
+// while it waited (expired), and one whose PUBLISH is one byte over the broker's Maximum
+// Packet Size (payload_too_large). One of exactly that size is delivered, so the relay
+// counts a packet as the broker does; had it counted short, mosquitto would have
+// disconnected it (0x95) and the resend would block the key at every reconnect.
+TEST_F(RelayTest, ExpiredAndOversizedRowsAreDeadLetteredAndTheKeyFlowsOn) {
+  // The PUBLISH for topic "events/k0" and an 8-byte id: fixed header (1 + 2-byte remaining
+  // length), topic (2 + 9), packet id (2), properties (1-byte length + user property
+  // "message-id": 1 + 2 + 10 + 2 + 8 = 23), payload (MQTT 5.0 sections 3.3.1-3.3.3).
+  const int fitting_payload = kMaxPacket - (1 + 2 + 11 + 2 + 1 + 23);
+  auto event = [](int n, int size) {
+    std::string j = nlohmann::json{{"key", "k0"}, {"n", n}, {"pad", ""}}.dump();
+    if (size > 0) j.insert(j.size() - 2, std::string(size - static_cast<int>(j.size()), 'x'));
+    return j;
+  };
+  up_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    auto add = [&](const std::string& id, const std::string& payload, uint32_t expiry_s) {
+      OutgoingMessage m;
+      m.topic = "events/k0";
+      m.message_id = id;
+      m.payload = payload;
+      if (expiry_s) m.message_expiry_interval_s = expiry_s;
+      const Status s = outbox_->enqueue(db, m);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    };
+    add("evt-0000", event(0, 0), 0);
+    add("evt-0001", event(1, 0), 1);  // runs out before the relay starts
+    add("fit-0002", event(2, fitting_payload), 0);
+    add("big-0003", event(3, fitting_payload + 1), 0);
+    add("evt-0004", event(4, 0), 3600);
+    db.exec("COMMIT");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  auto relay = make_relay(broker_.uri(), 8);
+  ASSERT_TRUE(relay->start().ok());
+  EXPECT_TRUE(wait_until([&] { return received() >= 3 && up_count("state = 'pending'") == 0; },
+                         std::chrono::seconds(30)))
+      << "received " << received() << ", pending " << up_count("state = 'pending'");
+  ASSERT_TRUE(relay->stop().ok());
+  EXPECT_EQ(received(), 3);
+  EXPECT_EQ(query_int(down_path_, "SELECT count(*) FROM received WHERE n IN (0, 2, 4)"), 3);
+  EXPECT_EQ(up_count("state = 'sent'"), 3);
+  EXPECT_EQ(up_count("message_id = 'evt-0001' AND state = 'dead' AND dead_reason = 'expired'"), 1);
+  EXPECT_EQ(
+      up_count("message_id = 'big-0003' AND state = 'dead' AND dead_reason = 'payload_too_large'"),
+      1);
+  const RelayCounters c = relay->counters();
+  EXPECT_EQ(c.maximum_packet_size, kMaxPacket);
+  EXPECT_EQ(c.expired, 1);
+  EXPECT_EQ(c.too_large, 1);
+  EXPECT_EQ(c.connects, 1);  // never disconnected for a packet too large
+  OutboxRow big;
+  ASSERT_TRUE(outbox_->get("big-0003", &big).ok());
+  EXPECT_NE(big.reason_text.find(std::to_string(kMaxPacket + 1) + " bytes"), std::string::npos)
+      << big.reason_text;
 }
 
 // ledger_consumer --emit-topic: each applied credit emits one event from the outbox; the

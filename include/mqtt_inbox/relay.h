@@ -30,6 +30,16 @@
 //    an outbox dead letter (reason rejected_by_broker, with the code) and the stream goes
 //    on. MQTT 3.1.1 has no such code: mosquitto acks a publish its ACL denies and drops it,
 //    so the row counts as sent.
+//    Two more kinds of row can never be published and become outbox dead letters before
+//    they are sent, so they never block the rows behind them:
+//      expired: its MQTT 5 message expiry interval ran out while it waited in the outbox
+//        (counted from enqueued_at on the wall clock, with either MQTT version). A row
+//        still in time is sent with what is left of its expiry, as a server forwards it
+//        (MQTT 5.0 section 3.3.2.3.3).
+//      payload_too_large: its PUBLISH is larger than the Maximum Packet Size the broker
+//        announced in CONNACK (MQTT 5.0 section 3.2.2.3.6; the client must not send it,
+//        and mosquitto answers one with DISCONNECT 0x95, after which every reconnect would
+//        resend it).
 //  - Reconnects back off exponentially, capped; nothing is ever dropped for having been
 //    retried too often. A refused CONNECT (bad user name or password, not authorized,
 //    ...) waits reconnect_backoff_max_ms at once, as the Subscriber's does.
@@ -137,6 +147,10 @@ struct RelayCounters {
   int64_t max_inflight_seen = 0;  // largest number of publishes without PUBACK seen
   int receive_maximum = 0;        // the broker's Receive Maximum at the last CONNACK (65535 if
                                   // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
+  int64_t maximum_packet_size = 0;  // the broker's Maximum Packet Size at the last CONNACK,
+                                    // bytes; 0 = none announced (MQTT 3.1.1 never does)
+  int64_t expired = 0;            // rows made dead because their expiry ran out (unsent)
+  int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size
 };
 
 class Relay {

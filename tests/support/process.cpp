@@ -198,6 +198,9 @@ void Broker::start() {
       << "persistence_location " << dir_.path() << "/\n"
       << "max_queued_messages " << config_.max_queued_messages << "\n"
       << "max_inflight_messages " << config_.max_inflight_messages << "\n"
+      << (config_.max_packet_size > 0
+              ? "max_packet_size " + std::to_string(config_.max_packet_size) + "\n"
+              : std::string())
       << "log_dest file " << log_ << "\n"
       << "log_type all\n";
     // Started as root, mosquitto drops to the `mosquitto` user, which cannot write our

@@ -74,6 +74,10 @@ class Broker {
     // QoS 1 messages in flight per client, each way; MQTT 5 clients get it as the
     // CONNACK's Receive Maximum. mosquitto's default is 20.
     int max_inflight_messages = 20;
+    // Largest packet the broker accepts, bytes, announced to MQTT 5 clients in CONNACK
+    // (Maximum Packet Size); a client that sends a larger one is disconnected. 0 = not
+    // set (mosquitto's default: no limit).
+    int max_packet_size = 0;
   };
   Broker() : Broker(Config{}) {}
   // `extra_listeners`: more listeners on 127.0.0.1, each on a free port of its own
