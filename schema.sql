@@ -283,6 +283,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     qos           INTEGER NOT NULL DEFAULT 1,
     size_bytes    INTEGER NOT NULL,           -- counted against the class's byte bound
     enqueued_at   INTEGER NOT NULL,           -- wall clock, ms
+    enqueued_clock INTEGER NOT NULL DEFAULT 0, -- retention clock, ms: what max_age_ms counts
     state         TEXT    NOT NULL DEFAULT 'pending'
                       CHECK (state IN ('pending', 'sent', 'dead')),
     attempts      INTEGER NOT NULL DEFAULT 0, -- publishes handed to the client

@@ -154,7 +154,16 @@ struct Outbox::Impl {
   // Makes room for the row `seq` of `size` bytes in class `c`, just inserted (and so
   // already counted in outbox_usage) inside the caller's transaction: OK if it fits (after
   // drops of older rows under kDropOldest), else the refusal. Throws SQLite errors.
-  Status make_room(SQLite::Database& db, const OutboxClass& c, int64_t size, int64_t seq);
+  Status make_room(SQLite::Database& db, const OutboxClass& c, int64_t size, int64_t seq,
+                   int64_t clock_now);
+  // The age bound of make_room: kRejected if the class's oldest other pending row is older
+  // than c.max_age_ms (kReject), else drops those rows (kDropOldest) and returns OK.
+  Status enforce_age(SQLite::Database& db, const OutboxClass& c, int64_t new_seq,
+                     int64_t clock_now);
+  // Counts and logs `n` rows of class `c` dropped, the first with id `first_id`, because
+  // of `why` ("full", "older than max_age_ms").
+  void count_drops(SQLite::Database& db, const OutboxClass& c, int64_t n,
+                   const std::string& first_id, const char* why);
 
   // Runs `fn` in a write transaction on the Inbox's connection, under its mutex; SQLite
   // errors come back classified (and a corrupt file latches the inbox). `call` names the
@@ -181,8 +190,56 @@ struct Outbox::Impl {
   }
 };
 
+void Outbox::Impl::count_drops(SQLite::Database& db, const OutboxClass& c, int64_t n,
+                               const std::string& first_id, const char* why) {
+  if (n == 0) return;
+  SQLite::Statement count(db, "UPDATE outbox_usage SET dropped = dropped + ? WHERE class = ?");
+  count.bind(1, n);
+  count.bind(2, c.topic_prefix);
+  count.exec();
+  dropped += n;
+  log->warn("outbox: class '{}' {}: dropped {} oldest pending row(s), first id '{}' "
+            "(policy drop_oldest)",
+            detail::printable(c.topic_prefix), why, n, detail::printable(first_id));
+}
+
+Status Outbox::Impl::enforce_age(SQLite::Database& db, const OutboxClass& c, int64_t new_seq,
+                                 int64_t clock_now) {
+  const int64_t cutoff = clock_now - c.max_age_ms;
+  // The class's oldest pending row: the first of the partial index (class, seq).
+  SQLite::Statement oldest(db,
+                           "SELECT enqueued_clock, message_id FROM outbox_messages "
+                           "WHERE class = ? AND state = 'pending' AND seq <> ? "
+                           "ORDER BY seq LIMIT 1");
+  oldest.bind(1, c.topic_prefix);
+  oldest.bind(2, new_seq);
+  if (!oldest.executeStep() || oldest.getColumn(0).getInt64() >= cutoff) return Status::Ok();
+  const int64_t age = clock_now - oldest.getColumn(0).getInt64();
+  const std::string first_id = oldest.getColumn(1).getString();
+  oldest.tryReset();
+  if (c.policy == OutboxFullPolicy::kReject) {
+    ++rejected;
+    return Status(Status::Code::kRejected,
+                  "outbox full: class '" + c.topic_prefix + "' has a pending row " +
+                      std::to_string(age) + " ms old (max_age_ms " +
+                      std::to_string(c.max_age_ms) + "): the relay has not sent it");
+  }
+  SQLite::Statement drop(db,
+                         "DELETE FROM outbox_messages WHERE class = ? AND state = 'pending' "
+                         "AND seq <> ? AND enqueued_clock < ?");
+  drop.bind(1, c.topic_prefix);
+  drop.bind(2, new_seq);
+  drop.bind(3, cutoff);
+  count_drops(db, c, drop.exec(), first_id, "older than max_age_ms");
+  return Status::Ok();
+}
+
 Status Outbox::Impl::make_room(SQLite::Database& db, const OutboxClass& c, int64_t size,
-                               int64_t new_seq) {
+                               int64_t new_seq, int64_t clock_now) {
+  if (c.max_age_ms > 0) {
+    Status s = enforce_age(db, c, new_seq, clock_now);
+    if (!s.ok()) return s;
+  }
   if (c.max_bytes > 0 && size > c.max_bytes)
     return Status::InvalidArgument("outbox message of " + std::to_string(size) +
                                    " bytes is larger than class '" + c.topic_prefix +
@@ -228,15 +285,7 @@ Status Outbox::Impl::make_room(SQLite::Database& db, const OutboxClass& c, int64
     drop.tryReset();
     ++n;
   }
-  SQLite::Statement count(db, "UPDATE outbox_usage SET dropped = dropped + ? WHERE class = ?");
-  count.bind(1, n);
-  count.bind(2, c.topic_prefix);
-  count.exec();
-  dropped += n;
-  log->warn(
-      "outbox: class '{}' full: dropped {} oldest pending row(s), first id '{}' "
-      "(policy drop_oldest)",
-      detail::printable(c.topic_prefix), n, detail::printable(first_id));
+  count_drops(db, c, n, first_id, "full");
   return Status::Ok();
 }
 
@@ -244,9 +293,9 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
   if (!inbox) return Status::InvalidArgument("Outbox::create: inbox is null");
   for (size_t i = 0; i < options.classes.size(); ++i) {
     const auto& c = options.classes[i];
-    if (c.max_rows < 0 || c.max_bytes < 0)
+    if (c.max_rows < 0 || c.max_bytes < 0 || c.max_age_ms < 0)
       return Status::InvalidArgument("outbox class '" + c.topic_prefix +
-                                     "': max_rows and max_bytes must be >= 0");
+                                     "': max_rows, max_bytes and max_age_ms must be >= 0");
     for (size_t j = 0; j < i; ++j)
       if (options.classes[j].topic_prefix == c.topic_prefix)
         return Status::InvalidArgument("outbox class '" + c.topic_prefix + "' given twice");
@@ -289,8 +338,8 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
   // again, so that enqueue() leaves nothing behind even if the caller commits.
   SQLite::Statement ins(db,
                         "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
-                        "payload, properties, qos, size_bytes, enqueued_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT (message_id) DO NOTHING");
+                        "payload, properties, qos, size_bytes, enqueued_at, enqueued_clock) "
+                        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING");
   ins.bind(1, id);
   ins.bind(2, key);
   ins.bind(3, c ? c->topic_prefix : std::string());
@@ -298,13 +347,16 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
   ins.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
   ins.bind(6, props);
   ins.bind(7, size);
-  ins.bind(8, detail::InboxAccess::of(impl_->inbox).clock->wall_ms());
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  ins.bind(8, in.clock->wall_ms());
+  const int64_t clock_now = in.retention_clock();
+  ins.bind(9, clock_now);
   if (ins.exec() == 0) {
     ++impl_->duplicates;
   } else {
     const int64_t seq = sqlite3_last_insert_rowid(db.getHandle());
     if (c) {
-      Status s = impl_->make_room(db, *c, size, seq);
+      Status s = impl_->make_room(db, *c, size, seq, clock_now);
       if (!s.ok()) {
         SQLite::Statement undo(db, "DELETE FROM outbox_messages WHERE seq = ?");
         undo.bind(1, seq);
@@ -503,8 +555,8 @@ Status Outbox::replay_dead(const std::string& message_id) {
     del.exec();
     SQLite::Statement ins(*in.db,
                           "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
-                          "payload, properties, qos, size_bytes, enqueued_at) "
-                          "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)");
+                          "payload, properties, qos, size_bytes, enqueued_at, "
+                          "enqueued_clock) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?)");
     ins.bind(1, message_id);
     ins.bind(2, key);
     ins.bind(3, cls);
@@ -513,6 +565,7 @@ Status Outbox::replay_dead(const std::string& message_id) {
     ins.bind(6, props);
     ins.bind(7, size);
     ins.bind(8, enqueued_at);
+    ins.bind(9, in.retention_clock());  // a replay starts its age bound afresh
     ins.exec();
     new_seq = sqlite3_last_insert_rowid(in.db->getHandle());
   });

@@ -157,6 +157,63 @@ TEST_F(RetentionTest, OutboxSentRowsLiveForTheWindowDeadOnesForTheirsPendingOnes
   EXPECT_EQ(q("SELECT rows FROM outbox_usage WHERE class = ''"), 1);
 }
 
+// An outbox class's age bound counts on the retention clock: a wall-clock jump of a year
+// ages no row; with kDropOldest the rows past max_age_ms are dropped (counted) when the
+// next row comes, with kReject the next row is refused while the old one waits.
+TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
+  OutboxOptions options;
+  options.classes.push_back({"telemetry/", 0, 0, OutboxFullPolicy::kDropOldest, 10 * kMinute});
+  options.classes.push_back({"results/", 0, 0, OutboxFullPolicy::kReject, 10 * kMinute});
+  std::unique_ptr<Outbox> o;
+  ASSERT_TRUE(Outbox::create(inbox_.get(), options, &o).ok());
+  auto enqueue = [&](const std::string& topic, const std::string& id) {
+    Status s;
+    inbox_->with_connection([&](SQLite::Database& db) {
+      db.exec("BEGIN IMMEDIATE");
+      OutgoingMessage m;
+      m.topic = topic;
+      m.payload = id;
+      m.message_id = id;
+      s = o->enqueue(db, m);
+      db.exec(s.ok() ? "COMMIT" : "ROLLBACK");
+    });
+    return s;
+  };
+  ASSERT_TRUE(enqueue("telemetry/t", "t-1").ok());
+  ASSERT_TRUE(enqueue("results/r", "r-1").ok());
+  clock_.advance(5 * kMinute);
+  ASSERT_TRUE(enqueue("telemetry/t", "t-2").ok());
+  clock_.wall += 365LL * 24 * 60 * kMinute;  // a wall-clock step ages nothing
+  ASSERT_TRUE(enqueue("telemetry/t", "t-3").ok());
+  ASSERT_TRUE(enqueue("results/r", "r-2").ok());
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 5);
+
+  clock_.advance(5 * kMinute + 1);  // t-1 and r-1 are now past 10 minutes
+  ASSERT_TRUE(enqueue("telemetry/t", "t-4").ok());
+  SQLite::Database db(db_path_, SQLite::OPEN_READONLY);
+  EXPECT_EQ(db.execAndGet("SELECT group_concat(message_id, ',') FROM (SELECT message_id FROM "
+                          "outbox_messages WHERE class = 'telemetry/' ORDER BY seq)")
+                .getString(),
+            "t-2,t-3,t-4");
+  EXPECT_EQ(q("SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 1);
+  EXPECT_EQ(q("SELECT rows FROM outbox_usage WHERE class = 'telemetry/'"), 3);
+  EXPECT_EQ(o->counters().dropped, 1);
+
+  const Status refused = enqueue("results/r", "r-3");
+  EXPECT_EQ(refused.code(), Status::Code::kRejected) << refused.to_string();
+  EXPECT_NE(refused.message().find("max_age_ms"), std::string::npos) << refused.message();
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/'"), 2);
+  // Once the old row is sent, the class takes rows again.
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(o->fetch_pending(0, 100, &rows).ok());
+  for (const auto& r : rows)
+    if (r.message_id == "r-1") {
+      ASSERT_TRUE(o->mark_sent({r.seq}).ok());
+    }
+  EXPECT_TRUE(enqueue("results/r", "r-3").ok());
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/' AND state = 'pending'"), 2);
+}
+
 TEST_F(RetentionTest, DuplicateJustInsideWindowIsCaught) {
   EXPECT_EQ(consumer("ledger").handle(credit_message("m-1", "a", 5)), Outcome::kProcessed);
   clock_.advance(60 * kMinute - 1);

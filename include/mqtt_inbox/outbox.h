@@ -8,8 +8,8 @@
 // row sent only after its PUBACK; a crash anywhere means a resend with the same stable
 // message id, never a loss, and the next hop's inbox drops the resends.
 //
-// Bounds, because flash is finite: classes by topic prefix, each with a row and a byte
-// limit on its pending rows, and a policy for when it is full: kReject (backpressure: the
+// Bounds, because flash is finite: classes by topic prefix, each with a row, a byte and an
+// age limit on its pending rows, and a policy for when it is full: kReject (backpressure: the
 // enqueue fails, so the handler's attempt fails and the incoming message is not
 // acknowledged by that attempt) or kDropOldest (telemetry: the oldest pending rows of the
 // class are deleted, counted in outbox_usage.dropped and logged, never silently).
@@ -69,6 +69,14 @@ struct OutboxClass {
   int64_t max_bytes = 0;
   // Default kReject.
   OutboxFullPolicy policy = OutboxFullPolicy::kReject;
+  // Oldest a pending row of the class may be, ms; 0 = no age limit. Default 0. Counted on
+  // the inbox's retention clock (README "Clock safety"), which a wall-clock jump does not
+  // move and which does not run while the process is down, so a row is never taken for
+  // older than it is. When the class's oldest pending row is older: kReject refuses new
+  // rows ("outbox full: ... old") until the relay has sent it (the link has been down too
+  // long: the input waits at the broker instead); kDropOldest drops the pending rows older
+  // than the limit, counted and logged like any drop.
+  int64_t max_age_ms = 0;
 };
 
 struct OutboxOptions {
@@ -252,7 +260,8 @@ class Outbox {
   // cleared, and a new seq, so it goes to the end of the queue (after the rows of its
   // ordering key enqueued before the replay) and a running relay, which reads past the
   // last seq it took, publishes it. The class bounds are not applied: replaying is the
-  // operator's decision, and the row was counted in them when it was enqueued. Committed
+  // operator's decision, and the row was counted in them when it was enqueued; its age
+  // (OutboxClass::max_age_ms) counts from the replay. Committed
   // with fsync. Errors: kNotFound; kInvalidArgument if the row is not dead (a pending row
   // is on its way; a sent one was acknowledged by the broker: enqueue a new message).
   Status replay_dead(const std::string& message_id);
