@@ -22,6 +22,7 @@
 #include <iterator>
 #include <thread>
 
+#include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/store_then_process.h"
 #include "sqlite_errors.h"
@@ -285,6 +286,67 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(detail::classify_sqlite_error(p.param).name).substr(7);
     });
 
+// The outbox under a full disk (every outbox write goes through the inbox's store-error
+// handling): a handler's enqueue rolls back with its claim while the commit's fsync fails,
+// and the retry commits claim, credit and event once; the relay's marks and the repair
+// calls fail with the store's code and change nothing, so the row stays pending (a resend,
+// never a loss) until the disk frees; nothing is ever deleted.
+TEST_F(ErrorClassTest, OutboxUnderAFullDiskLosesNothingAndAddsNothingTwice) {
+  FaultVfs vfs("error_class_outbox");
+  struct Defer {
+    std::function<void()> f;
+    ~Defer() { f(); }
+  } close_first{[this] {  // the inbox's last checkpoint at close still goes through `vfs`
+    consumer_.reset();
+    inbox_.reset();
+  }};
+  InboxOptions o;
+  o.vfs = vfs.name();
+  open(ledger::create_tables, o);
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(inbox_.get(), {}, &outbox).ok());
+  ConsumerOptions co;
+  co.store_backoff_initial = milliseconds(2);
+  co.store_backoff_max = milliseconds(20);
+  std::unique_ptr<Consumer> emit;
+  ASSERT_TRUE(Consumer::create(
+                  inbox_.get(), "emit",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    ledger::apply_credit(db, d);
+                    OutgoingMessage m;
+                    m.topic = "events/credited";
+                    m.payload = d.message_id;
+                    m.message_id = derived_message_id(d.message_id, "credited");
+                    outbox->enqueue_or_throw(db, m);
+                  },
+                  co, &emit)
+                  .ok());
+  vfs.arm(Fault::next(FaultOp::kSync, 4, SQLITE_FULL, FileKind::kWal));
+  EXPECT_EQ(emit->handle(credit_message("f-1", "known", 5)), Outcome::kProcessed);
+  EXPECT_EQ(vfs.injected(), 4u);
+  EXPECT_EQ(emit->counters().handler_failures, 0);
+  EXPECT_EQ(emit->handle(credit_message("f-1", "known", 5)), Outcome::kDuplicate);
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'known'"), 5);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE message_id = 'f-1/credited' "
+              "AND state = 'pending'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages"), 1);
+
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  vfs.arm(Fault::always(FaultOp::kWrite, SQLITE_FULL, FileKind::kWal));
+  const Status sent = outbox->mark_sent({rows[0].seq});
+  EXPECT_EQ(sent.code(), Status::Code::kFull) << sent.to_string();
+  const Status dead =
+      outbox->mark_dead(rows[0].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "acl");
+  EXPECT_EQ(dead.code(), Status::Code::kFull) << dead.to_string();
+  vfs.disarm();
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 1);
+  ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'sent'"), 1);
+}
+
 // --- fatal: corruption reported by a read ---
 
 class FatalCodeTest : public ErrorClassTest, public ::testing::WithParamInterface<int> {};
@@ -305,6 +367,16 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         o.vfs = vfs.name();
         open(ledger::create_tables, o);
         if (consumer_->handle(credit_message("w-1", "known", 1)) != Outcome::kProcessed) _exit(10);
+        std::unique_ptr<Outbox> outbox;
+        if (!Outbox::create(inbox_.get(), {}, &outbox).ok()) _exit(11);
+        inbox_->with_connection([&](SQLite::Database& db) {
+          db.exec("BEGIN IMMEDIATE");
+          OutgoingMessage m;
+          m.topic = "events/x";
+          m.message_id = "o-1";
+          if (!outbox->enqueue(db, m).ok()) _exit(12);
+          db.exec("COMMIT");
+        });
         inbox_->with_connection(
             [](SQLite::Database& db) { db.exec("PRAGMA wal_checkpoint(TRUNCATE)"); });
         {
@@ -345,6 +417,20 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
             !corrupt(inbox_->forget_session("gateway-1", &removed)) ||
             !corrupt(inbox_->list_dead_letters({}, &dead)))
           _exit(6);
+        // The outbox lives in the same file: every call but enqueue (which runs in the
+        // caller's transaction) refuses the same way, and none deletes a row.
+        std::vector<OutboxRow> out_rows;
+        std::vector<OutboxClassUsage> out_usage;
+        OutboxSummary out_summary;
+        OutboxRow out_row;
+        if (!corrupt(outbox->fetch_pending(0, 10, &out_rows)) ||
+            !corrupt(outbox->mark_sent({1})) ||
+            !corrupt(outbox->mark_dead(1, OutboxDeadReason::kExpired, 0, "x")) ||
+            !corrupt(outbox->list(OutboxState::kPending, 10, &out_rows)) ||
+            !corrupt(outbox->usage(&out_usage)) || !corrupt(outbox->summary(&out_summary)) ||
+            !corrupt(outbox->get("o-1", &out_row)) || !corrupt(outbox->replay_dead("o-1")) ||
+            !corrupt(outbox->purge(OutboxPurgeFilter{})))
+          _exit(7);
         std::fprintf(stderr, "RED: %s\n", h.last_error.c_str());
         _exit(0);
       },
