@@ -104,6 +104,7 @@ InboxStats Inbox::stats() const {
   {
     std::lock_guard<std::mutex> lock(m.stats_mu);
     s.consumers = m.consumer_rows;
+    s.outbox = m.outbox_rows;
     s.rows_measured_at = m.rows_measured_at;
   }
   return s;
@@ -117,6 +118,7 @@ Status Inbox::refresh_row_stats() {
 Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
   if (fatal.load()) return fatal_status();
   std::map<std::string, ConsumerRows> rows;
+  OutboxRows outbox;
   auto run = [&](SQLite::Database& conn) {
     SQLite::Statement q(conn,
                         "SELECT consumer_name, count(*), min(received_at), max(received_at)"
@@ -127,6 +129,25 @@ Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
       r.oldest_received_at = q.getColumn(2).getInt64();
       r.newest_received_at = q.getColumn(3).getInt64();
       rows[q.getColumn(0).getString()] = r;
+    }
+    // The outbox: per class from outbox_usage (kept by triggers), the rest from the
+    // indexes of each state (schema.sql version 8).
+    outbox = OutboxRows{};
+    SQLite::Statement u(conn, "SELECT class, rows, bytes, dropped FROM outbox_usage");
+    while (u.executeStep())
+      outbox.classes[u.getColumn(0).getString()] = {
+          u.getColumn(1).getInt64(), u.getColumn(2).getInt64(), u.getColumn(3).getInt64()};
+    SQLite::Statement n(conn,
+                        "SELECT (SELECT count(*) FROM outbox_messages WHERE state = 'sent'),"
+                        " (SELECT count(*) FROM outbox_messages WHERE state = 'dead'),"
+                        " (SELECT enqueued_clock FROM outbox_messages WHERE state = 'pending'"
+                        "  ORDER BY seq LIMIT 1)");
+    if (n.executeStep()) {
+      outbox.sent_rows = n.getColumn(0).getInt64();
+      outbox.dead_rows = n.getColumn(1).getInt64();
+      if (!n.getColumn(2).isNull())
+        outbox.oldest_pending_age_ms =
+            std::max<int64_t>(0, retention_clock() - n.getColumn(2).getInt64());
     }
   };
   try {
@@ -141,6 +162,7 @@ Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   consumer_rows = std::move(rows);
+  outbox_rows = std::move(outbox);
   rows_measured_at = std::max<int64_t>(1, retention_clock());  // 0 means "never measured"
   return Status::Ok();
 }

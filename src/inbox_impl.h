@@ -116,6 +116,7 @@ struct Inbox::Impl {
   // Row statistics from the last measurement (guarded by stats_mu, never held across I/O).
   mutable std::mutex stats_mu;
   std::map<std::string, ConsumerRows> consumer_rows;
+  OutboxRows outbox_rows;
   int64_t rows_measured_at = 0;
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for

@@ -68,6 +68,35 @@ std::string prometheus_text(const InboxStats& s) {
   o << "# HELP mqtt_inbox_rows Processed ids retained, per consumer.\n# TYPE mqtt_inbox_rows gauge\n";
   for (const auto& c : s.consumers)
     o << "mqtt_inbox_rows{consumer=\"" << label(c.first) << "\"} " << c.second.rows << '\n';
+  if (s.rows_measured_at == 0) return o.str();
+  const auto per_class = [&](const char* name, const char* type, const char* help,
+                             int64_t OutboxClassRows::*field) {
+    o << "# HELP mqtt_inbox_outbox_" << name << ' ' << help << "\n# TYPE mqtt_inbox_outbox_"
+      << name << ' ' << type << '\n';
+    for (const auto& c : s.outbox.classes)
+      o << "mqtt_inbox_outbox_" << name << "{class=\"" << label(c.first) << "\"} "
+        << c.second.*field << '\n';
+  };
+  per_class("pending_rows", "gauge", "Outbox rows waiting for their PUBACK, per class.",
+            &OutboxClassRows::pending_rows);
+  per_class("pending_bytes", "gauge", "Bytes of the pending outbox rows, per class.",
+            &OutboxClassRows::pending_bytes);
+  per_class("dropped_total", "counter", "Outbox rows dropped by drop_oldest, per class.",
+            &OutboxClassRows::dropped);
+  metric(o, "outbox_sent_rows", "gauge", "Sent outbox rows kept for the retention window.",
+         static_cast<double>(s.outbox.sent_rows));
+  metric(o, "outbox_dead_rows", "gauge", "Outbox dead letters.",
+         static_cast<double>(s.outbox.dead_rows));
+  // Seconds with the milliseconds as decimals, printed exactly (not 300.00099999999998).
+  char age[32];
+  std::snprintf(age, sizeof age, "%lld.%03lld",
+                static_cast<long long>(s.outbox.oldest_pending_age_ms / 1000),
+                static_cast<long long>(s.outbox.oldest_pending_age_ms % 1000));
+  o << "# HELP mqtt_inbox_outbox_oldest_pending_age_seconds Age of the oldest pending outbox row"
+       " on the retention clock (0: none pending).\n"
+       "# TYPE mqtt_inbox_outbox_oldest_pending_age_seconds gauge\n"
+       "mqtt_inbox_outbox_oldest_pending_age_seconds "
+    << age << '\n';
   return o.str();
 }
 

@@ -212,6 +212,23 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
     }
   EXPECT_TRUE(enqueue("results/r", "r-3").ok());
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/' AND state = 'pending'"), 2);
+
+  // The same figures in the stats and the Prometheus textfile.
+  ASSERT_TRUE(inbox_->refresh_row_stats().ok());
+  const InboxStats st = inbox_->stats();
+  EXPECT_EQ(st.outbox.classes.at("telemetry/").pending_rows, 3);
+  EXPECT_EQ(st.outbox.classes.at("telemetry/").dropped, 1);
+  EXPECT_EQ(st.outbox.classes.at("results/").pending_rows, 2);
+  EXPECT_EQ(st.outbox.sent_rows, 1);
+  EXPECT_EQ(st.outbox.dead_rows, 0);
+  EXPECT_EQ(st.outbox.oldest_pending_age_ms, 5 * kMinute + 1);  // t-2, enqueued at 5 min
+  const std::string text = prometheus_text(st);
+  for (const char* line : {"mqtt_inbox_outbox_pending_rows{class=\"telemetry/\"} 3\n",
+                           "mqtt_inbox_outbox_dropped_total{class=\"telemetry/\"} 1\n",
+                           "mqtt_inbox_outbox_pending_rows{class=\"results/\"} 2\n",
+                           "mqtt_inbox_outbox_sent_rows 1\n", "mqtt_inbox_outbox_dead_rows 0\n",
+                           "mqtt_inbox_outbox_oldest_pending_age_seconds 300.001\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
 }
 
 TEST_F(RetentionTest, DuplicateJustInsideWindowIsCaught) {

@@ -16,6 +16,20 @@ struct ConsumerRows {
   int64_t newest_received_at = 0;
 };
 
+// The transactional outbox (outbox.h) as measured with the rows.
+struct OutboxClassRows {
+  int64_t pending_rows = 0;
+  int64_t pending_bytes = 0;
+  int64_t dropped = 0;  // by drop_oldest, ever
+};
+struct OutboxRows {
+  std::map<std::string, OutboxClassRows> classes;  // by class topic prefix ("" unbounded)
+  int64_t sent_rows = 0;                           // kept until the retention window
+  int64_t dead_rows = 0;                           // outbox dead letters
+  // Retention clock, ms, since the oldest pending row was enqueued; 0 when none pends.
+  int64_t oldest_pending_age_ms = 0;
+};
+
 struct InboxStats {
   // Counters since this Inbox was opened (this process).
   int64_t processed = 0;        // claims committed with their effect
@@ -47,6 +61,8 @@ struct InboxStats {
   // mean the inbox is).
   std::map<std::string, ConsumerRows> consumers;
   int64_t rows_measured_at = 0;
+  // Measured at the same time (empty, zeros while never measured or without an outbox).
+  OutboxRows outbox;
 };
 
 // One line for logs: "processed=... duplicates=... rows=... p99=...us db=...B wal=...B".
@@ -55,7 +71,9 @@ std::string summary_line(const InboxStats& s);
 
 // Prometheus text exposition format (version 0.0.4), for a node exporter's textfile
 // collector. Metric names start with mqtt_inbox_. mqtt_inbox_rows has no samples while
-// rows were never measured (absent, not 0).
+// rows were never measured (absent, not 0). The outbox figures (mqtt_inbox_outbox_*:
+// pending rows, bytes and drops per class label, sent and dead rows, the oldest pending
+// row's age) are written once rows were measured.
 std::string prometheus_text(const InboxStats& s);
 
 }  // namespace mqtt_inbox
