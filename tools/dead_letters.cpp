@@ -1,7 +1,5 @@
 // `mqtt-inbox dead-letters list|show|replay|purge`: inspect, re-queue and delete dead
 // letters through the library's dead-letter calls (docs/admin-tool.md).
-#include <unistd.h>
-
 #include <iostream>
 #include <optional>
 #include <string>
@@ -206,20 +204,6 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
               << "note: the dead-letter row keeps status 'dead' (no library call marks it re-queued).\n";
   return kOk;
 }
-
-namespace {
-
-bool confirm(const std::string& question, bool yes) {
-  if (yes) return true;
-  if (!isatty(STDIN_FILENO))
-    fail(kRefused, "refused: " + question + " needs confirmation; stdin is not a terminal, pass --yes");
-  std::cerr << question << " [y/N] " << std::flush;
-  std::string answer;
-  std::getline(std::cin, answer);
-  return answer == "y" || answer == "Y" || answer == "yes";
-}
-
-}  // namespace
 
 int cmd_dl_purge(const std::string& path, const DlArgs& a) {
   auto inbox = open_inbox(path);

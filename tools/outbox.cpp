@@ -1,8 +1,6 @@
 // `mqtt-inbox outbox stats|list|show|replay|purge`: inspect the transactional outbox,
 // replay its dead letters and purge finished rows, through the library's Outbox calls
 // (include/mqtt_inbox/outbox.h, docs/admin-tool.md).
-#include <unistd.h>
-
 #include <iostream>
 #include <memory>
 #include <string>
@@ -84,16 +82,6 @@ mi::OutboxRow get_or_fail(mi::Outbox& o, const std::string& id) {
   if (s.code() == mi::Status::Code::kNotFound) fail(kNotFound, s.message());
   check_status(s, "reading the outbox");
   return r;
-}
-
-bool confirm(const std::string& question, bool yes) {
-  if (yes) return true;
-  if (!isatty(STDIN_FILENO))
-    fail(kRefused, "refused: " + question + " needs confirmation; stdin is not a terminal, pass --yes");
-  std::cerr << question << " [y/N] " << std::flush;
-  std::string answer;
-  std::getline(std::cin, answer);
-  return answer == "y" || answer == "Y" || answer == "yes";
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The admin tool's globals and the parsing of durations and times (see tool.h).
+// The admin tool's globals, its confirmation prompt and the parsing of durations and times
+// (see tool.h).
 #include "tool.h"
 
 #include <algorithm>
@@ -6,6 +7,9 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <iostream>
+
+#include <unistd.h>
 
 namespace mqtt_inbox::cli {
 
@@ -15,6 +19,16 @@ int64_t wall_now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+bool confirm(const std::string& question, bool yes) {
+  if (yes) return true;
+  if (!isatty(STDIN_FILENO))
+    fail(kRefused, "refused: " + question + " needs confirmation; stdin is not a terminal, pass --yes");
+  std::cerr << question << " [y/N] " << std::flush;
+  std::string answer;
+  std::getline(std::cin, answer);
+  return answer == "y" || answer == "Y" || answer == "yes";
 }
 
 bool parse_duration(const std::string& text, int64_t* out) {

@@ -38,6 +38,11 @@ extern Globals g;
 
 int64_t wall_now_ms();
 
+// Asks `question` with [y/N] on stderr and reads the answer from stdin; true at once if
+// `yes` (--yes). Without a terminal on stdin (a script, ssh without -t) it refuses:
+// fail(kRefused) saying to pass --yes.
+bool confirm(const std::string& question, bool yes);
+
 // "90s", "15m", "8h", "7d", "250ms" -> ms. Returns false if malformed.
 bool parse_duration(const std::string& text, int64_t* out);
 
