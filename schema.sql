@@ -298,10 +298,13 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     -- dead_letter_window by it, so a wall-clock jump never ages a row early.
     retention_at  INTEGER
 );
+-- Partial, one per state, so each row is in one index at a time, and each query's
+-- `state = '...'` term matches an index's own WHERE (SQLite uses a partial index only
+-- then: https://sqlite.org/partialindex.html). The relay reads pending rows in seq order;
+-- the Pruner walks sent and dead rows by retention_at. (One index on (state, seq) made
+-- the planner read every sent row and sort them for each Pruner batch.)
 CREATE INDEX IF NOT EXISTS outbox_messages_pending
-    ON outbox_messages (state, seq);
--- What the Pruner walks. Partial, one per state, so a pending row (every enqueue) costs
--- no entry in them and the Pruner's `state = ?` term matches the index's own.
+    ON outbox_messages (seq) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS outbox_messages_sent_retention
     ON outbox_messages (retention_at) WHERE state = 'sent';
 CREATE INDEX IF NOT EXISTS outbox_messages_dead_retention

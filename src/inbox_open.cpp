@@ -169,6 +169,14 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
             c.execAndGet(std::string("SELECT coalesce(max(received_at), 0) FROM ") + t).getInt64();
         base = std::max(base, newest);
       }
+      // The outbox's clock stamps, each read from an index: the newest row (seq order is
+      // enqueue order, and a replayed row gets a new seq) and the latest marks.
+      for (const char* sql :
+           {"SELECT coalesce((SELECT enqueued_clock FROM outbox_messages ORDER BY seq DESC "
+            "LIMIT 1), 0)",
+            "SELECT coalesce(max(retention_at), 0) FROM outbox_messages WHERE state = 'sent'",
+            "SELECT coalesce(max(retention_at), 0) FROM outbox_messages WHERE state = 'dead'"})
+        base = std::max(base, c.execAndGet(sql).getInt64());
       clock_base_ms = base;
       steady_base_ms = clock->steady_ms();
     }

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -93,9 +94,10 @@ Message as_message(const OutgoingMessage& m) {
 
 constexpr const char* kRowColumns =
     "seq, message_id, ordering_key, topic, payload, properties, size_bytes, enqueued_at, state, "
-    "attempts, sent_at, dead_reason, reason_code, reason_text";
+    "attempts, sent_at, dead_reason, reason_code, reason_text, enqueued_clock";
 
-OutboxRow read_row(SQLite::Statement& q) {
+// One row of kRowColumns; `clock_now` is the retention clock now (for waited_ms).
+OutboxRow read_row(SQLite::Statement& q, int64_t clock_now) {
   OutboxRow r;
   r.seq = q.getColumn(0).getInt64();
   r.message_id = q.getColumn(1).getString();
@@ -130,6 +132,7 @@ OutboxRow read_row(SQLite::Statement& q) {
   }
   r.reason_code = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt();
   r.reason_text = q.getColumn(13).isNull() ? "" : q.getColumn(13).getString();
+  r.waited_ms = std::max<int64_t>(0, clock_now - q.getColumn(14).getInt64());
   return r;
 }
 
@@ -385,15 +388,17 @@ Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::stri
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& db = *in.db;
   return impl_->on_inbox("Outbox::fetch_pending", /*relaxed_sync=*/true, [&] {
     out->clear();  // a retried transaction starts over
+    const int64_t clock_now = in.retention_clock();
     SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
                                 " FROM outbox_messages WHERE state = 'pending' AND seq > ? "
                                 "ORDER BY seq LIMIT ?");
     q.bind(1, after_seq);
     q.bind(2, limit);
-    while (q.executeStep()) out->push_back(read_row(q));
+    while (q.executeStep()) out->push_back(read_row(q, clock_now));
     q.tryReset();
     if (out->empty()) return;
     SQLite::Statement up(db,
@@ -457,14 +462,17 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
 Status Outbox::list(OutboxState state, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("list: limit must be > 0");
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& db = *in.db;
   return impl_->on_inbox("Outbox::list", /*relaxed_sync=*/false, [&] {
     out->clear();
+    const int64_t clock_now = in.retention_clock();
+    // The state as a literal, so the query can use that state's partial index.
     SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
-                                " FROM outbox_messages WHERE state = ? ORDER BY seq LIMIT ?");
-    q.bind(1, to_string(state));
-    q.bind(2, limit);
-    while (q.executeStep()) out->push_back(read_row(q));
+                                " FROM outbox_messages WHERE state = '" + to_string(state) +
+                                "' ORDER BY seq LIMIT ?");
+    q.bind(1, limit);
+    while (q.executeStep()) out->push_back(read_row(q, clock_now));
   });
 }
 
@@ -489,8 +497,8 @@ Status Outbox::summary(OutboxSummary* out) {
     while (u.executeStep())
       out->classes.push_back({u.getColumn(0).getString(), u.getColumn(1).getInt64(),
                               u.getColumn(2).getInt64(), u.getColumn(3).getInt64()});
-    // Each count is answered from its own index (outbox_messages_pending, or the partial
-    // retention indexes), never from a scan of the payloads.
+    // Each count is answered from that state's partial index, never from a scan of the
+    // payloads.
     SQLite::Statement q(db,
                         "SELECT (SELECT count(*) FROM outbox_messages WHERE state = 'pending'),"
                         " (SELECT count(*) FROM outbox_messages WHERE state = 'sent'),"
@@ -509,14 +517,16 @@ Status Outbox::summary(OutboxSummary* out) {
 }
 
 Status Outbox::get(const std::string& message_id, OutboxRow* out) {
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& db = *in.db;
   bool found = false;
   Status s = impl_->on_inbox("Outbox::get", /*relaxed_sync=*/false, [&] {
+    const int64_t clock_now = in.retention_clock();
     SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
                                 " FROM outbox_messages WHERE message_id = ?");
     q.bind(1, message_id);
     found = q.executeStep();
-    if (found) *out = read_row(q);
+    if (found) *out = read_row(q, clock_now);
   });
   if (s.ok() && !found)
     return Status(Status::Code::kNotFound,

@@ -1,4 +1,4 @@
-// The wire size of a relay PUBLISH and its remaining expiry (publish_size.h).
+// The wire size of a relay PUBLISH and its expiry (publish_size.h).
 #include "publish_size.h"
 
 #include <algorithm>
@@ -41,10 +41,15 @@ int64_t publish_packet_size(const OutboxRow& row, bool mqtt5) {
   return 1 + varint_size(remaining) + remaining;
 }
 
-uint32_t remaining_expiry_s(const OutboxRow& row, int64_t now_ms) {
+bool expired(const OutboxRow& row) {
+  const auto& expiry = row.properties.message_expiry_interval_s;
+  return expiry && row.waited_ms >= static_cast<int64_t>(*expiry) * 1000;
+}
+
+uint32_t remaining_expiry_s(const OutboxRow& row) {
   const auto& expiry = row.properties.message_expiry_interval_s;
   if (!expiry) return 0;
-  const int64_t waited_s = std::max<int64_t>(0, now_ms - row.enqueued_at_ms) / 1000;
+  const int64_t waited_s = row.waited_ms / 1000;
   return static_cast<uint32_t>(std::max<int64_t>(1, static_cast<int64_t>(*expiry) - waited_s));
 }
 

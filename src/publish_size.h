@@ -16,9 +16,11 @@ namespace mqtt_inbox::detail {
 // it (MQTT 5.0 section 3.2.2.3.6).
 int64_t publish_packet_size(const OutboxRow& row, bool mqtt5);
 
-// Seconds left of row.properties.message_expiry_interval_s after the row has waited since
-// enqueued_at_ms, at wall time now_ms (rounded down; at least 1, since a row with nothing
-// left is not sent). 0 if the row has no expiry.
-uint32_t remaining_expiry_s(const OutboxRow& row, int64_t now_ms);
+// Whether row.properties.message_expiry_interval_s has run out in row.waited_ms.
+bool expired(const OutboxRow& row);
+
+// Seconds left of row.properties.message_expiry_interval_s after row.waited_ms (rounded
+// down; at least 1, since a row with nothing left is not sent). 0 if it has no expiry.
+uint32_t remaining_expiry_s(const OutboxRow& row);
 
 }  // namespace mqtt_inbox::detail

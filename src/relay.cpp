@@ -237,7 +237,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
     }
   }
 
-  mqtt::message_ptr to_paho(const OutboxRow& row, int64_t now_ms) const {
+  mqtt::message_ptr to_paho(const OutboxRow& row) const {
     auto msg = mqtt::make_message(row.topic, row.payload, 1, false);
     if (options.mqtt_version == MqttVersion::kV5) {
       mqtt::properties props;
@@ -258,7 +258,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
       // (MQTT 5.0 section 3.3.2.3.3); a row that ran out never gets here (unpublishable).
       if (p.message_expiry_interval_s)
         props.add({mqtt::property::MESSAGE_EXPIRY_INTERVAL,
-                   static_cast<int32_t>(detail::remaining_expiry_s(row, now_ms))});
+                   static_cast<int32_t>(detail::remaining_expiry_s(row))});
       msg->set_properties(props);
     }
     return msg;
@@ -268,12 +268,11 @@ struct Relay::Impl : public mqtt::iaction_listener {
   // its PUBLISH is larger than the broker's Maximum Packet Size (mosquitto answers one with
   // DISCONNECT 0x95, and the resend after every reconnect would block the stream forever).
   // Returns the reason and fills *text, or nullopt.
-  std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, int64_t now_ms,
-                                                std::string* text) const {
-    const auto& expiry = row.properties.message_expiry_interval_s;
-    if (expiry && now_ms - row.enqueued_at_ms >= static_cast<int64_t>(*expiry) * 1000) {
-      *text = "message expiry interval of " + std::to_string(*expiry) + " s ran out after " +
-              std::to_string((now_ms - row.enqueued_at_ms) / 1000) + " s in the outbox";
+  std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, std::string* text) const {
+    if (detail::expired(row)) {
+      *text = "message expiry interval of " +
+              std::to_string(*row.properties.message_expiry_interval_s) + " s ran out after " +
+              std::to_string(row.waited_ms / 1000) + " s in the outbox";
       return OutboxDeadReason::kExpired;
     }
     const int64_t limit = maximum_packet_size.load();
@@ -302,12 +301,9 @@ struct Relay::Impl : public mqtt::iaction_listener {
       log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
       return true;
     }
-    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
     for (const auto& row : rows) {
       std::string why;
-      if (const auto reason = unpublishable(row, now_ms, &why)) {
+      if (const auto reason = unpublishable(row, &why)) {
         const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
         if (!d.ok()) {  // read again from this row at the next poll
           log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
@@ -327,7 +323,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
             std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
       }
       try {
-        client->publish(to_paho(row, now_ms), reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *this);
+        client->publish(to_paho(row), reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *this);
       } catch (const mqtt::exception& e) {
         log->warn("outbox relay: publish of row {} failed, reconnecting: {}", row.seq, e.what());
         return false;

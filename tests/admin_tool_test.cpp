@@ -245,9 +245,6 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
   EXPECT_EQ(query_int(db, "SELECT sum(balance) FROM accounts"), kLedgerSum);
 }
 
-// A consumer persists the retention clock at each Pruner pass and at a clean stop. One
-// that dies without either (kill -9, power loss) leaves the file's clock behind the time it
-// ran: `stats` must say that its ages come from that clock and are lower bounds.
 // outbox stats|list|show|replay|purge on a file with pending, sent and dead outbox rows:
 // the JSON matches the table's state, replay makes the dead row pending again under its
 // id, purge deletes finished rows only and refuses pending ones.
@@ -324,6 +321,8 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
   EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent"}).code, 1);          // no filter
   EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent", "--all"}).code, 4);  // not confirmed
   EXPECT_EQ(tool({"outbox", "purge", db, "--state", "pending", "--all", "--yes"}).code, 1);
+  EXPECT_EQ(tool({"outbox", "purge", db, "--message-id", "e-3", "--yes"}).code, 8);  // pending
+  EXPECT_EQ(tool({"outbox", "purge", db, "--message-id", "nope", "--yes"}).code, 8);
   r = tool({"--json", "outbox", "purge", db, "--state", "sent", "--all", "--yes"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["removed"], 1);
@@ -331,6 +330,9 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 3);
 }
 
+// A consumer persists the retention clock at each Pruner pass and at a clean stop. One
+// that dies without either (kill -9, power loss) leaves the file's clock behind the time it
+// ran: `stats` must say that its ages come from that clock and are lower bounds.
 TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
   TempDir dir;
   const std::string db = dir.file("ledger.db");

@@ -288,9 +288,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The outbox under a full disk (every outbox write goes through the inbox's store-error
 // handling): a handler's enqueue rolls back with its claim while the commit's fsync fails,
-// and the retry commits claim, credit and event once; the relay's marks and the repair
-// calls fail with the store's code and change nothing, so the row stays pending (a resend,
-// never a loss) until the disk frees; nothing is ever deleted.
+// and the retry commits claim, credit and event once; the relay's marks (sent, dead) fail
+// with the store's code and change nothing, so the row stays pending (a resend, never a
+// loss) until the disk frees; nothing is ever deleted.
 TEST_F(ErrorClassTest, OutboxUnderAFullDiskLosesNothingAndAddsNothingTwice) {
   FaultVfs vfs("error_class_outbox");
   struct Defer {

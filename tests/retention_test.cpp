@@ -188,6 +188,15 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
   ASSERT_TRUE(enqueue("results/r", "r-2").ok());
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 5);
 
+  {  // The relay counts a message's expiry with waited_ms: the retention clock, not the
+     // wall clock, which was just stepped a year.
+    std::vector<OutboxRow> waiting;
+    ASSERT_TRUE(o->list(OutboxState::kPending, 10, &waiting).ok());
+    ASSERT_EQ(waiting.size(), 5u);
+    EXPECT_EQ(waiting[0].message_id, "t-1");
+    EXPECT_EQ(waiting[0].waited_ms, 5 * kMinute);
+    EXPECT_EQ(waiting[4].waited_ms, 0);
+  }
   clock_.advance(5 * kMinute + 1);  // t-1 and r-1 are now past 10 minutes
   ASSERT_TRUE(enqueue("telemetry/t", "t-4").ok());
   SQLite::Database db(db_path_, SQLite::OPEN_READONLY);

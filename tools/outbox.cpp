@@ -20,10 +20,12 @@ namespace mi = mqtt_inbox;
 namespace {
 
 // The tool's Outbox: no classes (the bounds belong to the application; the tool never
-// enqueues), on the Inbox the tool opened.
+// enqueues), on the Inbox the tool opened, logging as the tool does (warnings, stderr).
 std::unique_ptr<mi::Outbox> open_outbox(mi::Inbox* inbox) {
   std::unique_ptr<mi::Outbox> o;
-  check_status(mi::Outbox::create(inbox, {}, &o), "opening the outbox");
+  mi::OutboxOptions options;
+  options.logger = tool_inbox_options().logger;
+  check_status(mi::Outbox::create(inbox, options, &o), "opening the outbox");
   return o;
 }
 
@@ -210,6 +212,12 @@ int cmd_outbox_purge(const std::string& path, const OutboxArgs& a) {
   if (!a.before.empty()) f.before_ms = parse_time(a.before, wall_now_ms(), "--before");
   auto inbox = open_inbox(path);
   auto outbox = open_outbox(inbox.get());
+  if (!a.message_id.empty()) {  // one row: it must exist in that state before we ask
+    const mi::OutboxRow r = get_or_fail(*outbox, a.message_id);
+    if (r.state != f.state)
+      fail(kNotFound, "outbox message '" + printable(a.message_id, 60) + "' is " + mi::to_string(r.state) +
+                          ", not " + mi::to_string(f.state) + ": nothing to purge");
+  }
   mi::OutboxSummary s;
   check_status(outbox->summary(&s), "counting the outbox");
   const int64_t in_state = f.state == mi::OutboxState::kDead ? s.dead_rows : s.sent_rows;
@@ -218,9 +226,11 @@ int cmd_outbox_purge(const std::string& path, const OutboxArgs& a) {
     else std::cout << "no " << mi::to_string(f.state) << " outbox rows\n";
     return kOk;
   }
-  if (!confirm("Delete the matching " + std::string(mi::to_string(f.state)) + " outbox rows (of " +
-                   std::to_string(in_state) + ") from " + path + "?",
-               a.yes)) {
+  const std::string what = !a.message_id.empty() ? "outbox row '" + printable(a.message_id, 60) + "'"
+                           : a.before.empty()      ? "all " + std::to_string(in_state) + " " + mi::to_string(f.state) + " outbox rows"
+                                                   : "the " + std::string(mi::to_string(f.state)) + " outbox rows before " + a.before +
+                                                    " (of " + std::to_string(in_state) + ")";
+  if (!confirm("Delete " + what + " from " + path + "?", a.yes)) {
     std::cerr << "not deleted\n";
     return kRefused;
   }
@@ -228,8 +238,6 @@ int cmd_outbox_purge(const std::string& path, const OutboxArgs& a) {
   check_status(outbox->purge(f, &removed), "purging");
   if (g.json) emit({{"state", mi::to_string(f.state)}, {"removed", removed}});
   else std::cout << removed << " " << mi::to_string(f.state) << " outbox row(s) deleted\n";
-  if (!a.message_id.empty() && removed == 0)
-    fail(kNotFound, "no " + std::string(mi::to_string(f.state)) + " outbox row with id '" + printable(a.message_id, 60) + "'");
   return kOk;
 }
 

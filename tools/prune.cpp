@@ -73,7 +73,7 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   const int64_t clock = inbox->retention_clock_ms();
   const int64_t cutoff = clock - window;
   if (a.dry_run) {
-    int64_t ids = 0, dls = 0;
+    int64_t ids = 0, dls = 0, out_sent = 0, out_dead = 0;
     json per = json::object();
     read_sql(*inbox, "counting expired rows", [&](SQLite::Database& db) {
       SQLite::Statement q(db, "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
@@ -88,19 +88,33 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
         d.bind(1, clock - dl_window);
         d.executeStep();
         dls = d.getColumn(0).getInt64();
+        SQLite::Statement od(db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
+        od.bind(1, clock - dl_window);
+        od.executeStep();
+        out_dead = od.getColumn(0).getInt64();
       }
+      // The Pruner deletes sent outbox rows with the same window (README "Outbox").
+      SQLite::Statement os(db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
+      os.bind(1, cutoff);
+      os.executeStep();
+      out_sent = os.getColumn(0).getInt64();
     });
     j["cutoff"] = cutoff;
     j["would_delete_processed"] = ids;
     j["would_delete_by_consumer"] = per;
     j["would_delete_dead_letters"] = dls;
+    j["would_delete_outbox_sent"] = out_sent;
+    j["would_delete_outbox_dead"] = out_dead;
     if (g.json) emit(j);
     else {
       print_kv({{"window", human_ms(window) + (below ? " (BELOW horizon, forced)" : "")},
                 {"required window", human_ms(required) + " (" + source + ")"},
                 {"cutoff (retention clock)", std::to_string(cutoff)},
                 {"ids that would be deleted", std::to_string(ids)},
-                {"dead letters that would be deleted", dl_window > 0 ? std::to_string(dls) : "none (kept; see --dead-letters-older-than)"}});
+                {"dead letters that would be deleted", dl_window > 0 ? std::to_string(dls) : "none (kept; see --dead-letters-older-than)"},
+                {"sent outbox rows that would be deleted", std::to_string(out_sent)},
+                {"outbox dead letters that would be deleted",
+                 dl_window > 0 ? std::to_string(out_dead) : "none (kept; see --dead-letters-older-than)"}});
       std::cout << "dry run: nothing was deleted\n";
     }
     return kOk;
@@ -130,6 +144,8 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   j["cutoff"] = r.cutoff;
   j["processed_deleted"] = r.processed_deleted;
   j["dead_letters_deleted"] = r.dead_letters_deleted;
+  j["outbox_sent_deleted"] = r.outbox_sent_deleted;
+  j["outbox_dead_deleted"] = r.outbox_dead_deleted;
   j["batches"] = r.batches;
   j["budget_exhausted"] = r.budget_exhausted;
   j["pages_freed"] = r.pages_freed;
@@ -146,6 +162,8 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
               {"required window", human_ms(required) + " (" + source + ")"},
               {"ids deleted", std::to_string(r.processed_deleted)},
               {"dead letters deleted", std::to_string(r.dead_letters_deleted)},
+              {"sent outbox rows deleted", std::to_string(r.outbox_sent_deleted)},
+              {"outbox dead letters deleted", std::to_string(r.outbox_dead_deleted)},
               {"batches", std::to_string(r.batches)},
               {"pages freed", std::to_string(r.pages_freed)},
               {"duration", std::to_string(r.duration_ms) + " ms"},

@@ -140,6 +140,10 @@ struct OutboxRow {
   OutgoingMessage properties;  // topic, payload, key and id are repeated above only
   int64_t size_bytes = 0;      // id + key + topic + payload + properties JSON, bytes
   int64_t enqueued_at_ms = 0;  // wall clock
+  // How long the row has waited since its enqueue (or its replay), ms, on the inbox's
+  // retention clock when it was read: a wall-clock step does not change it, and time the
+  // process was down does not count. The relay counts the message expiry with it.
+  int64_t waited_ms = 0;
   OutboxState state = OutboxState::kPending;
   int attempts = 0;        // times fetched for publishing
   int64_t sent_at_ms = 0;  // 0 unless sent

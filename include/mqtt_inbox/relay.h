@@ -33,9 +33,10 @@
 //    Two more kinds of row can never be published and become outbox dead letters before
 //    they are sent, so they never block the rows behind them:
 //      expired: its MQTT 5 message expiry interval ran out while it waited in the outbox
-//        (counted from enqueued_at on the wall clock, with either MQTT version). A row
-//        still in time is sent with what is left of its expiry, as a server forwards it
-//        (MQTT 5.0 section 3.3.2.3.3).
+//        (OutboxRow::waited_ms: the inbox's retention clock since the enqueue or the
+//        replay, so an NTP step at boot expires nothing and time powered off does not
+//        count; with either MQTT version). A row still in time is sent with what is left
+//        of its expiry, as a server forwards it (MQTT 5.0 section 3.3.2.3.3).
 //      payload_too_large: its PUBLISH is larger than the Maximum Packet Size the broker
 //        announced in CONNACK (MQTT 5.0 section 3.2.2.3.6; the client must not send it,
 //        and mosquitto answers one with DISCONNECT 0x95, after which every reconnect would
