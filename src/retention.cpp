@@ -4,7 +4,6 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -12,6 +11,7 @@
 
 #include "inbox_impl.h"
 #include "reentry.h"
+#include "textfile.h"
 
 namespace mqtt_inbox {
 
@@ -283,19 +283,10 @@ struct Pruner::Impl {
         store->log->info("inbox {}: {}", store->path, summary_line(s));
       }
     }
-    if (!options.prometheus_textfile.empty()) {
-      const std::string tmp = options.prometheus_textfile + ".tmp";
-      {
-        std::ofstream f(tmp, std::ios::trunc);
-        f << prometheus_text(s);
-        if (!f) {
-          store->log->warn("cannot write {}", tmp);
-          return;
-        }
-      }
-      if (std::rename(tmp.c_str(), options.prometheus_textfile.c_str()) != 0)
-        store->log->warn("cannot rename {} to {}", tmp, options.prometheus_textfile);
-    }
+    std::string error;
+    if (!options.prometheus_textfile.empty() &&
+        !detail::write_textfile(options.prometheus_textfile, prometheus_text(s), &error))
+      store->log->warn("{}", error);
   }
 };
 
