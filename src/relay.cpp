@@ -1,6 +1,7 @@
-// The outbox relay (relay.h): its own Paho client, a thread that publishes pending rows in
-// seq order within the in-flight window, and Paho callbacks that only record PUBACKs. It
-// connects with the Subscriber's code (mqtt_connection.h), not a copy of it.
+// The outbox relay (relay.h): a thread that publishes pending rows in seq order within
+// the in-flight window, and Paho callbacks that only record PUBACKs. It publishes either on
+// a Paho client of its own, which it connects with the Subscriber's code
+// (mqtt_connection.h), not a copy of it, or on a Subscriber's (subscriber_connection.h).
 #include "mqtt_inbox/relay.h"
 
 #include <mqtt/async_client.h>
@@ -17,8 +18,11 @@
 
 #include "log.h"
 #include "mqtt_connection.h"
-#include "publish_size.h"
+#include "relay_figures.h"
+#include "relay_message.h"
 #include "subscriber_client_lock.h"
+#include "subscriber_connection.h"
+#include "textfile.h"
 
 namespace mqtt_inbox {
 
@@ -46,10 +50,36 @@ SubscriberOptions connection_settings(const RelayOptions& o) {
   return c;
 }
 
+using Clock = std::chrono::steady_clock;
+
 }  // namespace
 
-struct Relay::Impl : public mqtt::iaction_listener {
+struct Relay::Impl {
+  // What Paho and a lending Subscriber call: the PUBACK listener of every publish and the
+  // connection watcher. Outlives the Impl when the connection is lent (the Subscriber
+  // keeps it until its client is gone, see SubscriberConnection::attach): detach() clears
+  // `relay` first, under the link's own mutex, and a late PUBACK then finds nothing.
+  struct Link : mqtt::iaction_listener, detail::ConnectionWatcher {
+    std::mutex mu;
+    Impl* relay = nullptr;
+    void on_success(const mqtt::token& tok) override { forward(tok, false); }
+    void on_failure(const mqtt::token& tok) override { forward(tok, true); }
+    void forward(const mqtt::token& tok, bool failed) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (relay) relay->complete(tok, failed);
+    }
+    void connection_up(const mqtt::properties& connack) override {
+      std::lock_guard<std::mutex> lock(mu);
+      if (relay) relay->lent_connection_up(connack);
+    }
+    void connection_down() override {
+      std::lock_guard<std::mutex> lock(mu);
+      if (relay) relay->lent_connection_down();
+    }
+  };
+
   Outbox* outbox = nullptr;
+  Subscriber* lender = nullptr;  // the Subscriber whose connection this relay uses, if any
   RelayOptions options;
   SubscriberOptions settings;     // the connection part of `options` (connection_settings)
   detail::BrokerAddress address;  // parsed broker_uri
@@ -62,7 +92,10 @@ struct Relay::Impl : public mqtt::iaction_listener {
   // see to_paho_ssl_options, and the properties, see subscriber.cpp).
   mqtt::ssl_options paho_ssl;
   mqtt::connect_options conn_opts;
-  std::unique_ptr<mqtt::async_client> client;
+  std::unique_ptr<mqtt::async_client> client;  // its own connection's (null when lent one)
+  std::shared_ptr<Link> link = std::make_shared<Link>();
+  detail::RelayFigures figures;
+  Clock::time_point next_metrics{};
   int client_lock_fd = -1;
   std::string client_lock_path;
   std::thread thread;
@@ -74,7 +107,11 @@ struct Relay::Impl : public mqtt::iaction_listener {
   bool stopping = false;
   bool woken = false;
   bool lost = false;                     // the connection dropped since the thread looked
-  std::map<uint64_t, int64_t> inflight;  // publish number -> seq, current connection
+  struct InFlight {
+    int64_t seq;
+    Clock::time_point published_at;
+  };
+  std::map<uint64_t, InFlight> inflight;  // publish number -> row, current connection
   std::vector<int64_t> acked;            // seqs PUBACKed, not yet marked
   struct Rejection {
     int64_t seq;
@@ -83,6 +120,10 @@ struct Relay::Impl : public mqtt::iaction_listener {
   };
   std::vector<Rejection> rejections;  // PUBACKs >= 0x80, not yet marked dead
   bool resend = false;                // a publish failed locally on a live connection: start over
+  // A lent connection (lender): up since its latest CONNACK, numbered, and that CONNACK.
+  bool lent_up = false;
+  uint64_t lent_epoch = 0;
+  mqtt::properties lent_connack;
   // Numbers the publishes of this Relay (relay thread only), never reused, so a callback
   // of a publish made on an earlier connection finds nothing in `inflight`.
   uint64_t pubno = 0;
@@ -96,19 +137,20 @@ struct Relay::Impl : public mqtt::iaction_listener {
   std::atomic<int64_t> maximum_packet_size{0};
   std::atomic<int64_t> expired_count{0}, too_large_count{0};
 
-  // --- Paho callbacks: record and wake, nothing else (Paho's one callback thread) ---
-
-  void on_success(const mqtt::token& tok) override { complete(tok, false); }
-  void on_failure(const mqtt::token& tok) override { complete(tok, true); }
+  // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one
+  // callback thread; a lender's calls come from its supervisor thread) ---
 
   void complete(const mqtt::token& tok, bool failed) noexcept {
     try {
       const auto n = reinterpret_cast<uintptr_t>(tok.get_user_context());
       const int reason = static_cast<int>(tok.get_reason_code());
+      const auto now = Clock::now();
       std::lock_guard<std::mutex> lock(mu);
       auto it = inflight.find(n);
       if (it == inflight.end()) return;  // a publish of an earlier connection
-      const int64_t seq = it->second;
+      const int64_t seq = it->second.seq;
+      if (!failed || reason >= kSuccessReasonLimit)
+        figures.acked(reason, now - it->second.published_at);
       inflight.erase(it);
       if (reason >= kSuccessReasonLimit) {
         rejections.push_back({seq, reason, mqtt::exception::reason_code_str(reason)});
@@ -132,6 +174,23 @@ struct Relay::Impl : public mqtt::iaction_listener {
     lost = true;
     woken = true;
     wake.notify_all();
+  }
+
+  void lent_connection_up(const mqtt::properties& connack) {
+    std::lock_guard<std::mutex> lock(mu);
+    lent_up = true;
+    ++lent_epoch;
+    lent_connack = connack;
+    woken = true;
+    wake.notify_all();
+  }
+
+  void lent_connection_down() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      lent_up = false;
+    }
+    on_connection_lost();
   }
 
   // --- the relay thread ---
@@ -176,24 +235,31 @@ struct Relay::Impl : public mqtt::iaction_listener {
       *refused = conn->attempt_refused();
       return false;
     }
+    read_connack(outcome.properties);
+    conn->set_connected(true);
+    was_connected = true;
+    log->info("outbox relay: connected to {} as '{}' (receive maximum {})", options.broker_uri,
+              detail::printable(options.client_id), receive_maximum.load());
+    return true;
+  }
+
+  // The broker's limits from a CONNACK's MQTT 5 properties.
+  void read_connack(const mqtt::properties& connack) {
+    const bool v5 = options.mqtt_version == MqttVersion::kV5;
     int window = 65535;
-    if (options.mqtt_version == MqttVersion::kV5 &&
-        outcome.properties.contains(mqtt::property::RECEIVE_MAXIMUM))
-      window = mqtt::get<uint16_t>(outcome.properties, mqtt::property::RECEIVE_MAXIMUM);
+    if (v5 && connack.contains(mqtt::property::RECEIVE_MAXIMUM))
+      window = mqtt::get<uint16_t>(connack, mqtt::property::RECEIVE_MAXIMUM);
     receive_maximum = window;
     // MQTT 5.0 section 3.2.2.3.6: the client MUST NOT send a packet larger than the
     // Maximum Packet Size the server announces (absent: only the protocol's limit).
     int64_t max_packet = 0;
-    if (options.mqtt_version == MqttVersion::kV5 &&
-        outcome.properties.contains(mqtt::property::MAXIMUM_PACKET_SIZE))
-      max_packet = mqtt::get<int>(outcome.properties, mqtt::property::MAXIMUM_PACKET_SIZE);
+    if (v5 && connack.contains(mqtt::property::MAXIMUM_PACKET_SIZE))
+      max_packet = mqtt::get<int>(connack, mqtt::property::MAXIMUM_PACKET_SIZE);
     maximum_packet_size = max_packet;
-    ++connects;
-    conn->set_connected(true);
-    was_connected = true;
-    log->info("outbox relay: connected to {} as '{}' (receive maximum {})", options.broker_uri,
-              detail::printable(options.client_id), window);
-    return true;
+  }
+
+  mqtt::async_client& publisher() {
+    return lender ? detail::SubscriberConnection::client(*lender) : *client;
   }
 
   int window() const { return std::min(options.max_inflight, receive_maximum.load()); }
@@ -237,54 +303,6 @@ struct Relay::Impl : public mqtt::iaction_listener {
     }
   }
 
-  mqtt::message_ptr to_paho(const OutboxRow& row) const {
-    auto msg = mqtt::make_message(row.topic, row.payload, 1, false);
-    if (options.mqtt_version == MqttVersion::kV5) {
-      mqtt::properties props;
-      props.add({mqtt::property::USER_PROPERTY, "message-id", row.message_id});
-      const OutgoingMessage& p = row.properties;
-      for (const auto& up : p.user_properties)
-        props.add({mqtt::property::USER_PROPERTY, up.first, up.second});
-      if (p.content_type)
-        props.add({mqtt::property::CONTENT_TYPE, mqtt::string_ref(*p.content_type)});
-      if (p.response_topic)
-        props.add({mqtt::property::RESPONSE_TOPIC, mqtt::string_ref(*p.response_topic)});
-      if (p.correlation_data)
-        props.add({mqtt::property::CORRELATION_DATA, mqtt::string_ref(*p.correlation_data)});
-      if (p.payload_format_indicator)
-        props.add({mqtt::property::PAYLOAD_FORMAT_INDICATOR,
-                   static_cast<int32_t>(*p.payload_format_indicator)});
-      // What is left of the expiry after the wait in the outbox, as a server forwards it
-      // (MQTT 5.0 section 3.3.2.3.3); a row that ran out never gets here (unpublishable).
-      if (p.message_expiry_interval_s)
-        props.add({mqtt::property::MESSAGE_EXPIRY_INTERVAL,
-                   static_cast<int32_t>(detail::remaining_expiry_s(row))});
-      msg->set_properties(props);
-    }
-    return msg;
-  }
-
-  // A row that can never be published: its message expiry ran out while it waited, or
-  // its PUBLISH is larger than the broker's Maximum Packet Size (mosquitto answers one with
-  // DISCONNECT 0x95, and the resend after every reconnect would block the stream forever).
-  // Returns the reason and fills *text, or nullopt.
-  std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, std::string* text) const {
-    if (detail::expired(row)) {
-      *text = "message expiry interval of " +
-              std::to_string(*row.properties.message_expiry_interval_s) + " s ran out after " +
-              std::to_string(row.waited_ms / 1000) + " s in the outbox";
-      return OutboxDeadReason::kExpired;
-    }
-    const int64_t limit = maximum_packet_size.load();
-    const int64_t size = detail::publish_packet_size(row, options.mqtt_version == MqttVersion::kV5);
-    if (limit > 0 && size > limit) {
-      *text = "PUBLISH of " + std::to_string(size) + " bytes is larger than the broker's " +
-              "Maximum Packet Size of " + std::to_string(limit) + " bytes (CONNACK)";
-      return OutboxDeadReason::kPayloadTooLarge;
-    }
-    return std::nullopt;
-  }
-
   // Publishes pending rows after `*last_seq` while the window has room. Returns false if
   // the connection must be made again.
   bool publish_more(int64_t* last_seq) {
@@ -295,6 +313,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
     }
     const int room = window() - static_cast<int>(in_flight);
     if (room <= 0) return true;
+    const bool v5 = options.mqtt_version == MqttVersion::kV5;
     std::vector<OutboxRow> rows;
     const Status s = outbox->fetch_pending(*last_seq, room, &rows);
     if (!s.ok()) {
@@ -303,7 +322,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
     }
     for (const auto& row : rows) {
       std::string why;
-      if (const auto reason = unpublishable(row, &why)) {
+      if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(), &why)) {
         const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
         if (!d.ok()) {  // read again from this row at the next poll
           log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
@@ -318,12 +337,13 @@ struct Relay::Impl : public mqtt::iaction_listener {
       const uint64_t n = ++pubno;
       {
         std::lock_guard<std::mutex> lock(mu);
-        inflight[n] = row.seq;
+        inflight[n] = InFlight{row.seq, Clock::now()};
         max_inflight_seen =
             std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
       }
       try {
-        client->publish(to_paho(row), reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *this);
+        publisher().publish(detail::to_paho_message(row, v5),
+                            reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *link);
       } catch (const mqtt::exception& e) {
         log->warn("outbox relay: publish of row {} failed, reconnecting: {}", row.seq, e.what());
         return false;
@@ -346,9 +366,64 @@ struct Relay::Impl : public mqtt::iaction_listener {
     was_connected = false;
   }
 
-  void run() {
+  RelayCounters snapshot() const {
+    RelayCounters c;
+    c.published = published.load();
+    c.acked = acked_count.load();
+    c.rejected = rejected_count.load();
+    c.connects = connects.load();
+    c.max_inflight_seen = max_inflight_seen.load();
+    c.receive_maximum = receive_maximum.load();
+    c.maximum_packet_size = maximum_packet_size.load();
+    c.expired = expired_count.load();
+    c.too_large = too_large_count.load();
+    c.connected = connected.load();
+    figures.fill(&c, Clock::now());
+    return c;
+  }
+
+  // Writes the Prometheus textfile when its period is up, or now if `force`.
+  void write_metrics(bool force) {
+    if (options.prometheus_textfile.empty()) return;
+    const auto now = Clock::now();
+    if (!force && now < next_metrics) return;
+    next_metrics = now + std::chrono::milliseconds(options.metrics_period_ms);
+    std::string error;
+    if (!detail::write_textfile(options.prometheus_textfile, prometheus_text(snapshot()), &error))
+      log->warn("outbox relay: {}", error);
+  }
+
+  // Publishes on the connection just made, from the first pending row, until it is lost,
+  // a publish must be made again, or stop(). The caller has cleared lost, resend and
+  // inflight. Returns false if a publish failed locally.
+  bool publish_on_connection() {
+    ++connects;
+    connected = true;
+    figures.connected(Clock::now());
+    // Everything still pending goes out again from the first row, in order.
+    flush_marks();
+    int64_t last_seq = 0;
+    bool ok = true;
+    while (ok && !is_stopping()) {
+      flush_marks();
+      write_metrics(false);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (lost || resend) break;
+      }
+      ok = publish_more(&last_seq);
+      if (ok) sleep_for(options.poll_interval_ms);
+    }
+    connected = false;
+    figures.disconnected(Clock::now());
+    return ok;
+  }
+
+  // Its own connection: connect with backoff, publish, reconnect with a new client.
+  void run_own() {
     int backoff = options.reconnect_backoff_initial_ms;
     while (!is_stopping()) {
+      write_metrics(false);
       bool refused = false;
       if (!connect(&refused)) {
         // A refused CONNECT will not be accepted sooner for asking again: wait the longest.
@@ -365,20 +440,7 @@ struct Relay::Impl : public mqtt::iaction_listener {
         resend = false;
         inflight.clear();
       }
-      connected = true;
-      // Everything still pending goes out again from the first row, in order.
-      flush_marks();
-      int64_t last_seq = 0;
-      bool ok = true;
-      while (ok && !is_stopping()) {
-        flush_marks();
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (lost || resend) break;
-        }
-        ok = publish_more(&last_seq);
-        if (ok) sleep_for(options.poll_interval_ms);
-      }
+      publish_on_connection();
       if (is_stopping()) break;
       log->warn(
           "outbox relay: connection to {} lost; publishing pending rows again after "
@@ -396,20 +458,86 @@ struct Relay::Impl : public mqtt::iaction_listener {
     disconnect_quietly();
     flush_marks();
   }
+
+  // A lent connection: wait for the Subscriber to connect, publish until it is down, wait
+  // for its next CONNACK. The Subscriber reconnects; the relay never disconnects it. A
+  // publish that fails locally on a connection still up is started over from the first
+  // row after a backoff.
+  void run_lent() {
+    uint64_t seen = 0;
+    bool again = false;  // publish again on the connection of epoch `seen`
+    int backoff = options.reconnect_backoff_initial_ms;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait_for(lock, std::chrono::milliseconds(options.metrics_period_ms), [&] {
+          return stopping || (lent_up && (lent_epoch != seen || again));
+        });
+        woken = false;
+        if (stopping) break;
+        if (!lent_up || (lent_epoch == seen && !again)) {
+          lock.unlock();
+          write_metrics(false);
+          continue;
+        }
+        if (lent_epoch != seen) backoff = options.reconnect_backoff_initial_ms;
+        seen = lent_epoch;
+        lost = false;
+        resend = false;
+        inflight.clear();
+        read_connack(lent_connack);
+      }
+      log->info("outbox relay: publishing on the subscriber's connection (receive maximum {})",
+                receive_maximum.load());
+      publish_on_connection();
+      if (is_stopping()) break;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        again = lent_up && lent_epoch == seen;
+      }
+      if (again) {
+        log->warn("outbox relay: a publish failed on the subscriber's live connection; "
+                  "publishing pending rows again in {} ms", backoff);
+        if (!sleep_for(backoff)) break;
+        backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
+      } else {
+        log->warn("outbox relay: the subscriber's connection is down; publishing pending rows "
+                  "again when it is back");
+      }
+    }
+    flush_marks();
+  }
+
+  void run() {
+    if (lender) run_lent(); else run_own();
+    write_metrics(true);
+  }
 };
 
-Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out) {
+namespace {
+
+// The checks of the publishing options, which both kinds of Relay use.
+Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
   if (!outbox) return Status::InvalidArgument("Relay::create: outbox is null");
-  if (options.broker_uri.empty()) return Status::InvalidArgument("relay broker_uri is empty");
-  if (options.client_id.empty()) return Status::InvalidArgument("relay client_id is required");
   if (options.max_inflight < 1 || options.max_inflight > 65535)
     return Status::InvalidArgument("relay max_inflight must be 1..65535");
   if (options.mark_batch < 1) return Status::InvalidArgument("relay mark_batch must be >= 1");
-  if (options.keep_alive_s < 1 || options.keep_alive_s > 65535)
-    return Status::InvalidArgument("relay keep_alive_s must be 1..65535");
-  if (options.poll_interval_ms < 1 || options.connect_timeout_ms < 1 ||
+  if (options.poll_interval_ms < 1 || options.metrics_period_ms < 1 ||
       options.reconnect_backoff_initial_ms < 1 ||
       options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms)
+    return Status::InvalidArgument("relay intervals must be positive, backoff max >= initial");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out) {
+  if (Status s = check_publishing(outbox, options); !s.ok()) return s;
+  if (options.broker_uri.empty()) return Status::InvalidArgument("relay broker_uri is empty");
+  if (options.client_id.empty()) return Status::InvalidArgument("relay client_id is required");
+  if (options.keep_alive_s < 1 || options.keep_alive_s > 65535)
+    return Status::InvalidArgument("relay keep_alive_s must be 1..65535");
+  if (options.connect_timeout_ms < 1)
     return Status::InvalidArgument("relay intervals must be positive, backoff max >= initial");
   auto impl = std::make_unique<Impl>();
   impl->settings = connection_settings(options);
@@ -431,6 +559,26 @@ Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_pt
     return Status::InvalidArgument(std::string("cannot create the relay's MQTT client: ") +
                                    e.what());
   }
+  impl->link->relay = impl.get();
+  out->reset(new Relay(std::move(impl)));
+  return Status::Ok();
+}
+
+Status Relay::create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
+                     std::unique_ptr<Relay>* out) {
+  if (!subscriber) return Status::InvalidArgument("Relay::create: subscriber is null");
+  if (Status s = check_publishing(outbox, options); !s.ok()) return s;
+  if (!options.broker_uri.empty() || !options.client_id.empty())
+    return Status::InvalidArgument(
+        "relay on a subscriber's connection: leave broker_uri and client_id empty (the "
+        "connection, its client id and its settings are the subscriber's)");
+  auto impl = std::make_unique<Impl>();
+  impl->outbox = outbox;
+  impl->lender = subscriber;
+  impl->options = options;
+  impl->options.mqtt_version = detail::SubscriberConnection::version(*subscriber);
+  impl->log = detail::logger_or_default(options.logger);
+  impl->link->relay = impl.get();
   out->reset(new Relay(std::move(impl)));
   return Status::Ok();
 }
@@ -439,18 +587,26 @@ Relay::Relay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Relay::~Relay() {
   (void)stop();
-  // The client first: its callbacks use the mutex and maps declared after it.
+  // Its own client first: its callbacks use the mutex and maps declared after it. A
+  // lender's client lives on; the link it keeps then forwards nothing.
   impl_->client.reset();
+  std::lock_guard<std::mutex> lock(impl_->link->mu);
+  impl_->link->relay = nullptr;
 }
 
 Status Relay::start() {
   Impl& m = *impl_;
   if (m.thread.joinable()) return Status::InvalidArgument("relay already started");
-  if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
-                                             &m.client_lock_fd, &m.client_lock_path);
-      !s.ok())
-    return s;
-  m.conn->started();
+  if (m.lender) {
+    if (Status s = detail::SubscriberConnection::attach(*m.lender, m.link); !s.ok()) return s;
+  } else {
+    if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
+                                               &m.client_lock_fd, &m.client_lock_path);
+        !s.ok())
+      return s;
+    m.conn->started();
+  }
+  m.figures.started(Clock::now());
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = false;
@@ -466,6 +622,12 @@ Status Relay::stop() {
     impl_->wake.notify_all();
   }
   if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->lender) {
+    detail::SubscriberConnection::detach(*impl_->lender, impl_->link.get());
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->lent_up = false;
+  }
+  impl_->figures.stopped(Clock::now());
   detail::release_client_id_lock(&impl_->client_lock_fd, impl_->client_lock_path);
   return Status::Ok();
 }
@@ -478,20 +640,10 @@ void Relay::notify() {
 
 bool Relay::is_connected() const { return impl_->connected.load(); }
 
-SubscriberHealth Relay::health() const { return impl_->conn->snapshot(); }
-
-RelayCounters Relay::counters() const {
-  RelayCounters c;
-  c.published = impl_->published.load();
-  c.acked = impl_->acked_count.load();
-  c.rejected = impl_->rejected_count.load();
-  c.connects = impl_->connects.load();
-  c.max_inflight_seen = impl_->max_inflight_seen.load();
-  c.receive_maximum = impl_->receive_maximum.load();
-  c.maximum_packet_size = impl_->maximum_packet_size.load();
-  c.expired = impl_->expired_count.load();
-  c.too_large = impl_->too_large_count.load();
-  return c;
+SubscriberHealth Relay::health() const {
+  return impl_->lender ? impl_->lender->health() : impl_->conn->snapshot();
 }
+
+RelayCounters Relay::counters() const { return impl_->snapshot(); }
 
 }  // namespace mqtt_inbox

@@ -37,6 +37,7 @@
 #include "log.h"
 #include "mqtt_connection.h"
 #include "subscriber_client_lock.h"
+#include "subscriber_connection.h"
 #include "subscriber_message.h"
 #include "subscriber_health.h"
 #include "subscriber_probe.h"
@@ -52,6 +53,9 @@ struct Subscriber::Impl {
   detail::BrokerAddress address;  // parsed broker_uri
   std::shared_ptr<spdlog::logger> log;
   std::vector<std::pair<std::string, MessageSink*>> routes;
+  // Every watcher ever attached (subscriber_connection.h), kept until after the client is
+  // destroyed (declared before it): a PUBACK of a Relay's publish may come after detach().
+  std::vector<std::shared_ptr<detail::ConnectionWatcher>> lent;
   std::unique_ptr<mqtt::async_client> client;
 
   std::mutex mu;  // guards the fields below and pairs with cv; never held across Paho calls
@@ -59,6 +63,8 @@ struct Subscriber::Impl {
   bool started = false;
   bool stopping = false;
   bool connection_lost = false;
+  detail::ConnectionWatcher* watcher = nullptr;  // the Relay sharing the connection, if any
+  mqtt::properties last_connack;                 // of the current connection (MQTT 5)
   std::thread supervisor;
   bool supervisor_done = false;  // set when supervise() returned
   bool supervisor_detached = false;  // stop() gave up waiting for it (see stop())
@@ -215,6 +221,10 @@ struct Subscriber::Impl {
         conn->connect_failed(outcome.rc, outcome.message);
         return false;
       }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        last_connack = outcome.properties;
+      }
       int64_t granted_expiry_ms = 0;
       const bool expiry_granted = granted_session_expiry(outcome.properties, &granted_expiry_ms);
       const bool session_present = outcome.session_present;
@@ -269,9 +279,11 @@ struct Subscriber::Impl {
         {
           std::unique_lock<std::mutex> lock(mu);
           connected = true;
+          if (watcher) watcher->connection_up(last_connack);
           cv.notify_all();
           cv.wait(lock, [&] { return stopping || connection_lost; });
           connected = false;
+          if (watcher) watcher->connection_down();
         }
         conn->set_connected(false);
         {
@@ -373,8 +385,11 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
   impl->log = detail::logger_or_default(options.logger);
   impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, address, impl->log);
   try {
-    mqtt::create_options co(options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5
-                                                                     : MQTTVERSION_3_1_1);
+    // Paho refuses a publish beyond maxBufferedMessages (default 100) even while
+    // connected; the subscriber publishes nothing itself, and a Relay sharing the
+    // connection keeps its own window (RelayOptions::max_inflight).
+    mqtt::create_options co(
+        options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, 65535);
     // No client-side persistence: inbound QoS 1 state lives on the broker, and the
     // inbox's SQLite file is the only local record that matters.
     impl->client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id,
@@ -541,6 +556,36 @@ Status Subscriber::stop() {
 }
 
 SubscriberHealth Subscriber::health() const { return impl_->conn->snapshot(); }
+
+namespace detail {
+
+Status SubscriberConnection::attach(Subscriber& subscriber,
+                                   std::shared_ptr<ConnectionWatcher> watcher) {
+  Subscriber::Impl& m = *subscriber.impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (m.watcher)
+    return Status::InvalidArgument("the subscriber's connection is already lent to a relay");
+  m.watcher = watcher.get();
+  m.lent.push_back(std::move(watcher));
+  if (m.connected) m.watcher->connection_up(m.last_connack);
+  return Status::Ok();
+}
+
+void SubscriberConnection::detach(Subscriber& subscriber, const ConnectionWatcher* watcher) {
+  Subscriber::Impl& m = *subscriber.impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (m.watcher == watcher) m.watcher = nullptr;
+}
+
+mqtt::async_client& SubscriberConnection::client(Subscriber& subscriber) {
+  return *subscriber.impl_->client;
+}
+
+MqttVersion SubscriberConnection::version(const Subscriber& subscriber) {
+  return subscriber.impl_->options.mqtt_version;
+}
+
+}  // namespace detail
 
 int64_t Subscriber::messages_received() const { return impl_->received.load(); }
 int64_t Subscriber::connects() const { return impl_->connect_count.load(); }

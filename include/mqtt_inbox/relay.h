@@ -4,17 +4,30 @@
 // drives the Outbox through fetch_pending, mark_sent and mark_dead.
 //
 // Design:
-//  - Its own Paho client and connection (client id RelayOptions::client_id), never the
-//    Subscriber's. Paho runs every client's callbacks on one process-wide thread, which the
-//    inbox's commits hold while a message is processed (docs/guarantees.md sections 1 and
-//    7). The relay's callbacks only record an ack under a small mutex of its own and wake
-//    its thread; every publish, every store access and every wait happens on that thread,
-//    so the consumer's callback and the relay never wait for each other. (A broker that
-//    allows one connection per device, such as Azure IoT Hub, needs the shared connection;
-//    that is not built yet.)
-//  - Clean start, no session: the outbox table is the relay's only state. After every
-//    (re)connect it publishes all pending rows again from the first, in enqueue order,
-//    with the same ids; the next hop's inbox drops what it has already seen.
+//  - Two kinds of connection, chosen by the create() used:
+//      a Subscriber's (create(outbox, subscriber, options)): one connection per device,
+//        which some brokers require (Azure IoT Hub) and every broker's connection limit
+//        likes. The Subscriber keeps connecting, reconnecting and holding its session;
+//        the relay publishes on it while it is up and starts over after its next CONNACK.
+//        Paho may also resend the publishes that were in flight when it dropped (the
+//        Subscriber's session is persistent, MQTT 5.0 section 4.4), so the broker can get
+//        a row twice: the same id, which the next hop's inbox drops. If the Subscriber's
+//        filters match the topics the relay publishes to, it receives them too (No Local
+//        is not set). Per-key order across a lost connection needs max_inflight = 1:
+//        the Subscriber's Paho client lives on, and publishes it still queued when the
+//        connection dropped go out first on the next one, ahead of the resend of an
+//        earlier row that failed. (examples/ledger_consumer uses its own connection.)
+//      its own (create(outbox, options)): a Paho client with client id
+//        RelayOptions::client_id and a clean start (no session: the outbox table is its
+//        only state), connected with the Subscriber's code and settings.
+//    Either way, after every (re)connect the relay publishes all pending rows again from
+//    the first, in enqueue order, with the same ids; the next hop's inbox drops what it
+//    has already seen.
+//  - Paho runs every client's callbacks on one process-wide thread, which the inbox's
+//    commits hold while a message is processed (docs/guarantees.md sections 1 and 7). The
+//    relay's callbacks only record an ack under a small mutex of its own and wake its
+//    thread; every publish, every store access and every wait happens on that thread, so
+//    the consumer's callback and the relay never wait for each other.
 //  - The message id travels as the MQTT 5 user property "message-id" (what
 //    MessageIdOptions reads by default). With MQTT 3.1.1 there are no properties: the
 //    payload must carry the id (a JSON field the enqueuer wrote).
@@ -22,7 +35,8 @@
 //    MQTT 5.0 section 3.2.2.3.3) publishes without PUBACK.
 //  - Order: one connection, publishes in enqueue (seq) order and resends in the same order
 //    after a reconnect, so rows of one ordering key reach the broker in FIFO order (MQTT 5.0
-//    section 4.6). Different keys share the window and are published in parallel.
+//    section 4.6; on a Subscriber's connection see above). Different keys share the window
+//    and are published in parallel.
 //  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
 //    without fsync: a lost mark only causes a resend.
 //  - Poison: an MQTT 5 PUBACK reason code >= 0x80 (not authorized, topic name invalid,
@@ -57,6 +71,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -130,6 +145,14 @@ struct RelayOptions {
   int poll_interval_ms = 200;
   // Logger; default nullptr = the "mqtt_inbox" logger.
   std::shared_ptr<spdlog::logger> logger;
+  // If set, the relay thread writes prometheus_text(counters()) to this file every
+  // metrics_period_ms and at stop(), atomically (a ".tmp" file renamed over it), for
+  // node_exporter's textfile collector; a failed write is logged and tried again at the
+  // next period. Use another file than the Pruner's PrunerOptions::prometheus_textfile
+  // (both in the collector's folder, e.g. inbox.prom and relay.prom). Default "" (none).
+  std::string prometheus_textfile;
+  // ms, > 0. Default 10000.
+  int metrics_period_ms = 10000;
 
   // Test hooks, called on the relay thread with the row's seq. after_publish: right after
   // publish() was handed the row (before its PUBACK can be marked). before_mark: with the
@@ -152,35 +175,77 @@ struct RelayCounters {
                                     // bytes; 0 = none announced (MQTT 3.1.1 never does)
   int64_t expired = 0;            // rows made dead because their expiry ran out (unsent)
   int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size
+  bool connected = false;         // has a connection to publish on now
+
+  // PUBACKs by reason code (MQTT 5.0 section 3.4.2.1): 0x00 success, 0x10 no matching
+  // subscribers (also a success), >= 0x80 a refusal (the row made dead, also in
+  // `rejected`). MQTT 3.1.1 has no codes: every PUBACK counts as 0x00.
+  std::map<int, int64_t> acks_by_reason;
+  // Publish-to-PUBACK latency, ms: from the publish handed to Paho to its PUBACK, seen on
+  // the relay's side (so it includes the wait for Paho's callback thread, which the
+  // inbox's commits share, docs/guarantees.md section 1). p50/p99 are over the most recent
+  // `puback_latency_samples` PUBACKs (at most 1024; nearest rank); 0 while there are none.
+  // sum and count are over every PUBACK since start (a Prometheus summary's _sum, _count).
+  double puback_latency_p50_ms = 0;
+  double puback_latency_p99_ms = 0;
+  int64_t puback_latency_samples = 0;
+  double puback_latency_sum_ms = 0;
+  int64_t puback_latency_count = 0;
+  // Time without a connection to publish on since the first start(), ms (the current
+  // outage included): how long the outbox could only fill.
+  int64_t offline_ms = 0;
 };
+
+// The counters in the Prometheus text exposition format (0.0.4), every name prefixed
+// mqtt_inbox_relay_: connected, connects_total, offline_seconds_total, published_total,
+// pubacks_total{reason_code="0x00"}, dead_lettered_total{reason="expired"|
+// "payload_too_large"|"rejected_by_broker"}, puback_latency_seconds (a summary: quantile
+// 0.5 and 0.99, _sum, _count), inflight_max, receive_maximum. The outbox's depth, bytes,
+// drops and oldest row are the Pruner's (stats.h: prometheus_text(InboxStats)).
+std::string prometheus_text(const RelayCounters& counters);
 
 class Relay {
  public:
-  // Validates the options. `outbox` is not owned and must outlive the Relay.
+  // A relay with a connection of its own. Validates the options. `outbox` is not owned
+  // and must outlive the Relay.
   // Errors: kInvalidArgument with the reason: a missing broker_uri or client_id, a URI
   // scheme or TLS setting or file refused by check_tls_options() (the file named), a
   // password without a user name on MQTT 3.1.1, both password and password_provider set,
   // a count or interval out of range.
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
+  // A relay that publishes on `subscriber`'s connection (see Design). Only the publishing
+  // fields of `options` are used (max_inflight, mark_batch, poll_interval_ms, logger,
+  // prometheus_textfile, metrics_period_ms, the hooks; reconnect_backoff_* pace a start
+  // over after a publish failed on a live connection); the MQTT version is the
+  // subscriber's. `outbox` and `subscriber` are not owned; destroy the Relay before the
+  // Subscriber. One relay per subscriber. Errors: kInvalidArgument for a null outbox or
+  // subscriber, broker_uri or client_id set (they are the subscriber's), a count or
+  // interval out of range.
+  static Status create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
+                       std::unique_ptr<Relay>* out);
   // Stops if running.
   ~Relay();
 
-  // Takes the client-id lock, then starts the relay thread, which connects (retrying
-  // with backoff) and publishes. Returns at once. Errors: kInvalidArgument if already
-  // started; kBusy if another process holds the client-id lock.
+  // Starts the relay thread and returns at once. Its own connection: takes the client-id
+  // lock first; the thread connects (retrying with backoff) and publishes. A subscriber's:
+  // the thread publishes whenever the subscriber is connected (before or after its
+  // start()). Errors: kInvalidArgument if already started, or if another Relay uses the
+  // subscriber's connection; kBusy if another process holds the client-id lock.
   Status start();
-  // Stops the thread, disconnects and releases the client-id lock; unacknowledged rows
-  // stay pending for the next run.
+  // Stops the thread; its own connection: disconnects and releases the client-id lock (a
+  // subscriber's stays up). Unacknowledged rows stay pending for the next run.
   Status stop();
   // Wakes the relay to look for new rows now (for example after a commit that enqueued).
   void notify();
 
+  // Whether the relay has a connection to publish on now.
   bool is_connected() const;
   RelayCounters counters() const;
   // The connection's state, as Subscriber::health() reports its own (`connected` here
   // means connected; there is no SUBSCRIBE): attempts, the last failure's kind and reason
   // (e.g. kTls "certificate verify failed: hostname mismatch ..."), the last CONNACK
-  // refusal. Never holds a secret. Cheap; any thread.
+  // refusal. Never holds a secret. Cheap; any thread. On a subscriber's connection: the
+  // subscriber's health().
   SubscriberHealth health() const;
 
  private:

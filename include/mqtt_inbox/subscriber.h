@@ -208,6 +208,10 @@ const char* to_string(SubscriberHealth::Failure failure);
 // code (0x80..0xFF) as `version` says. Unknown codes get "unknown CONNACK code N".
 std::string connack_meaning(MqttVersion version, int code);
 
+namespace detail {
+struct SubscriberConnection;
+}
+
 class Subscriber {
  public:
   // Validates the options. Errors: kInvalidArgument with the reason, e.g. a clean session
@@ -268,6 +272,7 @@ class Subscriber {
   int64_t sessions_lost() const;
 
  private:
+  friend struct detail::SubscriberConnection;  // lends the connection to a Relay (relay.h)
   struct Impl;
   explicit Subscriber(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

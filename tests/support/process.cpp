@@ -192,6 +192,8 @@ void Broker::start() {
     if (!extra_listeners_.empty()) f << "per_listener_settings true\n";
     f << "listener " << port_ << " 127.0.0.1\n"
       << "allow_anonymous true\n";
+    if (config_.max_connections >= 0)
+      f << "max_connections " << config_.max_connections << "\n";
     for (size_t i = 0; i < extra_ports_.size(); ++i)
       f << "listener " << extra_ports_[i] << " 127.0.0.1\n" << extra_listeners_[i] << "\n";
     f << "persistence " << (config_.persistence ? "true" : "false") << "\n"

@@ -78,6 +78,9 @@ class Broker {
     // (Maximum Packet Size); a client that sends a larger one is disconnected. 0 = not
     // set (mosquitto's default: no limit).
     int max_packet_size = 0;
+    // Clients the main listener accepts at once; a further CONNECT's socket is closed.
+    // -1 = no limit (mosquitto's default).
+    int max_connections = -1;
   };
   Broker() : Broker(Config{}) {}
   // `extra_listeners`: more listeners on 127.0.0.1, each on a free port of its own
