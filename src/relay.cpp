@@ -46,9 +46,11 @@ void Relay::Impl::new_client() {
   client.reset();
   const int version =
       options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1;
-  client = std::make_unique<mqtt::async_client>(
-      options.broker_uri, options.client_id, mqtt::create_options(version, options.max_inflight),
-      nullptr);
+  // That constructor also turns on sending while disconnected: off (see subscriber.cpp).
+  mqtt::create_options co(version, options.max_inflight);
+  co.set_send_while_disconnected(false);
+  client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id, co,
+                                                nullptr);
   client->set_connection_lost_handler([this](const std::string&) { on_connection_lost(); });
 }
 
@@ -108,7 +110,7 @@ void Relay::Impl::run_own() {
       // A refused CONNECT will not be accepted sooner for asking again: wait the longest.
       const int wait_ms = refused ? options.reconnect_backoff_max_ms : backoff;
       log->info("outbox relay: next connection attempt in {} ms", wait_ms);
-      if (!sleep_for(wait_ms)) break;
+      if (!pause_for(wait_ms)) break;
       backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
       continue;
     }
@@ -119,7 +121,11 @@ void Relay::Impl::run_own() {
       resend = false;
       inflight.clear();
     }
+    ++connects;
+    figures.connected(Clock::now());
     publish_on_connection();
+    connected = false;
+    figures.disconnected(Clock::now());
     if (is_stopping()) break;
     log->warn(
         "outbox relay: connection to {} lost; publishing pending rows again after "
@@ -131,7 +137,7 @@ void Relay::Impl::run_own() {
     } catch (const mqtt::exception& e) {
       log->error("outbox relay: cannot make a new MQTT client: {}", e.what());
     }
-    if (!sleep_for(backoff)) break;
+    if (!pause_for(backoff)) break;
   }
   flush_marks();
   disconnect_quietly();
@@ -159,7 +165,11 @@ void Relay::Impl::run_lent() {
         write_metrics(false);
         continue;
       }
-      if (lent_epoch != seen) backoff = options.reconnect_backoff_initial_ms;
+      if (lent_epoch != seen) {
+        backoff = options.reconnect_backoff_initial_ms;
+        ++connects;  // a connection of the Subscriber's that this relay published on
+        figures.connected(Clock::now());
+      }
       seen = lent_epoch;
       lost = false;
       resend = false;
@@ -177,13 +187,16 @@ void Relay::Impl::run_lent() {
     if (again) {
       log->warn("outbox relay: a publish failed on the subscriber's live connection; "
                 "publishing pending rows again in {} ms", backoff);
-      if (!sleep_for(backoff)) break;
+      if (!pause_for(backoff)) break;
       backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
     } else {
+      connected = false;
+      figures.disconnected(Clock::now());
       log->warn("outbox relay: the subscriber's connection is down; publishing pending rows "
                 "again when it is back");
     }
   }
+  connected = false;
   flush_marks();
 }
 

@@ -129,6 +129,9 @@ struct Relay::Impl {
     woken = false;
     return !stopping;
   }
+  // Backoff: waits `ms` whatever wakes the thread (notify(), a late PUBACK), writing the
+  // metrics textfile when due meanwhile. Returns false when stopping.
+  bool pause_for(int ms);
   bool is_stopping() {
     std::lock_guard<std::mutex> lock(mu);
     return stopping;

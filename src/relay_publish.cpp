@@ -189,9 +189,7 @@ void Relay::Impl::write_metrics(bool force) {
 // a publish must be made again, or stop(). The caller has cleared lost, resend and
 // inflight. Returns false if a publish failed locally.
 bool Relay::Impl::publish_on_connection() {
-  ++connects;
   connected = true;
-  figures.connected(Clock::now());
   // Everything still pending goes out again from the first row, in order.
   flush_marks();
   int64_t last_seq = 0;
@@ -206,9 +204,20 @@ bool Relay::Impl::publish_on_connection() {
     ok = publish_more(&last_seq);
     if (ok) sleep_for(options.poll_interval_ms);
   }
-  connected = false;
-  figures.disconnected(Clock::now());
+  flush_marks();  // the PUBACKs that came before the end: rows stay pending no longer
   return ok;
+}
+
+bool Relay::Impl::pause_for(int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    write_metrics(false);
+    std::unique_lock<std::mutex> lock(mu);
+    const auto step =
+        std::min(deadline, Clock::now() + std::chrono::milliseconds(options.metrics_period_ms));
+    if (wake.wait_until(lock, step, [&] { return stopping; })) return false;
+    if (Clock::now() >= deadline) return true;
+  }
 }
 
 }  // namespace mqtt_inbox

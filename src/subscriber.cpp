@@ -387,9 +387,12 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
   try {
     // Paho refuses a publish beyond maxBufferedMessages (default 100) even while
     // connected; the subscriber publishes nothing itself, and a Relay sharing the
-    // connection keeps its own window (RelayOptions::max_inflight).
+    // connection keeps its own window (RelayOptions::max_inflight). That constructor also
+    // turns on sending while disconnected: off, so a publish between a drop and the
+    // Relay hearing of it fails instead of waiting in Paho for the next connection.
     mqtt::create_options co(
         options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, 65535);
+    co.set_send_while_disconnected(false);
     // No client-side persistence: inbound QoS 1 state lives on the broker, and the
     // inbox's SQLite file is the only local record that matters.
     impl->client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id,

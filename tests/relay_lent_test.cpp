@@ -108,10 +108,11 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
 
   // Rows committed while the broker is away wait in the outbox; the Subscriber
   // reconnects, and the relay publishes them on its new connection.
-  enqueue_events(200, 260, 3);  // store-and-forward rows, not from a handler
   broker_.stop();
+  EXPECT_TRUE(wait_until([&] { return !relay_->is_connected(); }, std::chrono::seconds(10)));
+  enqueue_events(200, 260, 3);  // store-and-forward rows, not from a handler
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_FALSE(relay_->is_connected());
+  EXPECT_EQ(up_count("state = 'pending'"), 60);  // nothing to publish on: they wait
   broker_.start();
   ASSERT_TRUE(up_sub_->wait_connected(20000));
   {
@@ -120,9 +121,11 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
     expect_delivered_once(300);
   }
   const RelayCounters after = relay_->counters();
-  EXPECT_EQ(after.connects, up_sub_->connects());  // one connection, the subscriber's
+  // One connection, the subscriber's: the relay published on each of its connections
+  // (the broker admits no fourth), and counted the outage.
   EXPECT_GE(after.connects, 2);
-  EXPECT_GE(after.offline_ms, 300);  // the broker was away at least this long
+  EXPECT_LE(after.connects, up_sub_->connects());
+  EXPECT_GE(after.offline_ms, 300);  // at least the 300 ms the test waited, broker down
   EXPECT_GE(after.acks_by_reason.at(0x00), 300);
   EXPECT_EQ(query_int(up_path_, "SELECT count(*) FROM inbox_processed WHERE consumer_name = "
                                 "'commands'"),

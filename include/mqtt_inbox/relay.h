@@ -16,7 +16,9 @@
 //        is not set). Per-key order across a lost connection needs max_inflight = 1:
 //        the Subscriber's Paho client lives on, and publishes it still queued when the
 //        connection dropped go out first on the next one, ahead of the resend of an
-//        earlier row that failed. (examples/ledger_consumer uses its own connection.)
+//        earlier row that failed. Paho also resends what was in flight when it dropped
+//        (the session is persistent), even a row the relay has meanwhile made an
+//        `expired` dead letter. (examples/ledger_consumer uses its own connection.)
 //      its own (create(outbox, options)): a Paho client with client id
 //        RelayOptions::client_id and a clean start (no session: the outbox table is its
 //        only state), connected with the Subscriber's code and settings.
@@ -27,7 +29,8 @@
 //    commits hold while a message is processed (docs/guarantees.md sections 1 and 7). The
 //    relay's callbacks only record an ack under a small mutex of its own and wake its
 //    thread; every publish, every store access and every wait happens on that thread, so
-//    the consumer's callback and the relay never wait for each other.
+//    the consumer's callback never waits for the relay. (The relay's publish() does wait
+//    for Paho's lock while a consumer's callback commits: Paho holds it there.)
 //  - The message id travels as the MQTT 5 user property "message-id" (what
 //    MessageIdOptions reads by default). With MQTT 3.1.1 there are no properties: the
 //    payload must carry the id (a JSON field the enqueuer wrote).
@@ -67,6 +70,9 @@
 //    tls.key_password) never reach a log line, health(), counters() or a Status message.
 //
 // Thread safety: all methods are safe from any thread; start() and stop() must not race.
+// Do not call stop() or destroy a Relay from a message handler or another Paho callback:
+// the relay thread may be waiting in publish() for Paho's lock, which that callback holds,
+// and stop() joins it.
 #pragma once
 
 #include <cstdint>
@@ -191,8 +197,8 @@ struct RelayCounters {
   int64_t puback_latency_samples = 0;
   double puback_latency_sum_ms = 0;
   int64_t puback_latency_count = 0;
-  // Time without a connection to publish on since the first start(), ms (the current
-  // outage included): how long the outbox could only fill.
+  // Time without a connection to publish on while started, ms (the current outage
+  // included; time stopped does not count): how long the outbox could only fill.
   int64_t offline_ms = 0;
 };
 
