@@ -81,9 +81,8 @@ mqtt_inbox::Status read_password(const Flags& f, std::string* password) {
   return s;
 }
 
-// The connection fields, which SubscriberOptions and RelayOptions name alike.
-template <typename Options>
-mqtt_inbox::Status fill_connection(const Flags& f, Options* out) {
+// The connection fields, which SubscriberOptions and RelayOptions share.
+mqtt_inbox::Status fill_connection(const Flags& f, mqtt_inbox::ConnectionOptions* out) {
   out->broker_uri = f.broker;
   out->client_id = f.client_id;
   out->client_id_lock_dir = f.client_id_lock_dir;

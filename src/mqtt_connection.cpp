@@ -8,8 +8,16 @@
 
 namespace mqtt_inbox::detail {
 
-Status check_connection_settings(const SubscriberOptions& o, BrokerAddress* address) {
+Status check_connection_settings(const ConnectionOptions& o, BrokerAddress* address) {
+  if (o.broker_uri.empty()) return Status::InvalidArgument("broker_uri is empty");
   if (Status s = parse_broker_uri(o.broker_uri, address); !s.ok()) return s;
+  if (o.keep_alive_s <= 0 || o.keep_alive_s > 65535)
+    return Status::InvalidArgument("keep_alive_s must be 1..65535 (MQTT 3.1.1 section 3.1.2.10)");
+  if (o.connect_timeout_ms <= 0 || o.reconnect_backoff_initial_ms <= 0 ||
+      o.reconnect_backoff_max_ms < o.reconnect_backoff_initial_ms)
+    return Status::InvalidArgument(
+        "connect_timeout_ms and reconnect_backoff_initial_ms must be > 0 and "
+        "reconnect_backoff_max_ms >= reconnect_backoff_initial_ms");
   if (Status s = check_tls_options(o.broker_uri, o.tls); !s.ok()) return s;
   if (!o.password.empty() && o.password_provider)
     return Status::InvalidArgument("both password and password_provider are set; give one");
@@ -21,7 +29,7 @@ Status check_connection_settings(const SubscriberOptions& o, BrokerAddress* addr
   return Status::Ok();
 }
 
-mqtt::connect_options_builder connect_options_builder(const SubscriberOptions& o, bool clean) {
+mqtt::connect_options_builder connect_options_builder(const ConnectionOptions& o, bool clean) {
   mqtt::connect_options_builder b;
   if (o.mqtt_version == MqttVersion::kV5) {
     b.mqtt_version(MQTTVERSION_5);
@@ -38,7 +46,7 @@ mqtt::connect_options_builder connect_options_builder(const SubscriberOptions& o
   return b;
 }
 
-void set_up_tls(const SubscriberOptions& o, const BrokerAddress& address, ConnectionHealth* health,
+void set_up_tls(const ConnectionOptions& o, const BrokerAddress& address, ConnectionHealth* health,
                 spdlog::logger& log, mqtt::ssl_options* ssl, mqtt::connect_options* opts) {
   if (address.tls) {
     log.info("TLS to {}: {}", address.host_port(), describe_tls(o.tls));
@@ -54,7 +62,7 @@ void set_up_tls(const SubscriberOptions& o, const BrokerAddress& address, Connec
   }
 }
 
-bool prepare_attempt(const SubscriberOptions& o, const BrokerAddress& address,
+bool prepare_attempt(const ConnectionOptions& o, const BrokerAddress& address,
                      ConnectionHealth* health, spdlog::logger& log, mqtt::connect_options* opts) {
   health->begin_attempt();
   const TlsOptions& tls = o.tls;
@@ -99,7 +107,7 @@ bool prepare_attempt(const SubscriberOptions& o, const BrokerAddress& address,
 namespace {
 
 // Waits until Paho has ended the connection attempt `tok`, successful or not.
-ConnectOutcome await_connect(const mqtt::token_ptr& tok, const SubscriberOptions& o,
+ConnectOutcome await_connect(const mqtt::token_ptr& tok, const ConnectionOptions& o,
                              spdlog::logger& log) {
   ConnectOutcome out;
   for (;;) {
@@ -126,7 +134,7 @@ ConnectOutcome await_connect(const mqtt::token_ptr& tok, const SubscriberOptions
 }  // namespace
 
 ConnectOutcome connect_and_wait(mqtt::async_client& client, const mqtt::connect_options& opts,
-                                const SubscriberOptions& o, spdlog::logger& log) {
+                                const ConnectionOptions& o, spdlog::logger& log) {
   try {
     // Paho C++ 1.2.0 bug #325 (fixed in 1.3.0 by caching the options in the client):
     // connect() takes the options by value and gives Paho C a pointer into that copy as

@@ -6,10 +6,8 @@
 // failed one (ConnectionHealth: CONNACK refusals named, OpenSSL's reasons, secrets
 // redacted).
 //
-// The settings travel as a SubscriberOptions: its connection fields (broker_uri,
-// client_id, mqtt_version, keep_alive_s, connect_timeout_ms, username, password,
-// password_provider, tls, client_id_lock_dir) are their one definition; the Relay copies
-// its own into one (relay.cpp).
+// The settings are a ConnectionOptions (connection.h), the base of SubscriberOptions and
+// RelayOptions: one definition of the connection fields, read here for both.
 #pragma once
 
 #include <mqtt/async_client.h>
@@ -29,16 +27,18 @@ class logger;
 namespace mqtt_inbox::detail {
 
 // The checks create() makes on the connection settings: the URI (parsed into *address),
-// the TLS settings (check_tls_options), password and password_provider not both set, no
-// password without a user name on MQTT 3.1.1 (section 3.1.2.9). Errors: kInvalidArgument with the
+// keep_alive_s 1..65535, connect_timeout_ms > 0, the backoff > 0 with max >= initial, the
+// TLS settings (check_tls_options), password and password_provider not both set, no
+// password without a user name on MQTT 3.1.1 (section 3.1.2.9). client_id is the caller's
+// to check (its rules differ: a Subscriber's keeps a session). Errors: kInvalidArgument with the
 // reason; never a secret.
-Status check_connection_settings(const SubscriberOptions& settings, BrokerAddress* address);
+Status check_connection_settings(const ConnectionOptions& settings, BrokerAddress* address);
 
 // The connect options every client starts from: the MQTT version, clean session/start as
 // `clean` says, keep-alive, connect timeout, Paho's automatic reconnect off (each client
 // reconnects itself), the user name and a fixed password. Add what is the client's own,
 // then finalize(); then set_up_tls() on the result.
-mqtt::connect_options_builder connect_options_builder(const SubscriberOptions& settings,
+mqtt::connect_options_builder connect_options_builder(const ConnectionOptions& settings,
                                                       bool clean);
 
 // TLS for a TLS URI: logs what the broker is checked against (describe_tls), fills `*ssl`
@@ -46,14 +46,14 @@ mqtt::connect_options_builder connect_options_builder(const SubscriberOptions& s
 // `health`, and sets it on `*opts`. `*ssl` and `health` must outlive every connect made
 // with `*opts` (Paho C++ 1.2.0 bug #337). For a plaintext URI with a password: a warning
 // that it travels in clear text.
-void set_up_tls(const SubscriberOptions& settings, const BrokerAddress& address,
+void set_up_tls(const ConnectionOptions& settings, const BrokerAddress& address,
                 ConnectionHealth* health, spdlog::logger& log, mqtt::ssl_options* ssl,
                 mqtt::connect_options* opts);
 
 // Before each CONNECT: counts the attempt, logs the INSECURE warnings, asks the password
 // provider (the password goes into *opts), and checks tls.version with a handshake of the
 // library's own. false: the attempt failed, already reported through `health`.
-bool prepare_attempt(const SubscriberOptions& settings, const BrokerAddress& address,
+bool prepare_attempt(const ConnectionOptions& settings, const BrokerAddress& address,
                      ConnectionHealth* health, spdlog::logger& log, mqtt::connect_options* opts);
 
 struct ConnectOutcome {
@@ -68,6 +68,6 @@ struct ConnectOutcome {
 // bug #325, see the .cpp). A failed attempt is not reported here: pass rc and message
 // to ConnectionHealth::connect_failed, which names a refusal or finds the reason.
 ConnectOutcome connect_and_wait(mqtt::async_client& client, const mqtt::connect_options& opts,
-                                const SubscriberOptions& settings, spdlog::logger& log);
+                                const ConnectionOptions& settings, spdlog::logger& log);
 
 }  // namespace mqtt_inbox::detail

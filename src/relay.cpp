@@ -12,30 +12,6 @@
 
 namespace mqtt_inbox {
 
-namespace {
-
-// The relay's connection settings in the carrier the connection code reads
-// (mqtt_connection.h): the fields of the same name.
-SubscriberOptions connection_settings(const RelayOptions& o) {
-  SubscriberOptions c;
-  c.broker_uri = o.broker_uri;
-  c.client_id = o.client_id;
-  c.mqtt_version = o.mqtt_version;
-  c.keep_alive_s = o.keep_alive_s;
-  c.connect_timeout_ms = o.connect_timeout_ms;
-  c.reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
-  c.reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
-  c.username = o.username;
-  c.password = o.password;
-  c.password_provider = o.password_provider;
-  c.tls = o.tls;
-  c.client_id_lock_dir = o.client_id_lock_dir;
-  c.logger = o.logger;
-  return c;
-}
-
-}  // namespace
-
 // A new Paho client. No client-side persistence: the outbox table is the only record of
 // what to send. Made again before every reconnect, so nothing Paho kept of an earlier
 // connection (queued or in-flight publishes counted against its window) survives: under
@@ -58,9 +34,9 @@ void Relay::Impl::new_client() {
 // one is reported through `conn` (logged, health()); *refused: a CONNACK refusal.
 bool Relay::Impl::connect(bool* refused) {
   *refused = false;
-  if (!detail::prepare_attempt(settings, address, conn.get(), *log, &conn_opts)) return false;
+  if (!detail::prepare_attempt(options, address, conn.get(), *log, &conn_opts)) return false;
   const detail::ConnectOutcome outcome =
-      detail::connect_and_wait(*client, conn_opts, settings, *log);
+      detail::connect_and_wait(*client, conn_opts, options, *log);
   if (!outcome.connected) {
     conn->connect_failed(outcome.rc, outcome.message);
     *refused = conn->attempt_refused();
@@ -224,27 +200,21 @@ Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
 
 Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out) {
   if (Status s = check_publishing(outbox, options); !s.ok()) return s;
-  if (options.broker_uri.empty()) return Status::InvalidArgument("relay broker_uri is empty");
   if (options.client_id.empty()) return Status::InvalidArgument("relay client_id is required");
-  if (options.keep_alive_s < 1 || options.keep_alive_s > 65535)
-    return Status::InvalidArgument("relay keep_alive_s must be 1..65535");
-  if (options.connect_timeout_ms < 1)
-    return Status::InvalidArgument("relay intervals must be positive, backoff max >= initial");
   auto impl = std::make_unique<Impl>();
-  impl->settings = connection_settings(options);
-  if (Status s = detail::check_connection_settings(impl->settings, &impl->address); !s.ok())
+  if (Status s = detail::check_connection_settings(options, &impl->address); !s.ok())
     return Status(s.code(), "relay: " + s.message());
   impl->outbox = outbox;
   impl->options = options;
   impl->log = detail::logger_or_default(options.logger);
-  impl->conn = std::make_unique<detail::ConnectionHealth>(impl->settings, impl->address, impl->log);
+  impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, impl->address, impl->log);
   try {
     impl->new_client();
-    auto b = detail::connect_options_builder(impl->settings, /*clean=*/true);
+    auto b = detail::connect_options_builder(impl->options, /*clean=*/true);
     b.max_inflight(options.max_inflight);
     impl->conn_opts = b.finalize();
     // Set on the member itself, after the builder (see paho_ssl and conn_opts).
-    detail::set_up_tls(impl->settings, impl->address, impl->conn.get(), *impl->log, &impl->paho_ssl,
+    detail::set_up_tls(impl->options, impl->address, impl->conn.get(), *impl->log, &impl->paho_ssl,
                        &impl->conn_opts);
   } catch (const mqtt::exception& e) {
     return Status::InvalidArgument(std::string("cannot create the relay's MQTT client: ") +

@@ -53,7 +53,6 @@ struct Relay::Impl {
   Outbox* outbox = nullptr;
   Subscriber* lender = nullptr;  // the Subscriber whose connection this relay uses, if any
   RelayOptions options;
-  SubscriberOptions settings;     // the connection part of `options` (connection_settings)
   detail::BrokerAddress address;  // parsed broker_uri
   std::shared_ptr<spdlog::logger> log;
   // health() and the reports of failed attempts; made before the client, whose SSL error

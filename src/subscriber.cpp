@@ -351,7 +351,6 @@ Status check_paho_version() {
 
 Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subscriber>* out) {
   if (Status s = check_paho_version(); !s.ok()) return s;
-  if (options.broker_uri.empty()) return Status::InvalidArgument("broker_uri is empty");
   if (options.client_id.empty())
     return Status::InvalidArgument(
         "client_id is empty: the broker keeps the session (and the unacknowledged messages) "
@@ -370,12 +369,7 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
         "persistent_client_expiration); the retention check needs it");
   if (options.receive_maximum == 0)
     return Status::InvalidArgument("receive_maximum must be 1..65535 (MQTT 5.0 section 3.1.2.11.3)");
-  if (options.keep_alive_s <= 0 || options.keep_alive_s > 65535)
-    return Status::InvalidArgument("keep_alive_s must be 1..65535");
-  if (options.connect_timeout_ms <= 0 || options.reconnect_backoff_initial_ms <= 0 ||
-      options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms ||
-      options.stop_timeout_ms < 0)
-    return Status::InvalidArgument("timeouts must be > 0 and backoff initial <= max");
+  if (options.stop_timeout_ms < 0) return Status::InvalidArgument("stop_timeout_ms must be >= 0");
   detail::BrokerAddress address;
   if (Status s = detail::check_connection_settings(options, &address); !s.ok()) return s;
 

@@ -10,7 +10,7 @@
 
 namespace mqtt_inbox::detail {
 
-ConnectionHealth::ConnectionHealth(const SubscriberOptions& options, BrokerAddress address,
+ConnectionHealth::ConnectionHealth(const ConnectionOptions& options, BrokerAddress address,
                                    std::shared_ptr<spdlog::logger> log)
     : options_(options), address_(std::move(address)), log_(std::move(log)) {}
 

@@ -23,7 +23,7 @@ namespace mqtt_inbox::detail {
 // the relay's thread). Its mutexes are never held across a Paho call.
 class ConnectionHealth {
  public:
-  ConnectionHealth(const SubscriberOptions& options, BrokerAddress address,
+  ConnectionHealth(const ConnectionOptions& options, BrokerAddress address,
                    std::shared_ptr<spdlog::logger> log);
 
   void started();                      // start(): health's since_ms
@@ -49,7 +49,7 @@ class ConnectionHealth {
  private:
   std::string redact(std::string text) const;
 
-  const SubscriberOptions& options_;  // the Subscriber's, which outlives this
+  const ConnectionOptions& options_;  // the Subscriber's, which outlives this
   const BrokerAddress address_;
   const std::shared_ptr<spdlog::logger> log_;
   std::string provided_password_;

@@ -83,7 +83,8 @@
 
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/status.h"
-#include "mqtt_inbox/subscriber.h"  // MqttVersion, PasswordProvider, SubscriberHealth
+#include "mqtt_inbox/connection.h"
+#include "mqtt_inbox/subscriber.h"  // Subscriber, SubscriberHealth
 #include "mqtt_inbox/tls.h"
 
 namespace spdlog {
@@ -92,52 +93,19 @@ class logger;
 
 namespace mqtt_inbox {
 
-struct RelayOptions {
-  // The connection. Each field has the shape, meaning and checks of the SubscriberOptions
-  // field of the same name (subscriber.h), and is used by the same code.
-
-  // Broker address, scheme://host[:port][/path]: tcp://, mqtt://, ws:// (plaintext) or
-  // ssl://, mqtts://, wss:// (TLS, see `tls`). Required; other schemes are refused.
-  std::string broker_uri;
-  // MQTT client id of the relay's own connection. Required; must differ from every
-  // Subscriber's client id (the broker closes the older of two connections with one id;
-  // see client_id_lock_dir). The relay connects with a clean start: no session is kept.
-  std::string client_id;
-  // Default kV5 (PUBACK reason codes, user property "message-id").
-  MqttVersion mqtt_version = MqttVersion::kV5;
-  // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); "" = none. Not a
-  // secret: it is logged. Default "".
-  std::string username;
-  // Password of the CONNECT packet (MQTT 3.1.1 section 3.1.3.5). A secret: never logged.
-  // MQTT 3.1.1 allows it only with a user name (section 3.1.2.9): create() refuses it
-  // without one there. Prefer password_provider (password_from_file). Over a plaintext URI
-  // it travels in clear text; create() logs a warning then. Default "" (none).
-  std::string password;
-  // Called on the relay's thread before every CONNECT for the password (PasswordProvider,
-  // subscriber.h): password_from_file(path) reads the file again at each connect. A
-  // failure fails that attempt (kCredentials in health()) and it is retried with the
-  // backoff. Setting both password and password_provider is refused. Default empty.
-  PasswordProvider password_provider;
-  // TLS settings, used with an ssl://, mqtts:// or wss:// broker_uri; any of them with a
-  // plaintext URI is refused. Checked by create() with check_tls_options() (tls.h; each
-  // error names its file). Default: verify the broker against the system trust store and
-  // its host name; no client certificate.
-  TlsOptions tls;
-  // Folder of the client-id lock: start() takes an exclusive flock(2) on
-  // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host relaying with
-  // the same client id fails with kBusy instead of pushing this one off the broker.
-  // "auto" and "" as SubscriberOptions::client_id_lock_dir. stop() removes the file.
-  // Default "auto".
-  std::string client_id_lock_dir = "auto";
-  // Keep-alive, s. 1..65535. Default 30.
-  int keep_alive_s = 30;
-  // Timeout of one connection attempt, ms. > 0. It also bounds the library's own TCP/TLS
-  // handshake that explains a failed attempt, and the check of tls.version. Default 10000.
-  int connect_timeout_ms = 10000;
-  // Reconnect backoff, ms: first wait, doubled each failure, capped; after a CONNACK
-  // refusal the cap at once. > 0, max >= initial. Defaults 500, 30000.
-  int reconnect_backoff_initial_ms = 500;
-  int reconnect_backoff_max_ms = 30000;
+// The relay's options: the connection of its own (ConnectionOptions, connection.h; the
+// Subscriber's fields with the same meaning, checks and code) and the publishing settings
+// below. With create(outbox, subscriber, options) the connection is the Subscriber's:
+// leave broker_uri and client_id empty there (of the other connection fields only
+// logger is used).
+// For a connection of its own, client_id is required and must differ from every
+// Subscriber's client id (the broker closes the older of two connections with one id; see
+// client_id_lock_dir, which makes a second process relaying with the same id fail start()
+// with kBusy); the relay connects with a clean start, so no session is kept: the outbox
+// table is its only state. mqtt_version defaults to kV5 here (PUBACK reason codes, user
+// property "message-id").
+struct RelayOptions : ConnectionOptions {
+  RelayOptions() { mqtt_version = MqttVersion::kV5; }
 
   // Publishing.
 
@@ -149,8 +117,6 @@ struct RelayOptions {
   // How often the relay looks for new rows when nothing woke it, ms. notify() wakes it at
   // once. Default 200.
   int poll_interval_ms = 200;
-  // Logger; default nullptr = the "mqtt_inbox" logger.
-  std::shared_ptr<spdlog::logger> logger;
   // If set, the relay thread writes prometheus_text(counters()) to this file every
   // metrics_period_ms and at stop(), atomically (a ".tmp" file renamed over it), for
   // node_exporter's textfile collector; a failed write is logged and tried again at the

@@ -47,6 +47,7 @@
 #include <memory>
 #include <string>
 
+#include "mqtt_inbox/connection.h"  // ConnectionOptions, MqttVersion, PasswordProvider
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/tls.h"
@@ -57,33 +58,13 @@ class logger;
 
 namespace mqtt_inbox {
 
-enum class MqttVersion { kV3_1_1, kV5 };
-
-// Supplies the password for the next CONNECT: called on the subscriber's connection thread
-// before every connection attempt (never inside a Paho callback), so a token that expires
-// (an Azure IoT Hub SAS token, a JWT) is renewed at each reconnect, and a password file is
-// read again each time. Write the password into *password and return OK; a non-OK Status
-// fails this attempt (its message is logged and shown in health(), so it must not contain
-// the secret) and the subscriber retries after the usual backoff. Must be thread-safe with
-// respect to the application, must not block for long (it delays the reconnect), and must
-// not throw.
-using PasswordProvider = std::function<Status(std::string* password)>;
-
-// A PasswordProvider that reads `path` at every connect: the whole file, one trailing
-// "\n" or "\r\n" removed. Errors name the file, never its content: kIoError if it cannot
-// be read, kInvalidArgument if it is empty.
-PasswordProvider password_from_file(const std::string& path);
-
-struct SubscriberOptions {
-  // Broker address, scheme://host[:port][/path]. Plaintext: tcp:// or mqtt:// (port 1883
-  // by default), ws:// (WebSocket, 80). TLS: ssl:// or mqtts:// (8883), wss:// (443); see
-  // tls.h. IPv6 hosts in brackets ("ssl://[::1]:8883"). Required. Other schemes are
-  // refused by create().
-  std::string broker_uri;
-  // MQTT client id. Required, and stable across restarts: the broker keeps the session,
-  // and with it the unacknowledged messages, under this id.
-  std::string client_id;
-  MqttVersion mqtt_version = MqttVersion::kV3_1_1;
+// The Subscriber's options: the connection (ConnectionOptions, connection.h: broker_uri,
+// client_id, mqtt_version, keep_alive_s, connect_timeout_ms, reconnect backoff, username,
+// password, password_provider, tls, client_id_lock_dir, logger) and the session's own
+// settings below. For the Subscriber, client_id must be stable across restarts: the broker
+// keeps the session, and with it the unacknowledged messages, under it. mqtt_version
+// defaults to kV3_1_1 here.
+struct SubscriberOptions : ConnectionOptions {
   // Must stay false (MQTT 3.1.1 clean session / MQTT 5 clean start). true is refused.
   bool clean_session = false;
   // Session expiry in seconds. MQTT 5: sent as the Session Expiry Interval (MQTT 5.0
@@ -113,52 +94,6 @@ struct SubscriberOptions {
   // max_payload_bytes plus topic and properties (a few KiB), or leave it 0. Ignored for
   // MQTT 3.1.1, which has no such field. Default 0.
   uint32_t maximum_packet_size = 0;
-  // Keep-alive in seconds. Default 30. A handler or store wait longer than 1.5 times this
-  // makes the broker drop the connection; the message is then redelivered, not lost.
-  int keep_alive_s = 30;
-  // Timeout of one connection attempt, ms. Default 10000. It also bounds the library's own
-  // TCP/TLS handshake that explains a failed attempt, and the check of tls.version before
-  // each attempt, so one attempt can take up to about twice this.
-  int connect_timeout_ms = 10000;
-  // Reconnect backoff, ms: first wait, doubled each failure, capped. Defaults 500, 30000.
-  // After a CONNACK refusal (bad credentials, not authorized, banned, ...) the next
-  // attempt waits the maximum at once: asking again sooner does not help, and brokers
-  // throttle or ban clients that retry refused connects in a loop.
-  int reconnect_backoff_initial_ms = 500;
-  int reconnect_backoff_max_ms = 30000;
-  // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); empty means none.
-  // Not a secret: it is logged. Default "".
-  std::string username;
-  // Password of the CONNECT packet (MQTT 3.1.1 section 3.1.3.5). A secret: never logged.
-  // MQTT 3.1.1 allows a password only together with a user name (section 3.1.2.9), so
-  // create() refuses a password without one on 3.1.1. Prefer password_provider or a
-  // password file (password_from_file) to a value compiled in or taken from the command
-  // line, where `ps` shows it. Over a plaintext URI it travels in clear text; start()
-  // logs a warning then. Default "" (none).
-  std::string password;
-  // Called before every CONNECT for the password (see PasswordProvider); its output is
-  // handled as `password` is. Setting both `password` and `password_provider` is refused.
-  // Default empty (none).
-  PasswordProvider password_provider;
-  // TLS settings, used with an ssl://, mqtts:// or wss:// broker_uri; any of them with a
-  // plaintext URI is refused. Checked by create() (files read with OpenSSL, each error
-  // names its file). Default: verify the broker against the system trust store and its
-  // host name; no client certificate.
-  TlsOptions tls;
-  // Folder for the client-id lock: start() takes an exclusive flock(2) on
-  // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host with the same
-  // client id fails with kBusy instead of taking the session over (the broker closes the
-  // older connection whenever a client with the same id connects, MQTT 3.1.1 section
-  // 3.1.4, and two such clients can push each other off forever). Default "auto", chosen
-  // at start(): $RUNTIME_DIRECTORY (systemd sets it for a unit with RuntimeDirectory=; the
-  // first folder if it lists several), else /run/mqtt-inbox if this process can write it,
-  // else /tmp. Processes that pick different folders cannot see each other's lock, so run
-  // a second instance beside a service as the service's user (README "Running as a
-  // service"). "" disables the lock. A clean stop() (and the destructor after one)
-  // removes the file; start() checks that the file it locked is still the one at the
-  // path, so removing it can never let two processes hold the lock at once. After a
-  // crash the file stays, unlocked, and the next start() takes it.
-  std::string client_id_lock_dir = "auto";
   // A connection lost within this many ms of being made counts as unstable (for example
   // another client, on another host, using the same client id): reconnects then back
   // off exponentially up to reconnect_backoff_max_ms instead of reconnecting at once,
@@ -166,8 +101,6 @@ struct SubscriberOptions {
   int unstable_connection_ms = 10000;
   // How long stop() waits for a message that is in the callback, ms. Default 10000.
   int stop_timeout_ms = 10000;
-  // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
-  std::shared_ptr<spdlog::logger> logger;
 };
 
 // A snapshot of the connection's state (Subscriber::health()). Times are wall-clock Unix

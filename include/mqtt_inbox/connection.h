@@ -1,0 +1,110 @@
+// How a client of the library connects to an MQTT broker: the settings that the
+// Subscriber (subscriber.h) and the outbox Relay (relay.h) share, with one definition and
+// one set of checks. SubscriberOptions and RelayOptions derive from ConnectionOptions and
+// add what is their own; both are connected by the same code (src/mqtt_connection.cpp),
+// so a field means the same thing, is checked the same way and fails with the same
+// message in either.
+//
+// Security by default: TLS verifies the broker's certificate chain and host name unless an
+// INSECURE switch of tls.h says otherwise (then a warning at every connect); secrets
+// (password, the provider's output, tls.key_password) never reach a log line, health(),
+// counters or a Status message. Plain data: no thread safety of its own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "mqtt_inbox/status.h"
+#include "mqtt_inbox/tls.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace mqtt_inbox {
+
+enum class MqttVersion { kV3_1_1, kV5 };
+
+// Supplies the password for the next CONNECT: called on the client's connection thread
+// before every connection attempt (never inside a Paho callback), so a token that expires
+// (an Azure IoT Hub SAS token, a JWT) is renewed at each reconnect, and a password file is
+// read again each time. Write the password into *password and return OK; a non-OK Status
+// fails this attempt (its message is logged and shown in health(), so it must not contain
+// the secret; SubscriberHealth::Failure::kCredentials) and the client retries after the
+// usual backoff. Must be thread-safe with respect to the application, must not block for
+// long (it delays the reconnect), and must not throw.
+using PasswordProvider = std::function<Status(std::string* password)>;
+
+// A PasswordProvider that reads `path` at every connect: the whole file, one trailing
+// "\n" or "\r\n" removed. Errors name the file, never its content: kIoError if it cannot
+// be read, kInvalidArgument if it is empty.
+PasswordProvider password_from_file(const std::string& path);
+
+// The connection settings. Checked by the create() of the client that takes them
+// (Subscriber::create, Relay::create); every error is kInvalidArgument with the reason and
+// never holds a secret.
+struct ConnectionOptions {
+  // Broker address, scheme://host[:port][/path]. Plaintext: tcp:// or mqtt:// (port 1883
+  // by default), ws:// (WebSocket, 80). TLS: ssl:// or mqtts:// (8883), wss:// (443); see
+  // `tls`. IPv6 hosts in brackets ("ssl://[::1]:8883"). Required. Other schemes are
+  // refused.
+  std::string broker_uri;
+  // MQTT client id. Required. Two connections with one id push each other off the broker
+  // (it closes the older one, MQTT 3.1.1 section 3.1.4): see client_id_lock_dir.
+  std::string client_id;
+  // The protocol version. Default: the deriving struct's (SubscriberOptions kV3_1_1,
+  // RelayOptions kV5).
+  MqttVersion mqtt_version = MqttVersion::kV3_1_1;
+  // Keep-alive in seconds, 1..65535 (MQTT 3.1.1 section 3.1.2.10). Default 30. A callback
+  // that blocks longer than 1.5 times this makes the broker drop the connection.
+  int keep_alive_s = 30;
+  // Timeout of one connection attempt, ms, > 0. Default 10000. It also bounds the
+  // library's own TCP/TLS handshake that explains a failed attempt, and the check of
+  // tls.version before each attempt, so one attempt can take up to about twice this.
+  int connect_timeout_ms = 10000;
+  // Reconnect backoff, ms: first wait, doubled each failure, capped; > 0, max >= initial.
+  // Defaults 500, 30000. After a CONNACK refusal (bad credentials, not authorized,
+  // banned, ...) the next attempt waits the maximum at once: asking again sooner does not
+  // help, and brokers throttle or ban clients that retry refused connects in a loop.
+  int reconnect_backoff_initial_ms = 500;
+  int reconnect_backoff_max_ms = 30000;
+  // User name of the CONNECT packet (MQTT 3.1.1 section 3.1.3.4); empty means none.
+  // Not a secret: it is logged. Default "".
+  std::string username;
+  // Password of the CONNECT packet (MQTT 3.1.1 section 3.1.3.5). A secret: never logged.
+  // MQTT 3.1.1 allows a password only together with a user name (section 3.1.2.9), so
+  // create() refuses a password without one on 3.1.1. Prefer password_provider or a
+  // password file (password_from_file) to a value compiled in or taken from the command
+  // line, where `ps` shows it. Over a plaintext URI it travels in clear text; the client
+  // logs a warning then. Default "" (none).
+  std::string password;
+  // Called before every CONNECT for the password (see PasswordProvider); its output is
+  // handled as `password` is. Setting both `password` and `password_provider` is refused.
+  // Default empty (none).
+  PasswordProvider password_provider;
+  // TLS settings, used with an ssl://, mqtts:// or wss:// broker_uri; any of them with a
+  // plaintext URI is refused. Checked by create() with check_tls_options() (tls.h; files
+  // read with OpenSSL, each error names its file). Default: verify the broker against the
+  // system trust store and its host name; no client certificate.
+  TlsOptions tls;
+  // Folder for the client-id lock: start() takes an exclusive flock(2) on
+  // "<dir>/mqtt-inbox-client-<id>.lock", so a second process on this host with the same
+  // client id fails with kBusy instead of taking the connection over (the broker closes
+  // the older connection whenever a client with the same id connects, MQTT 3.1.1 section
+  // 3.1.4, and two such clients can push each other off forever). Default "auto", chosen
+  // at start(): $RUNTIME_DIRECTORY (systemd sets it for a unit with RuntimeDirectory=; the
+  // first folder if it lists several), else /run/mqtt-inbox if this process can write it,
+  // else /tmp. Processes that pick different folders cannot see each other's lock, so run
+  // a second instance beside a service as the service's user (README "Running as a
+  // service"). "" disables the lock. A clean stop() (and the destructor after one)
+  // removes the file; start() checks that the file it locked is still the one at the
+  // path, so removing it can never let two processes hold the lock at once. After a
+  // crash the file stays, unlocked, and the next start() takes it.
+  std::string client_id_lock_dir = "auto";
+  // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+}  // namespace mqtt_inbox
