@@ -81,17 +81,6 @@ Status random_message_id(std::string* out) {
 
 namespace {
 
-Message as_message(const OutgoingMessage& m) {
-  Message msg;
-  msg.user_properties = m.user_properties;
-  msg.content_type = m.content_type;
-  msg.response_topic = m.response_topic;
-  msg.correlation_data = m.correlation_data;
-  msg.payload_format_indicator = m.payload_format_indicator;
-  msg.message_expiry_interval_s = m.message_expiry_interval_s;
-  return msg;
-}
-
 constexpr const char* kRowColumns =
     "seq, message_id, ordering_key, topic, payload, properties, size_bytes, enqueued_at, state, "
     "attempts, sent_at, dead_reason, reason_code, reason_text, enqueued_clock";
@@ -104,18 +93,11 @@ OutboxRow read_row(SQLite::Statement& q, int64_t clock_now) {
   r.ordering_key = q.getColumn(2).getString();
   r.topic = q.getColumn(3).getString();
   r.payload = q.getColumn(4).getString();
-  Message props;
-  detail::read_properties_json(q.getColumn(5).getString(), &props);
+  detail::read_properties_json(q.getColumn(5).getString(), &r.properties);
   r.properties.topic = r.topic;
   r.properties.payload = r.payload;
   r.properties.ordering_key = r.ordering_key;
   r.properties.message_id = r.message_id;
-  r.properties.user_properties = std::move(props.user_properties);
-  r.properties.content_type = props.content_type;
-  r.properties.response_topic = props.response_topic;
-  r.properties.correlation_data = props.correlation_data;
-  r.properties.payload_format_indicator = props.payload_format_indicator;
-  r.properties.message_expiry_interval_s = props.message_expiry_interval_s;
   r.size_bytes = q.getColumn(6).getInt64();
   r.enqueued_at_ms = q.getColumn(7).getInt64();
   const std::string state = q.getColumn(8).getString();
@@ -330,7 +312,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
   if (std::string why = detail::validate_message_id(id, impl_->options.max_id_bytes); !why.empty())
     throw OutboxRejected(Status::InvalidArgument("outbox message id refused: " + why));
   const std::string key = m.ordering_key.empty() ? m.topic : m.ordering_key;
-  const std::string props = detail::properties_json(as_message(m));
+  const std::string props = detail::properties_json(m);
   const int64_t size = static_cast<int64_t>(id.size() + key.size() + m.topic.size() +
                                             m.payload.size() + props.size());
   const OutboxClass* c = impl_->class_of(m.topic);

@@ -40,7 +40,7 @@ std::string from_json_bytes(const nlohmann::json& j) {
 
 }  // namespace
 
-std::string properties_json(const Message& m) {
+std::string properties_json(const MessageProperties& m, bool dup) {
   nlohmann::json j = nlohmann::json::object();
   if (!m.user_properties.empty()) {
     nlohmann::json ups = nlohmann::json::array();
@@ -53,7 +53,7 @@ std::string properties_json(const Message& m) {
   if (m.correlation_data) j["correlation_data"] = json_bytes(*m.correlation_data);
   if (m.payload_format_indicator) j["payload_format_indicator"] = *m.payload_format_indicator;
   if (m.message_expiry_interval_s) j["message_expiry_interval_s"] = *m.message_expiry_interval_s;
-  if (m.dup) j["dup"] = true;
+  if (dup) j["dup"] = true;
   return j.dump();
 }
 
@@ -67,8 +67,8 @@ Message message_from_dead_letter(const DeadLetter& dl) {
   return m;
 }
 
-void read_properties_json(const std::string& json, Message* out) {
-  Message& m = *out;
+void read_properties_json(const std::string& json, MessageProperties* out, bool* dup) {
+  MessageProperties& m = *out;
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (!j.is_object()) return;
   if (auto it = j.find("user_properties"); it != j.end() && it->is_array())
@@ -85,7 +85,7 @@ void read_properties_json(const std::string& json, Message* out) {
   if (auto it = j.find("message_expiry_interval_s");
       it != j.end() && it->is_number_unsigned() && it->get<uint64_t>() <= 0xffffffffULL)
     m.message_expiry_interval_s = static_cast<uint32_t>(it->get<uint64_t>());
-  if (auto it = j.find("dup"); it != j.end() && it->is_boolean()) m.dup = it->get<bool>();
+  if (auto it = j.find("dup"); dup && it != j.end() && it->is_boolean()) *dup = it->get<bool>();
 }
 
 }  // namespace mqtt_inbox::detail

@@ -15,7 +15,30 @@ namespace mqtt_inbox {
 
 class Inbox;
 
-struct Message {
+// The MQTT 5 PUBLISH properties a message carries (MQTT 5.0 section 3.3.2.3), shared by
+// what arrives (Message) and what the outbox sends (OutgoingMessage, outbox.h). With MQTT
+// 3.1.1 there are none: every field stays empty.
+struct MessageProperties {
+  // User properties in order (section 3.3.2.3.7). Names and values are raw bytes; the
+  // same name may repeat.
+  std::vector<std::pair<std::string, std::string>> user_properties;
+  std::optional<std::string> content_type;      // section 3.3.2.3.9
+  std::optional<std::string> response_topic;    // section 3.3.2.3.5
+  std::optional<std::string> correlation_data;  // section 3.3.2.3.6, binary
+  std::optional<uint8_t> payload_format_indicator;   // section 3.3.2.3.2: 0 bytes, 1 UTF-8
+  std::optional<uint32_t> message_expiry_interval_s;  // section 3.3.2.3.3, seconds
+
+  // Returns the first user property named `name`, if any.
+  const std::string* user_property(const std::string& name) const {
+    for (const auto& p : user_properties)
+      if (p.first == name) return &p.second;
+    return nullptr;
+  }
+};
+
+// One delivered message: its topic, payload and flags, and its MQTT 5 properties
+// (MessageProperties, in arrival order as received).
+struct Message : MessageProperties {
   std::string topic;
   // Raw payload bytes; need not be UTF-8 or text at all.
   std::string payload;
@@ -32,23 +55,6 @@ struct Message {
   // Published = 0, which the Subscriber always uses). ConsumerOptions::retained decides
   // what happens to a message with it set. Default false.
   bool retain = false;
-
-  // MQTT 5 user properties in arrival order (MQTT 5.0 section 3.3.2.3.7). Names and values
-  // are raw bytes as received; the same name may repeat.
-  std::vector<std::pair<std::string, std::string>> user_properties;
-  // Other MQTT 5 PUBLISH properties that matter for debugging and dead letters.
-  std::optional<std::string> content_type;
-  std::optional<std::string> response_topic;
-  std::optional<std::string> correlation_data;
-  std::optional<uint8_t> payload_format_indicator;
-  std::optional<uint32_t> message_expiry_interval_s;
-
-  // Returns the first user property named `name`, if any.
-  const std::string* user_property(const std::string& name) const {
-    for (const auto& p : user_properties)
-      if (p.first == name) return &p.second;
-    return nullptr;
-  }
 };
 
 // What the per-message path reports once a delivery has a durable outcome.

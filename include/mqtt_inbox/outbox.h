@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "mqtt_inbox/message.h"  // MessageProperties
 #include "mqtt_inbox/status.h"
 
 namespace SQLite {
@@ -90,7 +91,9 @@ struct OutboxOptions {
 };
 
 // One message to publish. QoS is always 1.
-struct OutgoingMessage {
+// One message to publish. Its MQTT 5 properties are the MessageProperties base
+// (message.h); the relay adds the user property "message-id" to them.
+struct OutgoingMessage : MessageProperties {
   // Topic name (no wildcards '+' or '#'; MQTT 3.1.1 section 4.7.1). Required.
   std::string topic;
   // Payload bytes. Default empty.
@@ -101,13 +104,6 @@ struct OutgoingMessage {
   // derived from an incoming one, use derived_message_id() so that re-running the handler
   // yields the same id.
   std::string message_id;
-  // MQTT 5 properties sent with it (the relay adds the user property "message-id").
-  std::vector<std::pair<std::string, std::string>> user_properties;
-  std::optional<std::string> content_type;
-  std::optional<std::string> response_topic;
-  std::optional<std::string> correlation_data;
-  std::optional<uint8_t> payload_format_indicator;
-  std::optional<uint32_t> message_expiry_interval_s;
 };
 
 // The id of the outgoing message number/name `suffix` derived from the incoming message
