@@ -421,10 +421,16 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
   auto& in = detail::InboxAccess::of(impl_->inbox);
   int changed = 0;
   Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
+    // expired and payload_too_large are found before the publish: the attempt that
+    // fetch_pending counted for it is taken back, so attempts counts publishes.
+    const bool unsent =
+        reason == OutboxDeadReason::kExpired || reason == OutboxDeadReason::kPayloadTooLarge;
     SQLite::Statement up(*in.db,
-                         "UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
-                         "reason_code = ?, reason_text = ?, dead_at = ?, retention_at = ? "
-                         "WHERE seq = ? AND state = 'pending'");
+                         std::string("UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
+                                     "reason_code = ?, reason_text = ?, dead_at = ?, "
+                                     "retention_at = ?") +
+                             (unsent ? ", attempts = max(attempts - 1, 0)" : "") +
+                             " WHERE seq = ? AND state = 'pending'");
     up.bind(1, to_string(reason));
     up.bind(2, reason_code);
     up.bind(3, text);
@@ -472,7 +478,8 @@ Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
 
 Status Outbox::summary(OutboxSummary* out) {
   *out = OutboxSummary{};
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& db = *in.db;
   return impl_->on_inbox("Outbox::summary", /*relaxed_sync=*/false, [&] {
     out->classes.clear();
     SQLite::Statement u(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
@@ -486,12 +493,17 @@ Status Outbox::summary(OutboxSummary* out) {
                         " (SELECT count(*) FROM outbox_messages WHERE state = 'sent'),"
                         " (SELECT count(*) FROM outbox_messages WHERE state = 'dead'),"
                         " (SELECT enqueued_at FROM outbox_messages WHERE state = 'pending'"
+                        "  ORDER BY seq LIMIT 1),"
+                        " (SELECT enqueued_clock FROM outbox_messages WHERE state = 'pending'"
                         "  ORDER BY seq LIMIT 1)");
     if (q.executeStep()) {
       out->pending_rows = q.getColumn(0).getInt64();
       out->sent_rows = q.getColumn(1).getInt64();
       out->dead_rows = q.getColumn(2).getInt64();
       out->oldest_pending_enqueued_at_ms = q.getColumn(3).isNull() ? 0 : q.getColumn(3).getInt64();
+      if (!q.getColumn(4).isNull())
+        out->oldest_pending_waited_ms =
+            std::max<int64_t>(0, in.retention_clock() - q.getColumn(4).getInt64());
     }
     out->pending_bytes = 0;
     for (const auto& c : out->classes) out->pending_bytes += c.bytes;

@@ -143,6 +143,9 @@ TEST_F(RelayTest, ExpiredAndOversizedRowsAreDeadLetteredAndTheKeyFlowsOn) {
   EXPECT_EQ(c.expired, 1);
   EXPECT_EQ(c.too_large, 1);
   EXPECT_EQ(c.connects, 1);  // never disconnected for a packet too large
+  // attempts counts publishes: the two rows made dead before a publish have none.
+  EXPECT_EQ(up_count("message_id IN ('evt-0001', 'big-0003') AND attempts = 0"), 2);
+  EXPECT_EQ(up_count("state = 'sent' AND attempts = 1"), 3);
   OutboxRow big;
   ASSERT_TRUE(outbox_->get("big-0003", &big).ok());
   EXPECT_NE(big.reason_text.find(std::to_string(kMaxPacket + 1) + " bytes"), std::string::npos)

@@ -231,6 +231,9 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
   EXPECT_EQ(st.outbox.sent_rows, 1);
   EXPECT_EQ(st.outbox.dead_rows, 0);
   EXPECT_EQ(st.outbox.oldest_pending_age_ms, 5 * kMinute + 1);  // t-2, enqueued at 5 min
+  OutboxSummary sum;  // the admin tool's figure is the same, on the same clock
+  ASSERT_TRUE(o->summary(&sum).ok());
+  EXPECT_EQ(sum.oldest_pending_waited_ms, 5 * kMinute + 1);
   const std::string text = prometheus_text(st);
   for (const char* line : {"mqtt_inbox_outbox_pending_rows{class=\"telemetry/\"} 3\n",
                            "mqtt_inbox_outbox_dropped_total{class=\"telemetry/\"} 1\n",

@@ -93,8 +93,8 @@ int cmd_outbox_stats(const std::string& path) {
   auto outbox = open_outbox(inbox.get());
   mi::OutboxSummary s;
   check_status(outbox->summary(&s), "reading the outbox");
-  const int64_t now = wall_now_ms();
-  const int64_t age = s.oldest_pending_enqueued_at_ms ? now - s.oldest_pending_enqueued_at_ms : 0;
+  // How long the head of the queue has waited, on the retention clock (OutboxSummary).
+  const bool pending = s.pending_rows > 0;
   if (g.json) {
     json classes = json::array();
     for (const auto& c : s.classes)
@@ -105,16 +105,17 @@ int cmd_outbox_stats(const std::string& path) {
           {"pending_bytes", s.pending_bytes},
           {"sent_rows", s.sent_rows},
           {"dead_rows", s.dead_rows},
-          {"oldest_pending_enqueued_at", s.oldest_pending_enqueued_at_ms ? json(s.oldest_pending_enqueued_at_ms) : json()},
-          {"oldest_pending_age_ms", s.oldest_pending_enqueued_at_ms ? json(age) : json()},
+          {"oldest_pending_enqueued_at", pending ? json(s.oldest_pending_enqueued_at_ms) : json()},
+          {"oldest_pending_age_ms", pending ? json(s.oldest_pending_waited_ms) : json()},
           {"classes", classes}});
     return kOk;
   }
   print_kv({{"database", path},
             {"pending", std::to_string(s.pending_rows) + " rows, " + human_bytes(s.pending_bytes)},
-            {"oldest pending", s.oldest_pending_enqueued_at_ms
-                                   ? human_ms(age) + " (enqueued " + iso(s.oldest_pending_enqueued_at_ms) + ", wall clock)"
-                                   : "-"},
+            {"oldest pending", pending ? "waiting " + human_ms(s.oldest_pending_waited_ms) +
+                                             " (enqueued " + iso(s.oldest_pending_enqueued_at_ms) +
+                                             ", wall clock)"
+                                       : "-"},
             {"sent (kept)", std::to_string(s.sent_rows)},
             {"dead letters", std::to_string(s.dead_rows)}});
   std::vector<std::vector<std::string>> t;

@@ -141,7 +141,7 @@ struct OutboxRow {
   // process was down does not count. The relay counts the message expiry with it.
   int64_t waited_ms = 0;
   OutboxState state = OutboxState::kPending;
-  int attempts = 0;        // times fetched for publishing
+  int attempts = 0;        // publishes handed to the broker (resends included)
   int64_t sent_at_ms = 0;  // 0 unless sent
   std::optional<OutboxDeadReason> dead_reason;
   int reason_code = 0;  // the PUBACK reason code of a dead row, else 0
@@ -162,8 +162,13 @@ struct OutboxSummary {
   int64_t pending_bytes = 0;
   int64_t sent_rows = 0;  // kept until the Pruner's window (RetentionOptions::window)
   int64_t dead_rows = 0;  // kept until dead_letter_window, or a purge
-  // Wall clock, ms, of the oldest pending row's enqueue; 0 when nothing is pending.
+  // The oldest pending row is the head of the queue (lowest seq): the one that has waited
+  // longest since its enqueue or its replay (a replay puts a row at the end, see
+  // replay_dead). Its enqueue, wall clock ms (the first enqueue, kept by a replay), and how
+  // long it has waited, ms on the inbox's retention clock (as OutboxRow::waited_ms: a
+  // wall-clock step does not change it). Both 0 when nothing is pending.
   int64_t oldest_pending_enqueued_at_ms = 0;
+  int64_t oldest_pending_waited_ms = 0;
   std::vector<OutboxClassUsage> classes;  // as usage()
 };
 
@@ -239,7 +244,8 @@ class Outbox {
   // (dropped, dead, already sent) are skipped.
   Status mark_sent(const std::vector<int64_t>& seqs);
   // Makes a pending row an outbox dead letter with `reason`, the PUBACK reason code (0 if
-  // none) and a text. Committed with fsync.
+  // none) and a text. Committed with fsync. kExpired and kPayloadTooLarge are verdicts
+  // reached before the publish: they take back the attempt fetch_pending counted.
   Status mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code, const std::string& text);
 
   // --- inspection ---
