@@ -6,6 +6,7 @@
 // figures (PUBACKs by reason code, publish-to-PUBACK latency, time offline) in
 // counters() and in its Prometheus textfile agree with what happened.
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -86,9 +87,7 @@ class RelayLentTest : public RelayFixture {
   std::unique_ptr<Relay> relay_;
 };
 
-// One publish in flight: per-key order holds across the outage too. (With a larger
-// window, publishes Paho still queued when the connection dropped go out first on the
-// next one, ahead of the resend of an earlier row that failed: see relay.h.)
+// One publish in flight; the next test has a full window in flight at the outage.
 TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
   start_upstream(/*relay_first=*/true, /*max_inflight=*/1);
   {
@@ -130,6 +129,33 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
   EXPECT_EQ(query_int(up_path_, "SELECT count(*) FROM inbox_processed WHERE consumer_name = "
                                 "'commands'"),
             240);
+}
+
+// A full window (64) in flight when the broker goes away mid-stream: what Paho resends
+// of the old connection and what the relay publishes again after the next CONNACK still
+// reach the broker in per-key order, and each event is applied once downstream.
+// DISABLED: it finds the open defect described in relay.h (KNOWN DEFECT): in about one run
+// in seven under CPU load, Paho resends a malformed PUBLISH on the subscriber's next
+// connection, mosquitto closes it at every reconnect, and wait_connected() times out (the
+// broker log, printed on failure, shows "disconnected due to malformed packet"). Where it
+// does reconnect, order held in every run (28 of 28 by hand). Run it with
+// --gtest_also_run_disabled_tests when working on that defect.
+TEST_F(RelayLentTest, DISABLED_WindowInFlightAcrossAnOutageKeepsPerKeyOrder) {
+  start_upstream(/*relay_first=*/true, /*max_inflight=*/64);
+  enqueue_events(0, 4000, 3);  // store-and-forward rows: the relay publishes at full speed
+  ASSERT_TRUE(wait_until([&] { return up_count("state = 'sent'") >= 300; },
+                         std::chrono::seconds(30)));
+  broker_.stop();  // mid-stream: publishes in flight, rows still pending
+  EXPECT_TRUE(wait_until([&] { return !relay_->is_connected(); }, std::chrono::seconds(10)));
+  ASSERT_GT(up_count("state = 'pending'"), 0) << "the relay was done before the outage";
+  broker_.start();
+  EXPECT_TRUE(up_sub_->wait_connected(20000));
+  expect_delivered_once(4000);
+  EXPECT_GE(relay_->counters().connects, 2);
+  if (HasFailure()) {
+    std::ifstream f(broker_.log_path());
+    std::cerr << "---- mosquitto log\n" << f.rdbuf();
+  }
 }
 
 TEST_F(RelayLentTest, PrometheusTextfileCarriesTheRelaysFigures) {
