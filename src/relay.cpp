@@ -136,6 +136,8 @@ void Relay::Impl::run_lent() {
       });
       woken = false;
       if (stopping) break;
+      // Down, perhaps during a retry pause: the offline clock runs (a no-op if it does).
+      if (!lent_up) figures.disconnected(Clock::now());
       if (!lent_up || (lent_epoch == seen && !again)) {
         lock.unlock();
         write_metrics(false);
@@ -239,6 +241,11 @@ Status Relay::create(Outbox* outbox, Subscriber* subscriber, const RelayOptions&
   impl->options = options;
   impl->options.mqtt_version = detail::SubscriberConnection::version(*subscriber);
   impl->log = detail::logger_or_default(options.logger);
+  if (impl->options.mqtt_version == MqttVersion::kV3_1_1)
+    impl->log->warn(
+        "outbox relay on an MQTT 3.1.1 subscriber's connection: no user property "
+        "\"message-id\" and no PUBACK reason codes (a publish the broker refuses counts as "
+        "sent); the next hop must read the id from the payload. Use MQTT 5 for the subscriber");
   impl->link->relay = impl.get();
   out->reset(new Relay(std::move(impl)));
   return Status::Ok();

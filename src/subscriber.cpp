@@ -563,7 +563,9 @@ Status SubscriberConnection::attach(Subscriber& subscriber,
   if (m.watcher)
     return Status::InvalidArgument("the subscriber's connection is already lent to a relay");
   m.watcher = watcher.get();
-  m.lent.push_back(std::move(watcher));
+  // Kept once: a Relay restarted (stop, start) attaches its same link again.
+  if (std::find(m.lent.begin(), m.lent.end(), watcher) == m.lent.end())
+    m.lent.push_back(std::move(watcher));
   if (m.connected) m.watcher->connection_up(m.last_connack);
   return Status::Ok();
 }

@@ -90,8 +90,7 @@ struct OutboxOptions {
   std::shared_ptr<spdlog::logger> logger;
 };
 
-// One message to publish. QoS is always 1.
-// One message to publish. Its MQTT 5 properties are the MessageProperties base
+// One message to publish. QoS is always 1. Its MQTT 5 properties are the MessageProperties base
 // (message.h); the relay adds the user property "message-id" to them.
 struct OutgoingMessage : MessageProperties {
   // Topic name (no wildcards '+' or '#'; MQTT 3.1.1 section 4.7.1). Required.
@@ -141,7 +140,10 @@ struct OutboxRow {
   // process was down does not count. The relay counts the message expiry with it.
   int64_t waited_ms = 0;
   OutboxState state = OutboxState::kPending;
-  int attempts = 0;        // publishes handed to the broker (resends included)
+  // Times fetch_pending handed the row out for publishing, less the fetch before an
+  // expired or payload_too_large verdict (no publish); Paho's own resends after a
+  // reconnect on a Subscriber's connection are not counted.
+  int attempts = 0;
   int64_t sent_at_ms = 0;  // 0 unless sent
   std::optional<OutboxDeadReason> dead_reason;
   int reason_code = 0;  // the PUBACK reason code of a dead row, else 0

@@ -9,16 +9,28 @@
 //        which some brokers require (Azure IoT Hub) and every broker's connection limit
 //        likes. The Subscriber keeps connecting, reconnecting and holding its session;
 //        the relay publishes on it while it is up and starts over after its next CONNACK.
-//        Paho may also resend the publishes that were in flight when it dropped (the
-//        Subscriber's session is persistent, MQTT 5.0 section 4.4), so the broker can get
-//        a row twice: the same id, which the next hop's inbox drops. If the Subscriber's
-//        filters match the topics the relay publishes to, it receives them too (No Local
-//        is not set). Per-key order across a lost connection needs max_inflight = 1:
-//        the Subscriber's Paho client lives on, and publishes it still queued when the
-//        connection dropped go out first on the next one, ahead of the resend of an
-//        earlier row that failed. Paho also resends what was in flight when it dropped
-//        (the session is persistent), even a row the relay has meanwhile made an
-//        `expired` dead letter. (examples/ledger_consumer uses its own connection.)
+//        If the Subscriber's filters match the topics the relay publishes to, it
+//        receives them too (No Local is not set). The MQTT version is the Subscriber's:
+//        on MQTT 3.1.1 (SubscriberOptions' default) there is no "message-id" user
+//        property and no PUBACK reason code, so create() logs a warning; use MQTT 5.
+//        The Subscriber's Paho client lives on across reconnects. While the broker keeps
+//        the session, Paho resends what was in flight when the connection dropped (MQTT
+//        5.0 section 4.4), in order and before the relay publishes again (a row twice at
+//        the broker: the same id, which the next hop's inbox drops; even a row the relay
+//        has meanwhile made an `expired` dead letter), and it never sends a publish made
+//        while disconnected (send-while-disconnected is off), so per-key order holds at
+//        any window (tests/relay_lent_test.cpp: 64 in flight at a broker outage). When
+//        the broker has lost the session (no persistence, session expired), Paho drops
+//        what was in flight but still sends what it had queued behind it: strict per-key
+//        order across a lost session needs max_inflight = 1.
+//        KNOWN DEFECT (open): after a broker restart with publishes in flight, Paho C
+//        1.3.12 was seen (3 runs in about 20 under CPU load) to resend a malformed
+//        PUBLISH on the Subscriber's next connection; mosquitto closes it ("malformed
+//        packet") and the same happens at every reconnect, so the Subscriber cannot
+//        reconnect until the process restarts. A relay's own connection makes Paho's
+//        client anew at each reconnect and is not affected: prefer it until this is
+//        fixed.
+//        (examples/ledger_consumer uses its own connection.)
 //      its own (create(outbox, options)): a Paho client with client id
 //        RelayOptions::client_id and a clean start (no session: the outbox table is its
 //        only state), connected with the Subscriber's code and settings.
@@ -97,7 +109,7 @@ namespace mqtt_inbox {
 // Subscriber's fields with the same meaning, checks and code) and the publishing settings
 // below. With create(outbox, subscriber, options) the connection is the Subscriber's:
 // leave broker_uri and client_id empty there (of the other connection fields only
-// logger is used).
+// logger and the reconnect backoff are used; see that create()).
 // For a connection of its own, client_id is required and must differ from every
 // Subscriber's client id (the broker closes the older of two connections with one id; see
 // client_id_lock_dir, which makes a second process relaying with the same id fail start()
@@ -105,6 +117,8 @@ namespace mqtt_inbox {
 // table is its only state. mqtt_version defaults to kV5 here (PUBACK reason codes, user
 // property "message-id").
 struct RelayOptions : ConnectionOptions {
+  // Sets mqtt_version to kV5. (Assigning a ConnectionOptions into a RelayOptions copies
+  // its mqtt_version too, kV3_1_1 unless set.)
   RelayOptions() { mqtt_version = MqttVersion::kV5; }
 
   // Publishing.
@@ -185,8 +199,8 @@ class Relay {
   // password without a user name on MQTT 3.1.1, both password and password_provider set,
   // a count or interval out of range.
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
-  // A relay that publishes on `subscriber`'s connection (see Design). Only the publishing
-  // fields of `options` are used (max_inflight, mark_batch, poll_interval_ms, logger,
+  // A relay that publishes on `subscriber`'s connection (see Design, and its KNOWN
+  // DEFECT). Only the publishing fields of `options` are used (max_inflight, mark_batch, poll_interval_ms, logger,
   // prometheus_textfile, metrics_period_ms, the hooks; reconnect_backoff_* pace a start
   // over after a publish failed on a live connection); the MQTT version is the
   // subscriber's. `outbox` and `subscriber` are not owned; destroy the Relay before the
