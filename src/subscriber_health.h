@@ -49,7 +49,7 @@ class ConnectionHealth {
  private:
   std::string redact(std::string text) const;
 
-  const ConnectionOptions& options_;  // the Subscriber's, which outlives this
+  const ConnectionOptions& options_;  // its owner's (Subscriber or Relay), which outlives this
   const BrokerAddress address_;
   const std::shared_ptr<spdlog::logger> log_;
   std::string provided_password_;
