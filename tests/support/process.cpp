@@ -229,9 +229,18 @@ void Broker::start() {
     throw std::runtime_error("mosquitto did not open port " + std::to_string(port_));
 }
 
+void Broker::pause() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void Broker::resume() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
 void Broker::stop() {
   if (pid_ <= 0) return;
   kill(pid_, SIGTERM);
+  kill(pid_, SIGCONT);  // a paused broker acts on the SIGTERM only once it runs
   int st = 0;
   for (int i = 0; i < 500 && waitpid(pid_, &st, WNOHANG) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

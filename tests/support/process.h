@@ -98,6 +98,13 @@ class Broker {
   // the same port with the same persistence folder.
   void stop();
   void start();
+  // Freezes the broker (SIGSTOP) / lets it run again (SIGCONT). While frozen its sockets
+  // stay open and the kernel still takes what clients write, but nothing is read or
+  // acknowledged: a client's publishes stay in flight, deterministically. Keep the pause
+  // well under the clients' keep-alive (1.5x keep-alive ends the connection, MQTT 5.0
+  // section 3.1.2.10). stop() resumes a frozen broker first.
+  void pause();
+  void resume();
   const std::string& log_path() const { return log_; }
 
  private:

@@ -4,7 +4,9 @@
 // (every event once, under the outbox's id, in per-key order).
 #pragma once
 
+#include <functional>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "mqtt_inbox/relay.h"
@@ -95,6 +97,21 @@ class RelayFixture : public ::testing::Test {
         db.exec("COMMIT");
       });
     }
+  }
+
+  // Freezes the broker, runs `enqueue` and wakes the relay, and checks that the relay puts
+  // exactly `window` publishes in flight and no more while nothing is acknowledged; then
+  // lets the broker run again. Deterministic: no PUBACK can arrive early.
+  void expect_window_fills(Relay& relay, const std::function<void()>& enqueue, int64_t window) {
+    broker_.pause();
+    enqueue();
+    relay.notify();
+    EXPECT_TRUE(wait_until([&] { return relay.counters().max_inflight_seen >= window; },
+                           std::chrono::seconds(20)))
+        << "in flight at most " << relay.counters().max_inflight_seen;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // room to overshoot
+    EXPECT_EQ(relay.counters().max_inflight_seen, window);
+    broker_.resume();
   }
 
   int64_t received() { return query_int(down_path_, "SELECT count(*) FROM received"); }
