@@ -4,7 +4,7 @@
 # the tests under qemu-arm -L <sysroot>.
 #
 #   scripts/armhf-sysroot.sh [--no-install] [--sysroot-only] [--no-tests]
-#                            [--unit-only] [--rebuild-sysroot] [--clean]
+#                            [--unit-only] [--all-integration] [--rebuild-sysroot] [--clean]
 #
 # Unlike scripts/cross-aarch64.sh this does not use multiarch (dpkg
 # --add-architecture armhf): the armhf packages are unpacked into a separate
@@ -21,7 +21,8 @@
 #   build      library, examples, tests
 #   verify     the built ELF files are 32-bit ARM, the linked libraries come
 #              from the sysroot
-#   test       ctest under qemu-arm (unit tests, then integration tests)
+#   test       ctest under qemu-arm (unit tests, then the integration tests
+#              labelled core; every one with --all-integration)
 #
 # Environment:
 #   SYSROOT      sysroot folder (default: <repo>/build-armhf-sysroot)

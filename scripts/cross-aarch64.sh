@@ -3,7 +3,7 @@
 # tests under qemu-aarch64.
 #
 #   scripts/cross-aarch64.sh [--no-install] [--deps-only] [--no-tests]
-#                            [--unit-only] [--clean]
+#                            [--unit-only] [--all-integration] [--clean]
 #
 # Stages (each prints its duration):
 #   deps       dpkg --add-architecture arm64; install g++-aarch64-linux-gnu,
@@ -14,8 +14,9 @@
 #   verify     every built ELF and every library recorded in CMakeCache.txt
 #              must be aarch64, none x86-64
 #   test       ctest under qemu-aarch64: the unit tests, then the integration
-#              tests (they start the host's /usr/sbin/mosquitto on 127.0.0.1;
-#              the test binary runs under qemu, the broker natively)
+#              tests labelled core (every one with --all-integration; they start
+#              the host's /usr/sbin/mosquitto on 127.0.0.1; the test binary runs
+#              under qemu, the broker natively)
 #
 # Environment:
 #   SOURCE_DIR  project to build       (default: <repo>)

@@ -21,11 +21,22 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$ROOT/tests/lsan.supp:print_su
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan.supp}"
 
-build_and_test() {  # build_and_test DIR [cmake args...]
+build_and_test() {  # build_and_test DIR [cmake args...] [-- ctest args...]
   local dir="$1"; shift
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DMQTT_INBOX_WARNINGS_AS_ERRORS=ON "$@" >/dev/null &&
-    cmake --build "$dir" -j "$JOBS" &&
-    (cd "$dir" && ctest --output-on-failure --timeout 300 -j "$JOBS")
+  local cmake_args=() ctest_args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do cmake_args+=("$1"); shift; done
+  [ "${1:-}" = "--" ] && shift
+  ctest_args=("$@")
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DMQTT_INBOX_WARNINGS_AS_ERRORS=ON "${cmake_args[@]}" >/dev/null &&
+    timed "$dir: build" cmake --build "$dir" -j "$JOBS" &&
+    (cd "$dir" && timed "$dir: ctest" ctest --output-on-failure --timeout 300 -j "$JOBS" "${ctest_args[@]}")
+}
+
+timed() {  # timed WHAT COMMAND...: runs it and prints how long it took
+  local what="$1" t0=$SECONDS rc=0; shift
+  "$@" || rc=$?
+  echo "----- ${what#"$ROOT"/} took $((SECONDS - t0))s"
+  return $rc
 }
 
 stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
@@ -35,16 +46,19 @@ if [ $QUICK -eq 0 ]; then
   # Races and leaks inside Paho (not in mqtt-inbox) are suppressed in tests/tsan.supp and
   # tests/lsan.supp, each with the reason; anything else fails the run. The sanitizer
   # stages leave out bench/ (not run here; its hand-written peer is tested in the first
-  # stage) and build with -g1 (line tables: enough for the sanitizers' stack traces, a
-  # fifth less compile time than -g), which keeps the whole run well under an hour on 2
-  # cores. The cross build is Release for the same reason.
+  # stage) and the packaging tests (label package: they build the project again as a
+  # user's project would, which says nothing about memory or races; the first stage runs
+  # them), and build with -g1 (line tables: enough for the sanitizers' stack traces, a
+  # fifth less compile time than -g). Test code is always -O0 -g1 (tests/CMakeLists.txt).
+  # The cross build is Release and runs the core cases under qemu (scripts/cross-lib.sh).
+  # All of it keeps the whole run under an hour on 2 cores.
   stage "asan+ubsan" build_and_test "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug -DMQTT_INBOX_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
     "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" || FAILED=1
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" -- -LE package || FAILED=1
   stage tsan build_and_test "$ROOT/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMQTT_INBOX_BUILD_BENCH=OFF \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
-    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread || FAILED=1
+    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -- -LE package || FAILED=1
   if [ -x "$ROOT/scripts/fuzz.sh" ]; then
     stage fuzz "$ROOT/scripts/fuzz.sh" || FAILED=1
   fi
