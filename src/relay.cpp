@@ -25,7 +25,7 @@ void Relay::Impl::new_client() {
   // That constructor also turns on sending while disconnected: off (see subscriber.cpp).
   mqtt::create_options co(version, options.max_inflight);
   co.set_send_while_disconnected(false);
-  client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id, co,
+  client = std::make_shared<mqtt::async_client>(options.broker_uri, options.client_id, co,
                                                 nullptr);
   client->set_connection_lost_handler([this](const std::string&) { on_connection_lost(); });
 }

@@ -63,7 +63,7 @@ struct Relay::Impl {
   // see to_paho_ssl_options, and the properties, see subscriber.cpp).
   mqtt::ssl_options paho_ssl;
   mqtt::connect_options conn_opts;
-  std::unique_ptr<mqtt::async_client> client;  // its own connection's (null when lent one)
+  std::shared_ptr<mqtt::async_client> client;  // its own connection's (null when lent one)
   std::shared_ptr<Link> link = std::make_shared<Link>();
   detail::RelayFigures figures;
   Clock::time_point next_metrics{};
@@ -109,7 +109,9 @@ struct Relay::Impl {
   std::atomic<int64_t> expired_count{0}, too_large_count{0};
 
   // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one
-  // callback thread; a lender's calls come from its supervisor thread) ---
+  // callback thread; a lender's calls come from its supervisor thread; and complete()
+  // also from whichever thread destroys an old client of a lender: its supervisor, or
+  // this relay's thread when its copy was the last, under no mutex of ours) ---
 
   void complete(const mqtt::token& tok, bool failed) noexcept;
 
@@ -151,8 +153,11 @@ struct Relay::Impl {
   // The broker's limits from a CONNACK's MQTT 5 properties.
   void read_connack(const mqtt::properties& connack);
 
-  mqtt::async_client& publisher() {
-    return lender ? detail::SubscriberConnection::client(*lender) : *client;
+  // The client to publish on: a lender's is made anew at each of its reconnects, so this
+  // is a copy to hold for one publish, taken before checking `lost` (see publish_more;
+  // relay thread only, never under mu).
+  std::shared_ptr<mqtt::async_client> publisher() {
+    return lender ? detail::SubscriberConnection::client(*lender) : client;
   }
 
   int window() const { return std::min(options.max_inflight, receive_maximum.load()); }

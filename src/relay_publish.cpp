@@ -137,15 +137,23 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
       continue;
     }
     if (options.before_publish_hook) options.before_publish_hook(row.seq);
+    // The client first, then the check for a lost connection: a lender makes a new client
+    // at its reconnect only after telling this relay the connection is down (`lost`), and
+    // may connect it before telling it the connection is up. A copy taken before the swap
+    // is the old client, on which a publish fails; one taken after finds `lost` set. So
+    // no row of this batch goes out on a connection whose republish has not begun, ahead
+    // of the rows before it.
+    const std::shared_ptr<mqtt::async_client> client_now = publisher();
     const uint64_t n = ++pubno;
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (lost || resend) return true;  // the caller sees it and starts over
       inflight[n] = InFlight{row.seq, Clock::now()};
       max_inflight_seen =
           std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
     }
     try {
-      publisher().publish(detail::to_paho_message(row, v5),
+      client_now->publish(detail::to_paho_message(row, v5),
                           reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *link);
     } catch (const mqtt::exception& e) {
       log->warn("outbox relay: publish of row {} failed, reconnecting: {}", row.seq, e.what());

@@ -56,7 +56,10 @@ struct Subscriber::Impl {
   // Every watcher ever attached (subscriber_connection.h), kept until after the client is
   // destroyed (declared before it): a PUBACK of a Relay's publish may come after detach().
   std::vector<std::shared_ptr<detail::ConnectionWatcher>> lent;
-  std::unique_ptr<mqtt::async_client> client;
+  // Replaced (under mu, by the supervisor only) before each reconnect once the connection
+  // has been lent to a Relay (renew_client()); a Relay holds a copy for one publish. The
+  // supervisor reads it without the mutex: it is the only writer.
+  std::shared_ptr<mqtt::async_client> client;
 
   std::mutex mu;  // guards the fields below and pairs with cv; never held across Paho calls
   std::condition_variable cv;
@@ -121,6 +124,84 @@ struct Subscriber::Impl {
       std::abort();
     }
     in_callback.fetch_sub(1);
+  }
+
+  // The Paho client, made by create() and, once the connection has been lent, again
+  // before each reconnect (renew_client()). Paho refuses a publish beyond
+  // maxBufferedMessages (default 100) even while connected; the subscriber publishes
+  // nothing itself, and a Relay sharing the connection keeps its own window
+  // (RelayOptions::max_inflight). That constructor also turns on sending while
+  // disconnected: off, so a publish between a drop and the Relay hearing of it fails
+  // instead of waiting in Paho for the next connection. No client-side persistence:
+  // inbound QoS 1 state lives on the broker, and the inbox's SQLite file is the only local
+  // record that matters. Throws mqtt::exception.
+  std::shared_ptr<mqtt::async_client> make_client() const {
+    mqtt::create_options co(
+        options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, 65535);
+    co.set_send_while_disconnected(false);
+    return std::make_shared<mqtt::async_client>(options.broker_uri, options.client_id, co,
+                                                nullptr);
+  }
+
+  // Everything that handles messages, set before the first CONNECT of a client, because
+  // redeliveries arrive right after CONNACK.
+  void install_callbacks(mqtt::async_client& c) {
+    c.set_message_callback([this](mqtt::const_message_ptr pm) { on_message(pm); });
+    c.set_connection_lost_handler([this](const std::string& cause) {
+      log->warn("connection to {} lost: {}", options.broker_uri,
+                cause.empty() ? "no reason given" : cause);
+      std::lock_guard<std::mutex> lock(mu);
+      connection_lost = true;
+      cv.notify_all();
+    });
+    c.set_disconnected_handler([this](const mqtt::properties&, mqtt::ReasonCode rc) {
+      if (rc == mqtt::ReasonCode::SESSION_TAKEN_OVER)
+        log->error(
+            "broker {} disconnected us: session taken over by another client with "
+            "client id '{}' (MQTT 5 reason code 0x8E)",
+            options.broker_uri, options.client_id);
+      else
+        log->warn("broker {} disconnected us (reason code {})", options.broker_uri,
+                  static_cast<int>(rc));
+      std::lock_guard<std::mutex> lock(mu);
+      connection_lost = true;
+      cv.notify_all();
+    });
+  }
+
+  // Before a reconnect of a connection lent to a Relay: a new Paho client, so that nothing
+  // Paho kept of the Relay's publishes on the last connection is sent again. Paho C 1.3.12
+  // resends its in-flight publishes at the next CONNECT with a session present, and after
+  // a broker restart with a full window one of those resends was seen malformed (mosquitto:
+  // "malformed packet"), at every reconnect, so the Subscriber never got back on line. The
+  // Relay publishes every pending row again from the first on each connection anyway
+  // (relay.h), and it was Paho's queued sends, not the Relay's, that broke per-key order
+  // across a lost session. Safe for the inbox: a QoS 1 message's state is on the broker
+  // until its PUBACK (MQTT 5.0 section 4.4). Destroying a client waits for Paho's
+  // process-wide mutex, which every callback holds (docs/guarantees.md section 1), so it
+  // never runs beside one, and it waits while another client's callback waits for a
+  // store, as any Paho call does. The old client is destroyed here or, if a Relay is in a
+  // publish() on it, when that returns (it fails: not connected); either way under none
+  // of our mutexes: Paho calls the on_failure of its pending publishes, which take the
+  // Relay's. false: Paho could not make the client (logged; the old one is kept).
+  bool renew_client() {
+    std::shared_ptr<mqtt::async_client> fresh;
+    try {
+      fresh = make_client();
+      install_callbacks(*fresh);
+    } catch (const mqtt::exception& e) {
+      log->error("cannot make a new MQTT client for the reconnect: {}; reusing the old one",
+                 e.what());
+      return false;
+    }
+    std::shared_ptr<mqtt::async_client> old;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      old = std::move(client);
+      client = std::move(fresh);
+    }
+    old.reset();
+    return true;
   }
 
   // Paho's TLS settings, set once in start() and kept for the client's lifetime: the CA
@@ -262,10 +343,17 @@ struct Subscriber::Impl {
 
   void supervise() {
     int backoff = options.reconnect_backoff_initial_ms;
-    for (;;) {
+    for (bool first = true;; first = false) {
+      bool lent_before = false;
       {
         std::unique_lock<std::mutex> lock(mu);
         if (stopping) return;
+        lent_before = !lent.empty();
+      }
+      if (!first && lent_before) {
+        renew_client();
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopping) return;  // stop() came while the old client was being destroyed
       }
       {
         // Cleared before connecting: a loss reported while connect_once() runs must wake
@@ -379,18 +467,7 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
   impl->log = detail::logger_or_default(options.logger);
   impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, address, impl->log);
   try {
-    // Paho refuses a publish beyond maxBufferedMessages (default 100) even while
-    // connected; the subscriber publishes nothing itself, and a Relay sharing the
-    // connection keeps its own window (RelayOptions::max_inflight). That constructor also
-    // turns on sending while disconnected: off, so a publish between a drop and the
-    // Relay hearing of it fails instead of waiting in Paho for the next connection.
-    mqtt::create_options co(
-        options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, 65535);
-    co.set_send_while_disconnected(false);
-    // No client-side persistence: inbound QoS 1 state lives on the broker, and the
-    // inbox's SQLite file is the only local record that matters.
-    impl->client = std::make_unique<mqtt::async_client>(options.broker_uri, options.client_id,
-                                                        co, nullptr);
+    impl->client = impl->make_client();
   } catch (const mqtt::exception& e) {
     return Status::InvalidArgument(std::string("cannot create MQTT client: ") + e.what());
   }
@@ -426,28 +503,7 @@ Status Subscriber::start() {
       return s;
     m.started = true;
   }
-  // Everything that handles messages is in place before the first CONNECT, because
-  // redeliveries arrive right after CONNACK.
-  m.client->set_message_callback([&m](mqtt::const_message_ptr pm) { m.on_message(pm); });
-  m.client->set_connection_lost_handler([&m](const std::string& cause) {
-    m.log->warn("connection to {} lost: {}", m.options.broker_uri,
-                cause.empty() ? "no reason given" : cause);
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.connection_lost = true;
-    m.cv.notify_all();
-  });
-  m.client->set_disconnected_handler([&m](const mqtt::properties&, mqtt::ReasonCode rc) {
-    if (rc == mqtt::ReasonCode::SESSION_TAKEN_OVER)
-      m.log->error("broker {} disconnected us: session taken over by another client with "
-                   "client id '{}' (MQTT 5 reason code 0x8E)",
-                   m.options.broker_uri, m.options.client_id);
-    else
-      m.log->warn("broker {} disconnected us (reason code {})", m.options.broker_uri,
-                  static_cast<int>(rc));
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.connection_lost = true;
-    m.cv.notify_all();
-  });
+  m.install_callbacks(*m.client);
   m.conn_opts = detail::connect_options_builder(m.options, /*clean=*/false).finalize();
   // Set on the member itself, after the builder (see paho_ssl and conn_opts).
   detail::set_up_tls(m.options, m.address, m.conn.get(), *m.log, &m.paho_ssl, &m.conn_opts);
@@ -576,8 +632,10 @@ void SubscriberConnection::detach(Subscriber& subscriber, const ConnectionWatche
   if (m.watcher == watcher) m.watcher = nullptr;
 }
 
-mqtt::async_client& SubscriberConnection::client(Subscriber& subscriber) {
-  return *subscriber.impl_->client;
+std::shared_ptr<mqtt::async_client> SubscriberConnection::client(Subscriber& subscriber) {
+  Subscriber::Impl& m = *subscriber.impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  return m.client;
 }
 
 MqttVersion SubscriberConnection::version(const Subscriber& subscriber) {

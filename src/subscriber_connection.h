@@ -1,8 +1,8 @@
 // Internal (MQTT layer): a Subscriber's connection lent to an outbox Relay, for brokers
 // that allow one connection per device (Azure IoT Hub) or sites that want one. The
 // Subscriber keeps owning the connection (connect, reconnect with backoff, session, TLS,
-// client-id lock); the Relay is told when it is up and down and publishes on the
-// Subscriber's Paho client meanwhile.
+// client-id lock, and a new Paho client at each reconnect once lent); the Relay is told
+// when it is up and down and publishes on the Subscriber's Paho client meanwhile.
 #pragma once
 
 #include <mqtt/async_client.h>
@@ -37,9 +37,15 @@ struct SubscriberConnection {
   static Status attach(Subscriber& subscriber, std::shared_ptr<ConnectionWatcher> watcher);
   // No more calls to the watcher after this returns.
   static void detach(Subscriber& subscriber, const ConnectionWatcher* watcher);
-  // The Subscriber's Paho client; lives as long as the Subscriber. Publishing on it while
-  // not connected throws mqtt::exception.
-  static mqtt::async_client& client(Subscriber& subscriber);
+  // The Subscriber's Paho client of the moment. Once its connection has been lent, the
+  // Subscriber makes a new one before each reconnect: after connection_down() and possibly
+  // connected before connection_up(). So take the copy, then check that no
+  // connection_down() came since the last connection_up(), then publish, and hold the
+  // copy for that one publish. Publishing on an old client, or while not connected,
+  // throws mqtt::exception. Never null. Takes the Subscriber's mutex: not from a watcher
+  // call. The last copy's release destroys an old client, and Paho then calls the
+  // on_failure of its pending publishes: release it under none of your mutexes.
+  static std::shared_ptr<mqtt::async_client> client(Subscriber& subscriber);
   static MqttVersion version(const Subscriber& subscriber);
 };
 

@@ -13,23 +13,17 @@
 //        receives them too (No Local is not set). The MQTT version is the Subscriber's:
 //        on MQTT 3.1.1 (SubscriberOptions' default) there is no "message-id" user
 //        property and no PUBACK reason code, so create() logs a warning; use MQTT 5.
-//        The Subscriber's Paho client lives on across reconnects. While the broker keeps
-//        the session, Paho resends what was in flight when the connection dropped (MQTT
-//        5.0 section 4.4), in order and before the relay publishes again (a row twice at
-//        the broker: the same id, which the next hop's inbox drops; even a row the relay
-//        has meanwhile made an `expired` dead letter), and it never sends a publish made
-//        while disconnected (send-while-disconnected is off), so per-key order holds at
-//        any window (tests/relay_lent_test.cpp: 64 in flight at a broker outage). When
-//        the broker has lost the session (no persistence, session expired), Paho drops
-//        what was in flight but still sends what it had queued behind it: strict per-key
-//        order across a lost session needs max_inflight = 1.
-//        KNOWN DEFECT (open): after a broker restart with publishes in flight, Paho C
-//        1.3.12 was seen (3 runs in about 20 under CPU load) to resend a malformed
-//        PUBLISH on the Subscriber's next connection; mosquitto closes it ("malformed
-//        packet") and the same happens at every reconnect, so the Subscriber cannot
-//        reconnect until the process restarts. A relay's own connection makes Paho's
-//        client anew at each reconnect and is not affected: prefer it until this is
-//        fixed.
+//        Once lent, the Subscriber makes its Paho client anew before every reconnect,
+//        as the relay's own connection does: nothing Paho kept of the last connection's
+//        publishes is sent again by Paho, and the relay's republish from the first pending
+//        row, in enqueue order, on the one connection, keeps per-key order at any window,
+//        whether or not the broker kept the session (tests/relay_lent_test.cpp: 64 in
+//        flight at a broker outage). Publishes made while disconnected fail (send-while-
+//        disconnected is off) instead of waiting in Paho. (A reused client was the cause
+//        of two faults found here: Paho C 1.3.12 resent its in-flight publishes on the
+//        next connection, one of them malformed after a broker restart with a full window,
+//        so mosquitto closed every reconnect; and with the session lost it sent its queued
+//        publishes ahead of the relay's republish, out of per-key order.)
 //        (examples/ledger_consumer uses its own connection.)
 //      its own (create(outbox, options)): a Paho client with client id
 //        RelayOptions::client_id and a clean start (no session: the outbox table is its
@@ -199,8 +193,9 @@ class Relay {
   // password without a user name on MQTT 3.1.1, both password and password_provider set,
   // a count or interval out of range.
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
-  // A relay that publishes on `subscriber`'s connection (see Design, and its KNOWN
-  // DEFECT). Only the publishing fields of `options` are used (max_inflight, mark_batch, poll_interval_ms, logger,
+  // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
+  // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
+  // are used (max_inflight, mark_batch, poll_interval_ms, logger,
   // prometheus_textfile, metrics_period_ms, the hooks; reconnect_backoff_* pace a start
   // over after a publish failed on a live connection); the MQTT version is the
   // subscriber's. `outbox` and `subscriber` are not owned; destroy the Relay before the
