@@ -1,5 +1,7 @@
 // The transactional outbox's store (outbox.h): enqueue inside the caller's transaction
 // with the class bounds, and the relay's fetch and marks on the Inbox's connection.
+// Inspection and repair (list, usage, summary, get, replay_dead, purge) are in
+// outbox_inspect.cpp; the state both share is in outbox_impl.h.
 #include "mqtt_inbox/outbox.h"
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -14,6 +16,7 @@
 #include "inbox_impl.h"
 #include "log.h"
 #include "message_id.h"
+#include "outbox_impl.h"
 #include "properties_json.h"
 #include "reentry.h"
 #include "sqlite_util.h"
@@ -79,14 +82,9 @@ Status random_message_id(std::string* out) {
   return Status::Ok();
 }
 
-namespace {
+namespace detail {
 
-constexpr const char* kRowColumns =
-    "seq, message_id, ordering_key, topic, payload, properties, size_bytes, enqueued_at, state, "
-    "attempts, sent_at, dead_reason, reason_code, reason_text, enqueued_clock";
-
-// One row of kRowColumns; `clock_now` is the retention clock now (for waited_ms).
-OutboxRow read_row(SQLite::Statement& q, int64_t clock_now) {
+OutboxRow read_outbox_row(SQLite::Statement& q, int64_t clock_now) {
   OutboxRow r;
   r.seq = q.getColumn(0).getInt64();
   r.message_id = q.getColumn(1).getString();
@@ -118,62 +116,7 @@ OutboxRow read_row(SQLite::Statement& q, int64_t clock_now) {
   return r;
 }
 
-}  // namespace
-
-struct Outbox::Impl {
-  Inbox* inbox = nullptr;
-  OutboxOptions options;
-  std::shared_ptr<spdlog::logger> log;
-  std::atomic<int64_t> enqueued{0}, duplicates{0}, rejected{0}, dropped{0}, sent{0}, dead{0};
-
-  // The class of `topic`: the longest matching prefix, or nullptr.
-  const OutboxClass* class_of(const std::string& topic) const {
-    const OutboxClass* best = nullptr;
-    for (const auto& c : options.classes)
-      if (topic.compare(0, c.topic_prefix.size(), c.topic_prefix) == 0 &&
-          (!best || c.topic_prefix.size() > best->topic_prefix.size()))
-        best = &c;
-    return best;
-  }
-
-  // Makes room for the row `seq` of `size` bytes in class `c`, just inserted (and so
-  // already counted in outbox_usage) inside the caller's transaction: OK if it fits (after
-  // drops of older rows under kDropOldest), else the refusal. Throws SQLite errors.
-  Status make_room(SQLite::Database& db, const OutboxClass& c, int64_t size, int64_t seq,
-                   int64_t clock_now);
-  // The age bound of make_room: kRejected if the class's oldest other pending row is older
-  // than c.max_age_ms (kReject), else drops those rows (kDropOldest) and returns OK.
-  Status enforce_age(SQLite::Database& db, const OutboxClass& c, int64_t new_seq,
-                     int64_t clock_now);
-  // Counts and logs `n` rows of class `c` dropped, the first with id `first_id`, because
-  // of `why` ("full", "older than max_age_ms").
-  void count_drops(SQLite::Database& db, const OutboxClass& c, int64_t n,
-                   const std::string& first_id, const char* why);
-
-  // Runs `fn` in a write transaction on the Inbox's connection, under its mutex; SQLite
-  // errors come back classified (and a corrupt file latches the inbox). `call` names the
-  // public method. Refused from inside a handler of this inbox, as every Inbox call that
-  // takes its mutex (reentry.h): the handler's thread holds that mutex already.
-  template <typename Fn>
-  Status on_inbox(const char* call, bool relaxed_sync, Fn&& fn) {
-    if (Status r = detail::refuse_if_in_handler(inbox, call); !r.ok()) return r;
-    const char* what = call;
-    auto& in = detail::InboxAccess::of(inbox);
-    std::lock_guard<std::mutex> lock(in.mu);
-    if (in.fatal.load()) return in.fatal_status();
-    try {
-      using InboxImpl = std::remove_reference_t<decltype(in)>;  // Inbox::Impl is private
-      std::optional<InboxImpl::RelaxedSync> relaxed;
-      if (relaxed_sync) relaxed.emplace(in);
-      in.write_transaction(fn);
-      return Status::Ok();
-    } catch (const SQLite::Exception& e) {
-      return in.store_error(detail::to_status(e, what));
-    } catch (const std::exception& e) {
-      return Status::Internal(std::string(what) + ": " + e.what());
-    }
-  }
-};
+}  // namespace detail
 
 void Outbox::Impl::count_drops(SQLite::Database& db, const OutboxClass& c, int64_t n,
                                const std::string& first_id, const char* why) {
@@ -375,12 +318,12 @@ Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow
   return impl_->on_inbox("Outbox::fetch_pending", /*relaxed_sync=*/true, [&] {
     out->clear();  // a retried transaction starts over
     const int64_t clock_now = in.retention_clock();
-    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
+    SQLite::Statement q(db, std::string("SELECT ") + detail::kOutboxRowColumns +
                                 " FROM outbox_messages WHERE state = 'pending' AND seq > ? "
                                 "ORDER BY seq LIMIT ?");
     q.bind(1, after_seq);
     q.bind(2, limit);
-    while (q.executeStep()) out->push_back(read_row(q, clock_now));
+    while (q.executeStep()) out->push_back(detail::read_outbox_row(q, clock_now));
     q.tryReset();
     if (out->empty()) return;
     SQLite::Statement up(db,
@@ -443,169 +386,6 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
     ++impl_->dead;
     impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}", seq,
                      to_string(reason), reason_code, detail::printable(text));
-  }
-  return s;
-}
-
-Status Outbox::list(OutboxState state, int limit, std::vector<OutboxRow>* out) {
-  out->clear();
-  if (limit <= 0) return Status::InvalidArgument("list: limit must be > 0");
-  auto& in = detail::InboxAccess::of(impl_->inbox);
-  auto& db = *in.db;
-  return impl_->on_inbox("Outbox::list", /*relaxed_sync=*/false, [&] {
-    out->clear();
-    const int64_t clock_now = in.retention_clock();
-    // The state as a literal, so the query can use that state's partial index.
-    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
-                                " FROM outbox_messages WHERE state = '" + to_string(state) +
-                                "' ORDER BY seq LIMIT ?");
-    q.bind(1, limit);
-    while (q.executeStep()) out->push_back(read_row(q, clock_now));
-  });
-}
-
-Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
-  out->clear();
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
-  return impl_->on_inbox("Outbox::usage", /*relaxed_sync=*/false, [&] {
-    out->clear();
-    SQLite::Statement q(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
-    while (q.executeStep())
-      out->push_back({q.getColumn(0).getString(), q.getColumn(1).getInt64(),
-                      q.getColumn(2).getInt64(), q.getColumn(3).getInt64()});
-  });
-}
-
-Status Outbox::summary(OutboxSummary* out) {
-  *out = OutboxSummary{};
-  auto& in = detail::InboxAccess::of(impl_->inbox);
-  auto& db = *in.db;
-  return impl_->on_inbox("Outbox::summary", /*relaxed_sync=*/false, [&] {
-    out->classes.clear();
-    SQLite::Statement u(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
-    while (u.executeStep())
-      out->classes.push_back({u.getColumn(0).getString(), u.getColumn(1).getInt64(),
-                              u.getColumn(2).getInt64(), u.getColumn(3).getInt64()});
-    // Each count is answered from that state's partial index, never from a scan of the
-    // payloads.
-    SQLite::Statement q(db,
-                        "SELECT (SELECT count(*) FROM outbox_messages WHERE state = 'pending'),"
-                        " (SELECT count(*) FROM outbox_messages WHERE state = 'sent'),"
-                        " (SELECT count(*) FROM outbox_messages WHERE state = 'dead'),"
-                        " (SELECT enqueued_at FROM outbox_messages WHERE state = 'pending'"
-                        "  ORDER BY seq LIMIT 1),"
-                        " (SELECT enqueued_clock FROM outbox_messages WHERE state = 'pending'"
-                        "  ORDER BY seq LIMIT 1)");
-    if (q.executeStep()) {
-      out->pending_rows = q.getColumn(0).getInt64();
-      out->sent_rows = q.getColumn(1).getInt64();
-      out->dead_rows = q.getColumn(2).getInt64();
-      out->oldest_pending_enqueued_at_ms = q.getColumn(3).isNull() ? 0 : q.getColumn(3).getInt64();
-      if (!q.getColumn(4).isNull())
-        out->oldest_pending_waited_ms =
-            std::max<int64_t>(0, in.retention_clock() - q.getColumn(4).getInt64());
-    }
-    out->pending_bytes = 0;
-    for (const auto& c : out->classes) out->pending_bytes += c.bytes;
-  });
-}
-
-Status Outbox::get(const std::string& message_id, OutboxRow* out) {
-  auto& in = detail::InboxAccess::of(impl_->inbox);
-  auto& db = *in.db;
-  bool found = false;
-  Status s = impl_->on_inbox("Outbox::get", /*relaxed_sync=*/false, [&] {
-    const int64_t clock_now = in.retention_clock();
-    SQLite::Statement q(db, std::string("SELECT ") + kRowColumns +
-                                " FROM outbox_messages WHERE message_id = ?");
-    q.bind(1, message_id);
-    found = q.executeStep();
-    if (found) *out = read_row(q, clock_now);
-  });
-  if (s.ok() && !found)
-    return Status(Status::Code::kNotFound,
-                  "no outbox message with id '" + detail::printable(message_id) + "'");
-  return s;
-}
-
-Status Outbox::replay_dead(const std::string& message_id) {
-  auto& in = detail::InboxAccess::of(impl_->inbox);
-  std::string state;  // "" = no such row
-  int64_t new_seq = 0;
-  Status s = impl_->on_inbox("Outbox::replay_dead", /*relaxed_sync=*/false, [&] {
-    state.clear();
-    SQLite::Statement q(*in.db, "SELECT state FROM outbox_messages WHERE message_id = ?");
-    q.bind(1, message_id);
-    if (!q.executeStep()) return;
-    state = q.getColumn(0).getString();
-    q.tryReset();
-    if (state != "dead") return;
-    // A new seq: the row is read, deleted and inserted again (message_id is UNIQUE).
-    // AUTOINCREMENT never hands out a seq used before, so the relay cannot skip it. The
-    // triggers count the pending row in its class again; the dead one counted nowhere.
-    SQLite::Statement read(*in.db,
-                           "SELECT ordering_key, class, topic, payload, properties, size_bytes, "
-                           "enqueued_at FROM outbox_messages WHERE message_id = ?");
-    read.bind(1, message_id);
-    read.executeStep();
-    const std::string key = read.getColumn(0).getString(), cls = read.getColumn(1).getString(),
-                      topic = read.getColumn(2).getString(),
-                      payload = read.getColumn(3).getString(),
-                      props = read.getColumn(4).getString();
-    const int64_t size = read.getColumn(5).getInt64(), enqueued_at = read.getColumn(6).getInt64();
-    read.tryReset();
-    SQLite::Statement del(*in.db, "DELETE FROM outbox_messages WHERE message_id = ?");
-    del.bind(1, message_id);
-    del.exec();
-    SQLite::Statement ins(*in.db,
-                          "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
-                          "payload, properties, qos, size_bytes, enqueued_at, "
-                          "enqueued_clock) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?)");
-    ins.bind(1, message_id);
-    ins.bind(2, key);
-    ins.bind(3, cls);
-    ins.bind(4, topic);
-    ins.bind(5, payload.data(), static_cast<int>(payload.size()));
-    ins.bind(6, props);
-    ins.bind(7, size);
-    ins.bind(8, enqueued_at);
-    ins.bind(9, in.retention_clock());  // a replay starts its age bound afresh
-    ins.exec();
-    new_seq = sqlite3_last_insert_rowid(in.db->getHandle());
-  });
-  if (!s.ok()) return s;
-  if (state.empty())
-    return Status(Status::Code::kNotFound,
-                  "no outbox message with id '" + detail::printable(message_id) + "'");
-  if (state != "dead")
-    return Status::InvalidArgument("outbox message '" + detail::printable(message_id) + "' is " +
-                                   state + ", not dead: only an outbox dead letter is replayed");
-  impl_->log->info("outbox: dead letter '{}' replayed: pending again as row {}",
-                   detail::printable(message_id), new_seq);
-  return s;
-}
-
-Status Outbox::purge(const OutboxPurgeFilter& f, int64_t* removed) {
-  if (removed) *removed = 0;
-  if (f.state == OutboxState::kPending)
-    return Status::InvalidArgument(
-        "outbox purge: pending rows are never purged (they are messages not yet delivered)");
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
-  int64_t n = 0;
-  Status s = impl_->on_inbox("Outbox::purge", /*relaxed_sync=*/false, [&] {
-    const bool dead = f.state == OutboxState::kDead;
-    std::string sql = std::string("DELETE FROM outbox_messages WHERE state = '") +
-                      (dead ? "dead" : "sent") + "'";
-    if (f.message_id) sql += " AND message_id = :id";
-    if (f.before_ms) sql += dead ? " AND dead_at < :before" : " AND sent_at < :before";
-    SQLite::Statement q(db, sql);
-    if (f.message_id) q.bind(":id", *f.message_id);
-    if (f.before_ms) q.bind(":before", *f.before_ms);
-    n = q.exec();
-  });
-  if (s.ok()) {
-    if (removed) *removed = n;
-    if (n > 0) impl_->log->info("outbox: {} {} row(s) purged", n, to_string(f.state));
   }
   return s;
 }
