@@ -18,12 +18,13 @@
 //        publishes is sent again by Paho, and the relay's republish from the first pending
 //        row, in enqueue order, on the one connection, keeps per-key order at any window,
 //        whether or not the broker kept the session (tests/relay_lent_test.cpp: 64 in
-//        flight at a broker outage, session kept). Publishes made while disconnected fail (send-while-
-//        disconnected is off) instead of waiting in Paho. (A reused client was the cause
-//        of two faults found here: Paho C 1.3.12 resent its in-flight publishes on the
-//        next connection, one of them malformed after a broker restart with a full window,
-//        so mosquitto closed every reconnect; and, read in Paho's source, with the session
-//        lost it would send its queued publishes ahead of the relay's republish.)
+//        flight at a broker outage, session kept). Publishes made while disconnected
+//        fail (send-while-disconnected is off) instead of waiting in Paho. (A reused
+//        client was the cause of two faults found here: Paho C 1.3.12 resent its
+//        in-flight publishes on the next connection, one of them malformed after a broker
+//        restart with a full window, so mosquitto closed every reconnect; and, read in
+//        Paho's source, with the session lost it would send its queued publishes ahead of
+//        the relay's republish.)
 //        (examples/ledger_consumer uses its own connection.)
 //      its own (create(outbox, options)): a Paho client with client id
 //        RelayOptions::client_id and a clean start (no session: the outbox table is its
