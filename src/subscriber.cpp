@@ -7,7 +7,7 @@
 // subscriber_health.cpp, refusals and passwords in subscriber_auth.cpp, the session
 // record and (un)subscribing in subscriber_session.cpp, message conversion and topic
 // matching in subscriber_message.cpp, the client-id lock in subscriber_client_lock.cpp.
-// What stays here (about 550 lines) is one piece on purpose: the Paho client, the
+// What stays here (about 650 lines) is one piece on purpose: the Paho client, the
 // connection loop, the message callback and stop() share Impl's state under one mutex,
 // and the rules that keep the guarantee (the PUBACK leaves when on_message returns;
 // stop() never destroys a client whose callback is still waiting for the store) are
