@@ -52,7 +52,8 @@ EVENTS_DB="$WORK/events.db"
 echo "broker $BROKER (pid $BROKER_PID), databases $DB and $EVENTS_DB (kept only if the run fails)"
 
 wait_subscribed() {
-  for _ in $(seq 1 100); do grep -q "subscribing\|session present" "$1" && break; sleep 0.1; done
+  # "consuming:" comes after the SUBACK (or from a session that holds the filters).
+  for _ in $(seq 1 100); do grep -q "consuming: " "$1" && break; sleep 0.1; done
 }
 RUN=0
 start_consumer() {

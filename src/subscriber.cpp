@@ -333,6 +333,12 @@ struct Subscriber::Impl {
           return false;
         }
       }
+      // The one line that says messages published from now on reach this consumer: the
+      // session holds every configured filter (SUBACK received, or kept from before).
+      // "subscribing" above comes before the SUBSCRIBE; a publish between the two is
+      // not queued for a new session (MQTT 5 section 3.8.4, 3.1.1 section 3.8.4).
+      log->info("consuming: client '{}' holds its {} topic filter(s) at QoS 1",
+                detail::printable(options.client_id), routes.size());
       return true;
     } catch (const mqtt::exception& e) {
       conn->fail(SubscriberHealth::Failure::kSubscribe,

@@ -599,7 +599,7 @@ TEST(AdminTool, EveryReadCommandAndPruneWhileALedgerConsumerIsWriting) {
   Child consumer({built_program("ledger_consumer"), "--broker", broker.uri(), "--client-id", "tool-live",
                   "--topic", "credits/#", "--db", db, "--mqtt-version", "5"},
                  consumer_log);
-  ASSERT_TRUE(wait_until([&] { return file_text(consumer_log).find("subscrib") != std::string::npos; },
+  ASSERT_TRUE(wait_until([&] { return file_text(consumer_log).find("consuming: ") != std::string::npos; },
                          std::chrono::seconds(10)));
   const std::string pub_log = dir.file("publisher.log");
   Child publisher({built_program("publisher"), "--broker", broker.uri(), "--topic", "credits/live", "--count", "1200",
@@ -663,7 +663,7 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
   {
     const std::string log = dir.file("first.log");
     Child first(consumer_args({"--fail-handler", "fix-me"}), log);
-    ASSERT_TRUE(wait_until([&] { return file_text(log).find("subscribing") != std::string::npos; },
+    ASSERT_TRUE(wait_until([&] { return file_text(log).find("consuming: ") != std::string::npos; },
                            std::chrono::seconds(10)));
     TestPublisher pub(broker.uri());
     pub.credit("credits/r", "c-1", "acct", 10);
@@ -687,7 +687,7 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
   // The fixed release runs; it holds the exclusive lock file while the tool works.
   const std::string log = dir.file("fixed.log");
   Child fixed(consumer_args({"--requeue-poll-ms", "100"}), log);
-  ASSERT_TRUE(wait_until([&] { return file_text(log).find("with session present") != std::string::npos; },
+  ASSERT_TRUE(wait_until([&] { return file_text(log).find("consuming: ") != std::string::npos; },
                          std::chrono::seconds(10)))
       << file_text(log);
   ToolRun r = tool({"dead-letters", "replay", db, "--id", fix_id, "--json"});

@@ -39,12 +39,12 @@ class CrashLoopTest : public ChildConsumerTest {
   }
 
   // A new persistent session for the children's client id (the log is shared by all runs, so wait for
-  // this run's own "subscribing" line).
+  // this run's own "consuming: " line).
   void create_fresh_session() {
-    const size_t before = log_count("subscribing");
+    const size_t before = log_count("consuming: ");
     auto first = start_consumer();
     ASSERT_TRUE(
-        wait_until([&] { return log_count("subscribing") > before; }, std::chrono::seconds(10)));
+        wait_until([&] { return log_count("consuming: ") > before; }, std::chrono::seconds(10)));
     first->signal(SIGTERM);
     ASSERT_NE(first->wait(std::chrono::seconds(10)), -1);
   }

@@ -238,7 +238,7 @@ TEST_F(RelayTlsTest, LedgerConsumerEmitsOverTlsWithPasswordFile) {
                        "alice", "--password-file", pki_->path("alice.password"), "--mqtt-version",
                        "5", "--emit-topic", "events/credited"});
   ASSERT_TRUE(
-      wait_until([&] { return read_file(child_log()).find("subscribing") != std::string::npos; },
+      wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
                  std::chrono::seconds(20)))
       << read_file(child_log());
   publish_credits(0, 30);

@@ -459,7 +459,7 @@ class StpChildTest : public ChildConsumerTest {
   }
   void create_stp_session() {
     auto first = start_stp();
-    ASSERT_TRUE(wait_until([&] { return log_text().find("subscribing") != std::string::npos; }, 10s));
+    ASSERT_TRUE(wait_until([&] { return log_text().find("consuming: ") != std::string::npos; }, 10s));
     std::this_thread::sleep_for(300ms);
     first->signal(SIGTERM);
     ASSERT_NE(first->wait(10s), -1);

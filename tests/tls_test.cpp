@@ -110,7 +110,7 @@ TEST_F(TlsTest, PasswordOverTlsAppliesStreamExactlyOnceAcrossSigkill) {
                                           pki_->path("alice.password"), "--mqtt-version", "5"};
   {  // the persistent session, with its subscription, before anything is published
     auto first = ledger_consumer(flags);
-    ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("subscribing") != std::string::npos; },
+    ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
                            std::chrono::seconds(20)))
         << read_file(child_log());
     first->signal(SIGTERM);
@@ -237,7 +237,7 @@ TEST_F(TlsTest, LedgerConsumerConsumesOverMutualTlsWithPasswordFile) {
                                    "--cert", pki_->client_cert(), "--key", pki_->client_key_encrypted(),
                                    "--key-password-file", pki_->path("key.password"), "--username",
                                    "alice", "--password-file", pki_->path("alice.password")});
-  ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("subscribing") != std::string::npos; },
+  ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
                          std::chrono::seconds(20)))
       << read_file(child_log());
   publish_credits(0, 50);

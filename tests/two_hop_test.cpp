@@ -62,9 +62,7 @@ class TwoHopTest : public ::testing::Test {
     // for it, so the broker queues everything for this client from here on.
     EXPECT_TRUE(wait_until(
         [&] {
-          const std::string text = read_text(dir_.file(log));
-          return text.find("subscribing") != std::string::npos ||
-                 text.find("session present") != std::string::npos;
+          return read_text(dir_.file(log)).find("consuming: ") != std::string::npos;
         },
         std::chrono::seconds(20)))
         << read_text(dir_.file(log));

@@ -44,7 +44,7 @@ class ChildConsumers {
   // subscription) before a test publishes.
   void create_session() const {
     auto first = start_consumer();
-    ASSERT_TRUE(wait_until([&] { return log_text().find("subscribing") != std::string::npos; },
+    ASSERT_TRUE(wait_until([&] { return log_text().find("consuming: ") != std::string::npos; },
                            std::chrono::seconds(10)));
     first->signal(SIGTERM);
     ASSERT_NE(first->wait(std::chrono::seconds(10)), -1);

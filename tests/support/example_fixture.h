@@ -121,7 +121,7 @@ class ExampleProgramTest : public ::testing::Test {
     auto first = start("session.log");
     ASSERT_TRUE(wait_until(
         [&] {
-          return read_text(dir_.file("session.log")).find("subscribing") != std::string::npos;
+          return read_text(dir_.file("session.log")).find("consuming: ") != std::string::npos;
         },
         std::chrono::seconds(15)))
         << read_text(dir_.file("session.log"));
