@@ -357,9 +357,11 @@ Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& mes
         return store_error(v.store);
       case detail::HandlerVerdict::Kind::kFailed:
       case detail::HandlerVerdict::Kind::kDeadLetter:
+      case detail::HandlerVerdict::Kind::kOutboxFull:
         detail::rollback_quietly(d);
-        *result = v.kind == detail::HandlerVerdict::Kind::kFailed ? ClaimResult::kHandlerFailed
-                                                                 : claim_result_for(v.reason);
+        *result = v.kind == detail::HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
+                  : v.kind == detail::HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
+                                                                        : claim_result_for(v.reason);
         *handler_error = v.text;
         return Status::Ok();
     }

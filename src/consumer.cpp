@@ -46,6 +46,7 @@ const char* to_string(DeadLetterReason reason) {
     case DeadLetterReason::kHandlerCrashed: return "handler_crashed";
     case DeadLetterReason::kRetained: return "retained";
     case DeadLetterReason::kHandlerReentered: return "handler_reentered";
+    case DeadLetterReason::kOutboxFull: return "outbox_full";
   }
   return "unknown";
 }
@@ -85,12 +86,18 @@ struct Consumer::Impl {
     std::lock_guard<std::mutex> lock(state_mu);
     ++(counters.*field);
   }
+  int64_t parked() const {
+    std::lock_guard<std::mutex> lock(state_mu);
+    return counters.outbox_full_parked;
+  }
 
 
+  // `parked`: the row is written 'requeued' (reason outbox_full): the requeue thread
+  // replays it, with nobody asking (dead_letter.h kOutboxFull).
   Outcome dead_letter(const Message& m, const std::optional<std::string>& id,
                       DeadLetterReason reason, const std::string& text, int attempts,
                       int64_t first_attempt_ms, std::optional<int64_t> replace_id,
-                      const std::atomic<bool>* stop = nullptr) {
+                      const std::atomic<bool>* stop = nullptr, bool parked = false) {
     DeadLetter dl;
     dl.consumer_name = name;
     dl.message_id = id;
@@ -104,9 +111,20 @@ struct Consumer::Impl {
     dl.attempts = attempts;
     dl.first_attempt_at_ms = first_attempt_ms;
     dl.last_attempt_at_ms = clock->wall_ms();
+    dl.requeued = parked;
     int64_t row = 0;
-    until_stored("writing a dead letter",
+    until_stored(parked ? "parking a message" : "writing a dead letter",
                  [&] { return inbox->add_dead_letter(dl, replace_id, &row); }, stop);
+    if (parked) {
+      // Once at info; a replay that finds the outbox still full (every poll, for as long
+      // as the uplink is down) at debug.
+      count(&ConsumerCounters::outbox_full_parked);
+      log->log(replace_id ? spdlog::level::debug : spdlog::level::info,
+               "consumer '{}': parked message '{}' (row {}) until the relay makes room: {}",
+               name, id ? detail::printable(*id) : std::string("<no id>"), row,
+               detail::printable(text, 300));
+      return Outcome::kDeadLettered;
+    }
     count(&ConsumerCounters::dead_lettered);
     log->warn("consumer '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}", name,
               id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
@@ -212,6 +230,11 @@ struct Consumer::Impl {
           return dead_letter(m, id, permanent, r.handler_error, r.attempt,
                              st.first_attempt_at_ms, replay_of, stop);
         }
+        case ClaimResult::kOutboxFull:
+          // Backpressure, not a failure: parked with no attempt counted, replayed by the
+          // requeue thread once the relay has made room (outbox.h OutboxFull).
+          return dead_letter(m, id, DeadLetterReason::kOutboxFull, r.handler_error, 0,
+                             st.first_attempt_at_ms, replay_of, stop, /*parked=*/true);
         case ClaimResult::kHandlerFailed:
           break;
       }
@@ -263,6 +286,7 @@ struct Consumer::Impl {
           return Status::Aborted("the consumer is stopping");
         }
         Outcome o = Outcome::kProcessed;
+        const int64_t parked_before = parked();
         try {
           s = replay(id, &o, &stopping, true);
         } catch (const detail::StoreRetry::Stopped&) {
@@ -275,6 +299,13 @@ struct Consumer::Impl {
           log->warn("consumer '{}': requeued dead letter {} not replayed: {}", name, id,
                     s.to_string());
           continue;
+        }
+        if (parked() != parked_before) {
+          // Parked again: the outbox is still full, and so it is for the rows after this
+          // one. They wait for the next poll, in their order (row ids), instead of each
+          // running its handler in vain.
+          if (replayed) *replayed = n;
+          return Status::Ok();
         }
         ++n;
         log->info("consumer '{}': requeued dead letter {} replayed: {}", name, id, to_string(o));

@@ -120,13 +120,14 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         SQLite::Statement u(db,
                             "UPDATE inbox_dead_letters SET reason = ?2, reason_text = ?3,"
                             " attempts = ?4, last_attempt_at = ?5, dead_lettered_at = ?6,"
-                            " status = 'dead', replayed_at = NULL WHERE id = ?1");
+                            " status = ?7, replayed_at = NULL WHERE id = ?1");
         u.bind(1, *existing);
         u.bind(2, to_string(dl.reason));
         u.bind(3, dl.reason_text);
         u.bind(4, dl.attempts);
         u.bind(5, dl.last_attempt_at_ms);
         u.bind(6, now);
+        u.bind(7, dl.requeued ? "requeued" : "dead");
         if (u.exec() == 0) throw SQLite::Exception("dead letter to replace is gone", SQLITE_NOTFOUND);
         counted = true;
       }
@@ -135,8 +136,9 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
                             "INSERT INTO inbox_dead_letters (consumer_name, message_id, topic,"
                             " payload, payload_size, properties, qos, reason, reason_text,"
                             " attempts, first_attempt_at, last_attempt_at, dead_lettered_at,"
-                            " retention_at)"
-                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
+                            " retention_at, status)"
+                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
+                            " ?15)");
         q.bind(1, dl.consumer_name);
         if (dl.message_id) q.bind(2, *dl.message_id);
         q.bind(3, dl.topic);
@@ -151,6 +153,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         q.bind(12, dl.last_attempt_at_ms ? dl.last_attempt_at_ms : now);
         q.bind(13, now);
         q.bind(14, m.retention_clock());
+        q.bind(15, dl.requeued ? "requeued" : "dead");
         q.exec();
         existing = db.getLastInsertRowid();
         counted = true;

@@ -4,6 +4,7 @@
 #include <SQLiteCpp/Exception.h>
 
 #include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/outbox.h"  // OutboxFull
 #include "sqlite_errors.h"
 #include "sqlite_util.h"
 
@@ -31,6 +32,9 @@ HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerSco
   } catch (const UndecodablePayload& e) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;
     v.reason = DeadLetterReason::kUndecodablePayload;
+    v.text = e.what();
+  } catch (const OutboxFull& e) {
+    v.kind = HandlerVerdict::Kind::kOutboxFull;
     v.text = e.what();
   } catch (const RejectMessage& e) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;

@@ -289,6 +289,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
         SQLite::Statement undo(db, "DELETE FROM outbox_messages WHERE seq = ?");
         undo.bind(1, seq);
         undo.exec();
+        if (s.code() == Status::Code::kRejected) throw OutboxFull(s);
         throw OutboxRejected(s);
       }
     }

@@ -178,6 +178,11 @@ struct StoreThenProcess::Impl {
                             DeadLetterReason reason, const std::string& text, int attempts);
   RunResult fail_row(Worker& w, const Row& r, const std::string& claimant, int attempt,
                      const std::string& error);
+  // Puts the row back to 'pending' with `attempts` recorded and its next try after
+  // `delay_ms`; the later rows of its aggregate in the batch are released to wait behind
+  // it. fail_row after a failure; directly for a full outbox (no attempt counted).
+  RunResult retry_row_later(Worker& w, const Row& r, const std::string& claimant, int attempts,
+                            const std::string& error, int64_t delay_ms);
   RunResult run_row(Worker& w, const Row& r, const std::string& claimant);
   void worker_loop(Worker& w);
 

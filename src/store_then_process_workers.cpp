@@ -284,17 +284,23 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, co
                            "handler failed " + std::to_string(attempt) +
                                " time(s); last error: " + error,
                            attempt);
+  return retry_row_later(w, r, claimant, attempt, error, backoff_ms(options.consumer, attempt));
+}
+
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(
+    Worker& w, const Row& r, const std::string& claimant, int attempts, const std::string& error,
+    int64_t delay_ms) {
   bool owned = true;
   w.set_sync(Synchronous::kNormal);
-  if (!worker_retry("recording a failed attempt", [&] {
-        return transaction(*w.db, "recording a failed attempt", [&] {
+  if (!worker_retry("putting a row back to wait", [&] {
+        return transaction(*w.db, "putting a row back to wait", [&] {
           {
             SQLite::Statement& q = *w.failed;
             detail::StatementReset reset(q);
             q.bind(1, r.seq);
-            q.bind(2, attempt);
+            q.bind(2, attempts);
             q.bind(3, error);
-            q.bind(4, clock->wall_ms() + backoff_ms(options.consumer, attempt));
+            q.bind(4, clock->wall_ms() + delay_ms);
             q.bind(5, claimant);
             owned = q.exec() > 0;
           }
@@ -345,7 +351,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
   const StoredDelivery d{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
                          attempt, prepared};
 
-  enum { kOk, kLostClaim, kThrew, kDeadLetter } result = kOk;
+  enum { kOk, kLostClaim, kThrew, kDeadLetter, kOutboxFull } result = kOk;
   std::string error;
   DeadLetterReason reason = DeadLetterReason::kHandlerFailed;
   int64_t held_ms = 0;
@@ -377,7 +383,9 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       if (v.kind != detail::HandlerVerdict::Kind::kOk) {
         detail::rollback_quietly(db);
         if (v.kind == detail::HandlerVerdict::Kind::kStoreError) return v.store;  // retry
-        result = v.kind == detail::HandlerVerdict::Kind::kDeadLetter ? kDeadLetter : kThrew;
+        result = v.kind == detail::HandlerVerdict::Kind::kDeadLetter   ? kDeadLetter
+                 : v.kind == detail::HandlerVerdict::Kind::kOutboxFull ? kOutboxFull
+                                                                       : kThrew;
         reason = v.reason;
         error = v.text;
         return Status::Ok();
@@ -444,6 +452,16 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       return RunResult::kLost;
     case kDeadLetter:
       return dead_letter_row(w, r, claimant, reason, error, attempt);
+    case kOutboxFull:
+      // Backpressure (outbox.h OutboxFull): not an attempt. The row waits at the longest
+      // retry backoff; the relay runs on other threads, so room comes while it waits.
+      // At info the first time; at debug while it keeps waiting (its last error says so).
+      count(&StoreThenProcessCounters::outbox_full_waits);
+      log->log(r.last_error == error ? spdlog::level::debug : spdlog::level::info,
+               "store-then-process '{}': '{}' (seq {}) waits for the relay to make room: {}",
+               name, detail::printable(r.message_id), r.seq, detail::printable(error, 300));
+      return retry_row_later(w, r, claimant, r.attempts, error,
+                             options.consumer.retry_backoff_max.count());
     case kThrew:
       break;
   }

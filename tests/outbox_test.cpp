@@ -235,39 +235,104 @@ TEST_F(OutboxTest, RandomIdsAreVersion4UuidsAndDistinct) {
 
 // reject: the handler's attempt fails while the class is full, the message is retried and
 // applied once after the relay marked rows sent.
-TEST_F(OutboxTest, RejectFailsTheHandlerUntilSpaceFrees) {
+// A full kReject class is backpressure, not a failure of the message: the Consumer parks
+// it (dead letter outbox_full, status 'requeued', no attempt counted), passes that find
+// the outbox still full leave it parked however many there are (max_attempts is 2 here),
+// a redelivery meanwhile is acked without running the handler, and once the relay has
+// made room the next pass applies it once.
+TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   OutboxOptions options;
   options.classes.push_back({"events/", 2, 0, OutboxFullPolicy::kReject});
   auto outbox = make_outbox(options);
-  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
-    ledger::apply_credit(db, d);
-    outbox->enqueue_or_throw(
-        db, out_msg("events/c", d.message_id, derived_message_id(d.message_id, "0")));
-  });
+  int runs = 0;
+  ConsumerOptions co;
+  co.requeue_poll_ms = 0;  // the test calls replay_requeued() itself
+  auto consumer = make_consumer(
+      [&](SQLite::Database& db, const Delivery& d) {
+        ++runs;
+        ledger::apply_credit(db, d);
+        outbox->enqueue_or_throw(
+            db, out_msg("events/c", d.message_id, derived_message_id(d.message_id, "0")));
+      },
+      co);
   EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 1)), Outcome::kProcessed);
   EXPECT_EQ(consumer->handle(credit_message("c-2", "a", 2)), Outcome::kProcessed);
-  // Full: every attempt fails; with max_attempts 2 the message ends as a dead letter,
-  // its credit not applied, and no third row.
   EXPECT_EQ(consumer->handle(credit_message("c-3", "a", 4)), Outcome::kDeadLettered);
+  EXPECT_EQ(consumer->handle(credit_message("c-4", "a", 8)), Outcome::kDeadLettered);
+  EXPECT_EQ(runs, 4);  // one run each: a full outbox is not retried in the callback
+  auto parked = [&](const std::string& status) {
+    return query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                               "'outbox_full' AND attempts = 0 AND status = '" + status + "'");
+  };
+  EXPECT_EQ(parked("requeued"), 2);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason_text "
+                                "LIKE '%outbox full: class ''events/'' holds 3 rows%'"),
+            2);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_attempts"), 0);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 3);
   EXPECT_EQ(count(), 2);
-  EXPECT_EQ(outbox->counters().rejected, 2);
-  EXPECT_EQ(query_int(db_path_,
-                      "SELECT count(*) FROM inbox_dead_letters WHERE reason_text "
-                      "LIKE '%outbox full%'"),
+  EXPECT_EQ(consumer->counters().outbox_full_parked, 2);
+  EXPECT_EQ(consumer->counters().handler_failures, 0);
+  EXPECT_EQ(consumer->counters().dead_lettered, 0);
+
+  // Still full: each pass runs the first parked message once, parks it again and stops.
+  for (int pass = 0; pass < 4; ++pass) {
+    int64_t replayed = -1;
+    ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
+    EXPECT_EQ(replayed, 0);
+  }
+  EXPECT_EQ(runs, 8);
+  EXPECT_EQ(parked("requeued"), 2);
+  EXPECT_EQ(parked("dead"), 0);
+  // A redelivery of a parked message: acked, the handler not run, the row kept.
+  EXPECT_EQ(consumer->handle(credit_message("c-3", "a", 4)), Outcome::kAlreadyDeadLettered);
+  EXPECT_EQ(runs, 8);
+  EXPECT_EQ(query_int(db_path_, "SELECT redeliveries FROM inbox_dead_letters "
+                                "WHERE message_id = 'c-3'"),
             1);
-  // The relay frees space; the replayed message now applies once.
+
+  // The relay frees one row: one more fits, the next pass applies c-3 and parks c-4 again.
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 2u);
   ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
-  const int64_t dl = query_int(db_path_, "SELECT id FROM inbox_dead_letters");
-  Outcome o;
-  ASSERT_TRUE(consumer->replay_dead_letter(dl, &o).ok());
-  EXPECT_EQ(o, Outcome::kProcessed);
+  int64_t replayed = 0;
+  ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
+  EXPECT_EQ(replayed, 1);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 7);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
+                                "'c-3' AND status = 'replayed'"),
+            1);
+  EXPECT_EQ(parked("requeued"), 1);
+  // The rest of the room: c-4 applies once, and every credit is in the ledger once.
+  ASSERT_TRUE(outbox->mark_sent({rows[1].seq}).ok());
+  ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
+  EXPECT_EQ(replayed, 1);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 15);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(DISTINCT message_id) FROM ledger_entries"), 4);
   EXPECT_EQ(count("state = 'pending'"), 2);
-  EXPECT_EQ(count("message_id = 'c-3/0'"), 1);
+  EXPECT_EQ(count("message_id IN ('c-3/0', 'c-4/0')"), 2);
+  EXPECT_EQ(parked("requeued"), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE status <> "
+                                "'replayed'"),
+            0);
+}
+
+// A message larger than its class's max_bytes can never fit: an ordinary failure (attempts,
+// then a dead letter handler_failed), never parked for ever.
+TEST_F(OutboxTest, MessageLargerThanItsClassFailsInsteadOfParking) {
+  OutboxOptions options;
+  options.classes.push_back({"events/", 0, 64, OutboxFullPolicy::kReject});
+  auto outbox = make_outbox(options);
+  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
+    ledger::apply_credit(db, d);
+    outbox->enqueue_or_throw(db, out_msg("events/c", std::string(100, 'x')));
+  });
+  EXPECT_EQ(consumer->handle(credit_message("big-1", "a", 1)), Outcome::kDeadLettered);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                                "'handler_failed' AND status = 'dead' AND attempts = 2"),
+            1);
+  EXPECT_EQ(consumer->counters().outbox_full_parked, 0);
 }
 
 // Bounds by bytes as well as rows; other classes and unbounded topics are not affected.

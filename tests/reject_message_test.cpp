@@ -1,8 +1,9 @@
 // RejectMessage (issue 18 section 3): a well-formed message the application refuses is
 // dead-lettered at once as invalid_payload with the handler's text, without retries or
 // backoff, in Consumer mode and in store-then-process mode, and the stream goes on. And
-// the schema step that made room for the reason: a database of the previous version with
-// dead letters in it is rebuilt in place, its rows intact.
+// the schema steps that made room for new reasons (7: invalid_payload, 9: outbox_full): a
+// database of the previous version with dead letters in it is rebuilt in place, its rows
+// intact.
 #include <mqtt_inbox/store_then_process.h>
 
 #include <chrono>
@@ -242,6 +243,62 @@ TEST(DeadLetterSchemaMigration, PreviousVersionWithRowsIsRebuiltKeepingThem) {
   EXPECT_EQ(c->handle(fresh), Outcome::kDeadLettered);
   EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'm-20'"
                             " AND reason = 'invalid_payload' AND id > 15"), 1);
+}
+
+// Step 9 rebuilds inbox_dead_letters again to admit 'outbox_full' (a message parked by a
+// full outbox, outbox.h OutboxFull). A file of version 8 with dead letters of every status,
+// a requeued one among them, keeps every row and value, and the new reason fits.
+TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEveryRow) {
+  TempDir dir;
+  const std::string path = dir.file("v8.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const auto& step : detail::schema_steps())
+      if (step.version <= 8) db.exec(step.sql);
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 8);
+    EXPECT_THROW(db.exec("INSERT INTO inbox_dead_letters (consumer_name, topic, payload,"
+                         " payload_size, qos, reason, reason_text, attempts, first_attempt_at,"
+                         " last_attempt_at, dead_lettered_at)"
+                         " VALUES ('c', 't', x'', 0, 1, 'outbox_full', '', 0, 1, 1, 1)"),
+                 SQLite::Exception);
+    db.exec("INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
+            " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
+            " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
+            " VALUES (3, 'ledger', 'm-3', 'credits/a', x'7b7d', 2, NULL, 1, 'invalid_payload',"
+            "         'no', 1, 100, 200, 300, 0, 'requeued', NULL, 300),"
+            "        (4, 'ledger', 'm-4', 'credits/b', x'00', 1, '{}', 1, 'handler_reentered',"
+            "         'Inbox::claim', 1, 110, 210, 310, 4, 'dead', NULL, 310),"
+            "        (8, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'missing_id',"
+            "         'no id', 0, 120, 220, 320, 0, 'replayed', 330, 320)");
+  }
+  const std::string before_rows = dead_letter_rows(path);
+  std::unique_ptr<Inbox> inbox;
+  const Status s = Inbox::open(path, {}, &inbox);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), 9);
+  EXPECT_EQ(dead_letter_rows(path), before_rows);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
+                            " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
+                            " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
+            4);
+  std::vector<int64_t> requeued;
+  ASSERT_TRUE(inbox->requeued_dead_letters("ledger", 10, &requeued).ok());
+  EXPECT_EQ(requeued, std::vector<int64_t>{3});
+  DeadLetter parked;
+  parked.consumer_name = "ledger";
+  parked.message_id = "m-9";
+  parked.topic = "credits/c";
+  parked.reason = DeadLetterReason::kOutboxFull;
+  parked.reason_text = "outbox full: class 'events/' holds 11 rows";
+  parked.requeued = true;
+  int64_t id = 0;
+  ASSERT_TRUE(inbox->add_dead_letter(parked, std::nullopt, &id).ok());
+  EXPECT_GT(id, 8);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE id = " +
+                                std::to_string(id) +
+                                " AND reason = 'outbox_full' AND status = 'requeued'"),
+            1);
 }
 
 }  // namespace

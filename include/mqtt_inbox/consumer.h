@@ -56,6 +56,8 @@ struct ConsumerCounters {
   int64_t handler_failures = 0; // handler attempts that threw
   int64_t store_retries = 0;    // store operations retried after a failure
   int64_t retained_skipped = 0; // retained messages acked unprocessed (RetainedPolicy::kSkip)
+  int64_t outbox_full_parked = 0;  // deliveries and replays parked because a kReject
+                                   // outbox class was full (dead_letter.h kOutboxFull)
 };
 
 class Consumer final : public MessageSink {
@@ -79,16 +81,20 @@ class Consumer final : public MessageSink {
   // claim-and-handler path as a new attempt series. On success the row is marked
   // replayed in the same transaction as the claim; *outcome says what happened
   // (kDuplicate if the id was processed meanwhile; kDeadLettered if it failed again, in
-  // which case the same row is updated). Replaying a row already replayed is refused
+  // which case the same row is updated, or if a full outbox parked it again: the same
+  // row, 'requeued' again). Replaying a row already replayed is refused
   // with kInvalidArgument, so a replay never applies a message twice.
   Status replay_dead_letter(int64_t id, Outcome* outcome);
 
   // Replays this consumer's dead letters marked 'requeued' (Inbox::requeue_dead_letter,
   // `mqtt-inbox dead-letters replay`), oldest first, each as replay_dead_letter does:
   // 'replayed' once its effect commits, 'dead' again (same row, new reason) if it fails
-  // again. The Consumer's own thread calls this every ConsumerOptions::requeue_poll_ms;
-  // call it yourself with requeue_poll_ms = 0. *replayed (may be null) gets the number of
-  // rows handled. While the store fails it waits like handle(), but gives up at
+  // again. Messages parked by a full outbox (reason outbox_full) are 'requeued' rows too:
+  // a pass stops at the first one a still-full outbox parks again, and the rest keep their
+  // turn for the next pass. The Consumer's own thread calls this every
+  // ConsumerOptions::requeue_poll_ms; call it yourself with requeue_poll_ms = 0 (then
+  // parked messages wait for your call). *replayed (may be null) gets the number of rows
+  // handled (not counting the one parked again). While the store fails it waits like handle(), but gives up at
   // ~Consumer (the row stays 'requeued' for the next run). Errors: store codes from
   // listing the rows; kAborted if the Consumer is being destroyed.
   Status replay_requeued(int64_t* replayed);

@@ -30,6 +30,11 @@ enum class DeadLetterReason {
   kHandlerReentered,    // the handler called back into its own Inbox (or a Consumer,
                         // Pruner or StoreThenProcess on it), which would have deadlocked;
                         // the text names the call (handler.h)
+  kOutboxFull,          // not a failure: the handler's Outbox::enqueue_or_throw met a full
+                        // OutboxFullPolicy::kReject class (OutboxFull). The Consumer parks
+                        // the message here with status 'requeued' and no attempt counted,
+                        // and its requeue thread replays it once the relay has made room
+                        // (README "Outbox: publishing exactly once", "Backpressure")
 };
 
 // Every reason, in declaration order (for parsing, listing and help texts).
@@ -38,7 +43,7 @@ inline constexpr DeadLetterReason kDeadLetterReasons[] = {
     DeadLetterReason::kPayloadTooLarge,   DeadLetterReason::kUndecodablePayload,
     DeadLetterReason::kInvalidPayload,    DeadLetterReason::kHandlerFailed,
     DeadLetterReason::kHandlerCrashed,    DeadLetterReason::kRetained,
-    DeadLetterReason::kHandlerReentered};
+    DeadLetterReason::kHandlerReentered,  DeadLetterReason::kOutboxFull};
 
 const char* to_string(DeadLetterReason reason);
 // Parses the text form; returns false for an unknown name.
@@ -62,7 +67,9 @@ struct DeadLetter {
   int redeliveries = 0;  // deliveries of the same (consumer, id) seen after dead-lettering
   bool replayed = false;   // status 'replayed': a replay committed its effect
   bool requeued = false;   // status 'requeued': waiting for the running Consumer to replay
-                           // it (Inbox::requeue_dead_letter)
+                           // it (Inbox::requeue_dead_letter, or parked as kOutboxFull).
+                           // Inbox::add_dead_letter writes the row with this status when
+                           // set (a parked message), 'dead' otherwise
   std::optional<int64_t> replayed_at_ms;
 };
 

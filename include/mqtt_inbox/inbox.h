@@ -47,7 +47,7 @@ struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 8;
+constexpr int kSchemaVersion = 9;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -84,6 +84,9 @@ enum class ClaimResult {
                        // back, handler not run
   kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
                        // rolled back, handler not run
+  kOutboxFull,         // handler threw OutboxFull (a full kReject outbox class): rolled
+                       // back and, in process(), no attempt counted: the message is not at
+                       // fault (the Consumer parks it, dead_letter.h kOutboxFull)
 };
 
 // What Inbox::process() found and did for one delivery.
@@ -188,10 +191,12 @@ class Inbox {
                std::string* handler_error);
 
   // Writes a dead letter and deletes the attempts row, in one committed transaction.
-  // If dl.message_id is set and a dead letter with status 'dead' already exists for
-  // (consumer, id), that row's redeliveries count is bumped instead (a lost PUBACK after
-  // dead-lettering must not create a second row). If `replace_id` is set, that row is
-  // updated in place (a failed replay). *id receives the row id.
+  // If dl.message_id is set and a dead letter with status 'dead' or 'requeued' already
+  // exists for (consumer, id), that row's redeliveries count is bumped instead (a lost
+  // PUBACK after dead-lettering must not create a second row). If `replace_id` is set,
+  // that row is updated in place (a failed replay). A new or replaced row gets status
+  // 'requeued' if dl.requeued (a message parked by a full outbox), else 'dead'. *id
+  // receives the row id.
   Status add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,
                          int64_t* id);
 

@@ -225,8 +225,8 @@ struct ConsumerOptions {
   int64_t store_error_log_interval_ms = 10000;
 
   // Consumer mode only: how often the Consumer's own thread looks for dead letters the
-  // admin tool marked 'requeued' (Inbox::requeue_dead_letter) and replays them through
-  // the handler, in ms. One index probe per poll; the replay runs on that thread, never
+  // admin tool marked 'requeued' (Inbox::requeue_dead_letter), and messages a full outbox
+  // parked (outbox.h OutboxFull), and replays them through the handler, in ms. One index probe per poll; the replay runs on that thread, never
   // on the transport's callback thread, taking the connection for one message at a time.
   // 0 = no thread (call Consumer::replay_requeued() yourself). Default 2000, >= 0.
   int64_t requeue_poll_ms = 2000;

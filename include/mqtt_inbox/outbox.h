@@ -194,8 +194,9 @@ struct OutboxCounters {
   int64_t dead = 0;        // rows marked dead
 };
 
-// Thrown by Outbox::enqueue_or_throw when the enqueue was refused (a full kReject class,
-// a bad argument): the handler's attempt fails.
+// Thrown by Outbox::enqueue_or_throw when the enqueue was refused for a bad argument (a
+// topic with a wildcard, a refused id, a message larger than its class's max_bytes):
+// retrying cannot help, so the handler's attempt fails (ConsumerOptions::max_attempts).
 class OutboxRejected : public std::runtime_error {
  public:
   explicit OutboxRejected(Status status)
@@ -204,6 +205,22 @@ class OutboxRejected : public std::runtime_error {
 
  private:
   Status status_;
+};
+
+// Thrown by Outbox::enqueue_or_throw when a kReject class is full (rows, bytes or the age
+// of its oldest row; status kRejected, text "outbox full: ..."). Not a failure of the
+// message, so it never counts as an attempt:
+//  - a Consumer parks the message as a dead letter with reason outbox_full and status
+//    'requeued' (committed before the PUBACK, so nothing is lost) and its requeue thread
+//    (ConsumerOptions::requeue_poll_ms) replays it once the relay has made room. It cannot
+//    wait in the handler instead: Paho runs the relay's PUBACK callbacks on the thread the
+//    handler holds (docs/guarantees.md section 7), so room would never come;
+//  - StoreThenProcess leaves the row pending, with its attempts unchanged, and tries it
+//    again after ConsumerOptions::retry_backoff_max (the row's aggregate waits behind it).
+// A handler that catches it and throws something else turns it into an ordinary failure.
+class OutboxFull : public OutboxRejected {
+ public:
+  using OutboxRejected::OutboxRejected;
 };
 
 class Outbox {
@@ -230,7 +247,8 @@ class Outbox {
   Status enqueue(SQLite::Database& db, const OutgoingMessage& message,
                  std::string* message_id = nullptr);
 
-  // enqueue() for handlers: throws OutboxRejected for a refusal, and lets an SQLite
+  // enqueue() for handlers: throws OutboxFull for a full kReject class, OutboxRejected
+  // for any other refusal, and lets an SQLite
   // failure through as the SQLite::Exception it is, so that a Consumer treats store
   // errors (BUSY, FULL, IOERR) as store failures, not as handler attempts (handler.h).
   void enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& message,

@@ -211,6 +211,8 @@ struct StoreThenProcessCounters {
                                     // refused periodic prunes (see prune())
   std::string last_worker_error;    // text of the latest of those ("" if none)
   int64_t retained_skipped = 0;  // retained messages acked unstored (RetainedPolicy::kSkip)
+  int64_t outbox_full_waits = 0; // handler runs a full kReject outbox class refused
+                                 // (OutboxFull): the row waits, no attempt counted
 };
 
 // Row counts by status for this consumer (inspection, tests, the admin tool).
