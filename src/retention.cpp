@@ -31,9 +31,12 @@ constexpr const char* kDeleteIdSql =
     "DELETE FROM inbox_processed"
     " WHERE consumer_name = ?1 AND message_id = ?2 AND received_at < ?3";
 
+// A 'requeued' row is work still to do (a message parked by a full outbox, or one the
+// admin tool handed back to the running consumer), so it is never pruned, however old:
+// deleting it would lose a message whose PUBACK has gone.
 constexpr const char* kPruneDeadLettersSql =
     "DELETE FROM inbox_dead_letters WHERE id IN ("
-    "  SELECT id FROM inbox_dead_letters WHERE retention_at < ?1"
+    "  SELECT id FROM inbox_dead_letters WHERE retention_at < ?1 AND status <> 'requeued'"
     "  ORDER BY retention_at LIMIT ?2)";
 
 // The outbox's finished rows (outbox.h): sent ones past the window (their UNIQUE id guards

@@ -8,6 +8,7 @@
 
 #include <set>
 
+#include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -316,6 +317,65 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE status <> "
                                 "'replayed'"),
             0);
+}
+
+// A parked message is a message still to apply: the Pruner deletes dead letters past
+// dead_letter_window, but never a 'requeued' row, however long the uplink stays down.
+TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
+  TempDir dir;
+  const std::string path = dir.file("inbox.db");
+  FakeClock clock;
+  InboxOptions io;
+  io.clock = &clock;
+  auto inbox = open_ledger_inbox(path, io);
+  ASSERT_TRUE(inbox);
+  OutboxOptions oo;
+  oo.classes.push_back({"events/", 1, 0, OutboxFullPolicy::kReject});
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(inbox.get(), oo, &outbox).ok());
+  ConsumerOptions co;
+  co.requeue_poll_ms = 0;
+  std::unique_ptr<Consumer> consumer;
+  ASSERT_TRUE(Consumer::create(
+                  inbox.get(), "ledger",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    ledger::apply_credit(db, d);
+                    outbox->enqueue_or_throw(
+                        db, out_msg("events/c", d.message_id,
+                                    derived_message_id(d.message_id, "0")));
+                  },
+                  co, &consumer)
+                  .ok());
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 1)), Outcome::kProcessed);
+  EXPECT_EQ(consumer->handle(credit_message("c-2", "a", 2)), Outcome::kDeadLettered);
+  Message no_id;
+  no_id.topic = "credits/x";
+  no_id.payload = R"({"account":"a","amount":5})";
+  EXPECT_EQ(consumer->handle(no_id), Outcome::kDeadLettered);  // missing_id: a real one
+  RetentionOptions r;
+  r.dead_letter_window = std::chrono::hours(1);
+  r.stats_log_period_ms = 0;
+  std::unique_ptr<Pruner> pruner;
+  ASSERT_TRUE(Pruner::create(inbox.get(), r, &pruner).ok());
+  clock.advance(2 * 3600 * 1000);
+  PruneResult pr;
+  ASSERT_TRUE(pruner->prune_once(&pr).ok());
+  EXPECT_EQ(pr.dead_letters_deleted, 1);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                            "'missing_id'"),
+            0);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                            "'outbox_full' AND status = 'requeued'"),
+            1);
+  // Room at last: the parked credit applies once.
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
+  int64_t replayed = 0;
+  ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
+  EXPECT_EQ(replayed, 1);
+  EXPECT_EQ(query_int(path, "SELECT balance FROM accounts WHERE account = 'a'"), 3);
 }
 
 // A message larger than its class's max_bytes can never fit: an ordinary failure (attempts,

@@ -84,7 +84,7 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
         ids += q.getColumn(1).getInt64();
       }
       if (dl_window > 0) {
-        SQLite::Statement d(db, "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1");
+        SQLite::Statement d(db, "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND status <> 'requeued'");
         d.bind(1, clock - dl_window);
         d.executeStep();
         dls = d.getColumn(0).getInt64();

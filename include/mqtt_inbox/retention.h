@@ -95,7 +95,8 @@ struct RetentionOptions {
   std::chrono::milliseconds period{60000};
 
   // Dead letters are kept this long (retention clock), independently of the window.
-  // 0 keeps them until purged by hand. Default 30 days. The same holds for outbox dead
+  // 0 keeps them until purged by hand. A 'requeued' row (parked by a full outbox, or
+  // handed back by the admin tool) is never pruned: it is a message still to apply. Default 30 days. The same holds for outbox dead
   // letters (outbox.h); sent outbox rows are kept for `window` after their PUBACK.
   std::chrono::milliseconds dead_letter_window = std::chrono::hours(30 * 24);
 
