@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -86,9 +87,11 @@ struct Consumer::Impl {
     std::lock_guard<std::mutex> lock(state_mu);
     ++(counters.*field);
   }
-  int64_t parked() const {
-    std::lock_guard<std::mutex> lock(state_mu);
-    return counters.outbox_full_parked;
+  // Set when this thread's last run() parked its message: replay_requeued() reads it for
+  // the replay it just ran (a counter would also count the transport thread's parks).
+  static bool& parked_by_this_thread() {
+    thread_local bool parked = false;
+    return parked;
   }
 
 
@@ -102,7 +105,9 @@ struct Consumer::Impl {
     dl.consumer_name = name;
     dl.message_id = id;
     dl.topic = m.topic;
-    dl.payload = m.payload.substr(0, options.dead_letter_payload_bytes);
+    // A parked message is replayed from this row, so it keeps every byte (at most
+    // max_payload_bytes: a larger one was dead-lettered before its handler ran).
+    dl.payload = parked ? m.payload : m.payload.substr(0, options.dead_letter_payload_bytes);
     dl.payload_size = static_cast<int64_t>(m.payload.size());
     dl.properties_json = detail::properties_json(m);
     dl.qos = m.qos;
@@ -119,6 +124,7 @@ struct Consumer::Impl {
       // Once at info; a replay that finds the outbox still full (every poll, for as long
       // as the uplink is down) at debug.
       count(&ConsumerCounters::outbox_full_parked);
+      parked_by_this_thread() = true;
       log->log(replace_id ? spdlog::level::debug : spdlog::level::info,
                "consumer '{}': parked message '{}' (row {}) until the relay makes room: {}",
                name, id ? detail::printable(*id) : std::string("<no id>"), row,
@@ -274,8 +280,12 @@ struct Consumer::Impl {
   Status replay_requeued(int64_t* replayed) {
     int64_t n = 0;
     std::vector<int64_t> ids;
+    std::set<int64_t> refused;  // ids replay() refused in this pass
     for (;;) {
       Status s = inbox->requeued_dead_letters(name, 16, &ids);
+      if (s.ok()) ids.erase(std::remove_if(ids.begin(), ids.end(),
+                                           [&](int64_t id) { return refused.count(id) > 0; }),
+                            ids.end());
       if (!s.ok() || ids.empty()) {
         if (replayed) *replayed = n;
         return s;
@@ -286,7 +296,7 @@ struct Consumer::Impl {
           return Status::Aborted("the consumer is stopping");
         }
         Outcome o = Outcome::kProcessed;
-        const int64_t parked_before = parked();
+        parked_by_this_thread() = false;
         try {
           s = replay(id, &o, &stopping, true);
         } catch (const detail::StoreRetry::Stopped&) {
@@ -295,12 +305,14 @@ struct Consumer::Impl {
                                  " stays requeued");
         }
         if (!s.ok()) {
-          // Gone (purged) or changed since it was listed: nothing to replay.
+          // Gone (purged) or changed since it was listed: nothing to replay. A row that
+          // stays 'requeued' and is refused every time is skipped for the rest of the pass.
           log->warn("consumer '{}': requeued dead letter {} not replayed: {}", name, id,
                     s.to_string());
+          refused.insert(id);
           continue;
         }
-        if (parked() != parked_before) {
+        if (parked_by_this_thread()) {
           // Parked again: the outbox is still full, and so it is for the rows after this
           // one. They wait for the next poll, in their order (row ids), instead of each
           // running its handler in vain.

@@ -128,7 +128,9 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         u.bind(5, dl.last_attempt_at_ms);
         u.bind(6, now);
         u.bind(7, dl.requeued ? "requeued" : "dead");
-        if (u.exec() == 0) throw SQLite::Exception("dead letter to replace is gone", SQLITE_NOTFOUND);
+        // Purged while its replay ran: write it again rather than lose the message (and
+        // rather than fail for ever in the caller's store retry).
+        if (u.exec() == 0) existing.reset();
         counted = true;
       }
       if (!existing) {
@@ -168,11 +170,9 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
       *id = *existing;
     });
   } catch (const SQLite::Exception& e) {
-    if (e.getErrorCode() == SQLITE_NOTFOUND)
-      return Status::NotFound("dead letter " + std::to_string(*replace_id) + " not found");
     return impl_->store_error(detail::to_status(e, "writing dead letter"));
   }
-  if (counted) ++m.dead_lettered;
+  if (counted && !dl.requeued) ++m.dead_lettered;  // a parked message is not dead
   return Status::Ok();
 }
 

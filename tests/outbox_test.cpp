@@ -248,6 +248,7 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   int runs = 0;
   ConsumerOptions co;
   co.requeue_poll_ms = 0;  // the test calls replay_requeued() itself
+  co.dead_letter_payload_bytes = 8;  // dead letters keep 8 bytes; a parked message all
   auto consumer = make_consumer(
       [&](SQLite::Database& db, const Delivery& d) {
         ++runs;
@@ -376,6 +377,28 @@ TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
   EXPECT_EQ(query_int(path, "SELECT balance FROM accounts WHERE account = 'a'"), 3);
+}
+
+// A parked row purged by hand while its replay ran (the replay rolled back, then parks it
+// again): the message is written as a new row instead of being lost or failing for ever.
+TEST_F(OutboxTest, ReparkingAPurgedRowWritesItAgain) {
+  DeadLetter dl;
+  dl.consumer_name = "ledger";
+  dl.message_id = "c-9";
+  dl.topic = "credits/a";
+  dl.payload = R"({"message_id":"c-9","account":"a","amount":1})";
+  dl.payload_size = static_cast<int64_t>(dl.payload.size());
+  dl.reason = DeadLetterReason::kOutboxFull;
+  dl.reason_text = "outbox full";
+  dl.requeued = true;
+  int64_t id = 0;
+  ASSERT_TRUE(inbox_->add_dead_letter(dl, /*replace_id=*/4242, &id).ok());
+  EXPECT_NE(id, 4242);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
+                                "'c-9' AND status = 'requeued' AND payload_size = " +
+                                    std::to_string(dl.payload_size)),
+            1);
+  EXPECT_EQ(inbox_->stats().dead_lettered, 0);  // parked, not dead
 }
 
 // A message larger than its class's max_bytes can never fit: an ordinary failure (attempts,

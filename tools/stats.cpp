@@ -41,14 +41,16 @@ int cmd_stats(const std::string& path) {
   std::set<std::string> names;
   for (const auto& c : s.consumers) names.insert(c.first);
   std::map<std::string, std::map<std::string, int64_t>> dead_by_reason;
-  std::map<std::string, int64_t> replayed, attempts;
+  std::map<std::string, int64_t> replayed, requeued, attempts;
   read_sql(*inbox, "counting dead letters", [&](SQLite::Database& db) {
     SQLite::Statement q(db, "SELECT consumer_name, reason, status, count(*) FROM inbox_dead_letters"
                             " GROUP BY consumer_name, reason, status");
     while (q.executeStep()) {
       const std::string c = q.getColumn(0).getString();
       names.insert(c);
-      if (q.getColumn(2).getString() == "dead") dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
+      const std::string status = q.getColumn(2).getString();
+      if (status == "dead") dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
+      else if (status == "requeued") requeued[c] += q.getColumn(3).getInt64();  // parked or requeued: still to apply
       else replayed[c] += q.getColumn(3).getInt64();
     }
     SQLite::Statement a(db, "SELECT consumer_name, count(*) FROM inbox_attempts GROUP BY consumer_name");
@@ -93,7 +95,8 @@ int cmd_stats(const std::string& path) {
       reasons[kv.first] = kv.second;
       dead_total += kv.second;
     }
-    c["dead_letters"] = {{"dead", dead_total}, {"by_reason", reasons}, {"replayed", replayed[name]}};
+    c["dead_letters"] = {{"dead", dead_total}, {"by_reason", reasons}, {"requeued", requeued[name]},
+                         {"replayed", replayed[name]}};
     std::string stp_cell = "-";
     if (stp_names.count(name)) {
       auto stp = stp_for(inbox.get(), name);
@@ -111,7 +114,8 @@ int cmd_stats(const std::string& path) {
     for (const auto& kv : dead_by_reason[name])
       reasons_cell += (reasons_cell.empty() ? "" : ",") + kv.first + "=" + std::to_string(kv.second);
     rows.push_back({name, std::to_string(r.rows), r.rows ? human_ms(clock - r.oldest_received_at) : "-",
-                    r.rows ? human_ms(clock - r.newest_received_at) : "-", std::to_string(dead_total),
+                    r.rows ? human_ms(clock - r.newest_received_at) : "-",
+                    std::to_string(dead_total) + (requeued[name] ? " (+" + std::to_string(requeued[name]) + " requeued)" : ""),
                     reasons_cell.empty() ? "-" : reasons_cell, std::to_string(attempts[name]), stp_cell});
   }
   if (g.json) {

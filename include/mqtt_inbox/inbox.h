@@ -85,8 +85,10 @@ enum class ClaimResult {
   kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
                        // rolled back, handler not run
   kOutboxFull,         // handler threw OutboxFull (a full kReject outbox class): rolled
-                       // back and, in process(), no attempt counted: the message is not at
-                       // fault (the Consumer parks it, dead_letter.h kOutboxFull)
+                       // back and, in process(), no failure recorded: the message is not
+                       // at fault (the Consumer parks it, dead_letter.h kOutboxFull, which
+                       // also clears the attempt a non-exclusive Inbox committed before
+                       // the handler ran)
 };
 
 // What Inbox::process() found and did for one delivery.
@@ -194,7 +196,9 @@ class Inbox {
   // If dl.message_id is set and a dead letter with status 'dead' or 'requeued' already
   // exists for (consumer, id), that row's redeliveries count is bumped instead (a lost
   // PUBACK after dead-lettering must not create a second row). If `replace_id` is set,
-  // that row is updated in place (a failed replay). A new or replaced row gets status
+  // that row is updated in place (a failed replay); if it was purged meanwhile, the dead
+  // letter is written as a new row, so the message is never lost. A new or replaced row
+  // gets status
   // 'requeued' if dl.requeued (a message parked by a full outbox), else 'dead'. *id
   // receives the row id.
   Status add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,

@@ -34,7 +34,8 @@ struct InboxStats {
   // Counters since this Inbox was opened (this process).
   int64_t processed = 0;        // claims committed with their effect
   int64_t duplicates = 0;       // deliveries skipped because the claim existed
-  int64_t dead_lettered = 0;    // dead letters written (redeliveries of one not counted)
+  int64_t dead_lettered = 0;    // dead letters written (redeliveries of one not counted,
+                                // nor messages parked by a full outbox)
   int64_t retries = 0;          // handler attempts that failed and were retried or gave up
   int64_t store_errors = 0;     // store operations that failed (and were retried)
   int64_t pruned = 0;           // inbox_processed rows deleted by retention passes
