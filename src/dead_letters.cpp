@@ -100,8 +100,11 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
   bool counted = false;  // a new or replaced dead letter, not a redelivery bump
   try {
     m.write_transaction([&] {
-      std::optional<int64_t> existing = replace_id;
-      if (!existing && dl.message_id) {
+      // The row this call ends on (a plain pair, not an optional: GCC 12 at -O2 under TSan
+      // took the optional's value for uninitialised after a reset()).
+      bool have_row = replace_id.has_value();
+      int64_t row = replace_id.value_or(0);
+      if (!have_row && dl.message_id) {
         SQLite::Statement q(db,
                             "SELECT id FROM inbox_dead_letters WHERE consumer_name = ?1"
                             " AND message_id = ?2 AND status IN ('dead', 'requeued')"
@@ -109,19 +112,20 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         q.bind(1, dl.consumer_name);
         q.bind(2, *dl.message_id);
         if (q.executeStep()) {
-          existing = q.getColumn(0).getInt64();
+          row = q.getColumn(0).getInt64();
+          have_row = true;
           SQLite::Statement u(db,
                               "UPDATE inbox_dead_letters SET redeliveries = redeliveries + 1"
                               " WHERE id = ?1");
-          u.bind(1, *existing);
+          u.bind(1, row);
           u.exec();
         }
-      } else if (existing) {
+      } else if (have_row) {
         SQLite::Statement u(db,
                             "UPDATE inbox_dead_letters SET reason = ?2, reason_text = ?3,"
                             " attempts = ?4, last_attempt_at = ?5, dead_lettered_at = ?6,"
                             " status = ?7, replayed_at = NULL WHERE id = ?1");
-        u.bind(1, *existing);
+        u.bind(1, row);
         u.bind(2, to_string(dl.reason));
         u.bind(3, dl.reason_text);
         u.bind(4, dl.attempts);
@@ -130,10 +134,10 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         u.bind(7, dl.requeued ? "requeued" : "dead");
         // Purged while its replay ran: write it again rather than lose the message (and
         // rather than fail for ever in the caller's store retry).
-        if (u.exec() == 0) existing.reset();
+        if (u.exec() == 0) have_row = false;
         counted = true;
       }
-      if (!existing) {
+      if (!have_row) {
         SQLite::Statement q(db,
                             "INSERT INTO inbox_dead_letters (consumer_name, message_id, topic,"
                             " payload, payload_size, properties, qos, reason, reason_text,"
@@ -157,7 +161,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         q.bind(14, m.retention_clock());
         q.bind(15, dl.requeued ? "requeued" : "dead");
         q.exec();
-        existing = db.getLastInsertRowid();
+        row = db.getLastInsertRowid();
         counted = true;
       }
       if (dl.message_id) {
@@ -167,7 +171,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
         q.bind(2, *dl.message_id);
         q.exec();
       }
-      *id = *existing;
+      *id = row;
     });
   } catch (const SQLite::Exception& e) {
     return impl_->store_error(detail::to_status(e, "writing dead letter"));
