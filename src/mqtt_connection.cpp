@@ -4,9 +4,29 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <mutex>
+
 #include "subscriber_probe.h"
 
 namespace mqtt_inbox::detail {
+
+void quiet_paho_trace() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* asked = std::getenv("MQTT_C_CLIENT_TRACE");
+    if (asked == nullptr || *asked == '\0') MQTTAsync_setTraceLevel(MQTTASYNC_TRACE_ERROR);
+  });
+}
+
+std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& o,
+                                                     int max_buffered) {
+  quiet_paho_trace();
+  mqtt::create_options co(o.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1,
+                          max_buffered);
+  co.set_send_while_disconnected(false);
+  return std::make_shared<mqtt::async_client>(o.broker_uri, o.client_id, co, nullptr);
+}
 
 Status check_connection_settings(const ConnectionOptions& o, BrokerAddress* address) {
   if (o.broker_uri.empty()) return Status::InvalidArgument("broker_uri is empty");

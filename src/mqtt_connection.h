@@ -64,6 +64,31 @@ struct ConnectOutcome {
   std::string message;          // Paho's text for rc
 };
 
+// A new Paho client for `settings` (broker_uri, client_id, mqtt_version), the one way the
+// library makes them. No client-side persistence: inbound QoS 1 state lives on the broker
+// until the PUBACK (MQTT 5.0 section 4.4), and the inbox's and the outbox's tables are the
+// only local record that matters. Sending while disconnected is off (the create_options
+// constructor that sets the buffer turns it on): a publish between a drop and its
+// owner hearing of it fails instead of waiting in Paho for the next connection.
+// `max_buffered`: Paho refuses a publish beyond it (MQTTASYNC_MAX_BUFFERED_MESSAGES, 100
+// by default) even while connected. Before the first client of the process, lowers Paho
+// C's trace level (quiet_paho_trace). Throws mqtt::exception.
+std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& settings,
+                                                     int max_buffered);
+
+// Paho C records a trace entry for every function entry and exit and every packet in an
+// in-memory ring of 400 entries at its default level, TRACE_MINIMUM (Log.c,
+// trace_settings): a mutex, a clock reading and a string copy each time, and a
+// vsnprintf for each protocol line, about 24,000 instructions per QoS 1 message on the
+// receive thread that holds the message and its PUBACK (docs/benchmarks.md, "Paho's trace
+// ring"). Nothing reads that ring (Log_dumpTrace has no caller in Paho C 1.3.12); Paho
+// prints it only when MQTT_C_CLIENT_TRACE names a destination, or hands it to a callback
+// set with MQTTAsync_setTraceCallback. So, once per process: the level goes to
+// MQTTASYNC_TRACE_ERROR, unless MQTT_C_CLIENT_TRACE is set (then Paho's own settings,
+// MQTT_C_CLIENT_TRACE_LEVEL included, stay as the user asked). An application that sets
+// a trace callback sets its level after the library's first client (connection.h).
+void quiet_paho_trace();
+
 // CONNECT with `opts`, waiting until Paho ends the attempt (never earlier: Paho C++ 1.2.0
 // bug #325, see the .cpp). A failed attempt is not reported here: pass rc and message
 // to ConnectionHealth::connect_failed, which names a refusal or finds the reason.

@@ -12,21 +12,14 @@
 
 namespace mqtt_inbox {
 
-// A new Paho client. No client-side persistence: the outbox table is the only record of
-// what to send. Made again before every reconnect, so nothing Paho kept of an earlier
-// connection (queued or in-flight publishes counted against its window) survives: under
-// load a reused client was seen to stall after a broker restart. Paho refuses a publish
-// beyond its buffer (MQTTASYNC_MAX_BUFFERED_MESSAGES, default 100) even while
-// connected: sized to the window.
+// A new Paho client (mqtt_connection.h make_paho_client): the outbox table is the only
+// record of what to send. Made again before every reconnect, so nothing Paho kept of an
+// earlier connection (queued or in-flight publishes counted against its window)
+// survives: under load a reused client was seen to stall after a broker restart. Paho's
+// buffer is sized to the window.
 void Relay::Impl::new_client() {
   client.reset();
-  const int version =
-      options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1;
-  // That constructor also turns on sending while disconnected: off (see subscriber.cpp).
-  mqtt::create_options co(version, options.max_inflight);
-  co.set_send_while_disconnected(false);
-  client = std::make_shared<mqtt::async_client>(options.broker_uri, options.client_id, co,
-                                                nullptr);
+  client = detail::make_paho_client(options, options.max_inflight);
   client->set_connection_lost_handler([this](const std::string&) { on_connection_lost(); });
 }
 

@@ -126,21 +126,13 @@ struct Subscriber::Impl {
     in_callback.fetch_sub(1);
   }
 
-  // The Paho client, made by create() and, once the connection has been lent, again
-  // before each reconnect (renew_client()). Paho refuses a publish beyond
-  // maxBufferedMessages (default 100) even while connected; the subscriber publishes
-  // nothing itself, and a Relay sharing the connection keeps its own window
-  // (RelayOptions::max_inflight). That constructor also turns on sending while
-  // disconnected: off, so a publish between a drop and the Relay hearing of it fails
-  // instead of waiting in Paho for the next connection. No client-side persistence:
-  // inbound QoS 1 state lives on the broker, and the inbox's SQLite file is the only local
-  // record that matters. Throws mqtt::exception.
+  // The Paho client (mqtt_connection.h make_paho_client), made by create() and, once the
+  // connection has been lent, again before each reconnect (renew_client()). The
+  // subscriber publishes nothing itself; a Relay sharing the connection keeps its own
+  // window (RelayOptions::max_inflight), so Paho's buffer is not what limits it.
+  // Throws mqtt::exception.
   std::shared_ptr<mqtt::async_client> make_client() const {
-    mqtt::create_options co(
-        options.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, 65535);
-    co.set_send_while_disconnected(false);
-    return std::make_shared<mqtt::async_client>(options.broker_uri, options.client_id, co,
-                                                nullptr);
+    return detail::make_paho_client(options, 65535);
   }
 
   // Everything that handles messages, set before the first CONNECT of a client, because
