@@ -13,6 +13,7 @@
 #include <string>
 
 #include <mqtt_inbox/handler.h>
+#include <mqtt_inbox/payload_json.h>
 
 namespace ledger {
 
@@ -33,8 +34,11 @@ struct Credit {
   int64_t amount = 0;
 };
 
+// The payload is the consumer's parse when it took the id from the JSON field (no second
+// parse), else parsed here (payload_json.h).
 inline Credit decode_credit(const mqtt_inbox::Delivery& d) {
-  const auto j = nlohmann::json::parse(d.message.payload, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json storage;
+  const nlohmann::json& j = mqtt_inbox::payload_json(d, &storage);
   if (!j.is_object()) throw mqtt_inbox::UndecodablePayload("payload is not a JSON object");
   const auto account = j.find("account");
   if (account == j.end() || !account->is_string() || account->get<std::string>().empty())
@@ -112,7 +116,8 @@ class CreditHandler {
 // CreditHandler).
 inline std::string credited_event(SQLite::Database& db, const mqtt_inbox::Delivery& d,
                                   const std::string& event_id) {
-  const auto j = nlohmann::json::parse(d.message.payload);
+  nlohmann::json storage;
+  const nlohmann::json& j = mqtt_inbox::payload_json(d, &storage);
   const std::string account = j.at("account").get<std::string>();
   SQLite::Statement q(db, "SELECT balance FROM accounts WHERE account = ?");
   q.bind(1, account);

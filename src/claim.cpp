@@ -340,12 +340,12 @@ Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& mes
                                  const std::string& message_id, int attempt, const Handler& handler,
                                  bool delete_attempt_row_after,
                                  std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
-                                 std::string* handler_error) {
+                                 std::string* handler_error, const nlohmann::json* payload_json) {
   // Called with the transaction open and the claim inserted. From here on, every path
   // either commits or rolls back before returning.
   SQLite::Database& d = *db;
   try {
-    const Delivery delivery{message, message_id, attempt};
+    const Delivery delivery{message, message_id, attempt, payload_json};
     handler_running = true;
     const detail::HandlerVerdict v = detail::run_handler(self, [&] { handler(d, delivery); });
     handler_running = false;
@@ -438,7 +438,8 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
 
 Status Inbox::process(const std::string& consumer, const Message& message,
                       const std::string& message_id, const Handler& handler, int max_attempts,
-                      std::optional<int64_t> replayed_dead_letter, ProcessReport* report) {
+                      std::optional<int64_t> replayed_dead_letter, ProcessReport* report,
+                      const nlohmann::json* payload_json) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::process"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();
   Impl& m = *impl_;
@@ -518,7 +519,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
   Status s = refused ? Status::Ok()
                      : m.claim_locked(consumer, message, message_id, report->attempt, handler,
                                       attempt_row, replayed_dead_letter, &report->result,
-                                      &report->handler_error);
+                                      &report->handler_error, payload_json);
   if (s.ok() && report->result == ClaimResult::kHandlerFailed) {
     // The attempt failed and was rolled back: count it (the marker only counted it while
     // the handler ran), so the next delivery knows how many are left.

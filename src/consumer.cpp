@@ -188,8 +188,11 @@ struct Consumer::Impl {
     std::string id;
     DeadLetterReason reason;
     std::string why;
-    if (!detail::extract_message_id(m, options.message_id, &id, &reason, &why))
+    // The id's JSON source parses the payload for the handler too (Delivery::payload_json).
+    nlohmann::json document;
+    if (!detail::extract_message_id(m, options.message_id, &id, &reason, &why, &document))
       return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of, stop);
+    const nlohmann::json* payload_json = document.is_discarded() ? nullptr : &document;
     log_fields.set_message_id(id);
 
     int64_t backoff = options.retry_backoff_initial.count();
@@ -199,7 +202,10 @@ struct Consumer::Impl {
       ProcessReport r;
       until_stored(
           "committing",
-          [&] { return inbox->process(name, m, id, handler, options.max_attempts, replay_of, &r); },
+          [&] {
+            return inbox->process(name, m, id, handler, options.max_attempts, replay_of, &r,
+                                  payload_json);
+          },
           stop);
       const MessageState& st = r.state;
       switch (r.result) {

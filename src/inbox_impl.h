@@ -76,7 +76,8 @@ struct Inbox::Impl {
   Status claim_locked(const std::string& consumer, const Message& message,
                       const std::string& message_id, int attempt, const Handler& handler,
                       bool delete_attempt_row, std::optional<int64_t> replayed_dead_letter,
-                      ClaimResult* result, std::string* handler_error);
+                      ClaimResult* result, std::string* handler_error,
+                      const nlohmann::json* payload_json = nullptr);
   // Adaptive checkpoints and the checkpoint on SQLITE_FULL (wal_guard.h). Declared after
   // `db` and the statements: it removes its hook before the connection closes.
   std::unique_ptr<detail::WalGuard> wal_guard;

@@ -91,7 +91,22 @@ struct JsonFieldId {
   std::string error;  // why it did not parse
 };
 
-JsonFieldId read_json_field(const std::string& payload, const std::string& field) {
+// The type of a JSON value in the words of the SAX reading above.
+const char* type_words(const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::null: return "null";
+    case nlohmann::json::value_t::boolean: return "a boolean";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::json::value_t::number_float: return "a number";
+    case nlohmann::json::value_t::object: return "an object";
+    case nlohmann::json::value_t::array: return "an array";
+    case nlohmann::json::value_t::binary: return "binary";
+    default: return "a string";
+  }
+}
+
+JsonFieldId read_json_field_sax(const std::string& payload, const std::string& field) {
   TopLevelField sax(field);
   JsonFieldId out;
   out.parsed = nlohmann::json::sax_parse(payload, &sax, nlohmann::json::input_format_t::json,
@@ -100,6 +115,55 @@ JsonFieldId read_json_field(const std::string& payload, const std::string& field
   out.value = std::move(sax.value);
   out.error = std::move(sax.error);
   return out;
+}
+
+// The same reading as the SAX one, on a document that is kept: the payload is parsed
+// into *document, and the field's occurrences at the top level are counted while it is
+// (the finished document keeps only the last of two equal keys). A payload the parser
+// refuses is read again by the SAX parser, whose report names the byte: refusals cost
+// two parses, and both readings say the same.
+JsonFieldId read_json_field_into(const std::string& payload, const std::string& field,
+                                 nlohmann::json* document) {
+  int occurrences = 0;
+  try {
+    *document = nlohmann::json::parse(
+        payload,
+        [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+          if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+              parsed.get_ref<const std::string&>() == field)
+            ++occurrences;
+          return true;
+        },
+        /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const nlohmann::json::exception&) {
+    *document = nlohmann::json(nlohmann::json::value_t::discarded);
+    return read_json_field_sax(payload, field);
+  }
+  JsonFieldId out;
+  out.parsed = true;
+  if (!document->is_object() || occurrences == 0) return out;
+  if (occurrences > 1) {
+    out.found = TopLevelField::Found::kTwice;
+    return out;
+  }
+  const nlohmann::json& v = *document->find(field);
+  if (v.is_string()) {
+    out.found = TopLevelField::Found::kString;
+    out.value = v.get<std::string>();
+  } else {
+    out.found = TopLevelField::Found::kOtherType;
+    out.value = type_words(v);
+  }
+  return out;
+}
+
+// The JSON source: parsed into *document when the caller keeps the parse (and the
+// payload is short enough), else read with the SAX handler.
+JsonFieldId read_json_field(const std::string& payload, const std::string& field,
+                            nlohmann::json* document) {
+  if (document && payload.size() <= kMaxDocumentPayloadBytes)
+    return read_json_field_into(payload, field, document);
+  return read_json_field_sax(payload, field);
 }
 
 bool fail(DeadLetterReason r, std::string text, DeadLetterReason* reason, std::string* why) {
@@ -123,8 +187,8 @@ bool accept(const std::string& candidate, const char* source, const MessageIdOpt
 // the JSON source is absent (no JSON, no such field) or holds the same string.
 bool agrees_with_json_field(const Message& message, const MessageIdOptions& options,
                             const std::string& property_id, DeadLetterReason* reason,
-                            std::string* why) {
-  const JsonFieldId json = read_json_field(message.payload, options.json_field);
+                            std::string* why, nlohmann::json* document) {
+  const JsonFieldId json = read_json_field(message.payload, options.json_field, document);
   if (!json.parsed || json.found == TopLevelField::Found::kNo) return true;
   if (json.found == TopLevelField::Found::kString && json.value == property_id) return true;
   std::string other;
@@ -166,7 +230,9 @@ std::string validate_message_id(const std::string& id, size_t max_bytes) {
 }
 
 bool extract_message_id(const Message& message, const MessageIdOptions& options,
-                        std::string* id, DeadLetterReason* reason, std::string* why) {
+                        std::string* id, DeadLetterReason* reason, std::string* why,
+                        nlohmann::json* document) {
+  if (document) *document = nlohmann::json(nlohmann::json::value_t::discarded);
   // 1. MQTT 5 user property: present means it decides.
   if (!options.user_property.empty()) {
     int present = 0;
@@ -183,14 +249,14 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
       if (options.json_field.empty() ||
           options.on_disagreement == IdDisagreement::kUserPropertyWins)
         return true;
-      return agrees_with_json_field(message, options, *v, reason, why);
+      return agrees_with_json_field(message, options, *v, reason, why, document);
     }
   }
 
   // 2. Top-level field of a JSON object payload.
   std::string json_problem;
   if (!options.json_field.empty()) {
-    const JsonFieldId json = read_json_field(message.payload, options.json_field);
+    const JsonFieldId json = read_json_field(message.payload, options.json_field, document);
     const std::string field = "JSON field '" + options.json_field + "'";
     if (!json.parsed) {
       json_problem = "payload is not valid JSON " + json.error;

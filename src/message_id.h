@@ -1,6 +1,8 @@
 // Extraction and validation of the producer-assigned message id from untrusted input.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <string>
 
 #include "mqtt_inbox/dead_letter.h"
@@ -13,11 +15,25 @@ namespace mqtt_inbox::detail {
 // of control characters (C0, DEL, C1). Returns "" if valid, else why not.
 std::string validate_message_id(const std::string& id, size_t max_bytes);
 
+// The largest payload whose JSON document extract_message_id builds for the handler:
+// 64 KiB (a document of at most a few MiB), far above a telemetry or command message.
+constexpr size_t kMaxDocumentPayloadBytes = 64 * 1024;
+
 // Finds the id in the sources of `options` (user property, JSON field, extractor, in that
 // order). Returns true and sets *id, or returns false and sets *reason (kMissingId,
-// kInvalidId or kUndecodablePayload) and *why. Never throws. Memory is bounded by the
-// payload size: the JSON source is read with a SAX parser that builds no document.
+// kInvalidId or kUndecodablePayload) and *why. Never throws.
+//
+// `document`: null, or where the payload's parse goes for the handler to read
+// (Delivery::payload_json), so a JSON payload is parsed once per message, not twice. When
+// the JSON source was read, the payload is valid JSON and at most
+// kMaxDocumentPayloadBytes long, *document holds it (any JSON value); otherwise it is left
+// discarded (value_t::discarded). Without a document the JSON source is read with a SAX
+// parser that builds none (memory bounded by the nesting depth); a document takes a few
+// times the payload's size, up to about 40 times for pathological nesting, hence the
+// limit. Both readings give the same result (tests/message_id_test.cpp runs every case
+// both ways; the fuzzer compares them).
 bool extract_message_id(const Message& message, const MessageIdOptions& options,
-                        std::string* id, DeadLetterReason* reason, std::string* why);
+                        std::string* id, DeadLetterReason* reason, std::string* why,
+                        nlohmann::json* document = nullptr);
 
 }  // namespace mqtt_inbox::detail

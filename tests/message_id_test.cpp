@@ -2,6 +2,8 @@
 // can be unusable. Pure functions; no database.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "message_id.h"
 
 namespace mqtt_inbox::detail {
@@ -14,6 +16,10 @@ struct Result {
   std::string why;
 };
 
+// Extracts the id twice: reading the JSON source with the SAX parser (no document), and
+// parsing it into the document a Consumer hands its handler (Delivery::payload_json).
+// Both readings must give the same outcome, so every case below checks both. The
+// document, when kept, is the payload as nlohmann::json::parse reads it.
 Result extract(const std::string& payload,
                std::vector<std::pair<std::string, std::string>> props = {},
                MessageIdOptions o = {}) {
@@ -23,6 +29,19 @@ Result extract(const std::string& payload,
   m.user_properties = std::move(props);
   Result r{};
   r.ok = extract_message_id(m, o, &r.id, &r.reason, &r.why);
+  Result d{};
+  nlohmann::json document;
+  d.ok = extract_message_id(m, o, &d.id, &d.reason, &d.why, &document);
+  EXPECT_EQ(d.ok, r.ok) << payload;
+  EXPECT_EQ(d.id, r.id) << payload;
+  if (!r.ok) {
+    EXPECT_EQ(d.reason, r.reason) << payload;
+    EXPECT_EQ(d.why, r.why) << payload;
+  }
+  // (nlohmann's operator== recurses: not for the deeply nested cases.)
+  if (!document.is_discarded() && payload.size() < 4096) {
+    EXPECT_EQ(document, nlohmann::json::parse(payload)) << payload;
+  }
   return r;
 }
 
@@ -159,10 +178,61 @@ TEST(MessageId, ExtractorIsTheLastSource) {
 }
 
 TEST(MessageId, DeeplyNestedJsonDoesNotExhaustMemoryOrStack) {
+  // Past the document limit: read with the SAX parser only, memory bounded by the depth.
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
   const Result r = extract(deep);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.reason, DeadLetterReason::kMissingId);
+  // At the limit, the document is built: 32,768 nested arrays, parsed and destroyed
+  // without recursion (a stack overflow would end the test with SIGSEGV).
+  const size_t half = kMaxDocumentPayloadBytes / 2;
+  const std::string at_limit = std::string(half, '[') + std::string(half, ']');
+  const Result l = extract(at_limit);
+  EXPECT_EQ(l.reason, DeadLetterReason::kMissingId);
+}
+
+// The document a Consumer hands its handler: the payload's parse when the id came from
+// its JSON field, nothing when the id came from elsewhere or the payload is too long.
+TEST(MessageId, TheDocumentIsKeptOnlyWhenTheJsonSourceParsedThePayload) {
+  Message m;
+  m.topic = "t";
+  m.payload = R"({"message_id":"a-1","account":"acct","amount":5})";
+  MessageIdOptions o;
+  std::string id, why;
+  DeadLetterReason reason{};
+  nlohmann::json document;
+  ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
+  EXPECT_EQ(document.at("amount"), 5);
+  EXPECT_EQ(document.at("account"), "acct");
+
+  // The id from the user property alone (no JSON field configured): not parsed.
+  m.user_properties = {{"message-id", "a-1"}};
+  o.json_field.clear();
+  ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
+  EXPECT_TRUE(document.is_discarded());
+  // Checked against the JSON field (on_disagreement kDeadLetter, the default): parsed.
+  o = MessageIdOptions{};
+  ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
+  EXPECT_EQ(document.at("amount"), 5);
+
+  // A valid payload just over the limit keeps no document; the id is read all the same.
+  m.user_properties.clear();
+  m.payload = R"({"message_id":"a-1","pad":")" + std::string(kMaxDocumentPayloadBytes, 'x') +
+              R"("})";
+  ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
+  EXPECT_EQ(id, "a-1");
+  EXPECT_TRUE(document.is_discarded());
+  // Not JSON: no document, and the reason as without one.
+  m.payload = "{\"message_id\":";
+  EXPECT_FALSE(extract_message_id(m, o, &id, &reason, &why, &document));
+  EXPECT_TRUE(document.is_discarded());
+}
+
+// A number the parser cannot hold is refused the same way by both readings.
+TEST(MessageId, NumberOverflowIsUndecodableEitherWay) {
+  const Result r = extract(R"({"message_id":"a","x":1e400})");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, DeadLetterReason::kUndecodablePayload);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 
+#include <nlohmann/json.hpp>
+
 namespace mqtt_inbox::test {
 namespace {
 
@@ -96,6 +98,45 @@ TEST_F(OneTransactionTest, FirstDeliveryIsOneCommitAndOneFsync) {
   inbox.reset();
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'a'"), kMessages + 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_attempts"), 0);
+}
+
+// One JSON parse per message: the consumer's id extraction from the JSON field parses the
+// payload, and the handler gets that document (Delivery::payload_json) instead of parsing
+// it again. An id from a user property alone parses nothing; the ledger handler then
+// parses it itself (payload_json.h), with the same business result.
+TEST_F(OneTransactionTest, TheHandlerReadsTheParseTheIdExtractionMade) {
+  auto inbox = open_ledger_inbox(db_path_);
+  const nlohmann::json* seen = reinterpret_cast<const nlohmann::json*>(1);
+  int64_t amount_seen = 0;
+  auto c = consumer(inbox.get(), [&](SQLite::Database& db, const Delivery& d) {
+    seen = d.payload_json;
+    if (seen) amount_seen = seen->at("amount").get<int64_t>();
+    ledger::apply_credit(db, d);
+  });
+  ASSERT_EQ(c->handle(credit_message("j-1", "a", 7)), Outcome::kProcessed);
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(amount_seen, 7);
+
+  ConsumerOptions by_property;
+  by_property.message_id.json_field.clear();
+  std::unique_ptr<Consumer> p;
+  ASSERT_TRUE(Consumer::create(
+                  inbox.get(), "by-property",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    seen = d.payload_json;
+                    ledger::apply_credit(db, d);
+                  },
+                  by_property, &p)
+                  .ok());
+  Message m = credit_message("j-2", "a", 5);
+  m.user_properties = {{"message-id", "j-2"}};
+  ASSERT_EQ(p->handle(m), Outcome::kProcessed);
+  EXPECT_EQ(seen, nullptr);
+  c.reset();
+  p.reset();
+  inbox.reset();
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'a'"), 12);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 2);
 }
 
 // While the handler runs, nothing about the attempt is in the database (the marker holds

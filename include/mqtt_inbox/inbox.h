@@ -156,11 +156,16 @@ class Inbox {
   // attempt is committed before the handler runs instead (one more transaction). After a
   // power loss, the attempt that was running can be missing: one extra attempt at most.
   //
+  // `payload_json`: the payload's parse, if the caller has made one (the Consumer's id
+  // extraction from a JSON field), handed to the handler as Delivery::payload_json; must
+  // stay valid during the call. Default nullptr.
+  //
   // A Status error means the store failed (nothing committed; retry later: a handler
   // failure is then not counted). The handler's own failures come back in *report.
   Status process(const std::string& consumer, const Message& message,
                  const std::string& message_id, const Handler& handler, int max_attempts,
-                 std::optional<int64_t> replayed_dead_letter, ProcessReport* report);
+                 std::optional<int64_t> replayed_dead_letter, ProcessReport* report,
+                 const nlohmann::json* payload_json = nullptr);
 
   // --- finer building blocks (the previous per-message path; for custom policies) ---
 

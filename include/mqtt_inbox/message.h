@@ -5,6 +5,8 @@
 // Thread safety: a value type; no shared state.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -103,6 +105,17 @@ struct Delivery {
   const std::string& message_id;
   // 1 for the first attempt of this message by this consumer; counts survive restarts.
   int attempt;
+  // The payload as a JSON document, when the consumer has parsed it already: it took the
+  // message id from a JSON field (MessageIdOptions::json_field, also when it only checked
+  // that field against a user property), and the payload is valid JSON (RFC 8259) of at
+  // most 64 KiB (a larger one is read for its id without building a document, whose
+  // memory grows with the payload, up to some 40 times it for deep nesting). Then a
+  // handler reads this instead of parsing the payload a second time, one JSON parse per
+  // message instead of two (docs/benchmarks.md, "One JSON parse"). nullptr otherwise: an id
+  // from a user property or the extractor alone, a StoreThenProcess delivery, a Delivery
+  // built by hand. Same lifetime as `message`. payload_json() (payload_json.h) returns this
+  // or parses the payload itself when it is null.
+  const nlohmann::json* payload_json = nullptr;
 };
 
 }  // namespace mqtt_inbox

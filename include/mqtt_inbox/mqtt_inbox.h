@@ -10,6 +10,7 @@
 #include "mqtt_inbox/journal_log.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/payload_json.h"
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/relay.h"
 #include "mqtt_inbox/retention.h"

@@ -29,7 +29,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::string id, why;
   DeadLetterReason reason{};
-  if (detail::extract_message_id(m, o, &id, &reason, &why)) {
+  const bool ok = detail::extract_message_id(m, o, &id, &reason, &why);
+  // The reading that keeps the payload's document for the handler (Delivery::payload_json)
+  // says exactly what the SAX reading says, and its document is the payload's parse.
+  std::string doc_id, doc_why;
+  DeadLetterReason doc_reason{};
+  nlohmann::json document;
+  if (detail::extract_message_id(m, o, &doc_id, &doc_reason, &doc_why, &document) != ok ||
+      doc_id != id || (!ok && (doc_reason != reason || doc_why != why)))
+    std::abort();
+  // (operator!= recurses: only documents too short to nest deeply are compared.)
+  if (!document.is_discarded() && m.payload.size() < 4096 &&
+      document != nlohmann::json::parse(m.payload, nullptr, /*allow_exceptions=*/false))
+    std::abort();
+  if (ok) {
     // An accepted id is always usable as a key and safe to log.
     if (id.empty() || id.size() > o.max_id_bytes || !detail::is_valid_utf8(id) ||
         !detail::validate_message_id(id, o.max_id_bytes).empty())
