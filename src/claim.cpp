@@ -78,16 +78,22 @@ constexpr const char* kClaimSql =
 
 // The claim of the common case, a first delivery: inserted only if nothing is recorded for
 // the id either (no attempts, no dead letter), so that one statement both claims and
-// checks. Zero rows changed sends process() to the slow path, which reads why.
+// checks. Zero rows changed sends process() to the slow path, which reads why. The check
+// makes received_at NULL, which its NOT NULL turns into a skipped row under OR IGNORE
+// (https://sqlite.org/lang_conflict.html: IGNORE skips the one row that violates a NOT
+// NULL or UNIQUE constraint); the table has no other constraint it could skip. A
+// single-row VALUES insert needs no statement journal, where INSERT ... SELECT ... WHERE
+// opened one per message: 3,000 fewer instructions per claim (callgrind, 20,000 claims).
 constexpr const char* kClaimIfNothingRecordedSql =
-    "INSERT INTO inbox_processed (consumer_name, message_id, received_at, topic,"
-    "                             message_type, correlation_id, payload_hash)"
-    " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7"
-    " WHERE NOT EXISTS (SELECT 1 FROM inbox_attempts"
-    "                   WHERE consumer_name = ?1 AND message_id = ?2)"
-    "   AND NOT EXISTS (SELECT 1 FROM inbox_dead_letters WHERE consumer_name = ?1"
-    "                   AND message_id = ?2 AND status IN ('dead', 'requeued'))"
-    " ON CONFLICT (consumer_name, message_id) DO NOTHING";
+    "INSERT OR IGNORE INTO inbox_processed (consumer_name, message_id, received_at, topic,"
+    "                                       message_type, correlation_id, payload_hash)"
+    " VALUES (?1, ?2,"
+    "         CASE WHEN EXISTS (SELECT 1 FROM inbox_attempts"
+    "                           WHERE consumer_name = ?1 AND message_id = ?2)"
+    "                OR EXISTS (SELECT 1 FROM inbox_dead_letters WHERE consumer_name = ?1"
+    "                           AND message_id = ?2 AND status IN ('dead', 'requeued'))"
+    "              THEN NULL ELSE ?3 END,"
+    "         ?4, ?5, ?6, ?7)";
 
 constexpr const char* kDeleteAttemptsSql =
     "DELETE FROM inbox_attempts WHERE consumer_name = ?1 AND message_id = ?2";
