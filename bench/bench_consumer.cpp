@@ -1,6 +1,7 @@
 // bench_consumer: the MQTT side of the benchmarks.
 //   --mode inbox    Inbox + Consumer + Subscriber running ledger::CreditHandler (the ledger
-//                   example's handler), synchronous FULL or NORMAL.
+//                   example's handler), synchronous FULL or NORMAL, with the Pruner running
+//                   as in ledger_consumer (examples/consumer_service.h): library defaults.
 //   --mode ceiling  a bare Paho callback subscriber that does nothing: the transport
 //                   ceiling for the same stream (same persistent session, QoS 1).
 //   --phase setup   connect once with the persistent session, subscribe, disconnect: the
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
   std::string mode = "inbox", phase = "run", broker, topic, client_id, db_path, sync = "full",
               label, ready_file;
   int count = 20000, timeout_s = 600;
-  bool latency = false, no_metadata = false;
+  bool latency = false, metadata = false;
   app.add_option("--mode", mode)->check(CLI::IsMember({"inbox", "ceiling"}));
   app.add_option("--phase", phase)->check(CLI::IsMember({"setup", "run"}));
   app.add_option("--broker", broker)->required();
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--label", label, "Name in the JSON line");
   app.add_option("--ready-file", ready_file, "Touched once connected");
   app.add_flag("--latency", latency, "Record per-message latency stages");
-  app.add_flag("--no-metadata", no_metadata, "InboxOptions::record_metadata = false");
+  app.add_flag("--metadata", metadata, "InboxOptions::record_metadata = true (default false)");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = mode + "_" + sync;
 
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
     mqtt_inbox::InboxOptions io;
     io.logger = log;
     io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
-    io.record_metadata = !no_metadata;
+    io.record_metadata = metadata;
     bench::register_counting_vfs();  // the WAL figures; forwards everything to the default
     io.vfs = "counting";
     io.after_commit_hook = [&](const std::string&, const std::string&) {
@@ -205,6 +206,16 @@ int main(int argc, char** argv) {
     so.broker_uri = broker;
     so.client_id = client_id;
     so.logger = log;
+    // Retention as ledger_consumer runs it: a window covering the session expiry.
+    mqtt_inbox::RetentionOptions retention;
+    retention.broker_session_expiry = std::chrono::seconds(so.session_expiry_s);
+    retention.window = retention.broker_session_expiry + std::chrono::hours(24);
+    std::unique_ptr<mqtt_inbox::Pruner> pruner;
+    if (auto s = mqtt_inbox::Pruner::create(inbox.get(), retention, &pruner); !s.ok()) {
+      std::fprintf(stderr, "pruner: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    (void)pruner->start();
     std::unique_ptr<mqtt_inbox::Subscriber> sub;
     if (auto s = mqtt_inbox::Subscriber::create(so, &sub); !s.ok()) {
       std::fprintf(stderr, "subscriber: %s\n", s.to_string().c_str());

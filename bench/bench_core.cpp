@@ -7,7 +7,7 @@
 //   - flash wear: counts what SQLite writes (counting VFS: WAL bytes, frames, database
 //     bytes from checkpoints, fsyncs), what the process dirtied (/proc/self/io
 //     write_bytes) and the device's sectors written, per message. Levers: --page-size,
-//     --id, --no-metadata, --autocheckpoint.
+//     --id, --metadata, --autocheckpoint.
 //
 //   bench_core --db /tmp/c.db --sync full --count 20000 [--prefill 10000000 --reuse]
 #include <CLI/CLI.hpp>
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string db_path, sync = "full", id_kind = "uuid", label = "core";
   int count = 20000, page_size = 4096, autocheckpoint = 1000;
   int64_t prefill = 0;
-  bool reuse = false, keep = false, no_metadata = false;
+  bool reuse = false, keep = false, metadata = false;
   app.add_option("--db", db_path, "Database file")->required();
   app.add_option("--sync", sync)->check(CLI::IsMember({"full", "normal"}));
   app.add_option("--count", count, "Messages");
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   app.add_flag("--keep", keep, "Keep the database afterwards");
   app.add_option("--page-size", page_size, "page_size of a new file");
   app.add_option("--id", id_kind, "uuid | seq")->check(CLI::IsMember({"uuid", "seq"}));
-  app.add_flag("--no-metadata", no_metadata, "InboxOptions::record_metadata = false");
+  app.add_flag("--metadata", metadata, "InboxOptions::record_metadata = true (default false)");
   app.add_option("--autocheckpoint", autocheckpoint, "InboxOptions::wal_autocheckpoint_pages");
   app.add_option("--label", label, "Name in the JSON line");
   CLI11_PARSE(app, argc, argv);
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   io.logger = log;
   io.vfs = "counting";
   io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
-  io.record_metadata = !no_metadata;
+  io.record_metadata = metadata;
   io.wal_autocheckpoint_pages = autocheckpoint;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, io, &inbox); !s.ok()) {
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       .add("retained_before", rows_before)
       .add("page_size", actual_page_size)
       .add("id", id_kind)
-      .add("metadata", !no_metadata)
+      .add("metadata", metadata)
       .add("autocheckpoint", autocheckpoint)
       .add("seconds", secs)
       .add("msgs_per_s", n / secs)

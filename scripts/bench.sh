@@ -21,7 +21,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-bench}
 N=20000            # messages per throughput run (drain and live)
-ROUNDS=3           # interleaved rounds of the three-way comparison (medians are reported)
+ROUNDS=5           # interleaved rounds of the three-way comparison (medians are reported)
 LAT_COUNT=3000     # messages of each latency run at 200 msg/s (15 s)
 PREFILL=10000000   # retained ids for the scale test
 SCALE_N=3000       # messages of each FULL scale run
@@ -102,26 +102,11 @@ fi
 
 # --- build --------------------------------------------------------------------------------
 stage "build (Release, -j2)"
-if grep -q 'add_subdirectory(bench)' "$ROOT/CMakeLists.txt"; then
-  SRC=$ROOT
-  BIN=$BUILD
-  EXTRA=(-DMQTT_INBOX_BUILD_BENCH=ON -DMQTT_INBOX_BUILD_TESTS=OFF -DMQTT_INBOX_BUILD_EXAMPLES=OFF
-         -DMQTT_INBOX_BUILD_TOOLS=OFF)
-  BENCH_BIN=$BIN/bench
-else
-  # The top level does not add bench/ yet: build it through a small wrapper project.
-  SRC=$BUILD/wrapper-src
-  BIN=$BUILD/wrapper
-  mkdir -p "$SRC"
-  cat >"$SRC/CMakeLists.txt" <<EOF
-cmake_minimum_required(VERSION 3.16)
-project(mqtt_inbox_bench_wrapper LANGUAGES C CXX)
-add_subdirectory("$ROOT" mqtt_inbox)
-add_subdirectory("$ROOT/bench" bench)
-EOF
-  EXTRA=()
-  BENCH_BIN=$BIN/bench
-fi
+SRC=$ROOT
+BIN=$BUILD
+EXTRA=(-DMQTT_INBOX_BUILD_BENCH=ON -DMQTT_INBOX_BUILD_TESTS=OFF -DMQTT_INBOX_BUILD_EXAMPLES=OFF
+       -DMQTT_INBOX_BUILD_TOOLS=OFF)
+BENCH_BIN=$BIN/bench
 cmake -S "$SRC" -B "$BIN" -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}" >/dev/null
 cmake --build "$BIN" -j2 --target bench_raw_sqlite bench_publisher bench_consumer bench_core \
   bench_micro nodelay_preload handwritten_consumer >/dev/null
@@ -220,6 +205,7 @@ consume() {
   if [[ $phase == drain ]]; then
     "$BENCH_BIN/bench_publisher" --broker "$broker" --topic "$topic" --count "$count" \
       --client-id "pub-$RUN_ID" --label "pub_$label" --seed "$RUN_ID" 2>&1 >/dev/null
+    quiet_disk
     "${prog[@]}" "${common[@]}" --phase run "${extra[@]}" | record
   else
     local ready="$WORK/ready-$RUN_ID"
@@ -237,6 +223,11 @@ consume() {
   rm -f "$db" "$db-wal" "$db-shm"
 }
 PRELOAD_ENV=(env)
+# Before each timed drain: the page cache still holds what the last run wrote (its
+# database and WAL, deleted or not) and the kernel writes it back in the background,
+# where it would queue in front of the next run's fsyncs. sync(1) writes it out first, so
+# every run starts on a quiet disk whatever ran before it.
+quiet_disk() { sync; }
 
 echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK out=$OUT"
 
@@ -245,14 +236,25 @@ echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK ou
 # hand-written consumer (bench/handwritten_consumer.cpp) and the library (Inbox + Consumer +
 # Subscriber with the ledger example's handler, library defaults), each draining N queued
 # credits; the clock runs from 5 % of the stream to its end.
+# The order of the three rotates from round to round, so that none of them always runs
+# first, or always right after the same other one.
 RAW_MIN=(--shape minimal)
+three_way_run() {  # three_way_run WHICH SYNC
+  case $1 in
+    raw)
+      quiet_disk
+      "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" "${RAW_MIN[@]}" --sync "$2" --count "$N" \
+        --label "raw_min_$2" | record ;;
+    hand) consume handwritten "$2" drain "hand_$2" "$N" 0 ;;
+    inbox) consume inbox "$2" drain "inbox_${2}_drain" "$N" 0 ;;
+  esac
+}
+ORDERS=("raw hand inbox" "hand inbox raw" "inbox raw hand")
 for ROUND in $(seq 1 "$ROUNDS"); do
+  order=${ORDERS[$(((ROUND - 1) % 3))]}
   for sync in $SYNCS; do
-    stage "round $ROUND: $sync: raw minimal, hand-written, inbox"
-    "$BENCH_BIN/bench_raw_sqlite" --db "$WORK/raw.db" "${RAW_MIN[@]}" --sync "$sync" --count "$N" \
-      --label "raw_min_$sync" | record
-    consume handwritten "$sync" drain "hand_$sync" "$N" 0
-    consume inbox "$sync" drain "inbox_${sync}_drain" "$N" 0
+    stage "round $ROUND: $sync: ${order// /, }"
+    for which in $order; do three_way_run "$which" "$sync"; done
   done
 done
 ROUND=0
@@ -327,10 +329,8 @@ W=(--sync full --count "$WEAR_N")
 for ps in 1024 2048; do
   "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --page-size "$ps" --label "wear_core_page$ps" | record
 done
-"$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --no-metadata --label wear_core_nometa | record
+"$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --metadata --label wear_core_metadata | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --autocheckpoint 100 --label wear_core_ckpt100 | record
-"$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --page-size 1024 --no-metadata \
-  --label wear_core_page1024_nometa | record
 
 # --- 9: micro-benchmarks ------------------------------------------------------------------
 if [[ $SKIP_MICRO -eq 0 ]]; then
@@ -364,7 +364,18 @@ done
 for sync in $SYNCS; do
   echo "  $sync: inbox / hand-written $(rmed "inbox_${sync}_drain" "hand_$sync")" \
     "(goal >= 1), inbox / raw $(rmed "inbox_${sync}_drain" "raw_min_$sync")" \
-    "$([[ $sync == full ]] && echo '(goal >= 0.8, aim 0.9)')"
+    "$([[ $sync == full ]] && echo '(goal >= 0.8, aim 0.9)')," \
+    "hand-written / raw $(rmed "hand_$sync" "raw_min_$sync")"
+  echo "    per round, msg/s raw / hand-written / inbox (inbox ÷ hand-written):"
+  for r in $(seq 1 "$ROUNDS"); do
+    v=()
+    for l in "raw_min_$sync" "hand_$sync" "inbox_${sync}_drain"; do
+      v+=("$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+             sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')")
+    done
+    printf '      round %d: %6.0f / %6.0f / %6.0f  (%s)\n' "$r" "${v[0]:-0}" "${v[1]:-0}" \
+      "${v[2]:-0}" "$(ratio "${v[2]:-0}" "${v[1]:-0}")"
+  done
 done
 if [[ $SKIP_EXTRA -eq 0 ]]; then
   echo "== transport ceiling and live streams (msg/s, one run each)"
