@@ -100,6 +100,28 @@ TEST_F(OneTransactionTest, FirstDeliveryIsOneCommitAndOneFsync) {
   EXPECT_EQ(q("SELECT count(*) FROM inbox_attempts"), 0);
 }
 
+// The connection that runs messages has applied no schema step: a step that renames a
+// table (ALTER TABLE ... RENAME, steps 7 and 9) opens the connection's TEMP database, and
+// every later BEGIN IMMEDIATE would then open and commit a write transaction there too.
+// PRAGMA database_list names 'temp' once it is open.
+TEST_F(OneTransactionTest, MessagesRunOnAConnectionWithoutATempDatabase) {
+  for (int open = 0; open < 2; ++open) {  // the file is made, then reopened
+    SCOPED_TRACE(open == 0 ? "new file" : "reopened");
+    auto inbox = open_ledger_inbox(db_path_);
+    ASSERT_TRUE(inbox);
+    std::vector<std::string> names;
+    inbox->with_connection([&](SQLite::Database& db) {
+      SQLite::Statement q(db, "PRAGMA database_list");
+      while (q.executeStep()) names.push_back(q.getColumn(1).getString());
+    });
+    EXPECT_EQ(names, std::vector<std::string>{"main"});
+    auto c = consumer(inbox.get(), ledger::apply_credit);
+    EXPECT_EQ(c->handle(credit_message("t-" + std::to_string(open), "a", 1)),
+              Outcome::kProcessed);
+  }
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'a'"), 2);
+}
+
 // One JSON parse per message: the consumer's id extraction from the JSON field parses the
 // payload, and the handler gets that document (Delivery::payload_json) instead of parsing
 // it again. An id from a user property alone parses nothing; the ledger handler then
