@@ -222,9 +222,17 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
     const int page_size = c.execAndGet("PRAGMA page_size").getInt();
     wal_guard = std::make_unique<detail::WalGuard>(c.getHandle(), path, page_size,
                                                    options.wal_autocheckpoint_pages, log);
+    // The WAL file left after a checkpoint resets it: at most one cycle's WAL, the
+    // checkpoint threshold's frames (each a page and a 24-byte frame header, after the
+    // 32-byte WAL header, https://sqlite.org/fileformat2.html#walformat) and room for the
+    // commit that crosses it. A smaller limit than one cycle (it was threshold * page
+    // size) cut the file at every reset and the cycle's last commits grew it again: an
+    // ftruncate, and WAL fdatasyncs that also had to commit the file's new size, in every
+    // cycle (issue 14).
     int64_t size_limit = options.journal_size_limit_bytes;
     if (options.wal_autocheckpoint_pages > 0) {
-      const int64_t wal_bytes = static_cast<int64_t>(wal_guard->checkpoint_pages()) * page_size;
+      const int64_t frames = wal_guard->checkpoint_pages() + detail::WalGuard::kMinWalPages;
+      const int64_t wal_bytes = 32 + frames * (page_size + 24);
       if (size_limit < 0 || size_limit > wal_bytes) size_limit = wal_bytes;
     }
     c.exec("PRAGMA journal_size_limit = " + std::to_string(size_limit));

@@ -5,6 +5,7 @@
 // the counting fault VFS. Also the in-place migration to schema version 4.
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,6 +121,36 @@ TEST_F(OneTransactionTest, MessagesRunOnAConnectionWithoutATempDatabase) {
               Outcome::kProcessed);
   }
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'a'"), 2);
+}
+
+// The WAL file keeps one checkpoint cycle's size: after a checkpoint resets the WAL,
+// journal_size_limit (sized by the inbox) leaves the file as long as a cycle's frames, so
+// no commit has to grow it again (a grown file makes the commit's fdatasync also commit
+// the new size) and no reset cuts it. The file's size only ever grows during the stream.
+TEST_F(OneTransactionTest, CheckpointCyclesNeitherCutNorRegrowTheWal) {
+  InboxOptions o;
+  o.synchronous = Synchronous::kNormal;  // the file's size is under test, not fsync
+  o.wal_autocheckpoint_pages = 100;
+  auto inbox = open_ledger_inbox(db_path_, o);
+  auto c = consumer(inbox.get(), ledger::apply_credit);
+  const auto wal_size = [&] {
+    struct stat st {};
+    return ::stat((db_path_ + "-wal").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+  };
+  int64_t high = 0, cut = 0;
+  for (int i = 0; i < 1500; ++i) {  // about 15 cycles of 100 frames
+    ASSERT_EQ(c->handle(credit_message("cycle-" + std::to_string(i), "a", 1)),
+              Outcome::kProcessed);
+    const int64_t now = wal_size();
+    if (now < high) ++cut;
+    high = std::max(high, now);
+  }
+  EXPECT_EQ(cut, 0) << "the WAL file was cut " << cut << " times; high-water mark " << high;
+  // The cycles happened: the file reached about one cycle's size (100 frames + header),
+  // and checkpoints kept it there.
+  EXPECT_GE(high, 100 * (4096 + 24));
+  EXPECT_LT(high, 2 * 100 * (4096 + 24));
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 1500);
 }
 
 // One JSON parse per message: the consumer's id extraction from the JSON field parses the

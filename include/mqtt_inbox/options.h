@@ -53,8 +53,10 @@ struct InboxOptions {
   int cache_size_kib = 2048;
 
   // PRAGMA journal_size_limit in bytes: the WAL file is truncated to this size after a
-  // checkpoint resets it; at open it is lowered to the WAL size of the adaptive
-  // checkpoint below, if that is smaller. -1 = no limit. Default 4 MiB.
+  // checkpoint resets it; at open it is lowered to one checkpoint cycle's WAL (the
+  // adaptive checkpoint's threshold below plus 32 frames, each a page and its 24-byte
+  // header), if that is smaller, so a steady stream neither cuts nor regrows the file.
+  // -1 = no limit. Default 4 MiB.
   int64_t journal_size_limit_bytes = 4 * 1024 * 1024;
 
   // The WAL size, in pages, after which a commit checkpoints it (SQLite's
