@@ -27,11 +27,11 @@ constexpr size_t kMaxDocumentPayloadBytes = 64 * 1024;
 // (Delivery::payload_json), so a JSON payload is parsed once per message, not twice. When
 // the JSON source was read, the payload is valid JSON and at most
 // kMaxDocumentPayloadBytes long, *document holds it (any JSON value); otherwise it is left
-// discarded (value_t::discarded). Without a document the JSON source is read with a SAX
-// parser that builds none (memory bounded by the nesting depth); a document takes a few
-// times the payload's size, up to about 40 times for pathological nesting, hence the
-// limit. Both readings give the same result (tests/message_id_test.cpp runs every case
-// both ways; the fuzzer compares them).
+// discarded (value_t::discarded). The JSON source is read in one SAX pass either way;
+// without a document it builds none (memory bounded by the nesting depth); a document
+// takes a few times the payload's size, up to about 40 times for pathological nesting,
+// hence the limit. The outcome is the same with or without (tests/message_id_test.cpp
+// runs every case both ways; the fuzzer compares them and the document with parse()).
 bool extract_message_id(const Message& message, const MessageIdOptions& options,
                         std::string* id, DeadLetterReason* reason, std::string* why,
                         nlohmann::json* document = nullptr);

@@ -228,6 +228,21 @@ TEST(MessageId, TheDocumentIsKeptOnlyWhenTheJsonSourceParsedThePayload) {
   EXPECT_TRUE(document.is_discarded());
 }
 
+// The document built while the id is read is the payload as parse() reads it, for every
+// kind of value and nesting: containers inside arrays and objects, empty ones, repeated
+// keys (the last wins, as in parse()), escapes, and every number type.
+TEST(MessageId, TheDocumentIsWhatParseReads) {
+  for (const std::string& p :
+       {std::string(R"({"message_id":"d-1","a":[1,-2,3.5,true,false,null,"s",{"k":[[]]},[{}]],)"
+                    R"("o":{"x":{"y":{"z":[0,{"w":"v"}]}},"x":2},"u":18446744073709551615,)"
+                    R"("e":"\u00e9\n\"\\","n":-0.0,"big":1e300,"empty":{},"list":[]})"),
+        std::string(R"({"message_id":"d-2","dup":1,"dup":[2],"dup":{"last":true}})"),
+        std::string(R"({"message_id":"d-3"})")}) {
+    const Result r = extract(p);  // compares the document with parse(p)
+    EXPECT_TRUE(r.ok) << r.why;
+  }
+}
+
 // A number the parser cannot hold is refused the same way by both readings.
 TEST(MessageId, NumberOverflowIsUndecodableEitherWay) {
   const Result r = extract(R"({"message_id":"a","x":1e400})");
