@@ -4,6 +4,7 @@
 #include "subscriber_message.h"
 
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "mqtt_inbox/subscriber.h"
@@ -11,30 +12,32 @@
 namespace mqtt_inbox {
 
 bool topic_matches(const std::string& filter_in, const std::string& topic) {
-  std::string filter = filter_in;
-  if (filter.rfind("$share/", 0) == 0) {  // $share/{group}/{filter}, MQTT 5.0 4.8.2
+  // Views, no copies: this runs for every delivery, on Paho's receive thread.
+  std::string_view filter(filter_in);
+  const std::string_view t(topic);
+  if (filter.substr(0, 7) == "$share/") {  // $share/{group}/{filter}, MQTT 5.0 4.8.2
     const size_t slash = filter.find('/', 7);
-    if (slash == std::string::npos) return false;
-    filter = filter.substr(slash + 1);
+    if (slash == std::string_view::npos) return false;
+    filter.remove_prefix(slash + 1);
   }
-  if (!topic.empty() && topic[0] == '$' && !filter.empty() && (filter[0] == '+' || filter[0] == '#'))
+  if (!t.empty() && t[0] == '$' && !filter.empty() && (filter[0] == '+' || filter[0] == '#'))
     return false;  // MQTT 3.1.1 section 4.7.2
-  size_t f = 0, t = 0;
+  size_t f = 0, p = 0;
   for (;;) {
     const size_t fe = filter.find('/', f);
-    const std::string level = filter.substr(f, fe == std::string::npos ? std::string::npos : fe - f);
+    const std::string_view level = filter.substr(f, fe == std::string_view::npos ? fe : fe - f);
     if (level == "#") return true;  // matches the parent level too ("a/#" matches "a")
-    if (t > topic.size()) return false;
-    const size_t te = topic.find('/', t);
-    const std::string tlevel = topic.substr(t, te == std::string::npos ? std::string::npos : te - t);
+    if (p > t.size()) return false;
+    const size_t te = t.find('/', p);
+    const std::string_view tlevel = t.substr(p, te == std::string_view::npos ? te : te - p);
     if (level != "+" && level != tlevel) return false;
-    if (fe == std::string::npos) return te == std::string::npos;
-    if (te == std::string::npos) {
+    if (fe == std::string_view::npos) return te == std::string_view::npos;
+    if (te == std::string_view::npos) {
       // Topic ended; only a trailing "#" level can still match.
-      return filter.compare(fe + 1, std::string::npos, "#") == 0;
+      return filter.substr(fe + 1) == "#";
     }
     f = fe + 1;
-    t = te + 1;
+    p = te + 1;
   }
 }
 

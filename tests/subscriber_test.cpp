@@ -23,6 +23,17 @@ TEST(TopicMatch, FollowsMqttRules) {
   EXPECT_TRUE(topic_matches("+/+", "a/"));
   EXPECT_TRUE(topic_matches("$share/g/a/+", "a/b"));
   EXPECT_FALSE(topic_matches("a/b", "a/b/c"));
+  EXPECT_TRUE(topic_matches("a/+/c", "a/b/c"));
+  EXPECT_FALSE(topic_matches("a/+/c", "a/b/d"));
+  EXPECT_FALSE(topic_matches("a/#", "b/a"));
+  EXPECT_TRUE(topic_matches("+", ""));  // one empty level
+  EXPECT_FALSE(topic_matches("+", "a/b"));
+  EXPECT_TRUE(topic_matches("a/b/#", "a/b"));
+  EXPECT_FALSE(topic_matches("a/b/c", "a/b"));
+  EXPECT_FALSE(topic_matches("$share/g", "g"));  // no filter after the group
+  EXPECT_TRUE(topic_matches("$share/g/#", "x/y"));
+  EXPECT_FALSE(topic_matches("+/x", "$SYS/x"));  // MQTT 3.1.1 section 4.7.2
+  EXPECT_TRUE(topic_matches("$SYS/#", "$SYS/broker/uptime"));
 }
 
 TEST(SubscriberConfig, RefusesSettingsThatVoidRedelivery) {
