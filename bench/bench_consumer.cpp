@@ -4,6 +4,13 @@
 //                   as in ledger_consumer (examples/consumer_service.h): library defaults.
 //   --mode ceiling  a bare Paho callback subscriber that does nothing: the transport
 //                   ceiling for the same stream (same persistent session, QoS 1).
+//   --work W        ceiling mode only: what the callback does instead of nothing, to see
+//                   what the transport costs around a commit-like wait. spin:US (busy
+//                   for US microseconds: the thread stays on the CPU), sleep:US
+//                   (nanosleep), fsync:BYTES (pwrite BYTES to a file next to --db, then
+//                   fdatasync: a commit's I/O without SQLite). Adds gap_p50_us/gap_mean_us
+//                   (from one callback's return to the next one's entry: Paho's work per
+//                   message, the PUBACK, the next PUBLISH's receipt) and work_p50_us.
 //   --phase setup   connect once with the persistent session, subscribe, disconnect: the
 //                   broker then queues messages for this client while it is offline.
 //   --phase run     consume until --count messages are done (committed, in inbox mode),
@@ -22,6 +29,9 @@
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -30,6 +40,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
@@ -85,6 +96,7 @@ int main(int argc, char** argv) {
               label, ready_file;
   int count = 20000, timeout_s = 600;
   bool latency = false, metadata = false;
+  std::string work;
   app.add_option("--mode", mode)->check(CLI::IsMember({"inbox", "ceiling"}));
   app.add_option("--phase", phase)->check(CLI::IsMember({"setup", "run"}));
   app.add_option("--broker", broker)->required();
@@ -97,6 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--label", label, "Name in the JSON line");
   app.add_option("--ready-file", ready_file, "Touched once connected");
   app.add_flag("--latency", latency, "Record per-message latency stages");
+  app.add_option("--work", work, "Ceiling mode: spin:US | sleep:US | fsync:BYTES per message");
   app.add_flag("--metadata", metadata, "InboxOptions::record_metadata = true (default false)");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = mode + "_" + sync;
@@ -122,16 +135,56 @@ int main(int argc, char** argv) {
   Samples samples;
   int page_size = 0;
 
+  // --work: what the ceiling's callback does, and the gaps between callbacks.
+  std::string work_kind;
+  int64_t work_amount = 0;
+  if (!work.empty()) {
+    const size_t colon = work.find(':');
+    work_kind = work.substr(0, colon);
+    if (colon == std::string::npos || (work_kind != "spin" && work_kind != "sleep" &&
+                                       work_kind != "fsync")) {
+      std::fprintf(stderr, "--work: spin:US, sleep:US or fsync:BYTES\n");
+      return 2;
+    }
+    work_amount = std::stoll(work.substr(colon + 1));
+  }
+  int work_fd = -1;
+  std::string work_buf;
+  std::vector<double> gaps_us, work_us;
+  int64_t last_return = 0;
+
   if (mode == "ceiling") {
+    if (work_kind == "fsync") {
+      const std::string f = (db_path.empty() ? std::string("bench_work") : db_path) + ".work";
+      work_fd = ::open(f.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0644);
+      if (work_fd < 0) {
+        std::perror(f.c_str());
+        return 1;
+      }
+      work_buf.assign(static_cast<size_t>(work_amount), 'w');
+    }
     mqtt::async_client cli(broker, client_id, mqtt::create_options(MQTTVERSION_3_1_1), nullptr);
     cli.set_message_callback([&](mqtt::const_message_ptr m) {
+      const int64_t entry = bench::now_ns();
+      if (last_return) gaps_us.push_back(static_cast<double>(entry - last_return) / 1e3);
       if (latency) {
         Stages s;
         s.t_pub = t_pub_of(m->get_payload());
-        s.t_cb = bench::now_ns();
+        s.t_cb = entry;
         samples.add(s, s.t_cb);
       }
+      if (work_kind == "spin") {
+        while (bench::now_ns() < entry + work_amount * 1000) {
+        }
+      } else if (work_kind == "sleep") {
+        std::this_thread::sleep_for(std::chrono::microseconds(work_amount));
+      } else if (work_kind == "fsync") {
+        if (::pwrite(work_fd, work_buf.data(), work_buf.size(), 0) < 0 || ::fdatasync(work_fd) != 0)
+          std::perror("work");
+      }
+      if (!work_kind.empty()) work_us.push_back(static_cast<double>(bench::now_ns() - entry) / 1e3);
       done.one();
+      last_return = bench::now_ns();
     });
     auto opts = mqtt::connect_options_builder()
                     .mqtt_version(MQTTVERSION_3_1_1)
@@ -152,6 +205,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_consumer ceiling: %s\n", e.what());
       return 1;
     }
+    if (work_fd >= 0) ::close(work_fd);
   } else {
     if (db_path.empty()) {
       std::fprintf(stderr, "--db is required in inbox mode\n");
@@ -248,6 +302,14 @@ int main(int argc, char** argv) {
       .add("sync", mode == "inbox" ? sync : std::string("none"))
       .add("count", count);
   done.add_to(j, page_size > 0 ? page_size : 4096);
+  if (!work.empty() && !gaps_us.empty()) {
+    double sum = 0;
+    for (double g : gaps_us) sum += g;
+    j.add("work", work)
+        .add("gap_p50_us", bench::percentile(gaps_us, 50))
+        .add("gap_mean_us", sum / static_cast<double>(gaps_us.size()))
+        .add("work_p50_us", bench::percentile(work_us, 50));
+  }
   if (latency) {
     add_dist(j, "latency", samples.total);
     add_dist(j, "transport", samples.transport);

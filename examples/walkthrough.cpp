@@ -31,16 +31,18 @@ void check(const mqtt_inbox::Status& s, const char* what) {
 // The handler runs inside the claim transaction, on the inbox's connection. Throw to fail
 // (rolled back, retried, then dead-lettered); throw UndecodablePayload for input that can
 // never succeed (dead-lettered at once). `d` and what it refers to are valid only during
-// the call: copy what you keep.
+// the call: copy what you keep. payload_json() hands over the parse the consumer made
+// while it read the message id from the payload (parsing it only if there is none).
 void apply_credit(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
-  auto j = nlohmann::json::parse(d.message.payload, nullptr, false);
+  nlohmann::json parsed;
+  const nlohmann::json& j = mqtt_inbox::payload_json(d, &parsed);
   if (!j.is_object() || !j.contains("account") || !j["account"].is_string() ||
       !j.contains("amount") || !j["amount"].is_number_integer())
     throw mqtt_inbox::UndecodablePayload("not a credit");  // no retries: it never will be
   SQLite::Statement credit(db, "INSERT INTO accounts (account, balance) VALUES (?1, ?2)"
                                " ON CONFLICT (account) DO UPDATE SET balance = balance + ?2");
-  credit.bind(1, j["account"].get<std::string>());
-  credit.bind(2, j["amount"].get<int64_t>());
+  credit.bind(1, j.at("account").get<std::string>());
+  credit.bind(2, j.at("amount").get<int64_t>());
   credit.exec();
 }
 
