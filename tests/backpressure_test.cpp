@@ -142,7 +142,11 @@ TEST_F(BackpressureTest, StoreThenProcessRowsWaitForRoomWithoutUsingAttempts) {
   };
   ASSERT_TRUE(wait_until([&] { return rows("status = 'done'") == 10; }, 20s));
   ASSERT_TRUE(wait_until([&] { return stp->counters().outbox_full_waits >= 3; }, 20s));
-  EXPECT_EQ(rows("status = 'pending' AND attempts = 0"), 4);
+  // Waiting, not failing: the 4 rows have used no attempt. Each is 'pending' while it
+  // waits out retry_backoff_max and 'processing' while the worker tries it again, and the
+  // worker's 50 ms retry is shorter than this query under a sanitizer (CI's ASan stage saw
+  // all 4 'processing'), so either state counts.
+  EXPECT_EQ(rows("status IN ('pending', 'processing') AND attempts = 0"), 4);
   EXPECT_EQ(rows("status = 'dead'"), 0);
   // The relay's side sends what is pending: the waiting rows get their turn.
   ASSERT_TRUE(wait_until(
