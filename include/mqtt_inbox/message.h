@@ -7,11 +7,24 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mqtt_inbox/json_abi.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+// Delivery::payload_json is a document the library built: this program must see the
+// same nlohmann::json type, whose namespace nlohmann tags with its version and
+// JSON_DIAGNOSTICS (json_abi.h holds the library's).
+static_assert(NLOHMANN_JSON_VERSION_MAJOR == MQTT_INBOX_NLOHMANN_JSON_VERSION_MAJOR &&
+                  NLOHMANN_JSON_VERSION_MINOR == MQTT_INBOX_NLOHMANN_JSON_VERSION_MINOR &&
+                  NLOHMANN_JSON_VERSION_PATCH == MQTT_INBOX_NLOHMANN_JSON_VERSION_PATCH &&
+                  JSON_DIAGNOSTICS == MQTT_INBOX_NLOHMANN_JSON_DIAGNOSTICS,
+              "mqtt-inbox was built with another nlohmann-json (version or JSON_DIAGNOSTICS) "
+              "than this program compiles against: a Delivery's payload_json would be read "
+              "with the wrong layout. Build both with the same nlohmann-json and settings.");
 
 namespace mqtt_inbox {
 
@@ -108,8 +121,9 @@ struct Delivery {
   // The payload as a JSON document, when the consumer has parsed it already: it took the
   // message id from a JSON field (MessageIdOptions::json_field, also when it only checked
   // that field against a user property), and the payload is valid JSON (RFC 8259) of at
-  // most 64 KiB (a larger one is read for its id without building a document, whose
-  // memory grows with the payload, up to some 40 times it for deep nesting). Then a
+  // most MessageIdOptions::json_document_max_bytes (64 KiB by default; a larger one is
+  // read for its id without building a document, whose memory grows with the payload, up
+  // to some 32 times it for deep nesting). Then a
   // handler reads this instead of parsing the payload a second time, one JSON parse per
   // message instead of two (docs/benchmarks.md, "One JSON parse"). nullptr otherwise: an id
   // from a user property or the extractor alone, a StoreThenProcess delivery, a Delivery
