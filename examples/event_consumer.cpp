@@ -33,8 +33,10 @@ void create_tables(SQLite::Database& db) {
 }
 
 // Runs inside the claim transaction: both writes commit with the event's id, or neither.
+// The payload is the consumer's parse, made while it read the message id (payload_json.h).
 void apply_event(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
-  const auto j = nlohmann::json::parse(d.message.payload, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json storage;
+  const nlohmann::json& j = mqtt_inbox::payload_json(d, &storage);
   if (!j.is_object()) throw mqtt_inbox::UndecodablePayload("payload is not a JSON object");
   for (const char* field : {"source_message_id", "account"}) {
     const auto it = j.find(field);
@@ -49,8 +51,8 @@ void apply_event(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
       throw mqtt_inbox::UndecodablePayload(std::string("'") + field +
                                            "' is missing or not a 64-bit integer");
   }
-  const std::string account = j["account"].get<std::string>();
-  const int64_t amount = j["amount"].get<int64_t>(), balance = j["balance"].get<int64_t>();
+  const std::string account = j.at("account").get<std::string>();
+  const int64_t amount = j.at("amount").get<int64_t>(), balance = j.at("balance").get<int64_t>();
   SQLite::Statement count(db,
                           "INSERT INTO event_accounts (account, events, total, last_balance)"
                           " VALUES (?1, 1, ?2, ?3) ON CONFLICT (account) DO UPDATE SET"
@@ -62,7 +64,7 @@ void apply_event(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
   SQLite::Statement row(db,
                         "INSERT INTO event_sources (source_message_id, message_id, account,"
                         " amount, balance) VALUES (?, ?, ?, ?, ?)");
-  row.bind(1, j["source_message_id"].get<std::string>());
+  row.bind(1, j.at("source_message_id").get<std::string>());
   row.bind(2, d.message_id);
   row.bind(3, account);
   row.bind(4, amount);

@@ -156,7 +156,7 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
         if (version > 0) log->info("{}: schema migrated to version {}", path, step.version);
       }
       // The per-message path runs on a connection that has applied no schema step. Steps
-      // 7 and 9 rebuild inbox_dead_letters with ALTER TABLE ... RENAME, which opens the
+      // 5, 7 and 9 rebuild inbox_dead_letters with ALTER TABLE ... RENAME, which opens the
       // connection's TEMP database (SQLite checks the temp schema for references to the
       // renamed table), and from then on every BEGIN IMMEDIATE starts, and every COMMIT
       // ends, a write transaction there too (about 500 instructions per message, callgrind),

@@ -132,10 +132,12 @@ struct JsonFieldId {
 };
 
 // The JSON source, read with the SAX handler; the payload's document goes to *document
-// too when it is not null and the payload is short enough to build one.
-JsonFieldId read_json_field(const std::string& payload, const std::string& field,
+// too when it is not null and the payload is no longer than json_document_max_bytes.
+JsonFieldId read_json_field(const std::string& payload, const MessageIdOptions& options,
                             nlohmann::json* document) {
-  TopLevelField sax(field, payload.size() <= kMaxDocumentPayloadBytes ? document : nullptr);
+  const std::string& field = options.json_field;
+  TopLevelField sax(field,
+                    payload.size() <= options.json_document_max_bytes ? document : nullptr);
   JsonFieldId out;
   out.parsed = nlohmann::json::sax_parse(payload, &sax, nlohmann::json::input_format_t::json,
                                          /*strict=*/true, /*ignore_comments=*/false);
@@ -168,7 +170,7 @@ bool accept(const std::string& candidate, const char* source, const MessageIdOpt
 bool agrees_with_json_field(const Message& message, const MessageIdOptions& options,
                             const std::string& property_id, DeadLetterReason* reason,
                             std::string* why, nlohmann::json* document) {
-  const JsonFieldId json = read_json_field(message.payload, options.json_field, document);
+  const JsonFieldId json = read_json_field(message.payload, options, document);
   if (!json.parsed || json.found == TopLevelField::Found::kNo) return true;
   if (json.found == TopLevelField::Found::kString && json.value == property_id) return true;
   std::string other;
@@ -236,7 +238,7 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
   // 2. Top-level field of a JSON object payload.
   std::string json_problem;
   if (!options.json_field.empty()) {
-    const JsonFieldId json = read_json_field(message.payload, options.json_field, document);
+    const JsonFieldId json = read_json_field(message.payload, options, document);
     const std::string field = "JSON field '" + options.json_field + "'";
     if (!json.parsed) {
       json_problem = "payload is not valid JSON " + json.error;

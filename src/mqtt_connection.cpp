@@ -14,8 +14,13 @@ namespace mqtt_inbox::detail {
 void quiet_paho_trace() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* asked = std::getenv("MQTT_C_CLIENT_TRACE");
-    if (asked == nullptr || *asked == '\0') MQTTAsync_setTraceLevel(MQTTASYNC_TRACE_ERROR);
+    // Either variable is the user asking Paho for its trace: MQTT_C_CLIENT_TRACE names a
+    // destination, MQTT_C_CLIENT_TRACE_LEVEL alone selects what a trace callback gets.
+    for (const char* name : {"MQTT_C_CLIENT_TRACE", "MQTT_C_CLIENT_TRACE_LEVEL"}) {
+      const char* asked = std::getenv(name);
+      if (asked != nullptr && *asked != '\0') return;
+    }
+    MQTTAsync_setTraceLevel(MQTTASYNC_TRACE_ERROR);
   });
 }
 

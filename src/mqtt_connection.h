@@ -84,9 +84,9 @@ std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& se
 // ring"). Nothing reads that ring (Log_dumpTrace has no caller in Paho C 1.3.12); Paho
 // prints it only when MQTT_C_CLIENT_TRACE names a destination, or hands it to a callback
 // set with MQTTAsync_setTraceCallback. So, once per process: the level goes to
-// MQTTASYNC_TRACE_ERROR, unless MQTT_C_CLIENT_TRACE is set (then Paho's own settings,
-// MQTT_C_CLIENT_TRACE_LEVEL included, stay as the user asked). An application that sets
-// a trace callback sets its level after the library's first client (connection.h).
+// MQTTASYNC_TRACE_ERROR, unless MQTT_C_CLIENT_TRACE or MQTT_C_CLIENT_TRACE_LEVEL is set
+// (then Paho's own settings stay as the user asked). An application that sets a trace
+// callback sets its level after the library's first client (connection.h).
 void quiet_paho_trace();
 
 // CONNECT with `opts`, waiting until Paho ends the attempt (never earlier: Paho C++ 1.2.0

@@ -185,10 +185,20 @@ TEST(MessageId, DeeplyNestedJsonDoesNotExhaustMemoryOrStack) {
   EXPECT_EQ(r.reason, DeadLetterReason::kMissingId);
   // At the limit, the document is built: 32,768 nested arrays, parsed and destroyed
   // without recursion (a stack overflow would end the test with SIGSEGV).
-  const size_t half = kMaxDocumentPayloadBytes / 2;
+  const size_t half = MessageIdOptions{}.json_document_max_bytes / 2;
   const std::string at_limit = std::string(half, '[') + std::string(half, ']');
   const Result l = extract(at_limit);
   EXPECT_EQ(l.reason, DeadLetterReason::kMissingId);
+  Message m;
+  m.payload = at_limit;
+  nlohmann::json document;
+  std::string id, why;
+  DeadLetterReason reason{};
+  EXPECT_FALSE(extract_message_id(m, {}, &id, &reason, &why, &document));
+  ASSERT_TRUE(document.is_array());  // built, 32,768 levels deep
+  size_t depth = 0;
+  for (const nlohmann::json* v = &document; v->is_array() && !v->empty(); v = &(*v)[0]) ++depth;
+  EXPECT_EQ(depth, half - 1);
 }
 
 // The document a Consumer hands its handler: the payload's parse when the id came from
@@ -217,7 +227,7 @@ TEST(MessageId, TheDocumentIsKeptOnlyWhenTheJsonSourceParsedThePayload) {
 
   // A valid payload just over the limit keeps no document; the id is read all the same.
   m.user_properties.clear();
-  m.payload = R"({"message_id":"a-1","pad":")" + std::string(kMaxDocumentPayloadBytes, 'x') +
+  m.payload = R"({"message_id":"a-1","pad":")" + std::string(MessageIdOptions{}.json_document_max_bytes, 'x') +
               R"("})";
   ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
   EXPECT_EQ(id, "a-1");
@@ -238,9 +248,28 @@ TEST(MessageId, TheDocumentIsWhatParseReads) {
                     R"("e":"\u00e9\n\"\\","n":-0.0,"big":1e300,"empty":{},"list":[]})"),
         std::string(R"({"message_id":"d-2","dup":1,"dup":[2],"dup":{"last":true}})"),
         std::string(R"({"message_id":"d-3"})")}) {
-    const Result r = extract(p);  // compares the document with parse(p)
+    const Result r = extract(p);  // compares the document with parse(p) when one is built
     EXPECT_TRUE(r.ok) << r.why;
+    Message m;
+    m.payload = p;
+    nlohmann::json document;
+    std::string id, why;
+    DeadLetterReason reason{};
+    ASSERT_TRUE(extract_message_id(m, {}, &id, &reason, &why, &document)) << why;
+    ASSERT_FALSE(document.is_discarded()) << p;  // one was built
+    EXPECT_EQ(document, nlohmann::json::parse(p));
   }
+  // json_document_max_bytes 0: the id is read, no document is built.
+  MessageIdOptions none;
+  none.json_document_max_bytes = 0;
+  Message m;
+  m.payload = R"({"message_id":"d-4","a":1})";
+  nlohmann::json document;
+  std::string id, why;
+  DeadLetterReason reason{};
+  ASSERT_TRUE(extract_message_id(m, none, &id, &reason, &why, &document)) << why;
+  EXPECT_EQ(id, "d-4");
+  EXPECT_TRUE(document.is_discarded());
 }
 
 // A number the parser cannot hold is refused the same way by both readings.

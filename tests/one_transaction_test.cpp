@@ -102,7 +102,7 @@ TEST_F(OneTransactionTest, FirstDeliveryIsOneCommitAndOneFsync) {
 }
 
 // The connection that runs messages has applied no schema step: a step that renames a
-// table (ALTER TABLE ... RENAME, steps 7 and 9) opens the connection's TEMP database, and
+// table (ALTER TABLE ... RENAME, steps 5, 7 and 9) opens the connection's TEMP database, and
 // every later BEGIN IMMEDIATE would then open and commit a write transaction there too.
 // PRAGMA database_list names 'temp' once it is open.
 TEST_F(OneTransactionTest, MessagesRunOnAConnectionWithoutATempDatabase) {

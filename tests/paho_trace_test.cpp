@@ -1,7 +1,8 @@
 // Paho C's trace, process-wide (connection.h): the library turns Paho's always-on
-// in-memory trace down to errors when it makes its first client (about a quarter of the
-// receive thread's CPU per message, docs/benchmarks.md), and leaves it alone when the user
-// asks Paho for its trace with MQTT_C_CLIENT_TRACE. Each case runs a consumer as a child
+// in-memory trace down to errors when it makes its first client (about a sixth of the
+// receive thread's instructions per message, docs/benchmarks.md), and leaves it alone
+// when the user asks Paho for its trace with MQTT_C_CLIENT_TRACE or
+// MQTT_C_CLIENT_TRACE_LEVEL. Each case runs a consumer as a child
 // process (support/paho_trace_child.cpp), so that the process-wide setting starts fresh,
 // against a real mosquitto, with real messages.
 #include <sys/wait.h>
@@ -72,6 +73,14 @@ TEST_F(PahoTraceTest, MqttCClientTraceKeepsPahosOwnLevel) {
   for (char c : text) lines += c == '\n';
   EXPECT_GT(lines, 100u) << text.substr(0, 2000);
   EXPECT_NE(text.find("MQTTAsync_"), std::string::npos) << text.substr(0, 2000);
+}
+
+// MQTT_C_CLIENT_TRACE_LEVEL alone (no file) selects what a trace callback receives: the
+// library leaves that to Paho too, and the callback gets Paho's protocol lines.
+TEST_F(PahoTraceTest, MqttCClientTraceLevelKeepsPahosOwnLevel) {
+  const std::string out = run_child(5, {"MQTT_C_CLIENT_TRACE_LEVEL=PROTOCOL"});
+  EXPECT_NE(out.find("below_error="), std::string::npos) << out;
+  EXPECT_EQ(out.find("below_error=0 "), std::string::npos) << out;
 }
 
 }  // namespace

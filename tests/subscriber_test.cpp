@@ -26,7 +26,7 @@ TEST(TopicMatch, FollowsMqttRules) {
   EXPECT_TRUE(topic_matches("a/+/c", "a/b/c"));
   EXPECT_FALSE(topic_matches("a/+/c", "a/b/d"));
   EXPECT_FALSE(topic_matches("a/#", "b/a"));
-  EXPECT_TRUE(topic_matches("+", ""));  // one empty level
+  EXPECT_TRUE(topic_matches("+/+", "/"));  // two empty levels
   EXPECT_FALSE(topic_matches("+", "a/b"));
   EXPECT_TRUE(topic_matches("a/b/#", "a/b"));
   EXPECT_FALSE(topic_matches("a/b/c", "a/b"));

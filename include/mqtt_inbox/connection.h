@@ -13,11 +13,11 @@
 // Paho's trace, process-wide: when the library makes its first Paho client, it sets
 // Paho C's trace level to MQTTASYNC_TRACE_ERROR (MQTTAsync_setTraceLevel). At Paho's
 // default level every function entry and exit and every packet is written to an
-// in-memory ring that nothing reads, about a quarter of the CPU a QoS 1 message costs
-// on the receive thread (docs/benchmarks.md). Set MQTT_C_CLIENT_TRACE (Paho's own
-// switch, with MQTT_C_CLIENT_TRACE_LEVEL) to keep Paho's levels and get its trace; an
-// application with its own MQTTAsync_setTraceCallback sets its level after the
-// library's first client is made.
+// in-memory ring that nothing reads, about a sixth of the instructions a QoS 1 message
+// costs on the receive thread (docs/benchmarks.md). Set MQTT_C_CLIENT_TRACE or
+// MQTT_C_CLIENT_TRACE_LEVEL (Paho's own switches) to keep Paho's levels and get its
+// trace; an application with its own MQTTAsync_setTraceCallback and no such variable
+// sets its level after the library's first client is made.
 #pragma once
 
 #include <cstdint>

@@ -157,7 +157,7 @@ enum class IdDisagreement {
 // Where the producer-assigned message id comes from. Sources are tried in this order; the
 // first source that is present decides (a present but invalid id is dead-lettered as
 // invalid_id, it does not fall through to the next source). When the user property is
-// present, the JSON field is read too (a SAX parse of the payload) and must agree
+// present, the JSON field is read too (the payload is parsed) and must agree
 // (on_disagreement).
 struct MessageIdOptions {
   // 1. An MQTT 5 user property with this name. Default "message-id". Empty disables.
@@ -172,6 +172,14 @@ struct MessageIdOptions {
   size_t max_id_bytes = 256;
   // User property and JSON field both present with different ids. Default kDeadLetter.
   IdDisagreement on_disagreement = IdDisagreement::kDeadLetter;
+  // Payloads up to this many bytes that the JSON field is read from are parsed into a
+  // document in the same pass, which the handler gets as Delivery::payload_json, so a
+  // JSON payload is parsed once per message instead of twice (payload_json.h). Longer
+  // payloads, and every payload with 0, are read without building one (memory bounded by
+  // the nesting depth instead of a few times the payload, up to ~32x for pathological
+  // nesting: 2 MiB at the default). Default 64 KiB. Set 0 for handlers that do not read
+  // JSON (a document nobody reads costs about a quarter more than the reading alone).
+  size_t json_document_max_bytes = 64 * 1024;
 };
 
 // What a consumer does with a retained message (Message::retain set: the broker sent a
