@@ -18,7 +18,7 @@
 //
 //   handwritten_consumer --broker URI --topic T --client-id C --db F --count N
 //                        [--sync full|normal] [--phase setup|run] [--label L]
-//                        [--ready-file F] [--keep] [--crash-after-commit ID]
+//                        [--ready-file F] [--keep] [--crash-after-commit ID] [--synthetic]
 // --phase setup: connect with a persistent session, subscribe, disconnect.
 // --phase run: consume until --count messages committed (or seen as duplicates), print one
 //   JSON line (the bench_util Drain figures) and a summary; with --count 0, run until
@@ -29,11 +29,12 @@
 //   inside Paho's callback and nothing else. No consumer that commits in the callback (the
 //   PUBACK after the commit) can drain faster on the machine: scripts/bench.sh measures it
 //   as the "Paho limit" beside the raw loop. Not exactly-once (the id is not the
-//   message's); a benchmark reference only.
+//   message's); a benchmark reference only. Every delivery must commit (a generated id
+//   that conflicts would skip the commit and its fsync, and flatter the limit): it aborts
+//   if one does not, and takes neither --keep nor --count 0.
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <mqtt/async_client.h>
 
-#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
   app.add_flag("--synthetic", synthetic, "Commit generated ids, not the payload's (see the header)");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = "handwritten_" + sync;
+  if (synthetic && (keep || count <= 0)) {
+    std::fprintf(stderr, "--synthetic takes a --count > 0 and no --keep\n");
+    return 2;
+  }
 
   auto connect_opts = mqtt::connect_options_builder()
                           .mqtt_version(MQTTVERSION_3_1_1)
@@ -167,21 +172,28 @@ int main(int argc, char** argv) {
   const std::vector<std::string> synthetic_accounts = {"acct-0", "acct-1", "acct-2", "acct-3",
                                                        "acct-4", "acct-5", "acct-6", "acct-7",
                                                        "acct-8", "acct-9"};
+  std::mt19937_64 synthetic_rng(42);
   if (synthetic) {
-    std::mt19937_64 rng(42);
-    synthetic_ids.reserve(static_cast<size_t>(count > 0 ? count : 1));
-    for (int i = 0; i < std::max(count, 1); ++i) synthetic_ids.push_back(bench::uuid_like(rng));
+    synthetic_ids.reserve(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i) synthetic_ids.push_back(bench::uuid_like(synthetic_rng));
   }
   size_t next_synthetic = 0;
   mqtt::async_client cli(broker, client_id, mqtt::create_options(MQTTVERSION_3_1_1), nullptr);
   cli.set_message_callback([&](mqtt::const_message_ptr m) {
     if (synthetic) {
       const size_t i = next_synthetic++;
+      // More deliveries than --count (none in a drain): a new id each, never a repeat.
+      if (i >= synthetic_ids.size()) synthetic_ids.push_back(bench::uuid_like(synthetic_rng));
+      bool committed = false;
       try {
-        store.apply(synthetic_ids[i % synthetic_ids.size()], synthetic_accounts[i % 10],
-                    static_cast<int64_t>(i % 1000) + 1);
+        committed = store.apply(synthetic_ids[i], synthetic_accounts[i % 10],
+                                static_cast<int64_t>(i % 1000) + 1);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "handwritten --synthetic: store error: %s\n", e.what());
+        std::abort();
+      }
+      if (!committed) {
+        std::fprintf(stderr, "handwritten --synthetic: id %zu conflicted; nothing committed\n", i);
         std::abort();
       }
       ++processed;

@@ -9,7 +9,7 @@
 # build-bench, starts its own mosquitto brokers on free 127.0.0.1 ports (persistence on,
 # max_queued_messages 0: nothing is dropped; one with the default in-flight window of 20,
 # one with 100), runs every measurement interleaved so that drift hits all of them alike,
-# prints the three-way table (library vs hand-written consumer vs minimal raw transaction,
+# prints the comparison table (library vs hand-written consumer vs the Paho limit vs minimal raw transaction,
 # medians of R rounds) and the other figures, and stops everything it started.
 # Every result is one JSON object per line, collected in --out
 # (default build-bench/bench-results.jsonl).
@@ -21,7 +21,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-bench}
 N=20000            # messages per throughput run (drain and live)
-ROUNDS=5           # interleaved rounds of the three-way comparison (medians are reported)
+ROUNDS=8           # interleaved rounds of the comparison (medians; a multiple of 4 runs each order alike)
 LAT_COUNT=3000     # messages of each latency run at 200 msg/s (15 s)
 PREFILL=10000000   # retained ids for the scale test
 SCALE_N=3000       # messages of each FULL scale run
@@ -29,12 +29,12 @@ WEAR_N=2000        # messages of each flash-wear run (FULL)
 SKIP_SCALE=0
 SKIP_MICRO=0
 SKIP_EXTRA=0       # live runs, latency, window sweep
-SYNCS="full normal"  # synchronous modes of the three-way comparison
+SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) N=2000; LAT_COUNT=600; PREFILL=1000000; SCALE_N=600; WEAR_N=400; shift ;;
+    --quick) N=2000; ROUNDS=4; LAT_COUNT=600; PREFILL=1000000; SCALE_N=600; WEAR_N=400; shift ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
@@ -241,7 +241,7 @@ quiet_disk() { sync; }
 
 echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK out=$OUT"
 
-# --- 1: the three-way comparison (issue 14), interleaved rounds ---------------------------
+# --- 1: the comparison (issue 14): four consumers in interleaved rounds -------------------
 # Per round and per synchronous mode: the minimal raw transaction (in-process, no MQTT), the
 # hand-written consumer (bench/handwritten_consumer.cpp) and the library (Inbox + Consumer +
 # Subscriber with the ledger example's handler, library defaults), each draining N queued
@@ -250,10 +250,11 @@ echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK ou
 # the payload not even read), is the fastest any consumer that commits before its PUBACK
 # can drain through Paho here: what the raw loop does not pay is Paho's work between two
 # callbacks (the PUBACK, the next PUBLISH's receipt), docs/benchmarks.md.
-# The order of the four rotates from round to round, so that none of them always runs
-# first, or always right after the same other one.
+# The order changes from round to round along a balanced Latin square: over 4 rounds each
+# of the four runs once in each position and once right after each of the other three,
+# so that disk drift and what the previous run left behind hit all of them alike.
 RAW_MIN=(--shape minimal)
-three_way_run() {  # three_way_run WHICH SYNC
+comparison_run() {  # comparison_run WHICH SYNC
   case $1 in
     raw)
       quiet_disk
@@ -264,13 +265,13 @@ three_way_run() {  # three_way_run WHICH SYNC
     inbox) consume inbox "$2" drain "inbox_${2}_drain" "$N" 0 ;;
   esac
 }
-ORDERS=("raw limit hand inbox" "limit hand inbox raw" "hand inbox raw limit"
-        "inbox raw limit hand")
+ORDERS=("raw limit inbox hand" "limit hand raw inbox" "hand inbox limit raw"
+        "inbox raw hand limit")
 for ROUND in $(seq 1 "$ROUNDS"); do
   order=${ORDERS[$(((ROUND - 1) % 4))]}
   for sync in $SYNCS; do
     stage "round $ROUND: $sync: ${order// /, }"
-    for which in $order; do three_way_run "$which" "$sync"; done
+    for which in $order; do comparison_run "$which" "$sync"; done
   done
 done
 ROUND=0
@@ -366,7 +367,7 @@ stage ""
 # --- summary ------------------------------------------------------------------------------
 lab() { echo "\"label\":\"$1\""; }
 echo
-echo "== three-way comparison and the Paho limit: drain of N=$N queued credits, median of $ROUNDS interleaved rounds"
+echo "== comparison (issue 14): drain of N=$N queued credits, median of $ROUNDS interleaved rounds"
 echo "   (÷ raw = median over rounds of the ratio within the round; WAL = bytes SQLite wrote to"
 echo "   the WAL through the counting VFS, frame headers included, per message; frames = WAL"
 echo "   bytes / (page size + 24); fsync = WAL + database syncs per message)"
