@@ -26,9 +26,9 @@
 // --crash-after-commit ID: SIGKILL itself after ID's commit, before the callback returns.
 // --synthetic: the callback ignores the payload and commits the same transaction for a
 //   generated id (random UUIDs as bench_raw_sqlite's, accounts round-robin): the raw loop
-//   inside Paho's callback and nothing else. No consumer that commits in the callback (the
-//   PUBACK after the commit) can drain faster on the machine: scripts/bench.sh measures it
-//   as the "Paho limit" beside the raw loop. Not exactly-once (the id is not the
+//   inside Paho's callback and nothing else: the least work a consumer that commits in the
+//   callback (the PUBACK after the commit) can do. scripts/bench.sh measures it as the
+//   "Paho limit" beside the raw loop. Not exactly-once (the id is not the
 //   message's); a benchmark reference only. Every delivery must commit (a generated id
 //   that conflicts would skip the commit and its fsync, and flatter the limit): it aborts
 //   if one does not, and takes neither --keep nor --count 0.

@@ -247,9 +247,9 @@ echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK ou
 # Subscriber with the ledger example's handler, library defaults), each draining N queued
 # credits; the clock runs from 5 % of the stream to its end. A fourth reference, the Paho
 # limit (handwritten_consumer --synthetic: the raw transaction in Paho's message callback,
-# the payload not even read), is the fastest any consumer that commits before its PUBACK
-# can drain through Paho here: what the raw loop does not pay is Paho's work between two
-# callbacks (the PUBACK, the next PUBLISH's receipt), docs/benchmarks.md.
+# the payload not even read), is the least work a consumer that commits before its PUBACK
+# through Paho can do: what the raw loop does not pay is Paho's work between two callbacks
+# (the PUBACK, the next PUBLISH's receipt), docs/benchmarks.md.
 # The order changes from round to round along a balanced Latin square: over 4 rounds each
 # of the four runs once in each position and once right after each of the other three,
 # so that disk drift and what the previous run left behind hit all of them alike.
