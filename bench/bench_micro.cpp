@@ -124,9 +124,11 @@ BENCHMARK(BM_ClaimDuplicate)->ArgName("full")->Arg(1)->Arg(0)->Unit(benchmark::k
 
 namespace {
 
-// Console output plus one JSON object per result line on stdout.
+// Console output plus one JSON object per result line on stdout. No colour: the output
+// goes to a log (ConsoleReporter's default turns colour on whatever --benchmark_color says).
 class JsonLinesReporter : public benchmark::ConsoleReporter {
  public:
+  JsonLinesReporter() : ConsoleReporter(OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {

@@ -132,7 +132,9 @@ int main(int argc, char** argv) {
   app.add_option("--vfs", vfs, "SQLite VFS: counting (measures writes) or default ('')");
   app.add_flag("--keep", keep, "Keep an existing database (restarts in the crash test)");
   app.add_option("--crash-after-commit", crash_after_commit, "Test switch, see the header");
-  app.add_flag("--synthetic", synthetic, "Commit generated ids, not the payload's (see the header)");
+  app.add_flag("--synthetic", synthetic,
+               "Commit generated ids, ignoring the payload: the Paho limit (needs --count > 0, "
+               "no --keep; see the header)");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = "handwritten_" + sync;
   if (synthetic && (keep || count <= 0)) {

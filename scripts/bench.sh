@@ -186,6 +186,7 @@ rratios() {  # rratios LABEL_A LABEL_B: msgs_per_s of A / of B per round, one a 
   done
 }
 rmed() { rratios "$1" "$2" | median; }
+r3() { printf '%.3f' "$(rmed "$1" "$2")"; }  # r3 LABEL_A LABEL_B: rmed to 3 decimals
 # rspread LABEL_A LABEL_B: the per-round ratios' quartiles and how many rounds reach 1:
 # "q1 0.93 .. q3 1.05, 5 of 9 rounds >= 1". Disks and shared hosts move single rounds by
 # +-15 %; a median with its quartiles says how far to trust it.
@@ -370,8 +371,10 @@ echo
 echo "== comparison (issue 14): drain of N=$N queued credits, median of $ROUNDS interleaved rounds"
 echo "   (÷ raw = median over rounds of the ratio within the round; WAL = bytes SQLite wrote to"
 echo "   the WAL through the counting VFS, frame headers included, per message; frames = WAL"
-echo "   bytes / (page size + 24); fsync = WAL + database syncs per message)"
-printf '  %-37s %6s %9s %7s %9s %7s %6s %6s\n' consumer sync "msg/s" "÷ raw" "WAL B" "÷ min" frames fsync
+echo "   bytes / (page size + 24); fsync = WAL + database syncs per message; ÷ Paho = the median"
+echo "   ratio to the Paho limit, the raw transaction in Paho's callback with nothing else)"
+printf '  %-37s %6s %9s %7s %8s %9s %7s %6s %6s\n' consumer sync "msg/s" "÷ raw" "÷ Paho" "WAL B" \
+  "÷ min" frames fsync
 for sync in $SYNCS; do
   RAWB=$(jmed "$(lab "raw_min_$sync")" vfs_wal_bytes_per_msg)
   for pair in "raw_min_$sync:minimal raw transaction (no MQTT)" \
@@ -380,22 +383,23 @@ for sync in $SYNCS; do
               "inbox_${sync}_drain:mqtt-inbox (library defaults)"; do
     l=${pair%%:*}
     name=${pair#*:}
-    printf '  %-37s %6s %9.0f %7.3f %9.0f %7s %6.2f %6.2f\n' "$name" "$sync" \
-      "$(jmed "$(lab "$l")" msgs_per_s)" "$(rmed "$l" "raw_min_$sync")" \
+    paho="-"
+    [[ $l != raw_min_* ]] && paho=$(printf '%.3f' "$(rmed "$l" "paho_limit_$sync")")
+    printf '  %-37s %6s %9.0f %7.3f %8s %9.0f %7s %6.2f %6.2f\n' "$name" "$sync" \
+      "$(jmed "$(lab "$l")" msgs_per_s)" "$(rmed "$l" "raw_min_$sync")" "$paho" \
       "$(jmed "$(lab "$l")" vfs_wal_bytes_per_msg)" \
       "$(ratio "$(jmed "$(lab "$l")" vfs_wal_bytes_per_msg)" "$RAWB")" \
       "$(jmed "$(lab "$l")" vfs_wal_frames_per_msg)" "$(jmed "$(lab "$l")" fsyncs_per_msg)"
   done
 done
 for sync in $SYNCS; do
-  echo "  $sync: inbox / hand-written $(rmed "inbox_${sync}_drain" "hand_$sync")" \
+  echo "  $sync: inbox / hand-written $(r3 "inbox_${sync}_drain" "hand_$sync")" \
     "(goal >= 1; $(rspread "inbox_${sync}_drain" "hand_$sync")),"
-  echo "        inbox / raw $(rmed "inbox_${sync}_drain" "raw_min_$sync")" \
-    "$([[ $sync == full ]] && echo '(goal >= 0.8, aim 0.9)')," \
-    "hand-written / raw $(rmed "hand_$sync" "raw_min_$sync")"
-  echo "        Paho limit / raw $(rmed "paho_limit_$sync" "raw_min_$sync")," \
-    "inbox / Paho limit $(rmed "inbox_${sync}_drain" "paho_limit_$sync")," \
-    "hand-written / Paho limit $(rmed "hand_$sync" "paho_limit_$sync")"
+  echo "        inbox / raw $(r3 "inbox_${sync}_drain" "raw_min_$sync")$([[ $sync == full ]] &&
+    echo ' (goal >= 0.8, aim 0.9)'), hand-written / raw $(r3 "hand_$sync" "raw_min_$sync")"
+  echo "        Paho limit / raw $(r3 "paho_limit_$sync" "raw_min_$sync")," \
+    "inbox / Paho limit $(r3 "inbox_${sync}_drain" "paho_limit_$sync")," \
+    "hand-written / Paho limit $(r3 "hand_$sync" "paho_limit_$sync")"
   echo "    per round, msg/s raw / Paho limit / hand-written / inbox (inbox ÷ hand-written):"
   for r in $(seq 1 "$ROUNDS"); do
     v=()
