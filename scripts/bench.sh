@@ -9,8 +9,9 @@
 # build-bench, starts its own mosquitto brokers on free 127.0.0.1 ports (persistence on,
 # max_queued_messages 0: nothing is dropped; one with the default in-flight window of 20,
 # one with 100), runs every measurement interleaved so that drift hits all of them alike,
-# prints the comparison table (library vs hand-written consumer vs the Paho limit vs minimal raw transaction,
-# medians of R rounds) and the other figures, and stops everything it started.
+# prints the comparison table (library vs hand-written consumer vs the Paho limit vs the
+# minimal raw transaction, medians of R rounds) and the other figures, and stops everything
+# it started.
 # Every result is one JSON object per line, collected in --out
 # (default build-bench/bench-results.jsonl).
 #
