@@ -385,7 +385,7 @@ for sync in $SYNCS; do
     l=${pair%%:*}
     name=${pair#*:}
     paho="-"
-    [[ $l != raw_min_* ]] && paho=$(printf '%.3f' "$(rmed "$l" "paho_limit_$sync")")
+    [[ $l != raw_min_* ]] && paho=$(r3 "$l" "paho_limit_$sync")
     printf '  %-37s %6s %9.0f %7.3f %8s %9.0f %7s %6.2f %6.2f\n' "$name" "$sync" \
       "$(jmed "$(lab "$l")" msgs_per_s)" "$(rmed "$l" "raw_min_$sync")" "$paho" \
       "$(jmed "$(lab "$l")" vfs_wal_bytes_per_msg)" \
