@@ -27,8 +27,9 @@
 // What it reports comes from health sources: small functions, each returning a
 // ServiceHealth snapshot of one part of the application. health_source() adapts a
 // Consumer, a StoreThenProcess and a Subscriber (their health() and counters(), which
-// never wait for the store or for Paho's lock); an application adds its own for
-// anything else it waits on (a start-up wait for the store, a serial link).
+// never wait for the store or for Paho's lock), startup_health_source() the store's
+// start-up waits; an application adds its own for anything else it waits on (a serial
+// link).
 //
 // Stuck time is measured by the notifier on the monotonic clock, from the first tick that
 // saw a source stuck until the first tick that sees it not stuck, so a wall-clock jump

@@ -43,6 +43,12 @@ endfunction()
 # dpkg database, as a list: its name, then the names it Provides (a shlibs file may name
 # one of those: libspdlog1.10 provides libspdlog1.10-fmt9); "" if no package ships it.
 function(mqtt_inbox_package_of soname ma out)
+  get_property(cached GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}" SET)
+  if(cached)  # three programs need mostly the same libraries
+    get_property(names GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}")
+    set(${out} "${names}" PARENT_SCOPE)
+    return()
+  endif()
   set(names "")
   foreach(dir "/lib/${ma}" "/usr/lib/${ma}" "/lib" "/usr/lib")
     if(EXISTS "${dir}/${soname}")
@@ -60,6 +66,7 @@ function(mqtt_inbox_package_of soname ma out)
       endif()
     endif()
   endforeach()
+  set_property(GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}" "${names}")
   set(${out} "${names}" PARENT_SCOPE)
 endfunction()
 
