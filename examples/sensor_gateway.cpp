@@ -10,8 +10,10 @@
 // Topic: sensors/<device>/reading. Payload: {"message_id": "...", "value": 21.5}
 // (the id may also come in the MQTT 5 user property "message-id").
 // It connects only once the store is ready (start-up waits while the database is locked
-// or the disk is full, up to --startup-deadline-ms). SIGINT/SIGTERM stop it cleanly; it
-// then prints one summary line. Exit codes: exit_codes.h.
+// or the disk is full, up to --startup-deadline-ms; under systemd STATUS= says so, see
+// service_frame.h). SIGINT/SIGTERM stop it cleanly; it then prints one summary line. A
+// broker that refuses it for --refused-limit-ms (10 min) ends it with exit 7. Exit codes:
+// exit_codes.h.
 #include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <nlohmann/json.hpp>

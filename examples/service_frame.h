@@ -28,8 +28,8 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -39,8 +39,8 @@
 namespace service_frame {
 
 struct Options {
-  std::string log_name;               // the logger's name (journal SYSLOG_IDENTIFIER)
-  std::string log_level = "info";     // trace|debug|info|warn|error
+  std::string log_name;            // the logger's name (journal SYSLOG_IDENTIFIER)
+  std::string log_level = "info";  // trace|debug|info|warn|error
   int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
   int64_t refused_limit_ms = 600000;  // --refused-limit-ms; 0 = retry for ever
 };
@@ -164,9 +164,10 @@ class Frame {
           refusal_ = "the broker refused this client for " +
                      std::to_string(options_.refused_limit_ms / 1000) +
                      " s, every attempt: " + h.last_error;
-          log_->critical("{}; giving up (exit {}): fix the credentials, the client id or "
-                         "the CA, then start the service again",
-                         refusal_, static_cast<int>(examples::kExitRefused));
+          log_->critical(
+              "{}; giving up (exit {}): fix the credentials, the client id or "
+              "the CA, then start the service again",
+              refusal_, static_cast<int>(examples::kExitRefused));
           return examples::kExitRefused;
         }
       }

@@ -143,9 +143,9 @@ struct ServiceNotifier::Impl {
   mutable std::vector<std::optional<SteadyClock::time_point>> stuck_seen;
 
   struct Snapshot {
-    std::string status;         // without the phase prefix
-    bool stuck = false;         // some source is stuck (seen by this tick or earlier)
-    int64_t stuck_ms = 0;       // longest continuous stuck time of any source
+    std::string status;    // without the phase prefix
+    bool stuck = false;    // some source is stuck (seen by this tick or earlier)
+    int64_t stuck_ms = 0;  // longest continuous stuck time of any source
     bool over_limit = false;
   };
 

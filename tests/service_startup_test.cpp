@@ -17,16 +17,14 @@
 //                                           (TLS, untrusted CA); a broker that is merely
 //                                           down is not a refusal
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <mqtt_inbox/service_notifier.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <csignal>
 #include <fstream>
-
-#include <mqtt_inbox/service_notifier.h>
 
 #include "support/example_fixture.h"
 #include "support/notify_socket.h"
@@ -66,16 +64,41 @@ class ServiceStartupTest : public ::testing::Test {
   }
 
   std::vector<std::string> ledger(const std::string& db, const std::string& version = "5") {
-    return {built_program("ledger_consumer"), "--broker", broker_.uri(), "--client-id",
-            client_id_, "--topic", "credits/#", "--db", db, "--mqtt-version", version};
+    return {built_program("ledger_consumer"),
+            "--broker",
+            broker_.uri(),
+            "--client-id",
+            client_id_,
+            "--topic",
+            "credits/#",
+            "--db",
+            db,
+            "--mqtt-version",
+            version};
   }
   std::vector<std::string> events(const std::string& db) {
-    return {built_program("event_consumer"), "--broker", broker_.uri(), "--client-id",
-            client_id_, "--topic", "events/#", "--db", db, "--mqtt-version", "5"};
+    return {built_program("event_consumer"),
+            "--broker",
+            broker_.uri(),
+            "--client-id",
+            client_id_,
+            "--topic",
+            "events/#",
+            "--db",
+            db,
+            "--mqtt-version",
+            "5"};
   }
   std::vector<std::string> gateway(const std::string& db) {
-    return {built_program("sensor_gateway"), "--broker", broker_.uri(), "--client-id",
-            client_id_, "--db", db, "--mqtt-version", "5"};
+    return {built_program("sensor_gateway"),
+            "--broker",
+            broker_.uri(),
+            "--client-id",
+            client_id_,
+            "--db",
+            db,
+            "--mqtt-version",
+            "5"};
   }
 
   std::string log_path() const { return dir_.file("service.log"); }
@@ -312,7 +335,7 @@ TEST_F(ServiceStartupTest, BrokerRefusingTheClientEndsWithExit7) {
 TEST_F(ServiceStartupTest, UntrustedBrokerCertificateEndsWithExit7) {
   TestPki pki;
   Broker tls(Broker::Config{}, {"cafile " + pki.ca_cert() + "\ncertfile " + pki.server_cert() +
-                                    "\nkeyfile " + pki.server_key() + "\nallow_anonymous true\n"});
+                                "\nkeyfile " + pki.server_key() + "\nallow_anonymous true\n"});
   auto argv = gateway(dir_.file("sensors.db"));
   argv[2] = "ssl://127.0.0.1:" + std::to_string(tls.listener_port(0));
   argv.insert(argv.end(), {"--cafile", pki.untrusted_ca_cert(), "--refused-limit-ms", "3000"});
