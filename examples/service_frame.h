@@ -97,7 +97,6 @@ class Frame {
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-    signals_ = std::thread([this, stop] { read_signals(stop); });
 
     mqtt_inbox::ServiceNotifierOptions service;
     service.stuck_limit_ms = o.stuck_limit_ms;
@@ -106,6 +105,8 @@ class Frame {
       log_->error("{}", s.to_string());
       return examples::kExitFailed;
     }
+    // After notifier_ is set: the signal thread reads it.
+    signals_ = std::thread([this, stop] { read_signals(stop); });
     (void)notifier_->add_source(mqtt_inbox::startup_health_source(&startup_progress_));
     (void)notifier_->start();  // STATUS=starting, and the start-up waits from here on
     return examples::kExitOk;
