@@ -18,23 +18,63 @@
 
 set(MQTT_INBOX_SERVICE_LIBEXECDIR "${CMAKE_INSTALL_LIBEXECDIR}/mqtt-inbox")
 
-if(TARGET ledger_consumer AND TARGET sensor_gateway)
+# Whether the service package is made. Its units are Type=notify with WatchdogSec=: a
+# program built without libsystemd never sends READY=1, so systemd would time its start
+# out and restart it in a loop; and a package whose Depends dpkg-shlibdeps did not compute
+# installs programs that do not load on a fresh machine. Neither combination is packaged:
+# AUTO leaves the service package out (saying why), ON stops the configure.
+set(MQTT_INBOX_PACKAGE_SERVICE AUTO CACHE STRING
+  "Make the mqtt-inbox service .deb (programs + Type=notify units): AUTO, ON or OFF")
+set_property(CACHE MQTT_INBOX_PACKAGE_SERVICE PROPERTY STRINGS AUTO ON OFF)
+set(_mqtt_inbox_no_service "")
+if(MQTT_INBOX_PACKAGE_SERVICE STREQUAL "OFF")
+  set(_mqtt_inbox_no_service "MQTT_INBOX_PACKAGE_SERVICE=OFF")
+elseif(NOT (TARGET ledger_consumer AND TARGET sensor_gateway AND TARGET mqtt_inbox_cli))
+  set(_mqtt_inbox_no_service "the example consumers or the admin tool are not built")
+elseif(NOT MQTT_INBOX_HAVE_LIBSYSTEMD)
+  set(_mqtt_inbox_no_service
+    "built without libsystemd, so the programs cannot send READY=1 to the Type=notify units "
+    "(install libsystemd-dev; for a cross build libsystemd-dev:${CPACK_DEBIAN_PACKAGE_ARCHITECTURE})")
+elseif(NOT CPACK_DEBIAN_PACKAGE_SHLIBDEPS)
+  set(_mqtt_inbox_no_service
+    "dpkg-shlibdeps cannot compute the programs' runtime Depends here (it needs dpkg-dev "
+    "and, for a cross build, Debian multiarch: docs/cross-compiling.md)")
+endif()
+if(_mqtt_inbox_no_service STREQUAL "")
+  set(MQTT_INBOX_SERVICE_PACKAGE ON)
+else()
+  set(MQTT_INBOX_SERVICE_PACKAGE OFF)
+  string(CONCAT _mqtt_inbox_no_service ${_mqtt_inbox_no_service})
+  if(MQTT_INBOX_PACKAGE_SERVICE STREQUAL "ON")
+    message(FATAL_ERROR "MQTT_INBOX_PACKAGE_SERVICE=ON, but the service package cannot be "
+                        "made: ${_mqtt_inbox_no_service}")
+  elseif(MQTT_INBOX_PACKAGE_SERVICE STREQUAL "AUTO")
+    message(WARNING "mqtt-inbox: cpack makes libmqtt-inbox-dev only, no service package: "
+                    "${_mqtt_inbox_no_service}")
+  endif()
+endif()
+
+if(MQTT_INBOX_SERVICE_PACKAGE)
   install(TARGETS ledger_consumer sensor_gateway
     RUNTIME DESTINATION ${MQTT_INBOX_SERVICE_LIBEXECDIR} COMPONENT service)
+  install(FILES
+      ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox-ledger-consumer.service
+      ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox-sensor-gateway.service
+    DESTINATION lib/systemd/system COMPONENT service)
+  install(FILES ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox.sysusers.conf
+    DESTINATION lib/sysusers.d RENAME mqtt-inbox.conf COMPONENT service)
+  install(FILES
+      ${PROJECT_SOURCE_DIR}/examples/systemd/ledger-consumer.env
+      ${PROJECT_SOURCE_DIR}/examples/systemd/sensor-gateway.env
+    DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/mqtt-inbox/examples COMPONENT service)
 endif()
-install(FILES
-    ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox-ledger-consumer.service
-    ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox-sensor-gateway.service
-  DESTINATION lib/systemd/system COMPONENT service)
-install(FILES ${PROJECT_SOURCE_DIR}/examples/systemd/mqtt-inbox.sysusers.conf
-  DESTINATION lib/sysusers.d RENAME mqtt-inbox.conf COMPONENT service)
-install(FILES
-    ${PROJECT_SOURCE_DIR}/examples/systemd/ledger-consumer.env
-    ${PROJECT_SOURCE_DIR}/examples/systemd/sensor-gateway.env
-  DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/mqtt-inbox/examples COMPONENT service)
 
 set(CPACK_DEB_COMPONENT_INSTALL ON)
-set(CPACK_COMPONENTS_ALL dev service)
+if(MQTT_INBOX_SERVICE_PACKAGE)
+  set(CPACK_COMPONENTS_ALL dev service)
+else()
+  set(CPACK_COMPONENTS_ALL dev)
+endif()
 
 # libmqtt-inbox-dev: the library (CPACK_DEBIAN_PACKAGE_DEPENDS of the shared block, plus
 # libsystemd's .pc file, which the config and .pc files look for when it was built in).
@@ -47,8 +87,9 @@ endif()
 set(CPACK_DEBIAN_DEV_DESCRIPTION "${CPACK_PACKAGE_DESCRIPTION_SUMMARY}
 Headers, static and shared libraries, CMake package and pkg-config files of mqtt-inbox.")
 
-# mqtt-inbox: programs and units. Runtime libraries come from dpkg-shlibdeps (the
-# mqtt-inbox libraries themselves are linked statically into the programs).
+# mqtt-inbox: programs and units. Runtime libraries come from dpkg-shlibdeps, for every
+# architecture (the mqtt-inbox libraries themselves are linked statically into the
+# programs); tests/package/service_deb_test.cmake checks them against the programs' NEEDED.
 set(CPACK_DEBIAN_SERVICE_PACKAGE_NAME "mqtt-inbox")
 set(CPACK_DEBIAN_SERVICE_PACKAGE_SECTION "net")
 set(CPACK_DEBIAN_SERVICE_PACKAGE_DEPENDS "adduser")

@@ -1,8 +1,9 @@
-// consumer_service: the service frame the example consumers share (ledger_consumer,
-// event_consumer): their command-line flags, the log, the store with the program's
-// business tables, the Consumer, retention, the Subscriber, systemd notifications, and
-// the stop on SIGINT/SIGTERM with the exit codes of exit_codes.h. A program supplies its
-// tables and its handler; everything else behaves the same in every example.
+// consumer_service: what the example consumers share (ledger_consumer, event_consumer):
+// their command-line flags, the store with the program's business tables, the Consumer,
+// retention, the Subscriber, and, through service_frame.h (which sensor_gateway uses
+// too), the log, systemd notifications from before the store is opened, and the stop on
+// SIGINT/SIGTERM with the exit codes of exit_codes.h. A program supplies its tables and
+// its handler; everything else behaves the same in every example.
 //
 //   Flags (besides connection_flags.h's):
 //   --topic FILTER            topic filter to consume (required)
@@ -13,13 +14,13 @@
 //   --synchronous-normal      PRAGMA synchronous=NORMAL
 //   --startup-deadline-ms MS  give up (exit 4) if the store is not ready; 0 = wait
 //   --stop-timeout-ms MS      on SIGTERM, how long a message may still wait for the store
+//   --refused-limit-ms MS     exit 7 once the broker has refused this client this long
 #pragma once
 
 #include <mqtt_inbox/mqtt_inbox.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -27,6 +28,7 @@
 
 #include "connection_flags.h"
 #include "exit_codes.h"
+#include "service_frame.h"
 
 namespace consumer_service {
 
@@ -37,7 +39,25 @@ struct Flags {
   int64_t startup_deadline_ms = 0;
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
   int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
+  int64_t refused_limit_ms = service_frame::Options{}.refused_limit_ms;
 };
+
+// The frame options these flags give.
+inline service_frame::Options frame_options(const Flags& f, const std::string& log_name) {
+  service_frame::Options o;
+  o.log_name = log_name;
+  o.log_level = f.log_level;
+  o.stuck_limit_ms = f.stuck_limit_ms;
+  o.refused_limit_ms = f.refused_limit_ms;
+  return o;
+}
+
+// Adds --refused-limit-ms to `app`, parsed into `*ms`.
+inline void add_refused_limit(CLI::App& app, int64_t* ms) {
+  app.add_option("--refused-limit-ms", *ms,
+                 "Exit 7 once the broker has refused this client (credentials, CA, client "
+                 "id) this long without a success (ms); 0 = retry for ever");
+}
 
 // Adds the connection flags and the flags above to `app`, parsed into `*f` (which must
 // outlive app.parse()). f->consumer_name's initial value is the default of --consumer.
@@ -55,6 +75,7 @@ inline void add(CLI::App& app, Flags* f) {
                  "Give up (exit 4) if the store is not ready after this long; 0 = wait");
   app.add_option("--stop-timeout-ms", f->stop_timeout_ms,
                  "On SIGTERM, how long a message may still wait for the store (then exit 3)");
+  add_refused_limit(app, &f->refused_limit_ms);
 }
 
 class Service {
@@ -63,64 +84,52 @@ class Service {
   Service(std::string program, std::string log_name)
       : program_(std::move(program)), log_name_(std::move(log_name)) {}
 
-  // The log, the subscriber options, the stop signals blocked (before any thread starts,
-  // so only run()'s sigwait() sees them), then the store with the business tables, before
-  // anything connects. The store calls wait while it is locked or full (up to
-  // --startup-deadline-ms). Returns kExitOk, or the exit code for main() to return.
+  // The log, the stop signals, systemd's notifier in its start-up phase (service_frame.h),
+  // the subscriber options, then the store with the business tables, before anything
+  // connects. While the store is locked or full (up to --startup-deadline-ms) STATUS=
+  // says so and the start timeout is extended. Returns kExitOk, or the exit code for
+  // main() to return (STATUS= says why).
   int open(const Flags& f, const std::function<void(SQLite::Database&)>& create_tables) {
     flags_ = f;
-    // To the journal (with priorities and CONSUMER=/INBOX_MESSAGE_ID=) under systemd,
-    // else to stderr.
-    if (auto s = mqtt_inbox::make_service_logger(log_name_, {f.log_level, ""}, &log_); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.to_string().c_str());
-      return examples::kExitFailed;
-    }
-    if (auto s = connection_flags::to_subscriber_options(f.connection, &mqtt_); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
+    if (int rc = frame_.begin(frame_options(f, log_name_)); rc != examples::kExitOk) return rc;
+    log_ = frame_.log();
+    if (auto s = connection_flags::to_subscriber_options(f.connection, &mqtt_); !s.ok())
+      return frame_.fail(examples::kExitSubscriber, s);
     mqtt_.logger = log_;
     mqtt_.stop_timeout_ms = f.stop_timeout_ms;
 
-    sigemptyset(&stop_signals_);
-    sigaddset(&stop_signals_, SIGINT);
-    sigaddset(&stop_signals_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals_, nullptr);
-
     mqtt_inbox::InboxOptions store;
-    store.logger = log_;
+    frame_.store(&store);
     store.startup_deadline_ms = f.startup_deadline_ms;
     if (f.normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;
-    if (auto s = mqtt_inbox::Inbox::open(f.db_path, store, &inbox_); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::startup_exit_code(s);
-    }
-    if (auto s = inbox_->setup(create_tables); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::startup_exit_code(s);
-    }
+    if (auto s = mqtt_inbox::Inbox::open(f.db_path, store, &inbox_); !s.ok())
+      return frame_.fail(examples::startup_exit_code(s), s);
+    if (auto s = inbox_->setup(create_tables); !s.ok())
+      return frame_.fail(examples::startup_exit_code(s), s);
     return examples::kExitOk;
   }
+
+  // A start-up step of the program itself failed: STATUS= says why; returns `code`.
+  int fail(int code, const mqtt_inbox::Status& s) { return frame_.fail(code, s); }
 
   // After open(): the store, the subscriber options the flags gave, and the log.
   mqtt_inbox::Inbox* inbox() const { return inbox_.get(); }
   const mqtt_inbox::SubscriberOptions& subscriber_options() const { return mqtt_; }
   const std::shared_ptr<spdlog::logger>& log() const { return log_; }
 
-  // Runs the service until SIGINT/SIGTERM: the Consumer (`handler` runs inside the claim
-  // transaction), the Pruner, the Subscriber, then `started` (e.g. an outbox relay's
-  // start) and systemd's READY=1. At the stop, `stopping` runs once the subscriber has
-  // stopped. Prints "<program>: processed=N duplicates=N ..." and returns the exit code:
-  // 0, or 3 (std::_Exit) when a message was still waiting for the store.
+  // Runs the service until SIGINT/SIGTERM, or until the broker has refused this client
+  // for --refused-limit-ms: the Consumer (`handler` runs inside the claim transaction),
+  // the Pruner, the Subscriber, then `started` (e.g. an outbox relay's start) and
+  // systemd's READY=1. At the stop, `stopping` runs once the subscriber has stopped.
+  // Prints "<program>: processed=N duplicates=N ..." and returns the exit code: 0, 7
+  // (refused), or 3 (std::_Exit) when a message was still waiting for the store.
   int run(mqtt_inbox::Handler handler, const std::function<void()>& started = {},
           const std::function<void()>& stopping = {}) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
     if (auto s = mqtt_inbox::Consumer::create(inbox_.get(), flags_.consumer_name,
                                               std::move(handler), {}, &consumer);
-        !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitFailed;
-    }
+        !s.ok())
+      return frame_.fail(examples::kExitFailed, s);
 
     // Retention: forget ids once the broker can no longer redeliver them. The window
     // must cover the session expiry the subscriber asks for. The subscriber records that
@@ -131,46 +140,33 @@ class Service {
     retention.broker_session_expiry = std::chrono::seconds(mqtt_.session_expiry_s);
     retention.window = retention.broker_session_expiry + std::chrono::hours(24);
     std::unique_ptr<mqtt_inbox::Pruner> pruner;
-    if (auto s = mqtt_inbox::Pruner::create(inbox_.get(), retention, &pruner); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::startup_exit_code(s);
-    }
+    if (auto s = mqtt_inbox::Pruner::create(inbox_.get(), retention, &pruner); !s.ok())
+      return frame_.fail(examples::startup_exit_code(s), s);
     (void)pruner->start();
 
     // The subscriber: redeliveries can arrive as soon as it connects.
     std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
-    if (auto s = mqtt_inbox::Subscriber::create(mqtt_, &subscriber); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
-    if (auto s = subscriber->subscribe(flags_.topic, consumer.get()); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
-    if (auto s = subscriber->start(); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
+    if (auto s = mqtt_inbox::Subscriber::create(mqtt_, &subscriber); !s.ok())
+      return frame_.fail(examples::subscriber_exit_code(s), s);
+    if (auto s = subscriber->subscribe(flags_.topic, consumer.get()); !s.ok())
+      return frame_.fail(examples::subscriber_exit_code(s), s);
+    if (auto s = subscriber->start(); !s.ok())
+      return frame_.fail(examples::subscriber_exit_code(s), s);
     if (started) started();
 
-    // Under systemd (Type=notify): READY=1 now (not after CONNACK: the network may come
-    // later), then watchdog pings while healthy and a STATUS line; a no-op otherwise.
-    mqtt_inbox::ServiceNotifierOptions service;
-    service.stuck_limit_ms = flags_.stuck_limit_ms;
-    service.logger = log_;
-    std::unique_ptr<mqtt_inbox::ServiceNotifier> notifier;
-    if (auto s = mqtt_inbox::ServiceNotifier::create(service, &notifier); !s.ok()) {
-      log_->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
-    (void)notifier->add_source(mqtt_inbox::health_source(*subscriber));
-    (void)notifier->add_source(mqtt_inbox::health_source(*consumer));
-    (void)notifier->ready();
+    // READY=1 now (not after CONNACK: the network may come later), then watchdog pings
+    // while healthy and a STATUS line; no-ops without systemd. The notifier reads the
+    // subscriber and the consumer until frame_.end(), which comes before they go.
+    (void)frame_.notifier().add_source(mqtt_inbox::health_source(*subscriber));
+    (void)frame_.notifier().add_source(mqtt_inbox::health_source(*consumer));
+    struct EndFrame {
+      service_frame::Frame& f;
+      ~EndFrame() { f.end(); }
+    } end_frame{frame_};
+    frame_.ready(subscriber.get());
 
-    int sig = 0;
-    sigwait(&stop_signals_, &sig);
-    log_->info("signal {}: stopping", sig);
-    (void)notifier->stopping();
+    const int why = frame_.wait();  // a stop signal, or the broker refusing us too long
+    frame_.stopping();
     const mqtt_inbox::Status stopped = subscriber->stop();
     if (stopping) stopping();
     if (stopped.ok()) pruner->stop();  // else exit now: the pruner may be waiting for the store
@@ -187,15 +183,17 @@ class Service {
       log_->flush();
       std::_Exit(examples::kExitStoppedWhileStuck);  // the unacked message is redelivered
     }
+    if (why == examples::kExitRefused) return frame_.refused_exit();
     return examples::kExitOk;
   }
 
  private:
   std::string program_, log_name_;
   Flags flags_;
+  // Declared before the inbox: destroyed after it (the notifier stops first, in end()).
+  service_frame::Frame frame_;
   std::shared_ptr<spdlog::logger> log_;
   mqtt_inbox::SubscriberOptions mqtt_;
-  sigset_t stop_signals_{};
   std::unique_ptr<mqtt_inbox::Inbox> inbox_;
 };
 

@@ -44,22 +44,16 @@ int main(int argc, char** argv) {
   std::unique_ptr<mqtt_inbox::Relay> relay;
   mqtt_inbox::Handler handler = ledger::CreditHandler{};
   if (!emit_topic.empty()) {
-    if (auto s = mqtt_inbox::Outbox::create(service.inbox(), {}, &outbox); !s.ok()) {
-      log->error("{}", s.to_string());
-      return examples::kExitFailed;
-    }
+    if (auto s = mqtt_inbox::Outbox::create(service.inbox(), {}, &outbox); !s.ok())
+      return service.fail(examples::startup_exit_code(s), s);
     // The relay connects as the subscriber does: the same flags (TLS, --username,
     // --password-file), its own client id.
     mqtt_inbox::RelayOptions ro;
-    if (auto s = connection_flags::to_relay_options(flags.connection, "-relay", &ro); !s.ok()) {
-      log->error("{}", s.to_string());
-      return examples::kExitSubscriber;
-    }
+    if (auto s = connection_flags::to_relay_options(flags.connection, "-relay", &ro); !s.ok())
+      return service.fail(examples::kExitSubscriber, s);
     ro.logger = log;
-    if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok()) {
-      log->error("{}", s.to_string());
-      return examples::kExitFailed;
-    }
+    if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok())
+      return service.fail(examples::kExitFailed, s);
     handler = [credit = ledger::CreditHandler{}, &outbox, &emit_topic](
                   SQLite::Database& db, const mqtt_inbox::Delivery& d) {
       credit(db, d);

@@ -10,14 +10,15 @@
 // Topic: sensors/<device>/reading. Payload: {"message_id": "...", "value": 21.5}
 // (the id may also come in the MQTT 5 user property "message-id").
 // It connects only once the store is ready (start-up waits while the database is locked
-// or the disk is full, up to --startup-deadline-ms). SIGINT/SIGTERM stop it cleanly; it
-// then prints one summary line. Exit codes: exit_codes.h.
+// or the disk is full, up to --startup-deadline-ms; under systemd STATUS= says so, see
+// service_frame.h). SIGINT/SIGTERM stop it cleanly; it then prints one summary line. A
+// broker that refuses it for --refused-limit-ms (10 min) ends it with exit 7. Exit codes:
+// exit_codes.h.
 #include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include <csignal>
 #include <cstdio>
 
 #include <mqtt_inbox/mqtt_inbox.h>
@@ -25,6 +26,7 @@
 
 #include "connection_flags.h"
 #include "exit_codes.h"
+#include "service_frame.h"
 
 // The business change: runs in the worker's transaction, together with marking the
 // reading done, so a reading is counted exactly once.
@@ -59,50 +61,42 @@ int main(int argc, char** argv) {
                  "Give up (exit 4) if the store is not ready after this long; 0 = wait");
   app.add_option("--stop-timeout-ms", stop_timeout_ms,
                  "On SIGTERM, how long a message may still wait for the store (then exit 3)");
-  int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
-  app.add_option("--stuck-limit-ms", stuck_limit_ms,
+  service_frame::Options frame_options;
+  frame_options.log_name = "sensors";
+  app.add_option("--stuck-limit-ms", frame_options.stuck_limit_ms,
                  "Under systemd: stop watchdog pings once the store is stuck this long (ms)");
+  app.add_option("--refused-limit-ms", frame_options.refused_limit_ms,
+                 "Exit 7 once the broker has refused this client (credentials, CA, client "
+                 "id) this long without a success (ms); 0 = retry for ever");
   CLI11_PARSE(app, argc, argv);
+  frame_options.log_level = log_level;
 
-  // To the journal (with priorities and CONSUMER=/INBOX_MESSAGE_ID=) under systemd,
-  // else to stderr.
-  std::shared_ptr<spdlog::logger> log;
-  if (auto s = mqtt_inbox::make_service_logger("sensors", {log_level, ""}, &log); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.to_string().c_str());
-    return 1;
-  }
+  // The log, the stop signals and systemd's notifier in its start-up phase, before the
+  // store is opened: while it is locked or full, STATUS= says so and the start timeout
+  // is extended (service_frame.h).
+  service_frame::Frame frame;
+  if (int rc = frame.begin(frame_options); rc != examples::kExitOk) return rc;
+  const auto& log = frame.log();
   mqtt_inbox::SubscriberOptions mqtt;
-  if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok()) {
-    log->error("{}", s.to_string());
-    return 2;
-  }
+  if (auto s = connection_flags::to_subscriber_options(connection, &mqtt); !s.ok())
+    return frame.fail(examples::kExitSubscriber, s);
   mqtt.logger = log;
   mqtt.stop_timeout_ms = stop_timeout_ms;
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
   // 1. The store and the business table, before anything connects.
   mqtt_inbox::InboxOptions store;
-  store.logger = log;
+  frame.store(&store);
   store.startup_deadline_ms = startup_deadline_ms;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
-  if (auto s = mqtt_inbox::Inbox::open(db_path, store, &inbox); !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::startup_exit_code(s);
-  }
+  if (auto s = mqtt_inbox::Inbox::open(db_path, store, &inbox); !s.ok())
+    return frame.fail(examples::startup_exit_code(s), s);
   if (auto s = inbox->setup([](SQLite::Database& db) {
         db.exec("CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY,"
                 " latest_value REAL NOT NULL, latest_message_id TEXT NOT NULL,"
                 " readings INTEGER NOT NULL)");
       });
-      !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::startup_exit_code(s);
-  }
+      !s.ok())
+    return frame.fail(examples::startup_exit_code(s), s);
 
   // 2. Store-then-process: the device (topic level 1) is the aggregate key, so each
   //    device's readings are applied in arrival order.
@@ -111,48 +105,32 @@ int main(int argc, char** argv) {
   o.workers = workers;
   std::unique_ptr<mqtt_inbox::StoreThenProcess> stp;
   if (auto s = mqtt_inbox::StoreThenProcess::create(inbox.get(), "sensors", apply_reading, o, &stp);
-      !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::startup_exit_code(s);
-  }
-  if (auto s = stp->start(); !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::startup_exit_code(s);
-  }
+      !s.ok())
+    return frame.fail(examples::startup_exit_code(s), s);
+  if (auto s = stp->start(); !s.ok()) return frame.fail(examples::startup_exit_code(s), s);
 
   // 3. The subscriber: the PUBACK follows the commit of receipt.
   std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
-  if (auto s = mqtt_inbox::Subscriber::create(mqtt, &subscriber); !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::kExitSubscriber;
-  }
-  if (auto s = subscriber->subscribe(topic, stp.get()); !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::kExitSubscriber;
-  }
-  if (auto s = subscriber->start(); !s.ok()) {
-    log->error("{}", s.to_string());
-    return examples::kExitSubscriber;
-  }
+  if (auto s = mqtt_inbox::Subscriber::create(mqtt, &subscriber); !s.ok())
+    return frame.fail(examples::subscriber_exit_code(s), s);
+  if (auto s = subscriber->subscribe(topic, stp.get()); !s.ok())
+    return frame.fail(examples::subscriber_exit_code(s), s);
+  if (auto s = subscriber->start(); !s.ok())
+    return frame.fail(examples::subscriber_exit_code(s), s);
 
-  // Under systemd (Type=notify): READY=1 now (not after CONNACK: the network may come
-  // later), then watchdog pings while healthy and a STATUS line; a no-op otherwise.
-  mqtt_inbox::ServiceNotifierOptions service;
-  service.stuck_limit_ms = stuck_limit_ms;
-  service.logger = log;
-  std::unique_ptr<mqtt_inbox::ServiceNotifier> notifier;
-  if (auto s = mqtt_inbox::ServiceNotifier::create(service, &notifier); !s.ok()) {
-    log->error("{}", s.to_string());
-    return 2;
-  }
-  (void)notifier->add_source(mqtt_inbox::health_source(*subscriber));
-  (void)notifier->add_source(mqtt_inbox::health_source(*stp));
-  (void)notifier->ready();
+  // READY=1 now (not after CONNACK: the network may come later), then watchdog pings
+  // while healthy and a STATUS line; no-ops without systemd. The notifier reads the
+  // subscriber and the store-then-process until frame.end(), which comes before they go.
+  (void)frame.notifier().add_source(mqtt_inbox::health_source(*subscriber));
+  (void)frame.notifier().add_source(mqtt_inbox::health_source(*stp));
+  struct EndFrame {
+    service_frame::Frame& f;
+    ~EndFrame() { f.end(); }
+  } end_frame{frame};
+  frame.ready(subscriber.get());
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  log->info("signal {}: stopping", sig);
-  (void)notifier->stopping();
+  const int why = frame.wait();  // a stop signal, or the broker refusing us too long
+  frame.stopping();
   const mqtt_inbox::Status stopped = subscriber->stop();
   // Unprocessed rows stay stored; the next run processes them. If a message is still
   // waiting for the store, exit now: the workers may be waiting for it too.
@@ -167,5 +145,6 @@ int main(int argc, char** argv) {
     log->flush();
     std::_Exit(examples::kExitStoppedWhileStuck);  // the unacked message is redelivered
   }
+  if (why == examples::kExitRefused) return frame.refused_exit();
   return examples::kExitOk;
 }

@@ -10,9 +10,15 @@
 #              qemu-user and the arm64 -dev packages, only those missing.
 #              Aborts if apt would remove any installed package.
 #   configure  cmake with toolchains/aarch64-linux-gnu.cmake into $BUILD_DIR
-#   build      library, examples and tests (-j$JOBS)
+#   build      library, examples, the admin tool and (unless --no-tests) the tests
+#              (-j$JOBS; with ccache when it is installed)
 #   verify     every built ELF and every library recorded in CMakeCache.txt
 #              must be aarch64, none x86-64
+#   package    cpack -G DEB into $BUILD_DIR/packages/out: libmqtt-inbox-dev and
+#              mqtt-inbox _arm64.deb, the latter checked (Depends computed by
+#              dpkg-shlibdeps against what its programs load, Type=notify with
+#              libsystemd, RestartPreventExitStatus=, TimeoutStartSec=, systemd-analyze
+#              verify, its postinst, --help under qemu)
 #   test       ctest under qemu-aarch64: the unit tests, then the integration
 #              tests labelled core (every one with --all-integration; they start
 #              the host's /usr/sbin/mosquitto on 127.0.0.1; the test binary runs
@@ -43,6 +49,7 @@ CROSS_ELF_GLOB='*ARM aarch64*'
 CROSS_OBJDUMP_FORMAT=elf64-littleaarch64
 CROSS_QEMU=qemu-aarch64
 CROSS_QEMU_ROOT=/
+CROSS_PACKAGE=1
 
 DEPS_ONLY=0
 cross_arg() {
@@ -56,7 +63,8 @@ cross_parse_args "$0" "$@"
 # ---------------------------------------------------------------- deps --
 HOST_PKGS=(g++-aarch64-linux-gnu qemu-user cmake make pkg-config file mosquitto)
 TARGET_PKGS=(libsqlite3-dev libsqlitecpp-dev libpaho-mqttpp-dev libpaho-mqtt-dev
-             libspdlog-dev libfmt-dev libgtest-dev libssl-dev libbenchmark-dev)
+             libspdlog-dev libfmt-dev libgtest-dev libssl-dev libbenchmark-dev
+             libsystemd-dev)
 # Header-only build dependencies, architecture independent.
 INDEP_PKGS=(nlohmann-json3-dev libcli11-dev)
 

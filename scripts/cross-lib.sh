@@ -13,6 +13,8 @@
 #   CROSS_QEMU        qemu-user program (qemu-aarch64, qemu-arm)
 #   CROSS_QEMU_ROOT   its -L root: / for multiarch, the sysroot otherwise
 #   CROSS_CMAKE_ARGS  array of extra configure arguments
+#   CROSS_PACKAGE     1: a stage "package" makes the .debs and checks the service one
+#                     (tests/package/service_deb_arch_test.cmake); needs a multiarch build
 # and defines:
 #   cross_arg ARG         handle an option of its own (return 1 if unknown)
 #   cross_before_build    its stages before configure (deps, sysroot); may exit
@@ -27,6 +29,7 @@ JOBS="${JOBS:-2}"
 BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 CTEST_TIMEOUT="${CTEST_TIMEOUT:-300}"
 CROSS_CMAKE_ARGS=()
+CROSS_PACKAGE=0
 
 # ---------------------------------------------------------------- options --
 DO_INSTALL=1 DO_TESTS=1 DO_INTEGRATION=1 DO_CLEAN=0 ALL_INTEGRATION=0
@@ -110,7 +113,13 @@ apt_install_missing() {
 # ---------------------------------------------------------- configure/build --
 configure() {
   if [ "$DO_CLEAN" = 1 ]; then rm -rf "$BUILD_DIR"; fi
-  local gen=()
+  local gen=() tests=ON launcher=()
+  # --no-tests: a device build, the library and the programs only (the test suite is
+  # most of the compile time and nothing of it goes into a package).
+  [ "$DO_TESTS" = 1 ] || tests=OFF
+  if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null; then
     gen=(-G Ninja)
   fi
@@ -119,13 +128,25 @@ configure() {
     -DCMAKE_TOOLCHAIN_FILE="$TOOLCHAIN" \
     "${CROSS_CMAKE_ARGS[@]}" \
     -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
-    -DMQTT_INBOX_BUILD_TESTS=ON \
+    "${launcher[@]}" \
+    -DMQTT_INBOX_BUILD_TESTS=$tests \
     -DMQTT_INBOX_BUILD_EXAMPLES=ON \
     -DMQTT_INBOX_BUILD_BENCH=OFF \
     ${MQTT_INBOX_CROSS_CMAKE_ARGS:-}
 }
 
 build() { cmake --build "$BUILD_DIR" -j "$JOBS"; }
+
+# The .debs, and the service package's checks on this machine: Depends against what the
+# programs load, Type= against their libsystemd linkage, the units, the postinst, the
+# programs' --help under qemu.
+package() {
+  local emulator=()
+  [ -n "${MQTT_INBOX_TEST_EMULATOR:-}" ] && emulator=("-DEMULATOR=${MQTT_INBOX_TEST_EMULATOR// /;}")
+  cmake -DBUILD="$BUILD_DIR" -DWORK="$BUILD_DIR/packages" "${emulator[@]}" \
+    -P "$SOURCE_DIR/tests/package/service_deb_arch_test.cmake"
+  ls -l "$BUILD_DIR"/packages/out/*.deb
+}
 
 # ----------------------------------------------------------------- verify --
 VERIFY_BAD=0
@@ -251,6 +272,7 @@ cross_main() {
   stage configure configure
   stage build build
   stage verify verify
+  [ "$CROSS_PACKAGE" = 1 ] && stage package package
   if [ "$DO_TESTS" = 1 ]; then
     stage unit-tests test_unit
     [ "$DO_INTEGRATION" = 1 ] && stage integration test_integration

@@ -83,6 +83,34 @@ HealthSource health_source(const StoreThenProcess& store_then_process) {
   };
 }
 
+HealthSource startup_health_source(std::function<void(const Health&)>* progress) {
+  struct State {
+    std::mutex mu;
+    Health health;
+  };
+  auto state = std::make_shared<State>();
+  if (progress)
+    *progress = [state](const Health& h) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->health = h;
+    };
+  return [state] {
+    Health health;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      health = state->health;
+    }
+    ServiceHealth h;
+    h.name = "store";
+    h.stuck = health.stuck;
+    if (health.stuck)
+      h.stuck_reason = "waiting at start-up while " +
+                       (health.operation.empty() ? std::string("opening") : health.operation) +
+                       ": " + health.last_error;
+    return h;
+  };
+}
+
 struct ServiceNotifier::Impl {
   enum class Phase { kIdle, kStarting, kRunning, kStopping };
 
@@ -104,6 +132,7 @@ struct ServiceNotifier::Impl {
   bool ready_sent = false;
   bool quit = false;
   bool withheld = false;
+  bool failed = false;  // failed() sent its STATUS: the ticks no longer replace it
   std::string last_status;
   std::thread thread;
 
@@ -114,8 +143,9 @@ struct ServiceNotifier::Impl {
   mutable std::vector<std::optional<SteadyClock::time_point>> stuck_seen;
 
   struct Snapshot {
-    std::string status;         // without the phase prefix
-    int64_t stuck_ms = 0;       // longest continuous stuck time of any source
+    std::string status;    // without the phase prefix
+    bool stuck = false;    // some source is stuck (seen by this tick or earlier)
+    int64_t stuck_ms = 0;  // longest continuous stuck time of any source
     bool over_limit = false;
   };
 
@@ -183,6 +213,7 @@ struct ServiceNotifier::Impl {
       }
     }
     if (worst) {
+      snap.stuck = true;
       snap.over_limit = options.stuck_limit_ms > 0 && snap.stuck_ms >= options.stuck_limit_ms;
       std::string s = "stuck " + std::to_string(snap.stuck_ms / 1000) + " s: " +
                       with_name(*worst, worst->stuck_reason.empty() ? "no reason given"
@@ -238,7 +269,8 @@ struct ServiceNotifier::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (phase == Phase::kStarting) {
-        if (snap.stuck_ms > 0 && !snap.over_limit)
+        // From the first tick that sees the wait: TimeoutStartSec= may be close.
+        if (snap.stuck && !snap.over_limit)
           msg += "EXTEND_TIMEOUT_USEC=" +
                  std::to_string(3 * std::chrono::duration_cast<std::chrono::microseconds>(tick).count()) +
                  "\n";
@@ -250,7 +282,7 @@ struct ServiceNotifier::Impl {
         (withheld ? log_withheld : log_resumed) = phase != Phase::kStarting;
       }
       const std::string status = prefixed(phase, snap.status);
-      if (status != last_status) {
+      if (!failed && status != last_status) {
         last_status = status;
         msg += "STATUS=" + status + "\n";
       }
@@ -372,6 +404,23 @@ Status ServiceNotifier::stopping() {
     m.phase = Impl::Phase::kStopping;
     m.last_status = Impl::prefixed(m.phase, snap.status);
     msg = "STOPPING=1\nSTATUS=" + m.last_status + "\n";
+  }
+  m.send(msg);
+  return Status::Ok();
+}
+
+Status ServiceNotifier::failed(const std::string& reason) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> order(m.send_mu);
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.failed) return Status::Ok();
+    m.failed = true;
+    if (m.ready_sent && m.phase != Impl::Phase::kStopping) msg = "STOPPING=1\n";
+    m.phase = Impl::Phase::kStopping;
+    m.last_status = "failed: " + one_line(reason, 400);
+    msg += "STATUS=" + m.last_status + "\n";
   }
   m.send(msg);
   return Status::Ok();

@@ -5,9 +5,9 @@
 // while a message waits to commit. Assertions are on what reached the socket (READY=1,
 // WATCHDOG=1, STATUS=, STOPPING=1, EXTEND_TIMEOUT_USEC=) and on the ledger in the file.
 //
-// In a build without libsystemd (ServiceNotifier::supported() false, e.g. the aarch64
-// cross build) the same tests assert the other half of the contract: nothing reaches the
-// socket and every call still returns OK.
+// In a build without libsystemd (ServiceNotifier::supported() false, e.g. a firmware
+// build with MQTT_INBOX_WITH_SYSTEMD=OFF) the same tests assert the other half of the
+// contract: nothing reaches the socket and every call still returns OK.
 #include <gtest/gtest.h>
 
 #include <atomic>

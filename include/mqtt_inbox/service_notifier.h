@@ -17,16 +17,19 @@
 //                "not connected; processed 1200; dead letters 3; stuck 42 s: ledger:
 //                store failed while committing (busy: database is locked)".
 //   STOPPING=1   stopping(): on shutdown, before the subscriber stops.
-//   EXTEND_TIMEOUT_USEC=...  during start-up (after start(), before ready()) while a
-//                source reports a known wait (stuck, e.g. the store is locked) that is
-//                still within stuck_limit_ms, so TimeoutStartSec= does not end a wait
-//                the application chose; past the limit the start timeout applies again.
+//   EXTEND_TIMEOUT_USEC=...  during start-up (after start(), before ready()) every tick
+//                while a source reports a known wait (stuck, e.g. the store is locked;
+//                startup_health_source() below) that is still within stuck_limit_ms, by
+//                three ticks, so TimeoutStartSec= does not end a wait the application
+//                chose; past the limit the start timeout applies again.
+//   STATUS=failed: ...  failed(): the reason a start-up or a run ends with an error.
 //
 // What it reports comes from health sources: small functions, each returning a
 // ServiceHealth snapshot of one part of the application. health_source() adapts a
 // Consumer, a StoreThenProcess and a Subscriber (their health() and counters(), which
-// never wait for the store or for Paho's lock); an application adds its own for
-// anything else it waits on (a start-up wait for the store, a serial link).
+// never wait for the store or for Paho's lock), startup_health_source() the store's
+// start-up waits; an application adds its own for anything else it waits on (a serial
+// link).
 //
 // Stuck time is measured by the notifier on the monotonic clock, from the first tick that
 // saw a source stuck until the first tick that sees it not stuck, so a wall-clock jump
@@ -51,6 +54,7 @@
 #include <optional>
 #include <string>
 
+#include "mqtt_inbox/health.h"
 #include "mqtt_inbox/status.h"
 
 namespace spdlog {
@@ -95,6 +99,18 @@ using HealthSource = std::function<ServiceHealth()>;
 HealthSource health_source(const Consumer& consumer);
 HealthSource health_source(const StoreThenProcess& store_then_process);
 HealthSource health_source(const Subscriber& subscriber);
+
+// The store's start-up waits (Inbox::open, Inbox::setup, Pruner::create,
+// StoreThenProcess::create and start(): a locked store, a full disk, failing I/O), which
+// run before there is an object to ask. Sets *progress to the callback to put in
+// InboxOptions::startup_progress, and returns the source it feeds: name "store", stuck
+// while a start-up call waits, with the operation and the last error ("waiting at
+// start-up while opening the database: busy: database is locked"). Create the notifier
+// and call start() before Inbox::open, so systemd sees the wait (STATUS=, and
+// EXTEND_TIMEOUT_USEC= within stuck_limit_ms). The callback and the source share their
+// state: either may outlive the other. `progress` may be null (the source then never
+// reports a wait).
+HealthSource startup_health_source(std::function<void(const Health&)>* progress);
 
 struct ServiceNotifierOptions {
   // Watchdog pings stop once any source has been stuck continuously for longer than this,
@@ -143,6 +159,12 @@ class ServiceNotifier {
   // pings the watchdog and refreshes STATUS every tick. Starts the thread if start() did
   // not. Idempotent: a second call sends nothing.
   Status ready();
+  // STATUS "failed: <reason>" (one line, at most 400 bytes; no secret: every local user
+  // can read it), with STOPPING=1 if READY=1 was sent. For a service about to exit with
+  // an error (a corrupt database, a bad option, a start-up deadline), so `systemctl
+  // status` says why; the ticks no longer replace that STATUS. Idempotent: only the
+  // first call sends.
+  Status failed(const std::string& reason);
   // STOPPING=1 and STATUS "stopping; ...". The thread goes on pinging the watchdog (under
   // the same stuck rule) until the notifier is destroyed, because systemd keeps the
   // watchdog armed while the service stops and Subscriber::stop() may wait up to its

@@ -5,6 +5,7 @@
 #    where the README says, the programs run, systemd-analyze verify on its units, its
 #    postinst creating the service user in the scratch root.
 #   cmake -DBUILD=<build> -DWORK=<scratch> -DSRC=<tests/package> [-DGENERATOR=..] -P deb_test.cmake
+cmake_minimum_required(VERSION 3.16)
 include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 
 file(REMOVE_RECURSE "${WORK}")

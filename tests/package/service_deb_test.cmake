@@ -1,21 +1,77 @@
-# The mqtt-inbox (service) .deb, checked from a scratch root (included by deb_test.cmake).
+# The mqtt-inbox (service) .deb, checked from a scratch root (included by deb_test.cmake for
+# the build's own architecture, and by service_deb_arch_test.cmake for a cross build's).
 #
-# mqtt_inbox_check_service_deb(<deb> <work dir>):
+# mqtt_inbox_check_service_deb(<deb> <work dir> [EMULATOR <command>...]):
 #  1. dpkg -x into <work>/root: exactly the files README "Running as a service" lists;
-#  2. its control data: the package name, Depends: adduser, maintainer scripts that enable
-#     and start nothing;
-#  3. the programs run from the scratch root (--help);
-#  4. systemd-analyze verify on its units, with ExecStart= pointed into the scratch root
-#     (after checking that the unit's own path is a file of the package), silent and
+#  2. its control data: the package name, maintainer scripts that enable and start nothing,
+#     and Depends: adduser plus, for every library a packaged program needs (its NEEDED
+#     entries), the package that ships that library for the package's architecture (dpkg -S
+#     in this machine's dpkg database; multiarch for a foreign architecture), so it installs
+#     complete on a fresh machine of that architecture;
+#  3. the programs run from the scratch root (--help), under EMULATOR for a foreign
+#     architecture (qemu-aarch64 -L /: its libraries are the multiarch ones);
+#  4. its units: Type=notify (which waits for READY=1) exactly when the program is linked
+#     with libsystemd, RestartPreventExitStatus= with the exit codes a restart cannot fix,
+#     TimeoutStartSec=; systemd-analyze verify, with ExecStart= pointed into the scratch
+#     root (after checking that the unit's own path is a file of the package), silent and
 #     successful; systemd-analyze security --offline: exposure at most 2.0;
 #  5. the postinst run with DPKG_ROOT=<scratch root> (as dpkg --root would): it creates the
-#     user mqtt-inbox from the packaged sysusers.d file and /etc/mqtt-inbox, twice
-#     (upgrade); prerm and postrm purge afterwards.
+#     user mqtt-inbox from the packaged sysusers.d file and /etc/mqtt-inbox root:mqtt-inbox
+#     0750, twice (upgrade); as root, a CA file placed there (0644) is read by the service
+#     user (setpriv) and a password file (0600) is not; prerm and postrm purge afterwards.
 # No systemd runs here (systemd-analyze and systemd-sysusers work offline on files); where
 # a tool is missing its step says so and is skipped.
+cmake_policy(SET CMP0057 NEW)  # if(IN_LIST), also under cmake -P
 include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 
+# The NEEDED entries of the ELF file `file`, into `out`.
+function(mqtt_inbox_needed file out)
+  execute_process(COMMAND readelf -d "${file}" OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${file} failed")
+  endif()
+  string(REGEX MATCHALL "\\(NEEDED\\)[^[]*\\[([^]]+)\\]" lines "${dyn}")
+  set(needed "")
+  foreach(l IN LISTS lines)
+    string(REGEX REPLACE ".*\\[([^]]+)\\]" "\\1" so "${l}")
+    list(APPEND needed "${so}")
+  endforeach()
+  set(${out} "${needed}" PARENT_SCOPE)
+endfunction()
+
+# The package that ships library `soname` for multiarch triplet `ma`, from this machine's
+# dpkg database, as a list: its name, then the names it Provides (a shlibs file may name
+# one of those: libspdlog1.10 provides libspdlog1.10-fmt9); "" if no package ships it.
+function(mqtt_inbox_package_of soname ma out)
+  get_property(cached GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}" SET)
+  if(cached)  # three programs need mostly the same libraries
+    get_property(names GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}")
+    set(${out} "${names}" PARENT_SCOPE)
+    return()
+  endif()
+  set(names "")
+  foreach(dir "/lib/${ma}" "/usr/lib/${ma}" "/lib" "/usr/lib")
+    if(EXISTS "${dir}/${soname}")
+      execute_process(COMMAND dpkg -S "${dir}/${soname}" OUTPUT_VARIABLE owner ERROR_QUIET
+        RESULT_VARIABLE rc)
+      if(rc EQUAL 0 AND owner MATCHES "^([^:, ]+)(:[^:, ]+)?:")
+        set(names "${CMAKE_MATCH_1}")
+        execute_process(COMMAND dpkg-query -W -f=\${Provides} "${CMAKE_MATCH_1}${CMAKE_MATCH_2}"
+          OUTPUT_VARIABLE provides ERROR_QUIET)
+        string(REGEX REPLACE "\\([^)]*\\)" "" provides "${provides}")
+        string(REGEX REPLACE "[ \t\n]" "" provides "${provides}")
+        string(REPLACE "," ";" provides "${provides}")
+        list(APPEND names ${provides})
+        break()
+      endif()
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY "mqtt_inbox_package_of_${ma}_${soname}" "${names}")
+  set(${out} "${names}" PARENT_SCOPE)
+endfunction()
+
 function(mqtt_inbox_check_service_deb deb work)
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "EMULATOR")
   set(root "${work}/root")
   file(REMOVE_RECURSE "${work}")
   file(MAKE_DIRECTORY "${root}" "${work}/control" "${work}/verify")
@@ -47,8 +103,57 @@ function(mqtt_inbox_check_service_deb deb work)
   if(NOT control MATCHES "\nPackage: mqtt-inbox\n" AND NOT control MATCHES "^Package: mqtt-inbox\n")
     message(FATAL_ERROR "control: not package mqtt-inbox:\n${control}")
   endif()
-  if(NOT control MATCHES "\nDepends: [^\n]*adduser")
+  if(NOT control MATCHES "(^|\n)Depends: ([^\n]*)")
+    message(FATAL_ERROR "control: no Depends:\n${control}")
+  endif()
+  set(depends_line "${CMAKE_MATCH_2}")
+  string(REGEX REPLACE "\\([^)]*\\)" "" names "${depends_line}")
+  string(REGEX REPLACE "[ \t]" "" names "${names}")
+  string(REGEX REPLACE "[,|]" ";" depends "${names}")
+  if(NOT "adduser" IN_LIST depends)
     message(FATAL_ERROR "control: Depends lacks adduser:\n${control}")
+  endif()
+  if(NOT control MATCHES "(^|\n)Architecture: ([^\n]+)")
+    message(FATAL_ERROR "control: no Architecture:\n${control}")
+  endif()
+  set(arch "${CMAKE_MATCH_2}")
+  execute_process(COMMAND dpkg --print-architecture OUTPUT_VARIABLE host_arch
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  execute_process(COMMAND dpkg-architecture -a${arch} -qDEB_HOST_MULTIARCH
+    OUTPUT_VARIABLE ma OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  # Every library a packaged program needs is shipped by a package in Depends (the
+  # mqtt-inbox libraries are linked in statically, so every NEEDED entry is external).
+  set(programs usr/bin/mqtt-inbox usr/libexec/mqtt-inbox/ledger_consumer
+               usr/libexec/mqtt-inbox/sensor_gateway)
+  set(missing "")
+  foreach(prog IN LISTS programs)
+    mqtt_inbox_needed("${root}/${prog}" needed)
+    set(needed_${prog} "${needed}")
+    foreach(so IN LISTS needed)
+      mqtt_inbox_package_of("${so}" "${ma}" names)
+      if(names STREQUAL "")
+        message(FATAL_ERROR "${prog} needs ${so}, which no installed ${arch} package ships: "
+                            "cannot check Depends (install the ${arch} runtime libraries)")
+      endif()
+      list(GET names 0 pkg)
+      set(found "")
+      foreach(name IN LISTS names)
+        if(name IN_LIST depends)
+          set(found "${name}")
+        endif()
+      endforeach()
+      message(STATUS "${prog}: ${so} from ${pkg}, in Depends as '${found}'")
+      if(found STREQUAL "")
+        list(APPEND missing "${prog} needs ${so} (package ${pkg})")
+      endif()
+    endforeach()
+  endforeach()
+  if(missing)
+    list(REMOVE_DUPLICATES missing)
+    string(REPLACE ";" "\n  " m "${missing}")
+    message(FATAL_ERROR "Depends: ${depends_line}\nlacks what the programs load:\n  ${m}\n"
+                        "On a fresh ${arch} machine they would not start (dpkg-shlibdeps did "
+                        "not run: cmake/packaging.cmake)")
   endif()
   foreach(script postinst prerm postrm)
     set(p "${work}/control/${script}")
@@ -66,13 +171,18 @@ function(mqtt_inbox_check_service_deb deb work)
   endforeach()
 
   # 3. The programs run (they link the mqtt-inbox libraries statically).
-  foreach(prog usr/bin/mqtt-inbox usr/libexec/mqtt-inbox/ledger_consumer
-               usr/libexec/mqtt-inbox/sensor_gateway)
-    execute_process(COMMAND "${root}/${prog}" --help OUTPUT_VARIABLE out RESULT_VARIABLE rc)
-    if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "${prog} --help failed (${rc})")
-    endif()
-  endforeach()
+  if(NOT arch STREQUAL host_arch AND NOT arg_EMULATOR)
+    message(STATUS "${arch} programs on a ${host_arch} machine, no emulator: not run")
+  else()
+    foreach(prog IN LISTS programs)
+      execute_process(COMMAND ${arg_EMULATOR} "${root}/${prog}" --help OUTPUT_VARIABLE out
+        RESULT_VARIABLE rc)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "${prog} --help failed (${rc})")
+      endif()
+      message(STATUS "${arg_EMULATOR} ${prog} --help: ran")
+    endforeach()
+  endif()
 
   # 4. The units.
   find_program(SYSTEMD_ANALYZE systemd-analyze)
@@ -83,8 +193,34 @@ function(mqtt_inbox_check_service_deb deb work)
       if(NOT text MATCHES "\nExecStart=(/[^ \n]+)")
         message(FATAL_ERROR "${unit}: no absolute ExecStart=")
       endif()
-      if(NOT EXISTS "${root}${CMAKE_MATCH_1}")
-        message(FATAL_ERROR "${unit}: ExecStart=${CMAKE_MATCH_1} is not a file of the package")
+      set(exec "${CMAKE_MATCH_1}")
+      if(NOT EXISTS "${root}${exec}")
+        message(FATAL_ERROR "${unit}: ExecStart=${exec} is not a file of the package")
+      endif()
+      # Type=notify waits for READY=1, which only a program linked with libsystemd sends.
+      string(SUBSTRING "${exec}" 1 -1 rel)
+      set(has_libsystemd OFF)
+      if("libsystemd.so.0" IN_LIST needed_${rel})
+        set(has_libsystemd ON)
+      endif()
+      if(NOT text MATCHES "\nType=([a-z-]+)")
+        message(FATAL_ERROR "${unit}: no Type=")
+      endif()
+      set(type "${CMAKE_MATCH_1}")
+      message(STATUS "${unit}: Type=${type}, ${exec} linked with libsystemd: ${has_libsystemd}")
+      if(type STREQUAL "notify" AND NOT has_libsystemd)
+        message(FATAL_ERROR "${unit}: Type=notify, but ${exec} is built without libsystemd: "
+                            "it never sends READY=1 and systemd restarts it in a loop")
+      endif()
+      if(text MATCHES "\nWatchdogSec=" AND NOT has_libsystemd)
+        message(FATAL_ERROR "${unit}: WatchdogSec=, but ${exec} cannot ping the watchdog")
+      endif()
+      # The exit codes a restart cannot fix (examples/exit_codes.h: "Restart: no").
+      if(NOT text MATCHES "\nRestartPreventExitStatus=1 2 5 6 7\n")
+        message(FATAL_ERROR "${unit}: no RestartPreventExitStatus=1 2 5 6 7")
+      endif()
+      if(NOT text MATCHES "\nTimeoutStartSec=[0-9]")
+        message(FATAL_ERROR "${unit}: no TimeoutStartSec=")
       endif()
       string(REPLACE "\nExecStart=/usr/" "\nExecStart=${root}/usr/" text "${text}")
       file(WRITE "${work}/verify/${unit}" "${text}")
@@ -127,6 +263,45 @@ function(mqtt_inbox_check_service_deb deb work)
     list(LENGTH once n)
     if(NOT n EQUAL 1 OR NOT IS_DIRECTORY "${root}/etc/mqtt-inbox")
       message(FATAL_ERROR "postinst twice: ${n} users mqtt-inbox, /etc/mqtt-inbox missing?")
+    endif()
+    # /etc/mqtt-inbox: root:mqtt-inbox 0750, so the service user can read a CA file there.
+    string(REGEX MATCH "(^|\n)mqtt-inbox:x:([0-9]+):([0-9]+):" m "${passwd}")
+    set(uid "${CMAKE_MATCH_2}")
+    set(gid "${CMAKE_MATCH_3}")
+    execute_process(COMMAND stat -c "%u %g %a" "${root}/etc/mqtt-inbox"
+      OUTPUT_VARIABLE st OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT st STREQUAL "0 ${gid} 750")
+      message(FATAL_ERROR "/etc/mqtt-inbox is '${st}' (uid gid mode), expected '0 ${gid} 750'")
+    endif()
+    execute_process(COMMAND id -u OUTPUT_VARIABLE me OUTPUT_STRIP_TRAILING_WHITESPACE)
+    find_program(SETPRIV setpriv)
+    if(me STREQUAL "0" AND SETPRIV)
+      set(as_service ${SETPRIV} --reuid=${uid} --regid=${gid} --clear-groups)
+      execute_process(COMMAND ${as_service} test -x "${root}/etc" RESULT_VARIABLE rc)
+      if(NOT rc EQUAL 0)
+        message(STATUS "the scratch root is not reachable by other users: read test skipped")
+      else()
+        file(WRITE "${root}/etc/mqtt-inbox/ca.crt" "a CA certificate\n")
+        file(WRITE "${root}/etc/mqtt-inbox/ledger-consumer.password" "secret\n")
+        file(CHMOD "${root}/etc/mqtt-inbox/ca.crt" PERMISSIONS OWNER_READ OWNER_WRITE
+          GROUP_READ WORLD_READ)
+        file(CHMOD "${root}/etc/mqtt-inbox/ledger-consumer.password" PERMISSIONS OWNER_READ
+          OWNER_WRITE)
+        execute_process(COMMAND ${as_service} cat "${root}/etc/mqtt-inbox/ca.crt"
+          RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+        if(NOT rc EQUAL 0)
+          message(FATAL_ERROR "the service user cannot read /etc/mqtt-inbox/ca.crt (0644)")
+        endif()
+        execute_process(COMMAND ${as_service} cat "${root}/etc/mqtt-inbox/ledger-consumer.password"
+          RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+        if(rc EQUAL 0)
+          message(FATAL_ERROR "the service user can read a 0600 password file")
+        endif()
+        message(STATUS "as uid ${uid}: /etc/mqtt-inbox/ca.crt readable, the password file not")
+        file(REMOVE "${root}/etc/mqtt-inbox/ca.crt" "${root}/etc/mqtt-inbox/ledger-consumer.password")
+      endif()
+    else()
+      message(STATUS "not root or no setpriv: reading /etc/mqtt-inbox as the service user not tried")
     endif()
     run(${CMAKE_COMMAND} -E env "DPKG_ROOT=${root}" sh "${work}/control/prerm" remove)
     run(${CMAKE_COMMAND} -E env "DPKG_ROOT=${root}" sh "${work}/control/postrm" purge)
