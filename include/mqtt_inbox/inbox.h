@@ -298,6 +298,12 @@ class Inbox {
   // call it for a client id that may still connect: the Pruner would then check against
   // the other records only. Errors: store codes.
   Status forget_session(const std::string& client_id, bool* removed);
+  // Counts a session lost at the broker (InboxStats::sessions_lost): the transport calls
+  // it when the broker answers a CONNECT of `client_id` without a session (session
+  // present = 0) although this inbox recorded one holding topic filters. Messages sent
+  // to that session while the client was away are gone, and no redelivery will bring
+  // them. Cheap, any thread; never waits for the store and writes nothing.
+  void note_session_lost(const std::string& client_id);
 
  private:
   friend class Pruner;
