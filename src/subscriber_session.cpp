@@ -48,13 +48,13 @@ std::string lost_session_warning(const std::string& broker_uri, const std::strin
     filters += (filters.empty() ? "'" : ", '") + printable(f) + "'";
   const bool never = lost.session_expiry_ms >= kNeverExpiresMs;
   const std::string expiry =
-      never ? "never expires" : duration(lost.session_expiry_ms) + ", " + to_string(lost.expiry_source);
+      never ? "never expires"
+            : duration(lost.session_expiry_ms) + ", " + to_string(lost.expiry_source);
   std::string since = "when the broker last held it is not recorded";
   const int64_t age_ms = now_ms - lost.seen_at_ms;
   if (lost.seen_at_ms > 0)
     since = "the broker last held it at " + utc(lost.seen_at_ms) + ", " + duration(age_ms) + " ago";
-  const std::string takeover = "another client connected with client id '" +
-                               printable(client_id) +
+  const std::string takeover = "another client connected with client id '" + printable(client_id) +
                                "' and a clean session (MQTT 3.1.1 clean session, MQTT 5 clean "
                                "start), which ends the session";
   std::string causes;
@@ -67,15 +67,17 @@ std::string lost_session_warning(const std::string& broker_uri, const std::strin
                 duration(lost.session_expiry_ms) + ")";
     causes += ": the broker restarted without persistence, or " + takeover;
   } else {
-    causes = "the session expiry ran out while the client was offline, the broker restarted "
-             "without persistence, or " + takeover;
+    causes =
+        "the session expiry ran out while the client was offline, the broker restarted "
+        "without persistence, or " +
+        takeover;
   }
   return "SESSION LOST: broker " + broker_uri + " has no session for client '" +
-         printable(client_id) + "', but the inbox recorded one holding topic filter(s) " +
-         filters + " (" + since + "; session expiry " + expiry +
+         printable(client_id) + "', but the inbox recorded one holding topic filter(s) " + filters +
+         " (" + since + "; session expiry " + expiry +
          "). Messages published to those filters while the client was away, and any it had "
-         "not acknowledged, are lost: no redelivery will bring them. Likely causes: " + causes +
-         ". Subscribing again.";
+         "not acknowledged, are lost: no redelivery will bring them. Likely causes: " +
+         causes + ". Subscribing again.";
 }
 
 SessionKeeper::SessionKeeper(std::string client_id, std::vector<Inbox*> inboxes,

@@ -136,7 +136,8 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
     }
     {
       TestPublisher pub(broker.uri(), mqtt5());
-      for (int i = 0; i < 20; ++i) pub.credit("credits/a", "queued-" + std::to_string(i), "acct", 10);
+      for (int i = 0; i < 20; ++i)
+        pub.credit("credits/a", "queued-" + std::to_string(i), "acct", 10);
     }
     destroy();
     reopen_inbox();
@@ -168,7 +169,8 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
     EXPECT_EQ(rec.topic_filters, std::vector<std::string>{"credits/#"});
     {
       TestPublisher pub(broker.uri(), mqtt5());
-      for (int i = 0; i < 5; ++i) pub.credit("credits/a", "after-" + std::to_string(i), "acct", 100);
+      for (int i = 0; i < 5; ++i)
+        pub.credit("credits/a", "after-" + std::to_string(i), "acct", 100);
     }
     ASSERT_TRUE(wait_until([&] { return balance() == 503; }, 10s)) << balance();
     std::this_thread::sleep_for(300ms);
@@ -380,8 +382,9 @@ TEST_P(SubscriptionsTest, FirstConnectionAndAKeptSessionAreNotLost) {
                                            "records none with topic filters: a first connection"),
             1u);
   EXPECT_EQ(log_count(spdlog::level::warn, "SESSION LOST"), 0u);
-  EXPECT_EQ(log_count(spdlog::level::info, "connected to " + broker_.uri() + " with session present"),
-            1u);
+  EXPECT_EQ(
+      log_count(spdlog::level::info, "connected to " + broker_.uri() + " with session present"),
+      1u);
 }
 
 // What a site sees from the shipped program (ledger_consumer, on this version) under
@@ -418,8 +421,8 @@ TEST_P(SubscriptionsTest, ShippedConsumerSaysSessionLostInTheJournalAtWarning) {
   };
   {
     auto c = run();
-    ASSERT_TRUE(wait_until([&] { return read_log().find("consuming: client") != std::string::npos; },
-                           20s))
+    ASSERT_TRUE(
+        wait_until([&] { return read_log().find("consuming: client") != std::string::npos; }, 20s))
         << read_log();
     stop(*c);
   }
