@@ -108,6 +108,7 @@ ClaimResult claim_result_for(DeadLetterReason reason) {
   switch (reason) {
     case DeadLetterReason::kInvalidPayload: return ClaimResult::kRejected;
     case DeadLetterReason::kHandlerReentered: return ClaimResult::kReentered;
+    case DeadLetterReason::kOutboxRefused: return ClaimResult::kOutboxRefused;
     default: return ClaimResult::kUndecodable;
   }
 }

@@ -48,6 +48,7 @@ const char* to_string(DeadLetterReason reason) {
     case DeadLetterReason::kRetained: return "retained";
     case DeadLetterReason::kHandlerReentered: return "handler_reentered";
     case DeadLetterReason::kOutboxFull: return "outbox_full";
+    case DeadLetterReason::kOutboxRefused: return "outbox_refused";
   }
   return "unknown";
 }
@@ -233,12 +234,14 @@ struct Consumer::Impl {
         }
         case ClaimResult::kUndecodable:
         case ClaimResult::kRejected:
-        case ClaimResult::kReentered: {
+        case ClaimResult::kReentered:
+        case ClaimResult::kOutboxRefused: {
           // Permanent: retrying cannot change the outcome, so no backoff holds the stream.
           const DeadLetterReason permanent =
-              r.result == ClaimResult::kRejected    ? DeadLetterReason::kInvalidPayload
-              : r.result == ClaimResult::kReentered ? DeadLetterReason::kHandlerReentered
-                                                    : DeadLetterReason::kUndecodablePayload;
+              r.result == ClaimResult::kRejected        ? DeadLetterReason::kInvalidPayload
+              : r.result == ClaimResult::kReentered     ? DeadLetterReason::kHandlerReentered
+              : r.result == ClaimResult::kOutboxRefused ? DeadLetterReason::kOutboxRefused
+                                                        : DeadLetterReason::kUndecodablePayload;
           return dead_letter(m, id, permanent, r.handler_error, r.attempt,
                              st.first_attempt_at_ms, replay_of, stop);
         }

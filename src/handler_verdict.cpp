@@ -4,7 +4,7 @@
 #include <SQLiteCpp/Exception.h>
 
 #include "mqtt_inbox/handler.h"
-#include "mqtt_inbox/outbox.h"  // OutboxFull
+#include "mqtt_inbox/outbox.h"  // OutboxFull, OutboxRefused
 #include "sqlite_errors.h"
 #include "sqlite_util.h"
 
@@ -35,6 +35,10 @@ HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerSco
     v.text = e.what();
   } catch (const OutboxFull& e) {
     v.kind = HandlerVerdict::Kind::kOutboxFull;
+    v.text = e.what();
+  } catch (const OutboxRefused& e) {
+    v.kind = HandlerVerdict::Kind::kDeadLetter;
+    v.reason = DeadLetterReason::kOutboxRefused;
     v.text = e.what();
   } catch (const RejectMessage& e) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;

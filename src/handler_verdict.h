@@ -23,7 +23,8 @@ struct HandlerVerdict {
                   // code is retried and not counted, a fatal one latches the inbox
     kFailed,      // it threw anything else: a failed attempt, retried up to max_attempts
     kDeadLetter,  // dead-letter at once as `reason`: UndecodablePayload, RejectMessage,
-                  // or a call back into its own inbox (that outranks whatever followed)
+                  // OutboxRefused, or a call back into its own inbox (that outranks
+                  // whatever followed)
     kOutboxFull,  // it threw OutboxFull (outbox.h): backpressure, never an attempt
   };
   Kind kind = Kind::kOk;

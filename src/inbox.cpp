@@ -84,6 +84,7 @@ InboxStats Inbox::stats() const {
   s.store_errors = m.store_errors.load();
   s.pruned = m.pruned.load();
   s.dead_letters_pruned = m.dead_letters_pruned.load();
+  s.sessions_lost = m.sessions_lost.load();
   const int64_t seen = s.processed + s.duplicates;
   s.duplicate_ratio = seen ? static_cast<double>(s.duplicates) / static_cast<double>(seen) : 0.0;
 

@@ -20,6 +20,7 @@
 #include "properties_json.h"
 #include "reentry.h"
 #include "sqlite_util.h"
+#include "text.h"
 
 namespace mqtt_inbox {
 
@@ -47,8 +48,22 @@ const char* to_string(OutboxDeadReason reason) {
   return "unknown";
 }
 
-std::string derived_message_id(const std::string& incoming_id, const std::string& suffix) {
-  return incoming_id + "/" + suffix;
+std::string derived_message_id(const std::string& incoming_id, const std::string& suffix,
+                               size_t max_id_bytes) {
+  std::string id = incoming_id + "/" + suffix;
+  if (id.size() > max_id_bytes)
+    throw OutboxRefused(Status::InvalidArgument(
+        "derived message id '" + detail::printable(id) + "' is " + std::to_string(id.size()) +
+        " bytes, longer than the outbox's " + std::to_string(max_id_bytes) +
+        " (OutboxOptions::max_id_bytes, the next hop's limit): the incoming id is " +
+        std::to_string(incoming_id.size()) + " bytes, and the suffix '" +
+        detail::printable(suffix) + "' leaves room for " +
+        (max_id_bytes > suffix.size() + 1
+             ? std::to_string(max_id_bytes - suffix.size() - 1) + " at most"
+             : std::string("none"))));
+  if (std::string why = detail::validate_message_id(id, max_id_bytes); !why.empty())
+    throw OutboxRefused(Status::InvalidArgument("derived message id refused: " + why));
+  return id;
 }
 
 Status random_message_id(std::string* out) {
@@ -237,23 +252,94 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
   return Status::Ok();
 }
 
+namespace {
+
+// MQTT strings and binary data carry a two-byte length (MQTT 3.1.1 section 1.5.3, MQTT
+// 5.0 sections 1.5.4 and 1.5.6), and a packet's remaining length is at most 268,435,455
+// bytes (section 2.2.3 / 1.5.5).
+constexpr size_t kMaxMqttString = 65535;
+constexpr size_t kMaxMqttPacket = 268435455;
+
+// Why `text` cannot be an MQTT UTF-8 string (`what` names it), or "".
+std::string mqtt_string_problem(const std::string& what, const std::string& text) {
+  if (text.size() > kMaxMqttString)
+    return what + " is " + std::to_string(text.size()) + " bytes, longer than MQTT's " +
+           std::to_string(kMaxMqttString);
+  if (!detail::is_valid_utf8(text))
+    return what + " '" + detail::printable(text) + "' is not valid UTF-8";
+  if (text.find('\0') != std::string::npos)
+    return what + " '" + detail::printable(text) + "' holds the character U+0000";
+  return "";
+}
+
+// Why a topic name cannot be published to (`what` names it), or "".
+std::string topic_problem(const std::string& what, const std::string& topic) {
+  if (topic.empty()) return what + " is empty";
+  if (topic.find_first_of("+#") != std::string::npos)
+    return what + " '" + detail::printable(topic) + "' holds a wildcard ('+' or '#')";
+  return mqtt_string_problem(what, topic);
+}
+
+// Every refusal of an outgoing message that no retry can change (outbox.h OutboxRefused)
+// but the id's and the class's, which enqueue_or_throw checks itself: "" if none. The
+// MQTT 5 properties are checked whatever version the relay speaks: a 3.1.1 relay drops
+// them, but the row must be publishable on either (and a next hop may be 5).
+std::string refusal(const OutgoingMessage& m) {
+  if (std::string why = topic_problem("outbox topic", m.topic); !why.empty()) return why;
+  if (m.response_topic)
+    if (std::string why = topic_problem("response topic", *m.response_topic); !why.empty())
+      return why;
+  if (m.content_type)
+    if (std::string why = mqtt_string_problem("content type", *m.content_type); !why.empty())
+      return why;
+  for (const auto& p : m.user_properties) {
+    if (std::string why = mqtt_string_problem("user property name", p.first); !why.empty())
+      return why;
+    if (std::string why = mqtt_string_problem(
+            "user property '" + detail::printable(p.first) + "' value", p.second);
+        !why.empty())
+      return why;
+  }
+  if (m.correlation_data && m.correlation_data->size() > kMaxMqttString)
+    return "correlation data is " + std::to_string(m.correlation_data->size()) +
+           " bytes, longer than MQTT's " + std::to_string(kMaxMqttString);
+  if (m.payload_format_indicator) {
+    if (*m.payload_format_indicator > 1)
+      return "payload format indicator " + std::to_string(*m.payload_format_indicator) +
+             " is neither 0 (bytes) nor 1 (UTF-8)";
+    if (*m.payload_format_indicator == 1 && !detail::is_valid_utf8(m.payload))
+      return "payload format indicator 1 (UTF-8) on a payload that is not valid UTF-8 (a "
+             "broker answers 0x99, payload format invalid)";
+  }
+  // The topic and payload alone (no header, no property): a lower bound of the packet.
+  if (m.topic.size() + m.payload.size() > kMaxMqttPacket)
+    return "outbox message of " + std::to_string(m.topic.size() + m.payload.size()) +
+           " bytes (topic and payload) is larger than an MQTT packet can be (" +
+           std::to_string(kMaxMqttPacket) + ")";
+  return "";
+}
+
+}  // namespace
+
 Outbox::Outbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Outbox::~Outbox() = default;
 
 void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
                               std::string* message_id) {
+  // Every refusal but a full class is for good (OutboxRefused): the same message is
+  // refused on every attempt. The members are listed in outbox.h; all are checked before
+  // anything is written, except the class's max_bytes (make_room).
   if (sqlite3_get_autocommit(db.getHandle()))
-    throw OutboxRejected(Status::InvalidArgument("outbox enqueue needs an open transaction"));
-  if (m.topic.empty() || m.topic.find_first_of("+#") != std::string::npos)
-    throw OutboxRejected(Status::InvalidArgument("outbox topic '" + detail::printable(m.topic) +
-                                                 "' is empty or holds a wildcard"));
+    throw OutboxRefused(Status::InvalidArgument("outbox enqueue needs an open transaction"));
+  if (std::string why = refusal(m); !why.empty())
+    throw OutboxRefused(Status::InvalidArgument(why));
   std::string id = m.message_id;
   if (id.empty()) {
     Status s = random_message_id(&id);
-    if (!s.ok()) throw OutboxRejected(s);
+    if (!s.ok()) throw OutboxRejected(s);  // /dev/urandom failed: may work next time
   }
   if (std::string why = detail::validate_message_id(id, impl_->options.max_id_bytes); !why.empty())
-    throw OutboxRejected(Status::InvalidArgument("outbox message id refused: " + why));
+    throw OutboxRefused(Status::InvalidArgument("outbox message id refused: " + why));
   const std::string key = m.ordering_key.empty() ? m.topic : m.ordering_key;
   const std::string props = detail::properties_json(m);
   const int64_t size = static_cast<int64_t>(id.size() + key.size() + m.topic.size() +
@@ -290,7 +376,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
         undo.bind(1, seq);
         undo.exec();
         if (s.code() == Status::Code::kRejected) throw OutboxFull(s);
-        throw OutboxRejected(s);
+        throw OutboxRefused(s);  // larger than its class's max_bytes: it never fits
       }
     }
     ++impl_->enqueued;

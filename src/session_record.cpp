@@ -164,4 +164,9 @@ Status Inbox::forget_session(const std::string& client_id, bool* removed) {
   return Status::Ok();
 }
 
+void Inbox::note_session_lost(const std::string& client_id) {
+  (void)client_id;  // one counter for every client id: the transport's log names it
+  impl_->sessions_lost.fetch_add(1);
+}
+
 }  // namespace mqtt_inbox

@@ -17,14 +17,14 @@ std::string summary_line(const InboxStats& s) {
   std::snprintf(buf, sizeof buf,
                 "processed=%lld duplicates=%lld (%.1f%%) dead_lettered=%lld retries=%lld "
                 "store_errors=%lld pruned=%lld rows=%s commit_p50=%lldus p99=%lldus max=%lldus "
-                "db=%lldB wal=%lldB",
+                "db=%lldB wal=%lldB sessions_lost=%lld",
                 static_cast<long long>(s.processed), static_cast<long long>(s.duplicates),
                 100.0 * s.duplicate_ratio, static_cast<long long>(s.dead_lettered),
                 static_cast<long long>(s.retries), static_cast<long long>(s.store_errors),
                 static_cast<long long>(s.pruned), rows.c_str(),
                 static_cast<long long>(s.commit_p50_us), static_cast<long long>(s.commit_p99_us),
                 static_cast<long long>(s.commit_max_us), static_cast<long long>(s.db_bytes),
-                static_cast<long long>(s.wal_bytes));
+                static_cast<long long>(s.wal_bytes), static_cast<long long>(s.sessions_lost));
   return buf;
 }
 
@@ -59,6 +59,9 @@ std::string prometheus_text(const InboxStats& s) {
   metric(o, "retries_total", "counter", "Handler attempts that failed.", static_cast<double>(s.retries));
   metric(o, "store_errors_total", "counter", "Store operations that failed and were retried.", static_cast<double>(s.store_errors));
   metric(o, "pruned_total", "counter", "Processed ids deleted by retention.", static_cast<double>(s.pruned));
+  metric(o, "sessions_lost_total", "counter",
+         "Broker sessions found gone at CONNACK although the inbox recorded them.",
+         static_cast<double>(s.sessions_lost));
   metric(o, "duplicate_ratio", "gauge", "Duplicates over all deliveries since start.", s.duplicate_ratio);
   metric(o, "commit_p50_microseconds", "gauge", "Median claim transaction latency.", static_cast<double>(s.commit_p50_us));
   metric(o, "commit_p99_microseconds", "gauge", "99th percentile claim transaction latency.", static_cast<double>(s.commit_p99_us));

@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -42,6 +43,7 @@
 #include "subscriber_health.h"
 #include "subscriber_probe.h"
 #include "subscriber_tls.h"
+#include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "subscriber_session.h"
 
@@ -301,18 +303,24 @@ struct Subscriber::Impl {
       int64_t granted_expiry_ms = 0;
       const bool expiry_granted = granted_session_expiry(outcome.properties, &granted_expiry_ms);
       const bool session_present = outcome.session_present;
-      session->after_connack(session_present, expiry_granted ? &granted_expiry_ms : nullptr);
-      const int64_t n = ++connect_count;
+      const std::optional<detail::SessionKeeper::LostSession> lost =
+          session->after_connack(session_present, expiry_granted ? &granted_expiry_ms : nullptr);
+      ++connect_count;
       {
-        if (!session_present && n > 1) {
+        if (lost) {
+          // The inbox recorded a session (this process's last connection, or an earlier
+          // run's) and the broker has none: what was queued for it is gone. At warn, the
+          // journal's priority 4 (journal_log.h), and counted where a site looks:
+          // health(), sessions_lost(), InboxStats::sessions_lost and its Prometheus text
+          // (after_connack counted it in the Inboxes).
           ++lost_sessions;
-          log->warn("broker {} reports no session for client '{}' on reconnect: messages "
-                    "published while disconnected may have been missed (session expired or "
-                    "broker without persistence); subscribing again",
-                    options.broker_uri, options.client_id);
+          const std::string why = detail::lost_session_warning(
+              options.broker_uri, options.client_id, *lost, Clock::system()->wall_ms());
+          conn->session_lost(why);
+          log->warn("{}", why);
         } else if (!session_present) {
-          log->info("broker {} has no session for client '{}' (first connection, or the "
-                    "session expired); subscribing",
+          log->info("broker {} has no session for client '{}' and the inbox records none "
+                    "with topic filters: a first connection; subscribing",
                     options.broker_uri, options.client_id);
         } else {
           log->info("connected to {} with session present (client '{}')", options.broker_uri,

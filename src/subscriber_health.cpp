@@ -39,6 +39,13 @@ void ConnectionHealth::set_connected(bool connected) {
   }
 }
 
+void ConnectionHealth::session_lost(const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++health_.sessions_lost;
+  health_.session_lost_ms = Clock::system()->wall_ms();
+  health_.session_lost = redact(why);
+}
+
 void ConnectionHealth::remember_secret(const std::string& secret) { provided_password_ = secret; }
 
 SubscriberHealth ConnectionHealth::snapshot() const {

@@ -39,6 +39,10 @@ class ConnectionHealth {
   // and `paho_message`. Finds the reason (the refusal's meaning, or a probe) and fails.
   void connect_failed(int rc, const std::string& paho_message);
 
+  // The broker lost the session (subscriber.cpp): counted and kept for health(). `why`
+  // is the warning as logged.
+  void session_lost(const std::string& why);
+
   // Paho's SSL error callback (a Paho thread, during the handshake): keeps OpenSSL's reason.
   void on_ssl_error(const std::string& line) noexcept;
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,10 +41,25 @@ class SessionKeeper {
   // means the attempt must not connect: the broker would hold a session no Pruner knows.
   Status before_connect();
 
+  // A session the inbox recorded and the broker no longer has: what may have been lost.
+  struct LostSession {
+    std::vector<std::string> topic_filters;  // the filters the recorded session held, sorted
+    // When the broker last held the session, as far as the inbox knows, wall-clock Unix
+    // ms: this process's last CONNACK, or else the newest record's updated_at (the
+    // subscriber records at every connection, save()). 0 if unknown.
+    int64_t seen_at_ms = 0;
+    int64_t session_expiry_ms = 0;  // as recorded
+    SessionExpirySource expiry_source = SessionExpirySource::kRequested;
+  };
+
   // After CONNACK: the expiry the session now has, `granted_ms` if the broker returned
   // one (MQTT 5 CONNACK Session Expiry Interval), else the requested or declared one;
-  // recorded if it differs (a lowered expiry takes effect here).
-  void after_connack(bool session_present, const int64_t* granted_ms);
+  // recorded if it differs (a lowered expiry takes effect here). With session present =
+  // 0 while the records (of an earlier process, or of this one's last connection) hold
+  // topic filters, the broker lost the session: returns what it held, and counts the
+  // loss in every Inbox (Inbox::note_session_lost). A first connection (no record, or
+  // one without filters) returns nothing.
+  std::optional<LostSession> after_connack(bool session_present, const int64_t* granted_ms);
 
   // What to do now that CONNACK arrived (after after_connack()).
   struct Plan {
@@ -61,7 +77,9 @@ class SessionKeeper {
   // Outcomes of the packets of the plan; save() records them.
   void unsubscribed(const std::string& filter);
   void subscribed(const std::string& filter);
-  // Records the filters held now, if they changed. A failure is logged; the next CONNACK
+  // Records the filters held now. Written once per connection even when nothing
+  // changed, so that the record's updated_at tells the next process when the broker last
+  // held the session (LostSession::seen_at_ms). A failure is logged; the next CONNACK
   // tries again (the held set then differs from the record).
   void save();
 
@@ -81,6 +99,16 @@ class SessionKeeper {
   bool records_agree_ = false;          // every Inbox had a record, all with the same filters
   int64_t recorded_expiry_ms_ = -1;     // the smallest expiry among the records (-1: none)
   SessionExpirySource recorded_source_ = SessionExpirySource::kRequested;
+  int64_t seen_at_ms_ = 0;              // see LostSession::seen_at_ms
+  int64_t lost_expiry_ms_ = 0;          // the recorded expiry before this CONNECT
+  SessionExpirySource lost_source_ = SessionExpirySource::kRequested;
+  bool connected_since_save_ = false;   // a CONNACK came since the last save()
 };
+
+// The warning for a lost session: the broker, the client id, which filters the session
+// held and since when, what is lost, and the likely causes (whether the recorded expiry
+// can explain it, at `now_ms`, wall clock).
+std::string lost_session_warning(const std::string& broker_uri, const std::string& client_id,
+                                 const SessionKeeper::LostSession& lost, int64_t now_ms);
 
 }  // namespace mqtt_inbox::detail

@@ -4,8 +4,13 @@
 // connection.
 #include "mqtt_inbox/outbox.h"
 
+#include <mqtt_inbox/store_then_process.h>
+
 #include <sqlite3.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <set>
 
 #include "support/fake_clock.h"
@@ -401,9 +406,9 @@ TEST_F(OutboxTest, ReparkingAPurgedRowWritesItAgain) {
   EXPECT_EQ(inbox_->stats().dead_lettered, 0);  // parked, not dead
 }
 
-// A message larger than its class's max_bytes can never fit: an ordinary failure (attempts,
-// then a dead letter handler_failed), never parked for ever.
-TEST_F(OutboxTest, MessageLargerThanItsClassFailsInsteadOfParking) {
+// A message larger than its class's max_bytes can never fit: refused for good (a dead
+// letter outbox_refused at once, one attempt), never parked for ever.
+TEST_F(OutboxTest, MessageLargerThanItsClassIsRefusedInsteadOfParking) {
   OutboxOptions options;
   options.classes.push_back({"events/", 0, 64, OutboxFullPolicy::kReject});
   auto outbox = make_outbox(options);
@@ -413,9 +418,11 @@ TEST_F(OutboxTest, MessageLargerThanItsClassFailsInsteadOfParking) {
   });
   EXPECT_EQ(consumer->handle(credit_message("big-1", "a", 1)), Outcome::kDeadLettered);
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                                "'handler_failed' AND status = 'dead' AND attempts = 2"),
+                                "'outbox_refused' AND status = 'dead' AND attempts = 1"
+                                " AND reason_text LIKE '%larger than class ''events/''%'"),
             1);
   EXPECT_EQ(consumer->counters().outbox_full_parked, 0);
+  EXPECT_EQ(consumer->counters().handler_failures, 0);
 }
 
 // Bounds by bytes as well as rows; other classes and unbounded topics are not affected.
@@ -614,6 +621,244 @@ TEST_F(OutboxTest, CreateRefusesBadClasses) {
   neg.classes = {{"a/", -1, 0, OutboxFullPolicy::kReject}};
   EXPECT_EQ(Outbox::create(inbox_.get(), neg, &o).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(Outbox::create(nullptr, {}, &o).code(), Status::Code::kInvalidArgument);
+}
+
+// Issue 27 item 6: every refusal of enqueue_or_throw that can never succeed, one member
+// each, dead-letters the handler's input at once as outbox_refused, with a text that names
+// the refusal: one attempt, no retry counted, no backoff waited, nothing of the handler's
+// transaction kept; and the message behind it is processed with its event. In a Consumer
+// (the ledger credit's handler, as ledger_consumer --emit-topic) and in StoreThenProcess.
+namespace refusals {
+
+// What the handler does to its event for the credit with this id, and a piece of the
+// refusal's text. The event's id is derived as ledger_consumer derives it.
+struct Member {
+  std::string incoming_id;
+  std::function<void(OutgoingMessage&)> spoil;
+  std::string text;
+};
+
+std::vector<Member> members() {
+  std::vector<Member> out;
+  auto add = [&](std::string id, std::function<void(OutgoingMessage&)> spoil, std::string text) {
+    out.push_back({std::move(id), std::move(spoil), std::move(text)});
+  };
+  // The field report: a 250-byte credit id, accepted by the inbox (256), derives
+  // "<id>/credited", 259 bytes (derived_message_id throws).
+  add(std::string(250, 'L'), nullptr, "259 bytes, longer than the outbox's 256");
+  add("id-long", [](OutgoingMessage& m) { m.message_id = std::string(257, 'i'); },
+      "message id is 257 bytes, longer than 256");
+  add("id-control", [](OutgoingMessage& m) { m.message_id = "bad\x01id"; }, "control character");
+  add("id-utf8", [](OutgoingMessage& m) { m.message_id = "\xff\xfe"; }, "not valid UTF-8");
+  add("id-blank", [](OutgoingMessage& m) { m.message_id = "   "; }, "only whitespace");
+  add("topic-plus", [](OutgoingMessage& m) { m.topic = "events/+/x"; }, "holds a wildcard");
+  add("topic-hash", [](OutgoingMessage& m) { m.topic = "events/#"; }, "holds a wildcard");
+  add("topic-empty", [](OutgoingMessage& m) { m.topic = ""; }, "outbox topic is empty");
+  add("topic-nul", [](OutgoingMessage& m) { m.topic = std::string("events/a\0b", 10); },
+      "U+0000");
+  add("topic-utf8", [](OutgoingMessage& m) { m.topic = "events/\xc3\x28"; }, "not valid UTF-8");
+  add("topic-long", [](OutgoingMessage& m) { m.topic = "events/" + std::string(65530, 't'); },
+      "65537 bytes, longer than MQTT's 65535");
+  add("response-topic", [](OutgoingMessage& m) { m.response_topic = "replies/#"; },
+      "response topic 'replies/#' holds a wildcard");
+  add("content-type", [](OutgoingMessage& m) { m.content_type = "text/\xff"; },
+      "content type");
+  add("user-property",
+      [](OutgoingMessage& m) { m.user_properties.push_back({"k", std::string("v\0", 2)}); },
+      "user property 'k' value");
+  add("correlation", [](OutgoingMessage& m) { m.correlation_data = std::string(65536, 'c'); },
+      "correlation data is 65536 bytes");
+  add("format-2", [](OutgoingMessage& m) { m.payload_format_indicator = 2; },
+      "payload format indicator 2");
+  add("format-utf8",
+      [](OutgoingMessage& m) {
+        m.payload_format_indicator = 1;
+        m.payload = "\xff\xfe";
+      },
+      "not valid UTF-8");
+  add("class-bytes",
+      [](OutgoingMessage& m) {
+        m.topic = "bulk/x";
+        m.payload = std::string(200, 'b');
+      },
+      "larger than class 'bulk/'");
+  return out;
+}
+
+// The handler of both modes: the credit, then its event, spoiled as the member says.
+void credit_and_event(Outbox& outbox, SQLite::Database& db, const Message& message,
+                      const std::string& message_id) {
+  ledger::apply_credit(db, Delivery{message, message_id, 1, nullptr});
+  OutgoingMessage m;
+  m.topic = "events/credited";
+  m.payload = "{}";
+  m.message_id = derived_message_id(message_id, "credited");
+  for (const Member& member : members())
+    if (member.incoming_id == message_id && member.spoil) member.spoil(m);
+  outbox.enqueue_or_throw(db, m);
+}
+
+// `text` as the inside of an SQL string literal.
+std::string sql_text(std::string text) {
+  for (size_t at = text.find('\''); at != std::string::npos; at = text.find('\'', at + 2))
+    text.insert(at, 1, '\'');
+  return text;
+}
+
+OutboxOptions with_small_class() {
+  OutboxOptions o;
+  o.classes.push_back({"bulk/", 0, 100, OutboxFullPolicy::kReject});
+  return o;
+}
+
+}  // namespace refusals
+
+TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheInputAtOnceInAConsumer) {
+  auto outbox = make_outbox(refusals::with_small_class());
+  ConsumerOptions co;
+  co.max_attempts = 5;
+  co.retry_backoff_initial = std::chrono::milliseconds(1000);  // a retry would show
+  co.retry_backoff_max = std::chrono::milliseconds(1000);
+  std::unique_ptr<Consumer> consumer;
+  std::atomic<int> runs{0};
+  ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger",
+                               [&](SQLite::Database& db, const Delivery& d) {
+                                 ++runs;
+                                 refusals::credit_and_event(*outbox, db, d.message, d.message_id);
+                               },
+                               co, &consumer)
+                  .ok());
+  const auto members = refusals::members();
+  int n = 0;
+  for (const auto& member : members) {
+    const std::string next = "ok-" + std::to_string(n++);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(consumer->handle(credit_message(member.incoming_id, "spoiled", 1)),
+              Outcome::kDeadLettered)
+        << member.text;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900))
+        << member.text << ": a refusal for good must not wait for a retry";
+    // The stream behind it goes on, with its event.
+    EXPECT_EQ(consumer->handle(credit_message(next, "fine", 1)), Outcome::kProcessed);
+    EXPECT_EQ(count("message_id = '" + next + "/credited'"), 1);
+  }
+  const int64_t k = static_cast<int64_t>(members.size());
+  EXPECT_EQ(runs.load(), 2 * k);  // one run per message: no retry
+  EXPECT_EQ(consumer->counters().dead_lettered, k);
+  EXPECT_EQ(consumer->counters().handler_failures, 0);
+  EXPECT_EQ(inbox_->stats().retries, 0);
+  EXPECT_EQ(consumer->counters().processed, k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters"), k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                                "'outbox_refused' AND attempts = 1 AND status = 'dead'"),
+            k);
+  for (const auto& member : members)
+    EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = '" +
+                                      member.incoming_id + "' AND instr(reason_text, '" +
+                                      refusals::sql_text(member.text) + "') > 0"),
+              1)
+        << member.text;
+  // Nothing of a refused message's transaction was kept: no credit, no claim, no event.
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM accounts WHERE account = 'spoiled'"), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'fine'"), k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_processed"), k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_attempts"), 0);
+  EXPECT_EQ(count(), k);
+  // A redelivery of a refused message is recognised; the handler does not run again.
+  EXPECT_EQ(consumer->handle(credit_message(members[0].incoming_id, "spoiled", 1)),
+            Outcome::kAlreadyDeadLettered);
+  EXPECT_EQ(runs.load(), 2 * k);
+}
+
+TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheRowAtOnceInStoreThenProcess) {
+  auto outbox = make_outbox(refusals::with_small_class());
+  StoreThenProcessOptions o;
+  o.workers = 1;
+  o.poll_interval_ms = 10;
+  o.consumer.max_attempts = 5;
+  o.consumer.retry_backoff_initial = std::chrono::milliseconds(60000);  // a retry would stall
+  o.consumer.retry_backoff_max = std::chrono::milliseconds(60000);
+  std::atomic<int> runs{0};
+  std::unique_ptr<StoreThenProcess> stp;
+  ASSERT_TRUE(StoreThenProcess::create(inbox_.get(), "ledger",
+                                       [&](SQLite::Database& db, const StoredDelivery& d) {
+                                         ++runs;
+                                         refusals::credit_and_event(*outbox, db, d.message,
+                                                                    d.message_id);
+                                       },
+                                       o, &stp)
+                  .ok());
+  const auto members = refusals::members();
+  int n = 0;
+  for (const auto& member : members) {  // one aggregate: each refused row is in the way
+    ASSERT_EQ(stp->handle(credit_message(member.incoming_id, "spoiled", 1)), Outcome::kProcessed);
+    ASSERT_EQ(stp->handle(credit_message("ok-" + std::to_string(n++), "fine", 1)),
+              Outcome::kProcessed);
+  }
+  const int64_t k = static_cast<int64_t>(members.size());
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status IN "
+                                   "('done', 'dead')") == 2 * k;
+      },
+      std::chrono::seconds(10)))
+      << query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status = 'pending'");
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(runs.load(), 2 * k);
+  EXPECT_EQ(stp->counters().handler_failures, 0);
+  EXPECT_EQ(stp->counters().dead_lettered, k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status = 'dead'"
+                                " AND attempts = 1"),
+            k);
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                                "'outbox_refused' AND attempts = 1"),
+            k);
+  for (const auto& member : members)
+    EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = '" +
+                                      member.incoming_id + "' AND instr(reason_text, '" +
+                                      refusals::sql_text(member.text) + "') > 0"),
+              1)
+        << member.text;
+  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM accounts WHERE account = 'spoiled'"), 0);
+  EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'fine'"), k);
+  EXPECT_EQ(count(), k);
+  EXPECT_EQ(count("message_id LIKE 'ok-%/credited'"), k);
+}
+
+// The derived id states its limit and checks it: at the limit it is accepted, a byte
+// over it is refused with the room left named; the limit follows the outbox's option.
+TEST_F(OutboxTest, DerivedIdChecksTheOutboxLimit) {
+  const std::string at_limit(256 - 1 - 8, 'a');  // + "/credited" = 256 bytes
+  EXPECT_EQ(derived_message_id(at_limit, "credited").size(), 256u);
+  try {
+    derived_message_id(at_limit + "a", "credited");
+    ADD_FAILURE() << "a 257-byte derived id was accepted";
+  } catch (const OutboxRefused& e) {
+    EXPECT_EQ(e.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("is 257 bytes, longer than the outbox's 256"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("the incoming id is 248 bytes, and the suffix "
+                                         "'credited' leaves room for 247 at most"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(derived_message_id(std::string(1000, 'a'), "0", 1024).size(), 1002u);
+  EXPECT_THROW(derived_message_id("in", "x", 3), OutboxRefused);
+  EXPECT_THROW(derived_message_id("in", "\x01"), OutboxRefused);
+  // enqueue_or_throw throws the same class for every refusal for good; a plain enqueue
+  // returns kInvalidArgument for them, as before.
+  auto outbox = make_outbox();
+  inbox_->with_connection([&](SQLite::Database& db) {
+    EXPECT_THROW(outbox->enqueue_or_throw(db, out_msg("t", "x")), OutboxRefused);  // no txn
+    db.exec("BEGIN IMMEDIATE");
+    EXPECT_THROW(outbox->enqueue_or_throw(db, out_msg("t/#", "x")), OutboxRefused);
+    EXPECT_EQ(outbox->enqueue(db, out_msg("t", "x", std::string(257, 'a'))).code(),
+              Status::Code::kInvalidArgument);
+    db.exec("ROLLBACK");
+  });
+  EXPECT_EQ(count(), 0);
 }
 
 }  // namespace

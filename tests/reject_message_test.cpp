@@ -276,7 +276,7 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
   std::unique_ptr<Inbox> inbox;
   const Status s = Inbox::open(path, {}, &inbox);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(query_int(path, "PRAGMA user_version"), 9);
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
   EXPECT_EQ(dead_letter_rows(path), before_rows);
   EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
                             " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
@@ -299,6 +299,62 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
                                 std::to_string(id) +
                                 " AND reason = 'outbox_full' AND status = 'requeued'"),
             1);
+}
+
+// Step 10 rebuilds inbox_dead_letters once more to admit 'outbox_refused' (issue 27: the
+// handler's outgoing message refused for good, outbox.h OutboxRefused). A file of version
+// 9 with dead letters of every status, a parked outbox_full row among them, keeps every
+// row, value and index, and the new reason fits.
+TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEveryRow) {
+  TempDir dir;
+  const std::string path = dir.file("v9.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const auto& step : detail::schema_steps())
+      if (step.version <= 9) db.exec(step.sql);
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 9);
+    EXPECT_THROW(db.exec("INSERT INTO inbox_dead_letters (consumer_name, topic, payload,"
+                         " payload_size, qos, reason, reason_text, attempts, first_attempt_at,"
+                         " last_attempt_at, dead_lettered_at)"
+                         " VALUES ('c', 't', x'', 0, 1, 'outbox_refused', '', 0, 1, 1, 1)"),
+                 SQLite::Exception);
+    db.exec("INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
+            " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
+            " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
+            " VALUES (5, 'ledger', 'm-5', 'credits/a', x'7b7d', 2, NULL, 1, 'outbox_full',"
+            "         'outbox full', 0, 100, 200, 300, 0, 'requeued', NULL, 300),"
+            "        (6, 'ledger', 'm-6', 'credits/b', x'00', 1, '{}', 1, 'handler_failed',"
+            "         'boom', 5, 110, 210, 310, 1, 'dead', NULL, 310),"
+            "        (11, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'invalid_payload',"
+            "         'no', 1, 120, 220, 320, 0, 'replayed', 330, 320)");
+  }
+  const std::string before_rows = dead_letter_rows(path);
+  std::unique_ptr<Inbox> inbox;
+  const Status s = Inbox::open(path, {}, &inbox);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), 10);
+  EXPECT_EQ(dead_letter_rows(path), before_rows);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
+                            " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
+                            " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
+            4);
+  std::vector<int64_t> requeued;
+  ASSERT_TRUE(inbox->requeued_dead_letters("ledger", 10, &requeued).ok());
+  EXPECT_EQ(requeued, std::vector<int64_t>{5});
+  DeadLetter refused;
+  refused.consumer_name = "ledger";
+  refused.message_id = "m-12";
+  refused.topic = "credits/c";
+  refused.reason = DeadLetterReason::kOutboxRefused;
+  refused.reason_text = "outbox message id refused: message id is 259 bytes, longer than 256";
+  int64_t id = 0;
+  ASSERT_TRUE(inbox->add_dead_letter(refused, std::nullopt, &id).ok());
+  EXPECT_GT(id, 11);
+  DeadLetter got;
+  ASSERT_TRUE(inbox->get_dead_letter(id, &got).ok());
+  EXPECT_EQ(got.reason, DeadLetterReason::kOutboxRefused);
+  EXPECT_STREQ(to_string(got.reason), "outbox_refused");
 }
 
 }  // namespace

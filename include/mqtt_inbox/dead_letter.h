@@ -35,6 +35,11 @@ enum class DeadLetterReason {
                         // the message here with status 'requeued' and no attempt counted,
                         // and its requeue thread replays it once the relay has made room
                         // (README "Outbox: publishing exactly once", "Backpressure")
+  kOutboxRefused,       // the handler's Outbox::enqueue_or_throw refused its outgoing
+                        // message for good (OutboxRefused, outbox.h: an id too long or
+                        // malformed, a topic or property MQTT does not allow, a message
+                        // larger than its class): dead-lettered at once, one attempt; the
+                        // text names the refusal
 };
 
 // Every reason, in declaration order (for parsing, listing and help texts).
@@ -43,7 +48,8 @@ inline constexpr DeadLetterReason kDeadLetterReasons[] = {
     DeadLetterReason::kPayloadTooLarge,   DeadLetterReason::kUndecodablePayload,
     DeadLetterReason::kInvalidPayload,    DeadLetterReason::kHandlerFailed,
     DeadLetterReason::kHandlerCrashed,    DeadLetterReason::kRetained,
-    DeadLetterReason::kHandlerReentered,  DeadLetterReason::kOutboxFull};
+    DeadLetterReason::kHandlerReentered,  DeadLetterReason::kOutboxFull,
+    DeadLetterReason::kOutboxRefused};
 
 const char* to_string(DeadLetterReason reason);
 // Parses the text form; returns false for an unknown name.

@@ -47,7 +47,7 @@ struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 9;
+constexpr int kSchemaVersion = 10;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();
@@ -80,6 +80,9 @@ enum class ClaimResult {
                        // invalid_payload at once)
   kReentered,          // handler called back into this inbox (handler.h): rolled back
                        // (dead letter handler_reentered at once)
+  kOutboxRefused,      // handler threw OutboxRefused (an outgoing message the outbox
+                       // refuses for good, outbox.h): rolled back (dead letter
+                       // outbox_refused at once)
   kDeadLettered,       // process() only: the id has a dead letter (status 'dead'): rolled
                        // back, handler not run
   kAttemptsExhausted,  // process() only: max_attempts attempts are recorded for the id:
@@ -100,8 +103,8 @@ struct ProcessReport {
   // What was recorded for the id before this delivery (claim, attempts, a dead letter).
   // Read only when the claim did not go through at once: all zero for a first delivery.
   MessageState state;
-  // The handler's exception text, for kHandlerFailed, kUndecodable and kRejected; the
-  // refused call, for kReentered.
+  // The handler's exception text, for kHandlerFailed, kUndecodable, kRejected and
+  // kOutboxRefused; the refused call, for kReentered.
   std::string handler_error;
 };
 
@@ -298,6 +301,12 @@ class Inbox {
   // call it for a client id that may still connect: the Pruner would then check against
   // the other records only. Errors: store codes.
   Status forget_session(const std::string& client_id, bool* removed);
+  // Counts a session lost at the broker (InboxStats::sessions_lost): the transport calls
+  // it when the broker answers a CONNECT of `client_id` without a session (session
+  // present = 0) although this inbox recorded one holding topic filters. Messages sent
+  // to that session while the client was away are gone, and no redelivery will bring
+  // them. Cheap, any thread; never waits for the store and writes nothing.
+  void note_session_lost(const std::string& client_id);
 
  private:
   friend class Pruner;

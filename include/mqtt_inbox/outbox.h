@@ -108,7 +108,21 @@ struct OutgoingMessage : MessageProperties {
 // The id of the outgoing message number/name `suffix` derived from the incoming message
 // `incoming_id`: incoming_id + "/" + suffix. The same inputs always give the same id, so a
 // handler that runs again (after a rollback, a crash, a replay) enqueues the same id.
-std::string derived_message_id(const std::string& incoming_id, const std::string& suffix);
+//
+// The limit: the result is incoming_id.size() + 1 + suffix.size() bytes and must be a
+// valid id of at most `max_id_bytes` (pass OutboxOptions::max_id_bytes of the outbox it
+// goes to; default 256, as that option's and MessageIdOptions::max_id_bytes's defaults).
+// The inbox accepts incoming ids up to its own MessageIdOptions::max_id_bytes, so with
+// equal limits an incoming id longer than max_id_bytes - 1 - suffix.size() bytes (a
+// 250-byte id with the suffix "credited") derives one the next hop would refuse. The
+// outbox does not accept longer ids instead: its limit is the next hop's inbox's. Throws
+// OutboxRefused for such an id (or a `suffix` that makes it invalid, a control character):
+// in a handler the incoming message is then dead-lettered at once as outbox_refused,
+// with a text naming the incoming id's length and the room left. To refuse such input
+// as invalid_id before the handler runs instead, set the inbox's
+// MessageIdOptions::max_id_bytes to max_id_bytes - 1 - the longest suffix.
+std::string derived_message_id(const std::string& incoming_id, const std::string& suffix,
+                               size_t max_id_bytes = 256);
 
 // A random RFC 4122 version 4 UUID ("xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx", lower case)
 // from /dev/urandom. Errors: kIoError if /dev/urandom cannot be read.
@@ -194,9 +208,10 @@ struct OutboxCounters {
   int64_t dead = 0;        // rows marked dead
 };
 
-// Thrown by Outbox::enqueue_or_throw when the enqueue was refused for a bad argument (a
-// topic with a wildcard, a refused id, a message larger than its class's max_bytes):
-// retrying cannot help, so the handler's attempt fails (ConsumerOptions::max_attempts).
+// Thrown by Outbox::enqueue_or_throw when the enqueue was refused: as itself only when a
+// random message id could not be made (/dev/urandom failed; an ordinary failed attempt,
+// retried up to ConsumerOptions::max_attempts); every other refusal is one of the two
+// subclasses below, OutboxRefused (never succeeds) or OutboxFull (backpressure).
 class OutboxRejected : public std::runtime_error {
  public:
   explicit OutboxRejected(Status status)
@@ -205,6 +220,30 @@ class OutboxRejected : public std::runtime_error {
 
  private:
   Status status_;
+};
+
+// Thrown by Outbox::enqueue_or_throw (status kInvalidArgument) and derived_message_id()
+// for a refusal that no retry can change: the same message is refused on every attempt.
+// The members, all checked before anything is written:
+//  - no open transaction on `db` (the caller's mistake, the same on every run);
+//  - the topic: empty, a wildcard '+' or '#', not valid UTF-8, a U+0000, longer than
+//    65,535 bytes (MQTT 3.1.1 sections 1.5.3, 4.7.1; MQTT 5.0 sections 1.5.4, 3.3.2.1);
+//  - the message id (given, or derived): not one the next hop's inbox accepts (longer
+//    than OutboxOptions::max_id_bytes, not UTF-8, control characters, only whitespace);
+//  - an MQTT 5 property the broker would refuse or disconnect for: a response topic held
+//    to the topic rules; a content type or user property name or value that is not
+//    valid UTF-8, holds U+0000 or exceeds 65,535 bytes; correlation data over 65,535
+//    bytes; a payload format indicator other than 0 or 1, or 1 with a payload that is
+//    not valid UTF-8 (MQTT 5.0 sections 1.5.4, 1.5.6, 3.3.2.3);
+//  - the message larger than MQTT allows in one packet (268,435,455 bytes) or than its
+//    class's max_bytes (it could never fit).
+// The handler's incoming message is dead-lettered at once as outbox_refused
+// (dead_letter.h), with what() naming the refusal: no retries, no backoff, one attempt,
+// in a Consumer and in StoreThenProcess alike, and the stream goes on. Outbox::enqueue
+// returns the same refusals as kInvalidArgument.
+class OutboxRefused : public OutboxRejected {
+ public:
+  using OutboxRejected::OutboxRejected;
 };
 
 // Thrown by Outbox::enqueue_or_throw when a kReject class is full (rows, bytes or the age
@@ -240,17 +279,20 @@ class Outbox {
   // rolls back with it. *message_id (optional) receives the id, given or assigned.
   // If a row with that id exists already (a re-run after a committed enqueue, a replay),
   // nothing is added and the call succeeds: the id names one message.
-  // Errors: kInvalidArgument (no open transaction; empty topic or one with '+' or '#'; an
-  // id refused as the next hop's inbox would refuse it; a message larger than its class's
-  // max_bytes); kRejected "outbox full: ..." (a full kReject class); store codes
-  // (kFull, kIoError, kCorruption, ...) when SQLite fails.
+  // Errors: kInvalidArgument for every refusal that can never succeed (the members are
+  // listed at OutboxRefused: no open transaction, a topic, id or MQTT 5 property MQTT or
+  // the next hop refuses, a message larger than MQTT or its class allows); kRejected
+  // "outbox full: ..." (a full kReject class); kIoError when a random id cannot be made;
+  // store codes (kFull, kIoError, kCorruption, ...) when SQLite fails.
   Status enqueue(SQLite::Database& db, const OutgoingMessage& message,
                  std::string* message_id = nullptr);
 
-  // enqueue() for handlers: throws OutboxFull for a full kReject class, OutboxRejected
-  // for any other refusal, and lets an SQLite
-  // failure through as the SQLite::Exception it is, so that a Consumer treats store
-  // errors (BUSY, FULL, IOERR) as store failures, not as handler attempts (handler.h).
+  // enqueue() for handlers: throws OutboxRefused for a refusal that can never succeed
+  // (the incoming message is dead-lettered at once as outbox_refused), OutboxFull for a
+  // full kReject class (backpressure), OutboxRejected when a random id cannot be made
+  // (a failed attempt), and lets an SQLite failure through as the SQLite::Exception it
+  // is, so that a Consumer treats store errors (BUSY, FULL, IOERR) as store failures, not
+  // as handler attempts (handler.h).
   void enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& message,
                         std::string* message_id = nullptr);
 

@@ -46,7 +46,9 @@ struct SessionRecord {
   int64_t session_expiry_ms = 0;
   SessionExpirySource expiry_source = SessionExpirySource::kRequested;
   // Wall-clock Unix ms of the last record_session for this client id. Set by
-  // record_session (ignored on input).
+  // record_session (ignored on input). The Subscriber records at every connection, so
+  // this is also about when the broker last held the session: its warning when a
+  // session is lost says since when (subscriber.h).
   int64_t updated_at_ms = 0;
 };
 

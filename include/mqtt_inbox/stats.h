@@ -40,6 +40,11 @@ struct InboxStats {
   int64_t store_errors = 0;     // store operations that failed (and were retried)
   int64_t pruned = 0;           // inbox_processed rows deleted by retention passes
   int64_t dead_letters_pruned = 0;
+  // Sessions the broker lost while the inbox recorded them (Inbox::note_session_lost):
+  // CONNACK said session present = 0 although the recorded session held topic filters,
+  // so what was queued for it while the client was away is gone (session expiry, a
+  // broker restart without persistence, a clean-session CONNECT with this client id).
+  int64_t sessions_lost = 0;
   // duplicates / (processed + duplicates); 0 when nothing was seen.
   double duplicate_ratio = 0;
 
@@ -66,15 +71,17 @@ struct InboxStats {
   OutboxRows outbox;
 };
 
-// One line for logs: "processed=... duplicates=... rows=... p99=...us db=...B wal=...B".
+// One line for logs: "processed=... duplicates=... rows=... p99=...us db=...B wal=...B
+// sessions_lost=...".
 // rows is the sum over consumers, or "unknown" while rows_measured_at is 0.
 std::string summary_line(const InboxStats& s);
 
 // Prometheus text exposition format (version 0.0.4), for a node exporter's textfile
-// collector. Metric names start with mqtt_inbox_. mqtt_inbox_rows has no samples while
-// rows were never measured (absent, not 0). The outbox figures (mqtt_inbox_outbox_*:
-// pending rows, bytes and drops per class label, sent and dead rows, the oldest pending
-// row's age) are written once rows were measured.
+// collector. Metric names start with mqtt_inbox_ (mqtt_inbox_sessions_lost_total counts
+// InboxStats::sessions_lost: alert on any increase). mqtt_inbox_rows has
+// no samples while rows were never measured (absent, not 0). The outbox figures
+// (mqtt_inbox_outbox_*: pending rows, bytes and drops per class label, sent and dead
+// rows, the oldest pending row's age) are written once rows were measured.
 std::string prometheus_text(const InboxStats& s);
 
 }  // namespace mqtt_inbox

@@ -12,8 +12,15 @@
 //    messages right after CONNACK, before connect() completes or any SUBSCRIBE.
 //  - Subscriptions are QoS 1 (MQTT 3.1.1 section 3.8.3.1).
 //  - Reconnects are its own, with capped exponential backoff. When CONNACK reports no
-//    session (session present = 0, MQTT 3.1.1 section 3.2.2.2) it subscribes again and,
-//    on a reconnect, logs a warning that messages may have been missed.
+//    session (session present = 0, MQTT 3.1.1 section 3.2.2.2) it subscribes again. If
+//    the inbox recorded a session with topic filters for this client id (this process's
+//    last connection, or an earlier run's: the session expired while the device was
+//    off, the broker restarted without persistence, another client connected with this
+//    client id and a clean session), the broker lost it: a warning ("SESSION LOST: ...",
+//    journal priority 4) names the filters, when the broker last held the session and
+//    its expiry, and the loss is counted in sessions_lost(), health() and the Inboxes'
+//    InboxStats::sessions_lost (Prometheus mqtt_inbox_sessions_lost_total). A first
+//    connection (no such record) is logged at info.
 //  - TLS verifies the broker's certificate chain and host name unless an explicitly
 //    insecure option says otherwise (tls.h). A refused CONNECT (bad user name or
 //    password, not authorized, ...) is logged with its meaning, shown in health(), and
@@ -131,6 +138,12 @@ struct SubscriberHealth {
   // (section 3.2.2.3) or MQTT 5 reason code >= 0x80 (section 3.2.2.2.3); 0 if none yet.
   int connack_code = 0;
   std::string connack_reason;  // its meaning, e.g. "not authorized"
+  // Sessions the broker lost, this process (Subscriber::sessions_lost()): a CONNACK with
+  // session present = 0 although the inbox recorded a session holding topic filters.
+  int64_t sessions_lost = 0;
+  int64_t session_lost_ms = 0;  // when the last one was found; 0 if never
+  // The last loss as logged: which filters, since when, the likely causes; "" if none.
+  std::string session_lost;
 };
 
 // Name of a SubscriberHealth::Failure, e.g. "tls".
@@ -200,8 +213,11 @@ class Subscriber {
 
   // Messages received through the callback (all outcomes), this process.
   int64_t messages_received() const;
-  // Connections established (first connect included) and those without a session.
+  // Connections established (first connect included).
   int64_t connects() const;
+  // Sessions the broker lost, this process: CONNACKs with session present = 0 although
+  // the inbox recorded a session holding topic filters for this client id (see above).
+  // A first connection is not counted.
   int64_t sessions_lost() const;
 
  private:

@@ -1,6 +1,10 @@
 #include "support/core_cases.h"
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <memory>
+#include <thread>
 
 namespace mqtt_inbox::test {
 
@@ -19,8 +23,10 @@ class LedgerRig {
     EXPECT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
-  std::unique_ptr<Subscriber> subscriber(const std::string& client_id) {
+  std::unique_ptr<Subscriber> subscriber(const std::string& client_id,
+                                         std::shared_ptr<spdlog::logger> log = nullptr) {
     SubscriberOptions o;
+    o.logger = std::move(log);
     o.broker_uri = broker_.uri;
     o.client_id = client_id;
     o.client_id_lock_dir = dir_.path();
@@ -35,6 +41,7 @@ class LedgerRig {
 
   int64_t rows() const { return query_int(db_path_, "SELECT count(*) FROM ledger_entries"); }
   int64_t balance() const { return query_int(db_path_, "SELECT sum(balance) FROM accounts"); }
+  Inbox& inbox() const { return *inbox_; }
 
  private:
   const BrokerUnderTest& broker_;
@@ -133,6 +140,56 @@ void core_case_broker_restart_keeps_sessions(const BrokerUnderTest& broker,
   EXPECT_EQ(b->sessions_lost(), 0);
   EXPECT_TRUE(b->stop().ok());
   EXPECT_TRUE(a->stop().ok());
+}
+
+void core_case_session_lost_while_stopped(
+    const BrokerUnderTest& broker, const std::string& prefix,
+    const std::function<void(const std::string& client_id)>& destroy) {
+  const bool v5 = broker.version == MqttVersion::kV5;
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(500);
+  auto log = std::make_shared<spdlog::logger>(prefix, ring);
+  LedgerRig rig(broker, prefix + "/#");
+  const std::string client = prefix + "-lost";
+  {
+    auto sub = rig.subscriber(client, log);
+    ASSERT_TRUE(sub->start().ok());
+    ASSERT_TRUE(sub->wait_connected(10000));
+    TestPublisher pub(broker.uri, v5);
+    for (int i = 0; i < 2; ++i) pub.credit(prefix + "/a", "before-" + std::to_string(i), "x", 1);
+    ASSERT_TRUE(wait_until([&] { return rig.rows() == 2; }, std::chrono::seconds(30)));
+    ASSERT_TRUE(sub->stop().ok());
+  }
+  {
+    TestPublisher pub(broker.uri, v5);
+    for (int i = 0; i < 10; ++i) pub.credit(prefix + "/a", "queued-" + std::to_string(i), "x", 10);
+  }
+  destroy(client);
+  auto sub = rig.subscriber(client, log);
+  ASSERT_TRUE(sub->start().ok());
+  ASSERT_TRUE(sub->wait_connected(30000)) << broker.name;
+  EXPECT_EQ(sub->sessions_lost(), 1) << broker.name;
+  EXPECT_EQ(sub->health().sessions_lost, 1);
+  EXPECT_EQ(rig.inbox().stats().sessions_lost, 1);
+  size_t warned = 0;
+  const std::string warning = "SESSION LOST: broker " + broker.uri +
+                              " has no session for client '" + client +
+                              "', but the inbox recorded one holding topic filter(s) '" + prefix +
+                              "/#'";
+  for (const auto& m : ring->last_raw())
+    warned += m.level == spdlog::level::warn &&
+              std::string(m.payload.data(), m.payload.size()).find(warning) != std::string::npos;
+  EXPECT_EQ(warned, 1u) << broker.name;
+  {
+    TestPublisher pub(broker.uri, v5);
+    for (int i = 0; i < 3; ++i) pub.credit(prefix + "/a", "after-" + std::to_string(i), "x", 100);
+  }
+  ASSERT_TRUE(wait_until([&] { return rig.rows() == 5; }, std::chrono::seconds(30)))
+      << broker.name << ": " << rig.rows() << " rows";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(rig.rows(), 5);
+  EXPECT_EQ(rig.balance(), 302);  // 2 before, 3 after; the 10 queued went with the session
+  EXPECT_EQ(sub->sessions_lost(), 1);
+  EXPECT_TRUE(sub->stop().ok());
 }
 
 }  // namespace mqtt_inbox::test

@@ -40,4 +40,14 @@ void core_case_offline_messages_are_delivered(const BrokerUnderTest& broker,
 void core_case_broker_restart_keeps_sessions(const BrokerUnderTest& broker,
                                              const std::string& prefix);
 
+// A session lost while the consumer is stopped (issue 27 item 4): the consumer applies 2
+// credits and stops, 10 more are queued in its session, `destroy(client_id)` ends that
+// session at the broker, and the consumer starts again. The loss is counted once (the
+// Subscriber, its health, the Inbox's stats) and warned about naming the filter; the
+// filter is subscribed again and 3 credits published afterwards are applied; the 10 are
+// gone (the broker's doing: the loss being reported).
+void core_case_session_lost_while_stopped(
+    const BrokerUnderTest& broker, const std::string& prefix,
+    const std::function<void(const std::string& client_id)>& destroy);
+
 }  // namespace mqtt_inbox::test

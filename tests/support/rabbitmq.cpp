@@ -160,6 +160,44 @@ void RabbitMq::stop() {
   script_pid_ = -1;
 }
 
+std::string RabbitMq::ctl(const std::vector<std::string>& args) const {
+  std::string script = server_script();
+  script = script.substr(0, script.rfind('/') + 1) + "rabbitmqctl";
+  const std::string out = dir_.file("ctl.out");
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    setenv("ERL_EPMD_PORT", std::to_string(epmd_port_).c_str(), 1);
+    setenv("HOME", dir_.path().c_str(), 1);  // the Erlang cookie the node uses
+    setenv("RABBITMQ_LOG_BASE", log_dir_.c_str(), 1);
+    std::vector<std::string> argv{script, "-n", node_name_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    execv(c[0], c.data());
+    _exit(127);
+  }
+  int st = 0;
+  const bool done = wait_until([&] { return waitpid(pid, &st, WNOHANG) == pid; },
+                               std::chrono::seconds(120));
+  if (!done) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    throw std::runtime_error("rabbitmqctl did not finish: " + read_file(out));
+  }
+  const std::string text = read_file(out);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    throw std::runtime_error("rabbitmqctl failed: " + text);
+  return text;
+}
+
 std::string RabbitMq::log_tail() const {
   std::string text = read_file(log_dir_ + "/startup.log") +
                      read_file(log_dir_ + "/" + node_name_ + ".log");

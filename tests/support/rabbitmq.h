@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "support/process.h"
 
@@ -35,6 +36,10 @@ class RabbitMq {
   // sessions, are kept) / starts it again with the same name, ports and data.
   void stop();
   void start();
+  // Runs rabbitmqctl against the node (its name, Erlang cookie and epmd port) with `args`,
+  // e.g. {"set_policy", ...}, and returns its output. Throws std::runtime_error with the
+  // output if it fails. Each call starts an Erlang VM: about 1-3 s.
+  std::string ctl(const std::vector<std::string>& args) const;
   // Seconds the last start() took until the MQTT port accepted connections.
   double last_start_seconds() const { return last_start_s_; }
   const std::string& log_dir() const { return log_dir_; }
