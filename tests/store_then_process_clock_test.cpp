@@ -6,6 +6,7 @@
 // and retention count on the retention clock. The crash-and-restart cases with a real
 // broker and SIGKILL are in store_then_process_test.cpp.
 #include <mqtt_inbox/store_then_process.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "schema.h"
+#include "store_retry.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -601,6 +603,30 @@ TEST_F(StpClockTest, VersionNineGainsClaimTokensAndItsRowsRunAtOnce) {
   EXPECT_EQ(column(db_path_, "SELECT message_id || ':' || attempt FROM runs ORDER BY message_id"),
             (std::vector<std::string>{"old-claim:2", "old-retry:2"}));
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"), 3);
+}
+
+// Receipt's wait for a failing store (the PUBACK waits with it) keeps warning at its log
+// interval while the wall clock is set back an hour at every retry: the interval is
+// measured on the monotonic clock. It reports how long the wait lasted the same way.
+TEST(StoreRetryClock, WarningsAndDurationsIgnoreWallClockSteps) {
+  FakeClock clock;
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto log = std::make_shared<spdlog::logger>("retry", ring);
+  detail::StoreRetry retry("store-then-process 'sensors'", "x.db", /*initial_ms=*/100,
+                           /*max_ms=*/100, /*log_interval_ms=*/1000, &clock, log);
+  int calls = 0;
+  retry.until_stored("storing a message", [&] {
+    clock.wall -= kHour;  // FakeClock::sleep_ms advances both clocks by the backoff
+    return ++calls <= 25 ? Status(Status::Code::kBusy, "locked") : Status::Ok();
+  });
+  int warnings = 0;
+  std::string recovered;
+  for (const std::string& line : ring->last_formatted()) {
+    if (line.find("store failed while storing a message") != std::string::npos) ++warnings;
+    if (line.find("store recovered") != std::string::npos) recovered = line;
+  }
+  EXPECT_EQ(warnings, 3);  // the first failure, then after 1 s and 2 s of the 2.5 s wait
+  EXPECT_NE(recovered.find("after 25 retries (2500 ms)"), std::string::npos) << recovered;
 }
 
 }  // namespace
