@@ -48,7 +48,12 @@ struct StoreThenProcess::Impl {
   StoreThenProcessOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
-  std::string instance;  // random, per object: the first part of every claimant
+  std::string token;     // random, per object
+  uint64_t runs = 0;     // start() calls, under run_mu
+  // "<token>.<run>", set by start() before the workers exist: the first part of every
+  // claimant. A new one per run, so claims left by an earlier run of this object (stop()
+  // could not release them) are orphans too.
+  std::string instance;
   std::atomic<uint64_t> next_claim{0};
 
   // Receipt statements live on the Inbox's connection and are used under its mutex

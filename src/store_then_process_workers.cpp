@@ -591,6 +591,7 @@ Status StoreThenProcess::start() {
   if (m.started) return Status::InvalidArgument("already started");  // a concurrent start()
   m.stopping = false;
   m.started = true;
+  m.instance = m.token + "." + std::to_string(++m.runs);
   // Before any claim: the reaper (of this or another pool of this process) must never
   // take this pool's claims for orphans.
   m.set_running(true);
