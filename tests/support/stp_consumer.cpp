@@ -6,9 +6,12 @@
 //   stp_consumer BROKER CLIENT_ID TOPIC DB [--crash-in-handler ID] [--workers N]
 //                [--lease-ms N] [--batch N] [--handler-sleep-ms N] [--mqtt-version 3.1.1|5]
 //                [--max-attempts N] [--wall-offset-file PATH] [--steady-offset-ms N]
+//                [--prepare-sleep-ms N]
 //
 // --crash-in-handler ID   SIGKILL itself inside the handler transaction whenever ID runs.
 // --handler-sleep-ms N    the handler sleeps N ms inside its transaction (a slow handler).
+// --prepare-sleep-ms N    a prepare function sleeps N ms, holding a claim but no lock (slow
+//                         work that does not hold up receipt).
 // --wall-offset-file PATH the Inbox's wall clock is the system's plus the number of ms in
 //                         PATH, read at every call: a test steps the clock of a running
 //                         process by rewriting the file.
@@ -18,6 +21,7 @@
 // SIGTERM: stops and prints the counters as "key=value" words on one line.
 #include <signal.h>
 
+#include <any>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -86,12 +90,16 @@ int main(int argc, char** argv) {
     else if (flag == "--lease-ms") o.lease_ms = std::stoll(value);
     else if (flag == "--batch") o.batch_size = std::stoi(value);
     else if (flag == "--handler-sleep-ms") handler_sleep_ms = std::stoi(value);
-    else if (flag == "--max-attempts")
-      o.consumer.max_attempts = std::stoi(value);
-    else if (flag == "--wall-offset-file")
-      wall_offset_file = value;
-    else if (flag == "--steady-offset-ms")
-      steady_offset_ms = std::stoll(value);
+    else if (flag == "--max-attempts") o.consumer.max_attempts = std::stoi(value);
+    else if (flag == "--wall-offset-file") wall_offset_file = value;
+    else if (flag == "--steady-offset-ms") steady_offset_ms = std::stoll(value);
+    else if (flag == "--prepare-sleep-ms") {
+      const int ms = std::stoi(value);
+      o.prepare = [ms](const mqtt_inbox::StoredDelivery&) -> std::any {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        return {};
+      };
+    }
     else if (flag == "--mqtt-version")
       mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
