@@ -447,3 +447,17 @@ CREATE INDEX inbox_dead_letters_requeued ON inbox_dead_letters (consumer_name, i
     WHERE status = 'requeued';
 
 PRAGMA user_version = 10;
+
+-- @version 11
+-- Store-then-process claims are fenced by a token instead of being timed by the wall
+-- clock. Each claim of a row adds one to claim_token, and every write a worker makes to
+-- its row (done, failed, dead, released) requires the token it claimed with: a worker
+-- whose claim was returned to 'pending' (reaped) can never commit over the claim that
+-- followed, in this process or in another, before or after a restart. Leases are timed on
+-- each process's monotonic clock, in memory (docs/store-then-process.md "The reaper"), so
+-- claimed_at (wall clock) is for people only. From this version on next_attempt_at is on
+-- the retention clock; a value further ahead than the retry backoff's maximum (a wall-clock
+-- stamp of an older release, or another process's clock) counts as due.
+ALTER TABLE inbox_messages ADD COLUMN claim_token INTEGER NOT NULL DEFAULT 0;
+
+PRAGMA user_version = 11;

@@ -65,7 +65,7 @@ class StoreRetry {
     Status s = op();
     if (s.ok()) return;
     int64_t backoff = initial_ms_;
-    Wait w{what, clock_->wall_ms(), 0, false};
+    Wait w{what, clock_->wall_ms(), clock_->steady_ms(), 0, false};
     while (!s.ok()) {
       if (stop && stop->load()) {
         settle(w);
@@ -100,7 +100,7 @@ class StoreRetry {
     Status s = op();
     if (s.ok() || !s.is_transient_store_error()) return s;
     int64_t backoff = initial_ms_;
-    Wait w{what, since, 0, true};
+    Wait w{what, since, started, 0, true};
     for (;;) {
       const bool log_now = failed(w, s);
       const int64_t waited = clock_->steady_ms() - started;
@@ -159,7 +159,8 @@ class StoreRetry {
  private:
   struct Wait {
     const char* what;
-    int64_t since_ms;
+    int64_t since_ms;         // wall clock, for Health::stuck_since_ms (people read it)
+    int64_t since_steady_ms;  // what durations are measured from: no clock step moves it
     int64_t retries;
     bool starting;
   };
@@ -180,7 +181,9 @@ class StoreRetry {
     health_.last_error = s.to_string();
     if (s.is_fatal_store_error()) health_.fatal = true;
     ++store_retries_;
-    const int64_t now = clock_->wall_ms();
+    // Monotonic: with the wall clock the warnings would stop for as long as the clock was
+    // set back.
+    const int64_t now = clock_->steady_ms();
     const bool log_now = w.retries == 1 || now - last_log_ms_ >= log_interval_ms_;
     if (log_now) last_log_ms_ = now;
     return log_now;
@@ -199,7 +202,7 @@ class StoreRetry {
   void recovered(const Wait& w) {
     settle(w);
     log_->info("{}: store recovered after {} retries ({} ms){}", who_, w.retries,
-               clock_->wall_ms() - w.since_ms, w.starting ? " at start-up" : "");
+               clock_->steady_ms() - w.since_steady_ms, w.starting ? " at start-up" : "");
   }
 
   void log_fatal(const char* what, const Status& s) {

@@ -175,7 +175,7 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
                                                      inbox->path(), options.consumer, impl->clock,
                                                      impl->log);
-  impl->instance = instance_token();
+  impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();
   const Status opened = detail::InboxAccess::of(inbox).wait_at_startup(

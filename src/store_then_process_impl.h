@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,11 @@ namespace detail {
 // dead-lettered after such an attempt is reported as handler_crashed.
 inline constexpr const char* kExpiredClaimError = "claim expired: the worker died or hung";
 
+// The instance part of a claimant ("<instance>/w<worker>/<claim>").
+inline std::string claimant_instance(const std::string& claimant) {
+  return claimant.substr(0, claimant.find('/'));
+}
+
 }  // namespace detail
 
 struct StoreThenProcess::Impl {
@@ -42,6 +48,11 @@ struct StoreThenProcess::Impl {
   StoreThenProcessOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
+  std::string token;     // random, per object
+  uint64_t runs = 0;     // start() calls, under run_mu
+  // "<token>.<run>", set by start() before the workers exist: the first part of every
+  // claimant. A new one per run, so claims left by an earlier run of this object (stop()
+  // could not release them) are orphans too.
   std::string instance;
   std::atomic<uint64_t> next_claim{0};
 
@@ -135,6 +146,7 @@ struct StoreThenProcess::Impl {
 
   struct Row {
     int64_t seq = 0;
+    int64_t claim_token = 0;  // the fencing token this claim got (schema.sql version 11)
     std::string message_id, aggregate_key;
     Message message;
     int64_t received_at = 0;
@@ -142,12 +154,13 @@ struct StoreThenProcess::Impl {
     std::string last_error;
   };
 
-  // One worker's connection and its cached statements.
+  // One worker's connection, its cached statements and its current batch.
   struct Worker {
     int index = 0;
     std::unique_ptr<SQLite::Database> db;
     std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
         failed, release, dead;
+    std::vector<Row> batch;  // the rows of the current claim, in seq order
     Synchronous handler_sync = Synchronous::kFull;
     std::optional<Synchronous> current_sync;
 
@@ -172,17 +185,23 @@ struct StoreThenProcess::Impl {
   bool worker_retry(const char* what, Op&& op);
   void prepare_worker(Worker& w);
   std::vector<std::pair<int64_t, std::string>> candidates(Worker& w, int64_t now);
-  Status claim(Worker& w, const std::string& claimant, std::vector<Row>* rows);
-  Status release(Worker& w, const std::string& claimant, const std::string* aggregate);
-  RunResult dead_letter_row(Worker& w, const Row& r, const std::string& claimant,
-                            DeadLetterReason reason, const std::string& text, int attempts);
-  RunResult fail_row(Worker& w, const Row& r, const std::string& claimant, int attempt,
-                     const std::string& error);
+  // Claims a batch into w.batch.
+  Status claim(Worker& w, const std::string& claimant);
+  // Whether the row is still claimed with r.claim_token (in or outside a transaction).
+  bool still_owned(Worker& w, const Row& r);
+  // Puts the rows of w.batch that this claim still holds back to 'pending' (no attempt
+  // counted); with `aggregate`, only that aggregate's. Inside the caller's transaction.
+  void release_rows(Worker& w, const std::string* aggregate);
+  Status release(Worker& w, const std::string* aggregate);
+  // Each writes the row only while it still carries r.claim_token (kLost otherwise).
+  RunResult dead_letter_row(Worker& w, const Row& r, DeadLetterReason reason,
+                            const std::string& text, int attempts);
+  RunResult fail_row(Worker& w, const Row& r, int attempt, const std::string& error);
   // Puts the row back to 'pending' with `attempts` recorded and its next try after
   // `delay_ms`; the later rows of its aggregate in the batch are released to wait behind
   // it. fail_row after a failure; directly for a full outbox (no attempt counted).
-  RunResult retry_row_later(Worker& w, const Row& r, const std::string& claimant, int attempts,
-                            const std::string& error, int64_t delay_ms);
+  RunResult retry_row_later(Worker& w, const Row& r, int attempts, const std::string& error,
+                            int64_t delay_ms);
   RunResult run_row(Worker& w, const Row& r, const std::string& claimant);
   void worker_loop(Worker& w);
 
@@ -190,7 +209,21 @@ struct StoreThenProcess::Impl {
   // (store_then_process_maintenance.cpp)
 
   void maintenance_loop();
+  // Returns orphaned claims and claims whose running row showed no progress for lease_ms
+  // on this process's monotonic clock to 'pending' (see StoreThenProcess::reap).
   Status reap_now(int64_t* reaped);
+  // What the reaper saw of a claim: its running row (the lowest seq still 'processing'),
+  // and since when (steady ms) it has seen that row running. Under maint_mu.
+  struct Watched {
+    int64_t running_seq = 0;
+    int64_t since_ms = 0;
+  };
+  std::map<std::string, Watched> watched;  // by claimant
+
+  // The instances of this process whose workers run (start() to the end of stop()): under
+  // the Inbox's exclusive lock, a claim of any other instance is an orphan.
+  void set_running(bool running);
+  static bool instance_running(const std::string& instance);
   Status prune_now(StoredPruneResult* out);
   // Refuses (kInvalidArgument) a dedup_retention_ms below the longest session expiry
   // recorded in the Inbox, unless overridden (maintenance.cpp). Under maint_mu.

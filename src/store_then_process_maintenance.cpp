@@ -1,10 +1,13 @@
 // Store-then-process, maintenance: on the consumer's maintenance connection, the reaper
-// (claims whose lease expired go back to 'pending', the running row charged an attempt),
+// (orphaned and expired claims go back to 'pending', the running row charged an attempt),
 // replay (finished rows back to 'pending'), compaction and deletion of old rows, and the
 // row counts of stats(). maintenance_loop() runs the reaper and pruning on a timer.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,7 +21,7 @@ namespace mqtt_inbox {
 void StoreThenProcess::Impl::maintenance_loop() {
   const int64_t reap_every =
       options.reap_interval_ms > 0 ? options.reap_interval_ms : std::max<int64_t>(1, options.lease_ms / 4);
-  int64_t next_reap = clock->steady_ms();  // at once: claims of a crashed earlier run
+  int64_t next_reap = clock->steady_ms();  // at once: the orphans of a crashed earlier run
   int64_t next_prune = options.prune_interval_ms > 0 ? clock->steady_ms() : INT64_MAX;
   uint64_t seen = 0;
   while (!stopping.load()) {
@@ -30,7 +33,9 @@ void StoreThenProcess::Impl::maintenance_loop() {
       const Status s = reap_now(&reaped);
       if (!s.ok()) worker_error(s);
       if (reaped > 0) notify_workers();
-      next_reap = now + reap_every;
+      // A failed pass (the store was busy) is tried again soon: orphans block their
+      // aggregates until it succeeds.
+      next_reap = now + (s.ok() ? reap_every : std::min(reap_every, options.poll_interval_ms));
     }
     if (!unusable && now >= next_prune) {
       StoredPruneResult pr;
@@ -46,52 +51,119 @@ void StoreThenProcess::Impl::maintenance_loop() {
   }
 }
 
+namespace {
+
+// The instances of this process whose workers may hold claims (set_running).
+std::mutex running_mu;
+std::set<std::string>& running_instances() {
+  static std::set<std::string> instances;
+  return instances;
+}
+
+}  // namespace
+
+void StoreThenProcess::Impl::set_running(bool running) {
+  std::lock_guard<std::mutex> lock(running_mu);
+  if (running)
+    running_instances().insert(instance);
+  else
+    running_instances().erase(instance);
+}
+
+bool StoreThenProcess::Impl::instance_running(const std::string& instance) {
+  std::lock_guard<std::mutex> lock(running_mu);
+  return running_instances().count(instance) > 0;
+}
+
+// No wall clock here: a step of it in either direction must neither stall the rows of a
+// dead worker nor take rows from a live one.
+//  - Orphans. Under the Inbox's exclusive lock no other process works the file, so a claim
+//    of no running instance of this process belongs to a process (or a pool) that is gone:
+//    it goes back at once. That is every claim found at start-up after a crash.
+//  - Leases. Any other claim goes back once this reaper has seen its running row (the
+//    lowest seq still 'processing': a worker runs its batch in seq order and every
+//    finished row leaves 'processing') stay the same for lease_ms of this process's
+//    monotonic clock. A reaper counts from when it first saw that row running, so it never
+//    returns a claim early, whoever made it; that is also what makes the lease sound
+//    between processes sharing a file (exclusive = false), whose monotonic clocks cannot
+//    be compared.
+// Either way the running row is charged one attempt, so a row that kills its process
+// every time is dead-lettered after max_attempts. A worker still alive behind a returned
+// claim is fenced off by the row's claim_token (store_then_process_workers.cpp).
 Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
   *reaped = 0;
   if (store_unusable()) return unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(maint_mu);
   SQLite::Database& db = *maint;
-  const int64_t cutoff = clock->wall_ms() - options.lease_ms;
-  std::vector<std::pair<std::string, int64_t>> running;
+  const bool exclusive = inbox->options().exclusive;
+  struct Returned {
+    std::string claimant;
+    int64_t running_seq;
+    bool orphan;
+  };
+  std::vector<Returned> returned;
+  std::map<std::string, Watched> still_watched;
   const Status s = transaction(db, "reaping expired claims", [&] {
-    running.clear();
+    returned.clear();
+    still_watched.clear();
+    *reaped = 0;
+    // Read under the write lock: a claim committed before it was made by an instance that
+    // was registered before its workers started.
+    const int64_t now = clock->steady_ms();
     {
-      // Each expired batch was running its lowest-seq row still 'processing' (a worker
-      // runs its batch in seq order, and a finished row leaves 'processing'): that row
-      // gets the attempt; the rest of the batch never started.
       SQLite::Statement q(db,
-                          "SELECT claimant, min(seq) FROM inbox_messages"
-                          " WHERE consumer_name = ?1 AND status = 'processing'"
-                          "   AND claimed_at < ?2 GROUP BY claimant");
+                          "SELECT coalesce(claimant, ''), min(seq) FROM inbox_messages"
+                          " WHERE consumer_name = ?1 AND status = 'processing' GROUP BY claimant");
       q.bind(1, name);
-      q.bind(2, cutoff);
-      while (q.executeStep())
-        running.emplace_back(q.getColumn(0).isNull() ? "" : q.getColumn(0).getString(),
-                             q.getColumn(1).getInt64());
+      while (q.executeStep()) {
+        const std::string claimant = q.getColumn(0).getString();
+        const int64_t running = q.getColumn(1).getInt64();
+        if (exclusive && !instance_running(detail::claimant_instance(claimant))) {
+          returned.push_back({claimant, running, true});
+          continue;
+        }
+        Watched w{running, now};
+        if (auto it = watched.find(claimant);
+            it != watched.end() && it->second.running_seq == running)
+          w.since_ms = it->second.since_ms;
+        if (now - w.since_ms >= options.lease_ms)
+          returned.push_back({claimant, running, false});
+        else
+          still_watched.emplace(claimant, w);
+      }
     }
     SQLite::Statement bump(db,
                            "UPDATE inbox_messages SET attempts = attempts + 1, last_error = ?2"
                            " WHERE seq = ?1");
-    for (const auto& run : running) {
-      bump.tryReset();
-      bump.bind(1, run.second);
-      bump.bind(2, std::string(detail::kExpiredClaimError) + " (claimant " + run.first + ", lease " +
-                       std::to_string(options.lease_ms) + " ms)");
-      bump.exec();
-    }
     SQLite::Statement back(db,
                            "UPDATE inbox_messages SET status = 'pending', claimant = NULL,"
                            " claimed_at = NULL"
                            " WHERE consumer_name = ?1 AND status = 'processing'"
-                           "   AND claimed_at < ?2");
-    back.bind(1, name);
-    back.bind(2, cutoff);
-    *reaped = back.exec();
+                           "   AND coalesce(claimant, '') = ?2");
+    for (const Returned& r : returned) {
+      bump.tryReset();
+      bump.bind(1, r.running_seq);
+      bump.bind(2, std::string(detail::kExpiredClaimError) + " (claimant " + r.claimant +
+                       (r.orphan ? ", whose process is gone)"
+                                 : ", no progress for the lease of " +
+                                       std::to_string(options.lease_ms) + " ms)"));
+      bump.exec();
+      back.tryReset();
+      back.bind(1, name);
+      back.bind(2, r.claimant);
+      *reaped += back.exec();
+    }
   });
-  if (s.ok() && *reaped > 0) {
+  if (!s.ok()) return s;
+  watched.swap(still_watched);
+  if (*reaped > 0) {
     count(&StoreThenProcessCounters::reaped, *reaped);
-    log->warn("store-then-process '{}': reaped {} expired claim(s) of {} batch(es) (lease {} ms)",
-              name, *reaped, running.size(), options.lease_ms);
+    const auto orphans =
+        std::count_if(returned.begin(), returned.end(), [](const Returned& r) { return r.orphan; });
+    log->warn(
+        "store-then-process '{}': returned {} claimed row(s) to pending: {} claim(s) of "
+        "a process that is gone, {} without progress for the lease ({} ms)",
+        name, *reaped, orphans, returned.size() - static_cast<size_t>(orphans), options.lease_ms);
   }
   return s;
 }

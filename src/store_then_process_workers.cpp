@@ -44,20 +44,25 @@ constexpr const char* kAggregateHeadSql =
     " WHERE consumer_name = ?1 AND status = 'pending' AND aggregate_key = ?2"
     " ORDER BY seq LIMIT ?3";
 
+// A claim takes the row's next fencing token (claim_token): every later write of the
+// worker to the row requires it, so a worker whose claim was reaped (and perhaps claimed
+// again by another) changes nothing. claimed_at is wall-clock time for people only; the
+// lease is timed in the reaper's memory (store_then_process_maintenance.cpp).
 constexpr const char* kClaimRowSql =
-    "UPDATE inbox_messages SET status = 'processing', claimed_at = ?2, claimant = ?3"
+    "UPDATE inbox_messages SET status = 'processing', claimed_at = ?2, claimant = ?3,"
+    "       claim_token = claim_token + 1"
     " WHERE seq = ?1 AND status = 'pending'"
     " RETURNING message_id, aggregate_key, topic, payload, properties, qos, received_at,"
-    "           attempts, last_error";
+    "           attempts, last_error, claim_token";
 
 constexpr const char* kOwnedSql =
     "SELECT EXISTS(SELECT 1 FROM inbox_messages"
-    "              WHERE seq = ?1 AND status = 'processing' AND claimant = ?2)";
+    "              WHERE seq = ?1 AND status = 'processing' AND claim_token = ?2)";
 
 constexpr const char* kDoneSql =
     "UPDATE inbox_messages SET status = 'done', attempts = ?2, done_at = ?3,"
     "       last_error = NULL, next_attempt_at = 0"
-    " WHERE seq = ?1";
+    " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?4";
 
 // A successful run of a message that had been dead-lettered (and replayed) closes its
 // dead letter in the same transaction. Usually matches nothing (an index probe).
@@ -65,25 +70,26 @@ constexpr const char* kCloseDeadLetterSql =
     "UPDATE inbox_dead_letters SET status = 'replayed', replayed_at = ?3"
     " WHERE consumer_name = ?1 AND message_id = ?2 AND status = 'dead'";
 
+// Only what people see (`mqtt-inbox check`, SELECTs): when the batch last made progress.
 constexpr const char* kRenewLeaseSql =
     "UPDATE inbox_messages SET claimed_at = ?3"
     " WHERE consumer_name = ?1 AND status = 'processing' AND claimant = ?2";
 
+// next_attempt_at is on the retention clock (candidates() says how it is read).
 constexpr const char* kFailedSql =
     "UPDATE inbox_messages SET status = 'pending', attempts = ?2, last_error = ?3,"
     "       next_attempt_at = ?4, claimant = NULL, claimed_at = NULL"
-    " WHERE seq = ?1 AND status = 'processing' AND claimant = ?5";
+    " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?5";
 
-// Releases claimed rows without counting an attempt (stop, or rows of an aggregate whose
-// earlier row just failed). ?3 NULL = every aggregate.
+// Releases a claimed row without counting an attempt (stop, or a row of an aggregate whose
+// earlier row just failed).
 constexpr const char* kReleaseSql =
     "UPDATE inbox_messages SET status = 'pending', claimant = NULL, claimed_at = NULL"
-    " WHERE consumer_name = ?1 AND status = 'processing' AND claimant = ?2"
-    "   AND (?3 IS NULL OR aggregate_key = ?3)";
+    " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?2";
 
 constexpr const char* kDeadSql =
     "UPDATE inbox_messages SET status = 'dead', attempts = ?2, last_error = ?3, done_at = ?4"
-    " WHERE seq = ?1 AND status = 'processing' AND claimant = ?5";
+    " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?5";
 
 int64_t backoff_ms(const ConsumerOptions& o, int attempt) {
   int64_t b = o.retry_backoff_initial.count();
@@ -134,6 +140,11 @@ void StoreThenProcess::Impl::prepare_worker(Worker& w) {
 // whose next_attempt_at is in the future: a row waiting for its retry blocks the rows
 // after it. Cost: one index seek per aggregate with pending rows, plus batch_size rows
 // of each; never a scan of the whole backlog.
+// `now` and next_attempt_at are on the retention clock, which no wall-clock step moves.
+// No row waits longer than retry_backoff_max, so a next_attempt_at further ahead than
+// that was stamped by a clock ahead of this process's (a wall-clock stamp of a release
+// before schema version 11, another process's retention clock, a clock that restarted
+// from an older persisted value after a crash): the row is due now rather than stalled.
 std::vector<std::pair<int64_t, std::string>> StoreThenProcess::Impl::candidates(Worker& w,
                                                                                int64_t now) {
   std::set<std::string> busy;
@@ -158,8 +169,10 @@ std::vector<std::pair<int64_t, std::string>> StoreThenProcess::Impl::candidates(
     h.bind(1, name);
     h.bind(2, *key);
     h.bind(3, static_cast<int64_t>(options.batch_size));
+    const int64_t longest_wait = options.consumer.retry_backoff_max.count();
     while (h.executeStep()) {
-      if (h.getColumn(1).getInt64() > now) break;
+      const int64_t due = h.getColumn(1).getInt64();
+      if (due > now && due - now <= longest_wait) break;
       out.emplace_back(h.getColumn(0).getInt64(), *key);
     }
   }
@@ -169,12 +182,13 @@ std::vector<std::pair<int64_t, std::string>> StoreThenProcess::Impl::candidates(
 
 // Claims a batch: rows of at most ceil(eligible aggregates / workers) aggregates (so
 // the other workers find work too), oldest first, up to batch_size rows.
-Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant,
-                                     std::vector<Row>* rows) {
+Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant) {
+  std::vector<Row>* rows = &w.batch;
   rows->clear();
-  const int64_t now = clock->wall_ms();
+  const int64_t now = retention_now();
   w.set_sync(Synchronous::kNormal);
   return transaction(*w.db, "claiming rows", [&] {
+    rows->clear();  // a retried transaction starts afresh
     const std::vector<std::pair<int64_t, std::string>> cand = candidates(w, now);
     if (cand.empty()) return;
     std::vector<std::string> order;  // aggregates by their oldest eligible row
@@ -189,7 +203,7 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant,
       SQLite::Statement& q = *w.claim_row;
       detail::StatementReset reset(q);
       q.bind(1, c.first);
-      q.bind(2, now);
+      q.bind(2, clock->wall_ms());
       q.bind(3, claimant);
       if (!q.executeStep()) continue;
       Row r;
@@ -205,6 +219,7 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant,
       r.received_at = q.getColumn(6).getInt64();
       r.attempts = q.getColumn(7).getInt();
       r.last_error = q.getColumn(8).isNull() ? "" : q.getColumn(8).getString();
+      r.claim_token = q.getColumn(9).getInt64();
       while (q.executeStep()) {
       }
       rows->push_back(std::move(r));
@@ -212,26 +227,50 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant,
   });
 }
 
-Status StoreThenProcess::Impl::release(Worker& w, const std::string& claimant,
-                                       const std::string* aggregate) {
-  w.set_sync(Synchronous::kNormal);
-  return transaction(*w.db, "releasing rows", [&] {
-    SQLite::Statement& q = *w.release;
+bool StoreThenProcess::Impl::still_owned(Worker& w, const Row& r) {
+  SQLite::Statement& q = *w.owned;
+  detail::StatementReset reset(q);
+  q.bind(1, r.seq);
+  q.bind(2, r.claim_token);
+  return q.executeStep() && q.getColumn(0).getInt() != 0;
+}
+
+void StoreThenProcess::Impl::release_rows(Worker& w, const std::string* aggregate) {
+  SQLite::Statement& q = *w.release;
+  for (const Row& r : w.batch) {
+    if (aggregate && r.aggregate_key != *aggregate) continue;
     detail::StatementReset reset(q);
-    q.bind(1, name);
-    q.bind(2, claimant);
-    if (aggregate) q.bind(3, *aggregate);
-    q.exec();
-  });
+    q.bind(1, r.seq);
+    q.bind(2, r.claim_token);
+    q.exec();  // a finished or reaped row no longer matches
+  }
+}
+
+Status StoreThenProcess::Impl::release(Worker& w, const std::string* aggregate) {
+  w.set_sync(Synchronous::kNormal);
+  return transaction(*w.db, "releasing rows", [&] { release_rows(w, aggregate); });
 }
 
 // Dead-letters a claimed row: the dead letter first (on the Inbox's connection), then
 // the row's status. A crash in between leaves the row claimed; it is reaped, comes back
 // with its attempts used up, and is dead-lettered again, which only bumps the existing
-// dead letter's redelivery count.
-StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(
-    Worker& w, const Row& r, const std::string& claimant, DeadLetterReason reason,
-    const std::string& text, int attempts) {
+// dead letter's redelivery count. A worker whose claim was reaped meanwhile writes no
+// dead letter: the row belongs to the next claim, which may well succeed.
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(Worker& w, const Row& r,
+                                                                          DeadLetterReason reason,
+                                                                          const std::string& text,
+                                                                          int attempts) {
+  bool owned = true;
+  if (!worker_retry("checking a claim", [&]() -> Status {
+        try {
+          owned = still_owned(w, r);
+        } catch (const SQLite::Exception& e) {
+          return detail::to_status(e, "checking a claim");
+        }
+        return Status::Ok();
+      }))
+    return RunResult::kStopped;
+  if (!owned) return RunResult::kLost;
   DeadLetter dl;
   dl.consumer_name = name;
   dl.message_id = r.message_id;
@@ -248,7 +287,6 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(
   if (!worker_retry("writing a dead letter",
                     [&] { return inbox->add_dead_letter(dl, std::nullopt, &id); }))
     return RunResult::kStopped;
-  bool owned = true;
   w.set_sync(w.handler_sync);
   if (!worker_retry("marking a row dead", [&] {
         return transaction(*w.db, "marking a row dead", [&] {
@@ -258,7 +296,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(
           q.bind(2, attempts);
           q.bind(3, text);
           q.bind(4, retention_now());
-          q.bind(5, claimant);
+          q.bind(5, r.claim_token);
           owned = q.exec() > 0;
         });
       }))
@@ -272,7 +310,6 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(
 }
 
 StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, const Row& r,
-                                                                   const std::string& claimant,
                                                                    int attempt,
                                                                    const std::string& error) {
   count(&StoreThenProcessCounters::handler_failures);
@@ -280,16 +317,16 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, co
             detail::printable(r.message_id), r.seq, attempt, options.consumer.max_attempts,
             detail::printable(error, 300));
   if (attempt >= options.consumer.max_attempts)
-    return dead_letter_row(w, r, claimant, DeadLetterReason::kHandlerFailed,
-                           "handler failed " + std::to_string(attempt) +
-                               " time(s); last error: " + error,
-                           attempt);
-  return retry_row_later(w, r, claimant, attempt, error, backoff_ms(options.consumer, attempt));
+    return dead_letter_row(
+        w, r, DeadLetterReason::kHandlerFailed,
+        "handler failed " + std::to_string(attempt) + " time(s); last error: " + error, attempt);
+  return retry_row_later(w, r, attempt, error, backoff_ms(options.consumer, attempt));
 }
 
-StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(
-    Worker& w, const Row& r, const std::string& claimant, int attempts, const std::string& error,
-    int64_t delay_ms) {
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(Worker& w, const Row& r,
+                                                                          int attempts,
+                                                                          const std::string& error,
+                                                                          int64_t delay_ms) {
   bool owned = true;
   w.set_sync(Synchronous::kNormal);
   if (!worker_retry("putting a row back to wait", [&] {
@@ -300,17 +337,12 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(
             q.bind(1, r.seq);
             q.bind(2, attempts);
             q.bind(3, error);
-            q.bind(4, clock->wall_ms() + delay_ms);
-            q.bind(5, claimant);
+            q.bind(4, retention_now() + delay_ms);
+            q.bind(5, r.claim_token);
             owned = q.exec() > 0;
           }
           // The later rows of this aggregate in the batch must wait for the retry.
-          SQLite::Statement& q = *w.release;
-          detail::StatementReset reset(q);
-          q.bind(1, name);
-          q.bind(2, claimant);
-          q.bind(3, r.aggregate_key);
-          q.exec();
+          release_rows(w, &r.aggregate_key);
         });
       }))
     return RunResult::kStopped;
@@ -327,11 +359,11 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
     // finish: do not run it again.
     const bool crashed = r.last_error.rfind(detail::kExpiredClaimError, 0) == 0;
     return dead_letter_row(
-        w, r, claimant, crashed ? DeadLetterReason::kHandlerCrashed : DeadLetterReason::kHandlerFailed,
+        w, r, crashed ? DeadLetterReason::kHandlerCrashed : DeadLetterReason::kHandlerFailed,
         crashed ? "the claim expired on " + std::to_string(r.attempts) +
                       " attempt(s): the worker died or hung inside the handler"
-                : "handler failed " + std::to_string(r.attempts) + " time(s); last error: " +
-                      r.last_error,
+                : "handler failed " + std::to_string(r.attempts) +
+                      " time(s); last error: " + r.last_error,
         r.attempts);
   }
   const int attempt = r.attempts + 1;
@@ -343,9 +375,9 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
     const detail::HandlerVerdict v =
         detail::run_handler(nullptr, [&] { prepared = options.prepare(pre); });
     if (v.kind == detail::HandlerVerdict::Kind::kDeadLetter)
-      return dead_letter_row(w, r, claimant, v.reason, v.text, attempt);
+      return dead_letter_row(w, r, v.reason, v.text, attempt);
     if (v.kind != detail::HandlerVerdict::Kind::kOk)
-      return fail_row(w, r, claimant, attempt, "prepare: " + v.text);
+      return fail_row(w, r, attempt, "prepare: " + v.text);
   }
   if (options.before_handler_hook) options.before_handler_hook(r.message_id);
   const StoredDelivery d{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
@@ -366,16 +398,12 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
     }
     const int64_t began = clock->steady_ms();
     try {
-      {
-        SQLite::Statement& q = *w.owned;
-        detail::StatementReset reset(q);
-        q.bind(1, r.seq);
-        q.bind(2, claimant);
-        if (!q.executeStep() || q.getColumn(0).getInt() == 0) {
-          detail::rollback_quietly(db);
-          result = kLostClaim;
-          return Status::Ok();
-        }
+      // The fence: the row must still carry this claim's token. Checked under the write
+      // lock that the commit below keeps, so no reaper can come between.
+      if (!still_owned(w, r)) {
+        detail::rollback_quietly(db);
+        result = kLostClaim;
+        return Status::Ok();
       }
       // The worker's transaction holds SQLite's write lock: a call back into the inbox
       // from the handler would wait for it (reentry.h).
@@ -402,7 +430,12 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
         q.bind(1, r.seq);
         q.bind(2, attempt);
         q.bind(3, now);
-        q.exec();
+        q.bind(4, r.claim_token);
+        if (q.exec() != 1) {  // the handler itself changed the row: not ours any more
+          detail::rollback_quietly(db);
+          result = kLostClaim;
+          return Status::Ok();
+        }
       }
       {
         SQLite::Statement& q = *w.close_dl;
@@ -451,7 +484,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
     case kLostClaim:
       return RunResult::kLost;
     case kDeadLetter:
-      return dead_letter_row(w, r, claimant, reason, error, attempt);
+      return dead_letter_row(w, r, reason, error, attempt);
     case kOutboxFull:
       // Backpressure (outbox.h OutboxFull): not an attempt. The row waits at the longest
       // retry backoff; the relay runs on other threads, so room comes while it waits.
@@ -460,17 +493,16 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       log->log(r.last_error == error ? spdlog::level::debug : spdlog::level::info,
                "store-then-process '{}': '{}' (seq {}) waits for the relay to make room: {}",
                name, detail::printable(r.message_id), r.seq, detail::printable(error, 300));
-      return retry_row_later(w, r, claimant, r.attempts, error,
-                             options.consumer.retry_backoff_max.count());
+      return retry_row_later(w, r, r.attempts, error, options.consumer.retry_backoff_max.count());
     case kThrew:
       break;
   }
-  return fail_row(w, r, claimant, attempt, error);
+  return fail_row(w, r, attempt, error);
 }
 
 void StoreThenProcess::Impl::worker_loop(Worker& w) {
   uint64_t seen = 0;
-  std::vector<Row> rows;
+  const std::vector<Row>& rows = w.batch;
   while (!stopping.load()) {
     if (store_unusable()) {  // a corrupt file is never written again (worker_error)
       if (!idle(options.poll_interval_ms, &seen)) break;
@@ -478,7 +510,7 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
     }
     const std::string claimant = instance + "/w" + std::to_string(w.index) + "/" +
                                  std::to_string(next_claim.fetch_add(1));
-    Status s = claim(w, claimant, &rows);
+    Status s = claim(w, claimant);
     if (!s.ok()) {
       worker_error(s);
       if (!idle(options.poll_interval_ms, &seen)) break;
@@ -492,7 +524,7 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
     bool released = false;
     for (const Row& r : rows) {
       if (stopping.load()) {
-        if (!worker_retry("releasing rows at stop", [&] { return release(w, claimant, nullptr); }))
+        if (!worker_retry("releasing rows at stop", [&] { return release(w, nullptr); }))
           log->warn("store-then-process '{}': could not release claimed rows at stop; they "
                     "return after the lease",
                     name);
@@ -559,6 +591,10 @@ Status StoreThenProcess::start() {
   if (m.started) return Status::InvalidArgument("already started");  // a concurrent start()
   m.stopping = false;
   m.started = true;
+  m.instance = m.token + "." + std::to_string(++m.runs);
+  // Before any claim: the reaper (of this or another pool of this process) must never
+  // take this pool's claims for orphans.
+  m.set_running(true);
   for (auto& w : workers) {
     m.threads.emplace_back([&m, worker = std::shared_ptr<Impl::Worker>(std::move(w))] {
       m.worker_loop(*worker);
@@ -583,6 +619,9 @@ Status StoreThenProcess::stop() {
   }
   m.wake.notify_all();
   for (auto& t : threads) t.join();
+  // Claims the workers could not release are orphans from now on (reaped at once by
+  // another pool of this process under the exclusive lock, or at the next start).
+  m.set_running(false);
   return Status::Ok();
 }
 

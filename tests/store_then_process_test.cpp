@@ -4,6 +4,8 @@
 // business state from "every message exactly once". Assertions are on business tables.
 #include <mqtt_inbox/store_then_process.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -483,9 +485,9 @@ class StpChildTest : public ChildConsumerTest {
 };
 
 // The process is SIGKILLed inside the handler of c-3 (a worker dies mid-handler, its
-// transaction uncommitted). The restarted consumer's reaper returns the claim after the
-// lease, and c-3 is processed exactly once, with the expired claim counted as an attempt
-// and the unstarted rows of the dead batch not counted.
+// transaction uncommitted). The restarted consumer's reaper returns the claim at once
+// (under the exclusive lock it is an orphan), and c-3 is processed exactly once, with the
+// orphaned claim counted as an attempt and the unstarted rows of the dead batch not counted.
 TEST_F(StpChildTest, WorkerKilledMidHandlerIsReapedAndProcessedOnce) {
   create_stp_session();
   auto child = start_stp({"--crash-in-handler", "c-3", "--workers", "1", "--lease-ms", "1000"});
@@ -507,6 +509,133 @@ TEST_F(StpChildTest, WorkerKilledMidHandlerIsReapedAndProcessedOnce) {
   EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'c-3'"), 2);
   EXPECT_EQ(q("SELECT attempt FROM seen WHERE message_id = 'c-3'"), 2);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id <> 'c-3' AND attempts <> 1"), 0);
+}
+
+// A credit that kills the process in its handler every time, with the default lease of
+// 60 s: each restart returns the dead process's claim at once (under the exclusive lock it
+// is an orphan) and charges it an attempt, so the third crash is the last and the fourth
+// run dead-letters it as handler_crashed without running it. No restart waits for a
+// lease: the test would need minutes if it did.
+TEST_F(StpChildTest, CrashLoopInTheHandlerIsDeadLetteredWithoutWaitingForLeases) {
+  create_stp_session();
+  const std::vector<std::string> args = {"--crash-in-handler", "c-3", "--workers", "1",
+                                         "--max-attempts", "3"};
+  auto child = start_stp(args);
+  {
+    TestPublisher pub(broker_.uri(), true);
+    for (int i = 0; i < 10; ++i) pub.credit("credits/x", "c-" + std::to_string(i), i % 2 ? "odd" : "even", 10 + i);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int crash = 1; crash <= 3; ++crash) {
+    const int st = child->wait(15s);
+    ASSERT_NE(st, -1) << "no crash " << crash;
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << crash;
+    EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'c-3'"), crash - 1);
+    child = start_stp(args);
+  }
+  // All ten stored (the broker redelivers the rest to each new process) and finished.
+  ASSERT_TRUE(wait_until([&] {
+    return q("SELECT count(*) FROM inbox_messages WHERE status IN ('done', 'dead')") == 10;
+  }, 15s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  EXPECT_EQ(stop_and_count(*child, "dead_lettered"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'c-3'"
+              " AND reason = 'handler_crashed' AND attempts = 3"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'c-3' AND status = 'dead'"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-3'"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 9);
+  EXPECT_EQ(q("SELECT count(DISTINCT message_id) FROM seen"), 9);
+  EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), 10 * 10 + 45 - 13);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"), 9);
+}
+
+// sensor_gateway's field case (issue 27): a consumer killed with rows 'processing', then
+// the wall clock set back an hour. Here, with 360 credits for 12 devices, across two kills, the clock stepped back at the
+// first and forward at the second, and forward by hours while each process runs; each
+// restart also starts its monotonic clock elsewhere (a reboot). With the default lease of
+// 60 s: every restart returns the dead process's claims within seconds (nothing stalls),
+// no live claim is ever returned (each orphaned claim cost exactly one attempt, and the
+// last process lost no claim), and every credit is applied exactly once, in order.
+TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
+  create_stp_session();
+  const std::string wall_offset = dir_.file("wall_offset_ms");
+  auto set_wall_offset = [&](int64_t ms) {
+    std::ofstream(wall_offset + ".tmp") << ms << "\n";
+    ASSERT_EQ(std::rename((wall_offset + ".tmp").c_str(), wall_offset.c_str()), 0);
+  };
+  auto args = [&](int64_t steady_offset_ms) {
+    // The slow part in prepare: claims are held nearly all the time, and receipt is fast.
+    return std::vector<std::string>{"--workers", "2", "--batch", "6", "--prepare-sleep-ms", "20",
+                                    "--wall-offset-file", wall_offset, "--steady-offset-ms",
+                                    std::to_string(steady_offset_ms)};
+  };
+  constexpr int64_t kHour = 3'600'000;
+  const int n = 360;
+  set_wall_offset(0);
+  auto child = start_stp(args(0));
+  {
+    TestPublisher pub(broker_.uri(), true);
+    for (int i = 0; i < n; ++i)
+      pub.credit("credits/x", "k-" + std::to_string(i), "dev-" + std::to_string(i % 12), i);
+  }
+  int64_t orphaned_claims = 0;
+  // Kills the process while it works and returns the claimants it left behind. A kill that
+  // falls between two claims leaves none: then it starts the process again (same clocks)
+  // and kills that one.
+  auto kill_while_working = [&](int64_t done_before, int64_t steady_offset_ms) {
+    std::vector<std::string> claimants;
+    for (int tries = 0; claimants.empty() && tries < 5; ++tries) {
+      if (tries > 0) child = start_stp(args(steady_offset_ms));
+      EXPECT_TRUE(wait_until([&] {
+        return q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") >= done_before + 40 &&
+               q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") > 0;
+      }, 20s)) << "done before " << done_before << ", now "
+               << q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") << " done, "
+               << q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
+               << " processing, " << q("SELECT count(*) FROM inbox_messages") << " stored";
+      child->signal(SIGKILL);
+      EXPECT_NE(child->wait(10s), -1);
+      claimants = column(db_path_, "SELECT DISTINCT claimant FROM inbox_messages"
+                                   " WHERE status = 'processing'");
+      done_before = q("SELECT count(*) FROM inbox_messages WHERE status = 'done'");
+    }
+    EXPECT_FALSE(claimants.empty());
+    orphaned_claims += static_cast<int64_t>(claimants.size());
+    return claimants;
+  };
+  auto returned_at_once = [&](const std::vector<std::string>& claimants) {
+    std::string in;
+    for (const auto& c : claimants) in += (in.empty() ? "'" : ", '") + c + "'";
+    // Well inside the 60 s lease, and an hour before the wall clock would have caught up.
+    EXPECT_TRUE(wait_until([&] {
+      return q("SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND claimant IN (" +
+               in + ")") == 0;
+    }, 5s)) << "claims of the killed process still held";
+  };
+
+  set_wall_offset(kHour / 2);  // stepped forward while the first process runs
+  auto dead = kill_while_working(0, 0);
+  set_wall_offset(-kHour);  // set back across the kill
+  child = start_stp(args(-50'000'000));
+  returned_at_once(dead);
+  set_wall_offset(2 * kHour);  // forward while the second runs
+  dead = kill_while_working(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"),
+                            -50'000'000);
+  set_wall_offset(3 * kHour);  // forward across the second kill
+  child = start_stp(args(7'000'000));
+  returned_at_once(dead);
+  set_wall_offset(-2 * kHour);  // back while the last one runs
+  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") >= n; }, 30s))
+      << q("SELECT count(*) FROM ledger_entries") << " of " << n;
+  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM inbox_messages WHERE status <> 'done'") == 0; },
+                         10s));
+  EXPECT_EQ(stop_and_count(*child, "claims_lost"), 0);
+  expect_exactly_once_in_order(n, static_cast<int64_t>(n) * (n - 1) / 2);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
+  // Each orphaned claim charged its running row one attempt; nothing else was charged, so
+  // no live claim was returned.
+  EXPECT_EQ(q("SELECT sum(attempts) FROM inbox_messages"), n + orphaned_claims);
+  EXPECT_EQ(log_count(", 0 without progress for the lease"), log_count("claimed row(s) to pending"));
 }
 
 // A stream of credits for five accounts runs through receipt and two workers while the

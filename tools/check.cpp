@@ -111,11 +111,19 @@ int cmd_check(const std::string& path) {
 
     if (tables && version >= 2) {
       // Stale claims (a worker died) and attempts left 'running' (a process died in a handler).
+      // claimed_at is wall-clock time, so this is a hint for people, no more: a clock step
+      // makes it wrong either way. The library never decides by it (the reaper watches
+      // progress on a monotonic clock; a restart returns a dead process's claims at once).
       const int64_t stale = db.execAndGet("SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND claimed_at < " +
                                           std::to_string(wall_now_ms() - 60000))
                                 .getInt64();
       j["processing_older_than_60s"] = stale;
-      if (stale > 0) warnings.push_back(std::to_string(stale) + " store-then-process row(s) 'processing' for over 60 s: a worker may have died (the reaper returns them after lease_ms)");
+      if (stale > 0)
+        warnings.push_back(
+            std::to_string(stale) +
+            " store-then-process row(s) 'processing' for over 60 s by their wall-clock claim time: "
+            "a worker may hang (the reaper returns a claim without progress after lease_ms; a "
+            "restart returns a dead process's claims at once)");
     }
     if (tables) {
       const int64_t running = db.execAndGet("SELECT count(*) FROM inbox_attempts WHERE state = 'running'").getInt64();

@@ -144,10 +144,12 @@ int main(int argc, char** argv) {
 
   std::string reap_consumer;
   int64_t reap_lease_ms = 0;
-  auto* reap = app.add_subcommand("reap", "Store-then-process: return expired claims to pending now");
+  auto* reap = app.add_subcommand(
+      "reap", "Store-then-process: return claims that make no progress for a lease to pending");
   reap->add_option("DB", db, "Database file")->required();
   reap->add_option("--consumer", reap_consumer, "Store-then-process consumer name")->required();
-  reap->add_option("--lease-ms", reap_lease_ms, "Claims older than this are expired (default: the library's 60000)");
+  reap->add_option("--lease-ms", reap_lease_ms,
+                   "How long to watch the claims for progress, ms (default: the library's 60000)");
   reap->callback([&] { run = [&] { return cmd_reap(db, reap_consumer, reap_lease_ms); }; });
 
   auto* check = app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");

@@ -1,7 +1,9 @@
 // `mqtt-inbox replay` and `mqtt-inbox reap`: the store-then-process mode's repairs,
 // through StoreThenProcess::replay and ::reap (docs/admin-tool.md).
+#include <chrono>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "commands.h"
 #include "database.h"
@@ -42,15 +44,30 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
   return kOk;
 }
 
-// Store-then-process: return claims older than the lease to 'pending' now (the running
-// application's workers do this on a timer; this is for a stuck device or after a crash).
+// Store-then-process: return claims that make no progress to 'pending' now (the running
+// application's reaper does this on a timer; this is for a stuck device). The tool shares
+// the file and never takes the consumer's exclusive lock, so it cannot tell a dead worker
+// from a slow one at a glance, and no claim time in the file can be trusted across a
+// wall-clock step: it watches the claims for one lease on its monotonic clock and returns
+// those whose running row did not change meanwhile (StoreThenProcess::reap).
 int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease_ms) {
   auto inbox = open_inbox(path);
   if (!stp_consumers(*inbox).count(consumer))
     fail(kNotFound, "no store-then-process rows for consumer '" + consumer + "'");
   auto stp = stp_for(inbox.get(), consumer, lease_ms);
+  mi::StoreThenProcessStats st;
+  check_status(stp->stats(&st), "counting claimed rows");
   int64_t reaped = 0;
-  check_status(stp->reap(&reaped), "reaping");
+  if (st.processing > 0) {
+    const int64_t lease = lease_ms > 0 ? lease_ms : mi::StoreThenProcessOptions{}.lease_ms;
+    check_status(stp->reap(&reaped), "reaping");  // starts watching
+    std::cerr << "watching " << st.processing << " claimed row(s) of '" << consumer << "' for "
+              << lease << " ms (--lease-ms)" << std::endl;
+    std::this_thread::sleep_for(std::chrono::milliseconds(lease));
+    int64_t more = 0;
+    check_status(stp->reap(&more), "reaping");
+    reaped += more;
+  }
   if (g.json) emit(json{{"consumer", consumer}, {"reaped", reaped}});
   else print_kv({{"consumer", consumer}, {"claims returned to pending", std::to_string(reaped)}});
   return kOk;

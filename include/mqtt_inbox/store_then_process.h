@@ -23,12 +23,20 @@
 //
 // Workers (start()): `workers` threads, each with its own SQLite connection to the
 // Inbox's file. A worker claims a batch in a short BEGIN IMMEDIATE transaction
-// (status 'processing', claimed_at, claimant) and runs, per row in seq order:
-// prepare (optional, no transaction) then the handler inside BEGIN IMMEDIATE on its own
-// connection; the row is marked 'done' in that same transaction. A handler that throws:
-// attempts+1, last_error, next_attempt_at = now + backoff, back to 'pending'; after
-// max_attempts: dead letter handler_failed (handler_crashed when the last attempts were
-// expired claims) and status 'dead' (a redelivery stays a duplicate).
+// (status 'processing', claimant, and the row's next claim_token: a fencing token) and
+// runs, per row in seq order: prepare (optional, no transaction) then the handler inside
+// BEGIN IMMEDIATE on its own connection; the row is marked 'done' in that same
+// transaction. Every write of a worker to its row requires the claim_token it claimed
+// with, so a worker whose claim was reaped meanwhile commits nothing. A handler that
+// throws: attempts+1, last_error, next_attempt_at = now + backoff, back to 'pending';
+// after max_attempts: dead letter handler_failed (handler_crashed when the last attempts
+// were reaped claims) and status 'dead' (a redelivery stays a duplicate).
+//
+// Clocks: no decision depends on the wall clock, so a clock stepped either way neither
+// stalls rows nor reaps live work nor expires rows early. Leases are timed on the monotonic
+// clock in the reaper's memory (see reap()); retry times, received_at and done_at are on
+// the Inbox's retention clock; claimed_at and the dead letters' times are wall-clock
+// display values.
 //
 // Ordering rule: within one aggregate key rows are processed in seq (arrival) order. An
 // aggregate with a 'processing' row is not claimed from at all, and its first unfinished
@@ -119,7 +127,8 @@ struct StoreThenProcessOptions {
   int workers = 2;
 
   // Rows claimed per claim transaction, at most. Default 16, >= 1. Larger batches cost
-  // fewer claim commits; a worker that dies strands its batch until the lease expires.
+  // fewer claim commits; a worker that hangs holds its whole batch until the reaper
+  // returns it (see reap()).
   int batch_size = 16;
 
   // How long an idle worker sleeps before looking again, ms. handle() in this process
@@ -127,11 +136,13 @@ struct StoreThenProcessOptions {
   // and for retries that become due. Default 200.
   int64_t poll_interval_ms = 200;
 
-  // A claim older than this is presumed dead (the worker crashed or hangs) and the reaper
-  // returns it to 'pending', counting one attempt on the row that was running. Wall clock,
-  // ms. Default 60000. Must exceed the longest prepare + handler run; a live worker whose
-  // claim was reaped notices it and drops the row, so a short lease costs re-runs of
-  // prepare, never a double effect. A worker renews the lease of its batch at each row.
+  // A claim whose running row has not changed for this long is presumed dead (the worker
+  // hangs, or its process died) and the reaper returns it to 'pending', counting one
+  // attempt on the row that was running (see reap()). Monotonic clock, ms, measured by the
+  // reaper from when it first saw that row running. Default 60000. Must exceed the longest
+  // prepare + handler run; a live worker whose claim was reaped finds its claim token gone
+  // and drops the row, so a short lease costs re-runs of prepare, never a double effect.
+  // Claims of a process that is gone are returned at once where the Inbox is exclusive.
   int64_t lease_ms = 60000;
 
   // How often the pool runs the reaper, ms. Default 0 = lease_ms / 4.
@@ -205,7 +216,8 @@ struct StoreThenProcessCounters {
   int64_t processed = 0;         // rows marked done by this process's workers
   int64_t handler_failures = 0;  // prepare/handler attempts that threw
   int64_t claims_lost = 0;       // rows a worker dropped because its claim was reaped
-  int64_t reaped = 0;            // expired claims returned to pending by the reaper
+  int64_t reaped = 0;            // claimed rows returned to pending by the reaper (orphans
+                                 // and claims without progress for lease_ms)
   int64_t store_retries = 0;     // receipt store operations retried
   int64_t worker_store_errors = 0;  // worker/reaper/pruner SQLite failures (retried) and
                                     // refused periodic prunes (see prune())
@@ -250,14 +262,23 @@ class StoreThenProcess final : public MessageSink {
 
   // Asks the workers to finish the row they are in, releases the rest of their batches
   // (back to 'pending', no attempt counted) and joins them. Idempotent; returns OK. Rows
-  // it could not release (the store is failing) return after the lease. Receipt keeps
-  // working after stop(): stored rows wait for the next start().
+  // it could not release (the store is failing) are orphans from then on (see reap()). Receipt
+  // keeps working after stop(): stored rows wait for the next start().
   Status stop();
 
-  // Returns claims of this consumer older than lease_ms to 'pending' and counts one
-  // attempt on the row each expired batch was running (its lowest-seq row still
-  // 'processing'); the rest of the batch never started and is not counted. Runs
-  // periodically while started; callable at any time. *reaped: rows returned.
+  // Returns claims of this consumer to 'pending' and counts one attempt on the row each
+  // returned batch was running (its lowest-seq row still 'processing'); the rest of the
+  // batch never started and is not counted. A claim is returned
+  //  - at once if it is an orphan: the Inbox is exclusive (InboxOptions::exclusive: no
+  //    other process works the file) and no started StoreThenProcess of this process made
+  //    it. Every claim found at start-up after a crash is one.
+  //  - once this object has seen its running row stay the same for lease_ms on the
+  //    monotonic clock, counted from the first call (or pool pass) that saw it: a first
+  //    call only starts watching. This is how claims of other processes sharing a
+  //    non-exclusive file, and of hung workers, are returned; never early, whatever the
+  //    wall clock does, and without comparing clocks between processes.
+  // The pool runs it at start and every reap_interval_ms; callable at any time.
+  // *reaped: rows returned.
   Status reap(int64_t* reaped);
 
   // Deliberate re-run: rows matching `filter` ('done', and 'dead' if include_dead) go

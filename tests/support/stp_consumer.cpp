@@ -5,14 +5,26 @@
 //
 //   stp_consumer BROKER CLIENT_ID TOPIC DB [--crash-in-handler ID] [--workers N]
 //                [--lease-ms N] [--batch N] [--handler-sleep-ms N] [--mqtt-version 3.1.1|5]
+//                [--max-attempts N] [--wall-offset-file PATH] [--steady-offset-ms N]
+//                [--prepare-sleep-ms N]
 //
 // --crash-in-handler ID   SIGKILL itself inside the handler transaction whenever ID runs.
 // --handler-sleep-ms N    the handler sleeps N ms inside its transaction (a slow handler).
+// --prepare-sleep-ms N    a prepare function sleeps N ms, holding a claim but no lock (slow
+//                         work that does not hold up receipt).
+// --wall-offset-file PATH the Inbox's wall clock is the system's plus the number of ms in
+//                         PATH, read at every call: a test steps the clock of a running
+//                         process by rewriting the file.
+// --steady-offset-ms N    the Inbox's monotonic clock is the system's plus N (fixed for the
+//                         run: a monotonic clock never goes back within a process; another
+//                         N for the next run is a reboot).
 // SIGTERM: stops and prints the counters as "key=value" words on one line.
 #include <signal.h>
 
+#include <any>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -22,6 +34,32 @@
 #include <spdlog/spdlog.h>
 
 #include "ledger.h"
+
+namespace {
+
+class OffsetClock final : public mqtt_inbox::Clock {
+ public:
+  OffsetClock(std::string wall_offset_file, int64_t steady_offset_ms)
+      : file_(std::move(wall_offset_file)), steady_offset_(steady_offset_ms) {}
+  int64_t wall_ms() override {
+    int64_t offset = 0;
+    if (!file_.empty()) {
+      std::ifstream f(file_);
+      f >> offset;
+      if (!f) offset = 0;
+    }
+    return system_->wall_ms() + offset;
+  }
+  int64_t steady_ms() override { return system_->steady_ms() + steady_offset_; }
+  void sleep_ms(int64_t ms) override { system_->sleep_ms(ms); }
+
+ private:
+  mqtt_inbox::Clock* system_ = mqtt_inbox::Clock::system();
+  std::string file_;
+  int64_t steady_offset_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
@@ -37,8 +75,9 @@ int main(int argc, char** argv) {
   mqtt.reconnect_backoff_initial_ms = 50;
   mqtt.reconnect_backoff_max_ms = 200;
   const std::string topic = argv[3], db_path = argv[4];
-  std::string crash_in_handler;
+  std::string crash_in_handler, wall_offset_file;
   int handler_sleep_ms = 0;
+  int64_t steady_offset_ms = 0;
   mqtt_inbox::StoreThenProcessOptions o;
   o.consumer.retry_backoff_initial = std::chrono::milliseconds(10);
   o.consumer.retry_backoff_max = std::chrono::milliseconds(20);
@@ -51,6 +90,16 @@ int main(int argc, char** argv) {
     else if (flag == "--lease-ms") o.lease_ms = std::stoll(value);
     else if (flag == "--batch") o.batch_size = std::stoi(value);
     else if (flag == "--handler-sleep-ms") handler_sleep_ms = std::stoi(value);
+    else if (flag == "--max-attempts") o.consumer.max_attempts = std::stoi(value);
+    else if (flag == "--wall-offset-file") wall_offset_file = value;
+    else if (flag == "--steady-offset-ms") steady_offset_ms = std::stoll(value);
+    else if (flag == "--prepare-sleep-ms") {
+      const int ms = std::stoi(value);
+      o.prepare = [ms](const mqtt_inbox::StoredDelivery&) -> std::any {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        return {};
+      };
+    }
     else if (flag == "--mqtt-version")
       mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
@@ -69,8 +118,10 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  OffsetClock clock(wall_offset_file, steady_offset_ms);
   mqtt_inbox::InboxOptions iopts;
   iopts.logger = log;
+  iopts.clock = &clock;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, iopts, &inbox); !s.ok()) {
     log->error("{}", s.to_string());
