@@ -43,6 +43,8 @@ const char* to_string(OutboxDeadReason reason) {
       return "expired";
     case OutboxDeadReason::kPayloadTooLarge:
       return "payload_too_large";
+    case OutboxDeadReason::kConnectionDropped:
+      return "connection_dropped";
   }
   return "unknown";
 }
@@ -107,7 +109,7 @@ OutboxRow read_outbox_row(SQLite::Statement& q, int64_t clock_now) {
   if (!q.getColumn(11).isNull()) {
     const std::string reason = q.getColumn(11).getString();
     for (auto c : {OutboxDeadReason::kRejectedByBroker, OutboxDeadReason::kExpired,
-                   OutboxDeadReason::kPayloadTooLarge})
+                   OutboxDeadReason::kPayloadTooLarge, OutboxDeadReason::kConnectionDropped})
       if (reason == to_string(c)) r.dead_reason = c;
   }
   r.reason_code = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt();

@@ -8,6 +8,7 @@
 
 #include <set>
 
+#include "schema.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -603,6 +604,70 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   EXPECT_EQ(count("state = 'dead'"), 1);
   EXPECT_EQ(count("state = 'sent'"), 0);
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
+}
+
+// Schema step 10 rebuilds outbox_messages for the reason connection_dropped: a file made
+// at step 9 keeps every row, its seqs, its pending rows' class usage, and its AUTOINCREMENT
+// counter (a pruned last seq is never handed out again: the relay reads past the last seq
+// it took), and the triggers still count.
+TEST(OutboxSchema, Step10KeepsRowsSeqCounterAndTriggers) {
+  TempDir dir;
+  const std::string path = dir.file("v9.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const auto& step : detail::schema_steps())
+      if (step.version <= 9) db.exec(step.sql);
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 9);
+    for (int i = 1; i <= 5; ++i)
+      db.exec("INSERT INTO outbox_messages (message_id, ordering_key, class, topic, payload, "
+              "properties, size_bytes, enqueued_at) VALUES ('old-" + std::to_string(i) +
+              "', 'k', '', 't', 'p', '{}', 10, 1)");
+    db.exec("UPDATE outbox_messages SET state = 'dead', dead_reason = 'expired' WHERE seq = 2");
+    db.exec("DELETE FROM outbox_messages WHERE seq = 5");  // the last seq, pruned
+    ASSERT_EQ(db.execAndGet("SELECT rows FROM outbox_usage WHERE class = ''").getInt(), 3);
+  }
+  auto inbox = open_ledger_inbox(path);
+  ASSERT_TRUE(inbox);
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages"), 4);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages WHERE seq = 2 AND "
+                            "state = 'dead' AND dead_reason = 'expired'"), 1);
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 3);
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(inbox.get(), {}, &outbox).ok());
+  inbox->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t", "new", "new-1")).ok());
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(query_int(path, "SELECT seq FROM outbox_messages WHERE message_id = 'new-1'"), 6);
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 4);
+  // The new reason is accepted, and leaves the class usage as every dead row does.
+  ASSERT_TRUE(outbox->mark_dead(1, OutboxDeadReason::kConnectionDropped, 0, "dropped").ok());
+  OutboxRow r;
+  ASSERT_TRUE(outbox->get("old-1", &r).ok());
+  ASSERT_TRUE(r.dead_reason.has_value());
+  EXPECT_EQ(*r.dead_reason, OutboxDeadReason::kConnectionDropped);
+  EXPECT_STREQ(to_string(*r.dead_reason), "connection_dropped");
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 3);
+  // The same indexes and triggers, word for word, as a file made new by this library.
+  const std::string fresh = dir.file("fresh.db");
+  ASSERT_TRUE(open_ledger_inbox(fresh));
+  auto objects = [](const std::string& db_path) {
+    SQLite::Database db(db_path, SQLite::OPEN_READONLY);
+    SQLite::Statement q(db,
+                        "SELECT type, name, coalesce(sql, '') FROM sqlite_master WHERE "
+                        "tbl_name = 'outbox_messages' AND type <> 'table' ORDER BY name");
+    std::vector<std::string> out;
+    while (q.executeStep())
+      out.push_back(q.getColumn(0).getString() + " " + q.getColumn(1).getString() + " " +
+                    q.getColumn(2).getString());
+    return out;
+  };
+  const std::vector<std::string> upgraded = objects(path);
+  EXPECT_EQ(upgraded.size(), 9u);  // 4 partial indexes, the UNIQUE one, 4 usage triggers
+  EXPECT_EQ(upgraded, objects(fresh));
 }
 
 TEST_F(OutboxTest, CreateRefusesBadClasses) {
