@@ -17,6 +17,7 @@
 #include "log.h"
 #include "message_id.h"
 #include "outbox_impl.h"
+#include "outbox_wake.h"
 #include "properties_json.h"
 #include "reentry.h"
 #include "sqlite_util.h"
@@ -296,6 +297,8 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
       }
     }
     ++impl_->enqueued;
+    // Wake the relays once this transaction commits (a no-op on another connection).
+    in.commit_wake.arm(db.getHandle());
   }
   if (message_id) *message_id = id;
 }
@@ -392,6 +395,18 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
   }
   return s;
 }
+
+namespace detail {
+
+uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
+  return InboxAccess::of(outbox.impl_->inbox).commit_wake.add(std::move(wake));
+}
+
+void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
+  InboxAccess::of(outbox.impl_->inbox).commit_wake.remove(id);
+}
+
+}  // namespace detail
 
 OutboxCounters Outbox::counters() const {
   OutboxCounters c;

@@ -8,6 +8,7 @@
 
 #include <set>
 
+#include "outbox_wake.h"
 #include "schema.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
@@ -604,6 +605,67 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   EXPECT_EQ(count("state = 'dead'"), 1);
   EXPECT_EQ(count("state = 'sent'"), 0);
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
+}
+
+// The relays' wake-up (commit_wake.h): after the commit of a transaction on the inbox's
+// connection that enqueued (or replayed a dead letter), never before it, and not for a
+// transaction that enqueued nothing, nor for one that rolled back... until the next commit.
+TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
+  auto outbox = make_outbox();
+  int wakes = 0;
+  int wakes_in_transaction = -1;
+  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "1", "w-1")).ok());
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "2", "w-2")).ok());
+    wakes_in_transaction = wakes;
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes_in_transaction, 0);  // a wake before the commit would find nothing
+  EXPECT_EQ(wakes, 1);                 // one per commit, not per row
+  // A transaction that enqueued nothing (the per-message path of a consumer without an
+  // outbox) wakes no one.
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    db.exec("INSERT INTO accounts (account, balance) VALUES ('a', 1)");
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes, 1);
+  // A handler's claim transaction that enqueued.
+  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
+    outbox->enqueue_or_throw(db, out_msg("t/b", "3", derived_message_id(d.message_id, "e")));
+  });
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 1)), Outcome::kProcessed);
+  EXPECT_EQ(wakes, 2);
+  // A rolled-back enqueue wakes at the next commit (for nothing, harmlessly).
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "x", "w-x")).ok());
+    db.exec("ROLLBACK");
+  });
+  EXPECT_EQ(wakes, 2);
+  // A replayed dead letter is pending again: a running relay is woken to send it.
+  const int64_t seq =
+      query_int(db_path_, "SELECT seq FROM outbox_messages WHERE message_id = 'w-1'");
+  ASSERT_TRUE(outbox->mark_dead(seq, OutboxDeadReason::kExpired, 0, "test").ok());
+  const int before_replay = wakes;
+  ASSERT_TRUE(outbox->replay_dead("w-1").ok());
+  EXPECT_GT(wakes, before_replay);
+  // An enqueue on another connection than the inbox's is not watched.
+  const int before_other = wakes;
+  {
+    SQLite::Database other(db_path_, SQLite::OPEN_READWRITE);
+    other.setBusyTimeout(5000);
+    other.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(other, out_msg("t/c", "4", "w-4")).ok());
+    other.exec("COMMIT");
+  }
+  EXPECT_EQ(wakes, before_other);
+  // Removed: never called again.
+  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
+  EXPECT_EQ(wakes, before_other);
 }
 
 // Schema step 10 rebuilds outbox_messages for the reason connection_dropped: a file made

@@ -44,6 +44,9 @@ class logger;
 namespace mqtt_inbox {
 
 class Inbox;
+namespace detail {
+struct OutboxAccess;  // the library's own access to an Outbox's internals (outbox_wake.h)
+}
 
 // What enqueue() does when a class is full.
 enum class OutboxFullPolicy {
@@ -306,6 +309,7 @@ class Outbox {
   OutboxCounters counters() const;
 
  private:
+  friend struct detail::OutboxAccess;
   struct Impl;
   explicit Outbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
