@@ -100,6 +100,14 @@ class logger;
 
 namespace mqtt_inbox {
 
+// A row is an outbox dead letter connection_dropped (OutboxDeadReason::kConnectionDropped)
+// once the broker closed the relay's connection this many times in a row right after it
+// was published: each time it was the oldest publish without PUBACK, no PUBACK arrived
+// after it, and the connection ended within kConnectionDropWindowMs of its publish. See
+// Design.
+constexpr int kConnectionDropsBeforeDeadLetter = 3;
+constexpr int kConnectionDropWindowMs = 5000;
+
 // The relay's options: the connection of its own (ConnectionOptions, connection.h; the
 // Subscriber's fields with the same meaning, checks and code) and the publishing settings
 // below. With create(outbox, subscriber, options) the connection is the Subscriber's:
@@ -123,9 +131,22 @@ struct RelayOptions : ConnectionOptions {
   int max_inflight = 64;
   // Most rows marked sent per transaction. Default 256.
   int mark_batch = 256;
-  // How often the relay looks for new rows when nothing woke it, ms. notify() wakes it at
-  // once. Default 200.
+  // How often the relay looks for new rows when nothing woke it, ms. A commit on the
+  // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
+  // Default 200.
   int poll_interval_ms = 200;
+  // Largest PUBLISH the relay sends, bytes (the whole packet, as MQTT 5.0 section
+  // 3.2.2.3.6 counts it); 0 = no limit of its own. Used like the Maximum Packet Size an
+  // MQTT 5 broker announces in CONNACK (the smaller of the two applies): a larger row
+  // becomes an outbox dead letter payload_too_large before it is sent. Set it to the
+  // broker's limit on MQTT 3.1.1, which cannot announce one (mosquitto max_packet_size).
+  // >= 0. Default 0.
+  int64_t max_packet_size = 0;
+  // How long stop() waits for the relay thread, ms (>= 0). The thread may be inside a
+  // store call (a locked or full store) or waiting for Paho's lock, which a message
+  // callback waiting for the store holds; stop() does not wait longer than this. Default
+  // 10000.
+  int stop_timeout_ms = 10000;
   // If set, the relay thread writes prometheus_text(counters()) to this file every
   // metrics_period_ms and at stop(), atomically (a ".tmp" file renamed over it), for
   // node_exporter's textfile collector; a failed write is logged and tried again at the
@@ -155,7 +176,9 @@ struct RelayCounters {
   int64_t maximum_packet_size = 0;  // the broker's Maximum Packet Size at the last CONNACK,
                                     // bytes; 0 = none announced (MQTT 3.1.1 never does)
   int64_t expired = 0;            // rows made dead because their expiry ran out (unsent)
-  int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size
+  int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size or
+                                  // RelayOptions::max_packet_size (unsent)
+  int64_t connection_dropped = 0;  // rows made dead for ending the connection (see Design)
   bool connected = false;         // has a connection to publish on now
 
   // PUBACKs by reason code (MQTT 5.0 section 3.4.2.1): 0x00 success, 0x10 no matching
@@ -172,6 +195,14 @@ struct RelayCounters {
   int64_t puback_latency_samples = 0;
   double puback_latency_sum_ms = 0;
   int64_t puback_latency_count = 0;
+  // Commit-to-PUBACK latency, ms: from the row's enqueue, inside the transaction whose
+  // commit made it visible, to its PUBACK (so it also counts the rest of that transaction
+  // and its commit, and the row's wait in the outbox: the relay's poll or wake-up, the
+  // window, a reconnect). Over the same PUBACKs as puback_latency_p50/p99_ms; 0 while
+  // there are none. Measured on the inbox's retention clock and the monotonic clock, so a
+  // wall-clock step does not change it.
+  double commit_to_puback_p50_ms = 0;
+  double commit_to_puback_p99_ms = 0;
   // Time without a connection to publish on while started, ms (the current outage
   // included; time stopped does not count): how long the outbox could only fill.
   int64_t offline_ms = 0;
@@ -196,16 +227,16 @@ class Relay {
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
   // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
   // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
-  // are used (max_inflight, mark_batch, poll_interval_ms, logger,
-  // prometheus_textfile, metrics_period_ms, the hooks; reconnect_backoff_* pace a start
-  // over after a publish failed on a live connection); the MQTT version is the
-  // subscriber's. `outbox` and `subscriber` are not owned; destroy the Relay before the
-  // Subscriber. One relay per subscriber. Errors: kInvalidArgument for a null outbox or
-  // subscriber, broker_uri or client_id set (they are the subscriber's), a count or
-  // interval out of range.
+  // are used (max_inflight, mark_batch, poll_interval_ms, max_packet_size,
+  // stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the hooks;
+  // reconnect_backoff_* pace a start over after a publish failed on a live connection);
+  // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
+  // the Relay before the Subscriber. One relay per subscriber. Errors: kInvalidArgument
+  // for a null outbox or subscriber, broker_uri or client_id set (they are the
+  // subscriber's), a count or interval out of range.
   static Status create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
                        std::unique_ptr<Relay>* out);
-  // Stops if running.
+  // Stops if running (see stop(); after a kBusy it waits for the thread).
   ~Relay();
 
   // Starts the relay thread and returns at once. Its own connection: takes the client-id
@@ -215,9 +246,19 @@ class Relay {
   // subscriber's connection; kBusy if another process holds the client-id lock.
   Status start();
   // Stops the thread; its own connection: disconnects and releases the client-id lock (a
-  // subscriber's stays up). Unacknowledged rows stay pending for the next run.
+  // subscriber's stays up). Unacknowledged rows stay pending for the next run. Waits at
+  // most stop_timeout_ms: if the thread is still inside a store call then (a locked or
+  // full store) or waiting for Paho's lock (which a message callback that waits for the
+  // store holds), returns kBusy and leaves it running, with the client-id lock held. The
+  // process should then exit (std::_Exit, as after Subscriber::stop's kBusy): nothing is
+  // lost, the rows it had not marked are published again by the next run. Destroying
+  // the Relay instead waits for the thread, as long as the store takes.
   Status stop();
-  // Wakes the relay to look for new rows now (for example after a commit that enqueued).
+  // Wakes the relay to look for new rows now. Not needed after a commit on the Inbox's
+  // connection (a handler's, or a transaction in Inbox::with_connection) that enqueued:
+  // that commit wakes every running relay of the Outbox's Inbox. Call it after a commit
+  // on another connection (a StoreThenProcess worker's, the application's own), or the
+  // relay finds the row at its next poll (poll_interval_ms).
   void notify();
 
   // Whether the relay has a connection to publish on now.
