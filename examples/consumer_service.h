@@ -22,6 +22,7 @@
 #include <csignal>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -109,11 +110,14 @@ class Service {
 
   // Runs the service until SIGINT/SIGTERM: the Consumer (`handler` runs inside the claim
   // transaction), the Pruner, the Subscriber, then `started` (e.g. an outbox relay's
-  // start) and systemd's READY=1. At the stop, `stopping` runs once the subscriber has
-  // stopped. Prints "<program>: processed=N duplicates=N ..." and returns the exit code:
-  // 0, or 3 (std::_Exit) when a message was still waiting for the store.
+  // start) and systemd's READY=1. At the stop, `stopping` (e.g. the relay's stop, bounded
+  // by the same --stop-timeout-ms) runs on a thread of its own beside the subscriber's
+  // stop, so that both together take at most --stop-timeout-ms: in turn, a stuck store
+  // would cost each its whole timeout. Prints "<program>: processed=N duplicates=N ..."
+  // and returns the exit code: 0, or 3 (std::_Exit) when a message was still waiting for
+  // the store, or `stopping` failed (the relay was still waiting for the store).
   int run(mqtt_inbox::Handler handler, const std::function<void()>& started = {},
-          const std::function<void()>& stopping = {}) {
+          const std::function<mqtt_inbox::Status()>& stopping = {}) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
     if (auto s = mqtt_inbox::Consumer::create(inbox_.get(), flags_.consumer_name,
                                               std::move(handler), {}, &consumer);
@@ -171,8 +175,12 @@ class Service {
     sigwait(&stop_signals_, &sig);
     log_->info("signal {}: stopping", sig);
     (void)notifier->stopping();
-    const mqtt_inbox::Status stopped = subscriber->stop();
-    if (stopping) stopping();
+    std::future<mqtt_inbox::Status> other;
+    if (stopping) other = std::async(std::launch::async, stopping);
+    const mqtt_inbox::Status subscriber_stopped = subscriber->stop();
+    const mqtt_inbox::Status other_stopped = other.valid() ? other.get() : mqtt_inbox::Status();
+    const mqtt_inbox::Status& stopped =
+        !subscriber_stopped.ok() ? subscriber_stopped : other_stopped;
     if (stopped.ok()) pruner->stop();  // else exit now: the pruner may be waiting for the store
     const auto c = consumer->counters();
     std::printf(

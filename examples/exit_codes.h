@@ -5,7 +5,9 @@
 //   1  bad configuration, or another start-up failure
 //   2  the MQTT subscriber could not be created or started
 //   3  stopped while a message was still waiting for the store: it was not acked and
-//      the broker redelivers it to the next run (README "Stopping while the store is stuck")
+//      the broker redelivers it to the next run (README "Stopping while the store is stuck");
+//      or while the outbox relay was: the rows it had not marked sent are published by the
+//      next run
 //   4  the store was not available at start-up: still locked, full or failing when
 //      --startup-deadline-ms ran out, or another consumer process holds the database.
 //      Nothing was connected; restarting later is safe

@@ -53,6 +53,13 @@ class RelayTest : public RelayFixture {
   }
 };
 
+// On both MQTT versions: the programs' default, 3.1.1, and 5 (INSTANTIATE at the end).
+class RelayVersionTest : public RelayTest, public ::testing::WithParamInterface<MqttVersion> {
+ protected:
+  int64_t dead_rows() { return up_count("state = 'dead'"); }
+  const char* version_flag() const { return GetParam() == MqttVersion::kV5 ? "5" : "3.1.1"; }
+};
+
 TEST_F(RelayTest, StreamArrivesOnceInPerKeyOrderWithinTheWindow) {
   auto relay = make_relay(broker_.uri(), 8);
   ASSERT_TRUE(relay->start().ok());
@@ -127,6 +134,52 @@ TEST_F(RelayTest, StopAndRestartLosesNothing) {
   ASSERT_TRUE(relay->stop().ok());
 }
 
+// ledger_consumer on the programs' default MQTT 3.1.1 with --max-packet-size (the broker's
+// max_packet_size, which 3.1.1 cannot announce): a credit whose event is over the limit
+// (the event repeats the credit's long id, so the credit itself fits) is applied, its
+// event becomes an outbox dead letter payload_too_large without being sent, and the 40
+// events around it arrive.
+TEST_F(RelayTest, LedgerConsumerMaxPacketSizeDeadLettersTheOversizedEventAlone) {
+  const std::string ledger_db = dir_.file("ledger.db");
+  Child consumer(with_emulator({built_program("ledger_consumer"), "--broker", broker_.uri(),
+                                "--client-id", "ledger-max-" + std::to_string(::getpid()),
+                                "--topic", "credits/#", "--db", ledger_db, "--emit-topic",
+                                "events/credited", "--max-packet-size",
+                                std::to_string(kMaxPacket)}),
+                 dir_.file("ledger.log"));
+  ASSERT_TRUE(wait_until(
+      [&] { return read_file(dir_.file("ledger.log")).find("consuming: ") != std::string::npos; },
+      std::chrono::seconds(15)))
+      << read_file(dir_.file("ledger.log"));
+  TestPublisher pub(broker_.uri(), /*mqtt5=*/false);
+  const std::string big_id = "big-" + std::string(196, 'i');
+  for (int i = 0; i < 41; ++i) {
+    if (i == 20) {
+      pub.credit("credits/x", big_id, std::string(3650, 'a'), 1);
+    } else {
+      pub.credit("credits/x", "cr-" + std::to_string(i), "acct", 1);
+    }
+  }
+  EXPECT_TRUE(wait_until(
+      [&] {
+        return query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = "
+                                    "'pending'") == 0 &&
+               query_int(ledger_db, "SELECT count(*) FROM outbox_messages") == 41;
+      },
+      std::chrono::seconds(60)));
+  EXPECT_TRUE(wait_until([&] { return received() >= 40; }, std::chrono::seconds(30)));
+  consumer.signal(SIGTERM);
+  EXPECT_EQ(consumer.wait(std::chrono::seconds(20)), 0);
+  EXPECT_EQ(received(), 40);
+  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM ledger_entries"), 41);
+  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' "
+                                 "AND dead_reason = 'payload_too_large' AND message_id = '" +
+                                     big_id + "/credited' AND attempts = 0"),
+            1);
+  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent'"),
+            40);
+}
+
 // Rows that can never be published become outbox dead letters before they are sent, and
 // the rows behind them on the same ordering key flow: one whose message expiry ran out
 // while it waited (expired), and one whose PUBLISH is one byte over the broker's Maximum
@@ -192,14 +245,16 @@ TEST_F(RelayTest, ExpiredAndOversizedRowsAreDeadLetteredAndTheKeyFlowsOn) {
 // ledger_consumer --emit-topic: each applied credit emits one event from the outbox; the
 // consumer is SIGKILLed mid-stream and restarted. Downstream applies one event per credit,
 // with id "<credit id>/credited", the credit's id as source_message_id, and the balance
-// after that credit; upstream every event row is sent.
-TEST_F(RelayTest, LedgerConsumerEmitsOneEventPerCreditAcrossAKill) {
+// after that credit; upstream every event row is sent. On MQTT 3.1.1 (the programs'
+// default) the id travels in the event's JSON, on 5 also as the user property.
+TEST_P(RelayVersionTest, LedgerConsumerEmitsOneEventPerCreditAcrossAKill) {
   const std::string ledger_db = dir_.file("ledger.db");
   auto start = [&](const std::string& log) {
     return std::make_unique<Child>(
         with_emulator({built_program("ledger_consumer"), "--broker", broker_.uri(), "--client-id",
                        "ledger-emit-" + std::to_string(::getpid()), "--topic", "credits/#", "--db",
-                       ledger_db, "--mqtt-version", "5", "--emit-topic", "events/credited"}),
+                       ledger_db, "--mqtt-version", version_flag(), "--emit-topic",
+                       "events/credited"}),
         dir_.file(log));
   };
   auto consumer = start("ledger1.log");
@@ -317,11 +372,6 @@ TEST(RelayPoison, DeniedPublishIsDeadLetteredAndTheStreamGoesOn) {
   EXPECT_NE(dead[0].reason_text.find("135"), std::string::npos) << dead[0].reason_text;
 }
 
-// Issue 27, on the relay's own connection, on both MQTT versions.
-class RelayVersionTest : public RelayTest, public ::testing::WithParamInterface<MqttVersion> {
- protected:
-  int64_t dead_rows() { return up_count("state = 'dead'"); }
-};
 
 // A broker restart (persistence on) with a full window of publishes in flight and
 // unread: their tokens fail without a PUBACK (MQTT 3.1.1: Paho C++ reports reason code
