@@ -49,22 +49,53 @@
 //    and are published in parallel.
 //  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
 //    without fsync: a lost mark only causes a resend.
-//  - Poison: an MQTT 5 PUBACK reason code >= 0x80 (not authorized, topic name invalid,
-//    quota exceeded, payload format invalid, ...; MQTT 5.0 section 3.4.2.1) makes the row
-//    an outbox dead letter (reason rejected_by_broker, with the code) and the stream goes
-//    on. MQTT 3.1.1 has no such code: mosquitto acks a publish its ACL denies and drops it,
-//    so the row counts as sent.
-//    Two more kinds of row can never be published and become outbox dead letters before
-//    they are sent, so they never block the rows behind them:
+//  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
+//    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
+//    the relay after the commit, so the row goes out at once; rows committed on another
+//    connection are found at the next poll (poll_interval_ms) or after notify().
+//  - The outcome of each publish (read in Paho C 1.3.12 and Paho C++ 1.2.0): a PUBACK
+//    with a success code (0x00, 0x10 no matching subscribers) marks the row sent. Only an
+//    MQTT 5 PUBACK with a reason code >= 0x80 (not authorized, topic name invalid, quota
+//    exceeded, payload format invalid, ...; MQTT 5.0 section 3.4.2.1) is a refusal: the row
+//    becomes an outbox dead letter (rejected_by_broker, with the code) and the stream goes
+//    on. A publish that ended without a PUBACK (connection lost, client destroyed,
+//    disconnect, a failed write; whatever reason code Paho reports with it, 255 for every
+//    MQTT 3.1.1 failure) is published again after the rows before it. MQTT 3.1.1 has no
+//    refusal: mosquitto acks a publish its ACL denies and drops it, so the row counts as
+//    sent.
+//  - Rows that can never be published become outbox dead letters, so they never block the
+//    rows behind them:
 //      expired: its MQTT 5 message expiry interval ran out while it waited in the outbox
 //        (OutboxRow::waited_ms: the inbox's retention clock since the enqueue or the
 //        replay, so an NTP step at boot expires nothing and time powered off does not
 //        count; with either MQTT version). A row still in time is sent with what is left
-//        of its expiry, as a server forwards it (MQTT 5.0 section 3.3.2.3.3).
+//        of its expiry, as a server forwards it (MQTT 5.0 section 3.3.2.3.3). Not sent.
 //      payload_too_large: its PUBLISH is larger than the Maximum Packet Size the broker
 //        announced in CONNACK (MQTT 5.0 section 3.2.2.3.6; the client must not send it,
 //        and mosquitto answers one with DISCONNECT 0x95, after which every reconnect would
-//        resend it).
+//        resend it) or than RelayOptions::max_packet_size, the smaller. Not sent.
+//      connection_dropped: the limit nobody stated. On MQTT 3.1.1 a broker cannot announce
+//        its limit; mosquitto closes the connection of a client that sends a larger
+//        PUBLISH, and every publish in flight fails with it. A row is blamed for the end
+//        of a connection when it was the oldest publish without PUBACK, no PUBACK arrived
+//        after it was sent, and the connection ended within kConnectionDropWindowMs of
+//        its publish; blamed kConnectionDropsBeforeDeadLetter (3) times in a row, it alone
+//        becomes a dead letter and the rows behind it are sent. A broker that dies right
+//        after every reconnect three times in a row would cost the row at the head of the
+//        queue the same way: replay it (Outbox::replay_dead, mqtt-inbox outbox replay).
+//    Each is logged at warn and counted (counters(), the Prometheus textfile).
+//  - What each MQTT version gives the relay:
+//      behaviour                   MQTT 3.1.1 (the programs' default)   MQTT 5
+//      message id to the next hop  in the payload only (a JSON field    user property
+//                                  the enqueuer wrote)                  "message-id"
+//      broker refuses a publish    not seen (acked and dropped: sent)   rejected_by_broker
+//      publish without PUBACK      published again                      published again
+//      packet size limit           max_packet_size, else found by       announced in CONNACK
+//                                  dropped connections (3 in a row)     (or max_packet_size)
+//      in-flight window            max_inflight                         also <= Receive Maximum
+//      message expiry              expired rows dead; no expiry sent    expired rows dead; the
+//                                                                       rest sent with what is left
+//      wake-up on commit, per-key order, bounded stop: both versions alike.
 //  - Reconnects back off exponentially, capped; nothing is ever dropped for having been
 //    retried too often. A refused CONNECT (bad user name or password, not authorized,
 //    ...) waits reconnect_backoff_max_ms at once, as the Subscriber's does.
@@ -79,7 +110,7 @@
 // Thread safety: all methods are safe from any thread; start() and stop() must not race.
 // Do not call stop() or destroy a Relay from a message handler or another Paho callback:
 // the relay thread may be waiting in publish() for Paho's lock, which that callback holds,
-// and stop() joins it.
+// and stop() waits for it (up to stop_timeout_ms; the destructor without a limit).
 #pragma once
 
 #include <cstdint>
@@ -166,20 +197,20 @@ struct RelayOptions : ConnectionOptions {
 
 // Counts of this Relay (this process). A snapshot; any thread.
 struct RelayCounters {
-  int64_t published = 0;          // publishes handed to Paho (resends included)
-  int64_t acked = 0;              // PUBACKs with a success code
-  int64_t rejected = 0;           // PUBACKs with a reason code >= 0x80 (rows made dead)
-  int64_t connects = 0;           // connections made
-  int64_t max_inflight_seen = 0;  // largest number of publishes without PUBACK seen
-  int receive_maximum = 0;        // the broker's Receive Maximum at the last CONNACK (65535 if
-                                  // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
+  int64_t published = 0;            // publishes handed to Paho (resends included)
+  int64_t acked = 0;                // PUBACKs with a success code
+  int64_t rejected = 0;             // PUBACKs with a reason code >= 0x80 (rows made dead)
+  int64_t connects = 0;             // connections made
+  int64_t max_inflight_seen = 0;    // largest number of publishes without PUBACK seen
+  int receive_maximum = 0;          // the broker's Receive Maximum at the last CONNACK (65535 if
+                                    // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
   int64_t maximum_packet_size = 0;  // the broker's Maximum Packet Size at the last CONNACK,
                                     // bytes; 0 = none announced (MQTT 3.1.1 never does)
-  int64_t expired = 0;            // rows made dead because their expiry ran out (unsent)
-  int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size or
-                                  // RelayOptions::max_packet_size (unsent)
-  int64_t connection_dropped = 0;  // rows made dead for ending the connection (see Design)
-  bool connected = false;         // has a connection to publish on now
+  int64_t expired = 0;              // rows made dead because their expiry ran out (unsent)
+  int64_t too_large = 0;            // rows made dead as larger than maximum_packet_size or
+                                    // RelayOptions::max_packet_size (unsent)
+  int64_t connection_dropped = 0;   // rows made dead for ending the connection (see Design)
+  bool connected = false;           // has a connection to publish on now
 
   // PUBACKs by reason code (MQTT 5.0 section 3.4.2.1): 0x00 success, 0x10 no matching
   // subscribers (also a success), >= 0x80 a refusal (the row made dead, also in
@@ -211,8 +242,9 @@ struct RelayCounters {
 // The counters in the Prometheus text exposition format (0.0.4), every name prefixed
 // mqtt_inbox_relay_: connected, connects_total, offline_seconds_total, published_total,
 // pubacks_total{reason_code="0x00"}, dead_lettered_total{reason="expired"|
-// "payload_too_large"|"rejected_by_broker"}, puback_latency_seconds (a summary: quantile
-// 0.5 and 0.99, _sum, _count), inflight_max, receive_maximum. The outbox's depth, bytes,
+// "payload_too_large"|"rejected_by_broker"|"connection_dropped"}, puback_latency_seconds
+// (a summary: quantile 0.5 and 0.99, _sum, _count), commit_to_puback_seconds (a gauge per
+// quantile 0.5 and 0.99), inflight_max, receive_maximum. The outbox's depth, bytes,
 // drops and oldest row are the Pruner's (stats.h: prometheus_text(InboxStats)).
 std::string prometheus_text(const RelayCounters& counters);
 
