@@ -231,7 +231,8 @@ struct RelayCounters {
   // and its commit, and the row's wait in the outbox: the relay's poll or wake-up, the
   // window, a reconnect). Over the same PUBACKs as puback_latency_p50/p99_ms; 0 while
   // there are none. Measured on the inbox's retention clock and the monotonic clock, so a
-  // wall-clock step does not change it.
+  // wall-clock step does not change it; the retention clock counts whole milliseconds, so
+  // a figure under 1 ms may be up to 1 ms short.
   double commit_to_puback_p50_ms = 0;
   double commit_to_puback_p99_ms = 0;
   // Time without a connection to publish on while started, ms (the current outage
