@@ -453,22 +453,25 @@ TEST_P(RelayVersionTest, ACommitThatEnqueuedWakesTheRelay) {
   ASSERT_TRUE(relay->start().ok());
   ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // asleep in its poll now
+  // Under qemu (a cross build's tests) everything runs 5-20 times slower; still far below
+  // the poll.
+  const int budget_ms = under_emulator() ? 10000 : 1000;
   for (int round = 0; round < 3; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     enqueue_events(round * 10, round * 10 + 10, 2);
     EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; },
-                           std::chrono::seconds(1)))
+                           std::chrono::milliseconds(budget_ms)))
         << "round " << round << ": received " << received();
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - t0)
                         .count();
-    EXPECT_LT(ms, 1000) << "round " << round;
+    EXPECT_LT(ms, budget_ms) << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   expect_delivered_once(30);
   const RelayCounters c = relay->counters();
   EXPECT_GT(c.commit_to_puback_p50_ms, 0);
-  EXPECT_LT(c.commit_to_puback_p99_ms, 1000);
+  EXPECT_LT(c.commit_to_puback_p99_ms, budget_ms);
   EXPECT_LE(c.commit_to_puback_p50_ms, c.commit_to_puback_p99_ms);
   ASSERT_TRUE(relay->stop().ok());
 }
