@@ -461,3 +461,82 @@ PRAGMA user_version = 10;
 ALTER TABLE inbox_messages ADD COLUMN claim_token INTEGER NOT NULL DEFAULT 0;
 
 PRAGMA user_version = 11;
+
+-- @version 12
+-- Outbox dead letters get the reason 'connection_dropped' (issue 27): a row after whose
+-- publish the broker closed the connection every time it was the oldest in flight, as
+-- mosquitto does with a PUBLISH over its max_packet_size on MQTT 3.1.1, which cannot
+-- announce the limit. The table is rebuilt as in step 7 (SQLite cannot change a CHECK
+-- constraint in place): same columns in the same order, same rows and seqs, the same
+-- indexes and triggers (DROP TABLE drops them). Its AUTOINCREMENT counter is carried over
+-- (sqlite_sequence), so a seq of a pruned last row is still never reused.
+CREATE TABLE outbox_messages_v12 (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id    TEXT    NOT NULL UNIQUE,
+    ordering_key  TEXT    NOT NULL,           -- FIFO per key; default the topic
+    class         TEXT    NOT NULL,           -- topic prefix of the bounding class, '' none
+    topic         TEXT    NOT NULL,
+    payload       BLOB    NOT NULL,
+    properties    TEXT    NOT NULL,           -- MQTT 5 properties as a JSON object
+    qos           INTEGER NOT NULL DEFAULT 1,
+    size_bytes    INTEGER NOT NULL,           -- counted against the class's byte bound
+    enqueued_at   INTEGER NOT NULL,           -- wall clock, ms
+    enqueued_clock INTEGER NOT NULL DEFAULT 0, -- retention clock, ms: what max_age_ms counts
+    state         TEXT    NOT NULL DEFAULT 'pending'
+                      CHECK (state IN ('pending', 'sent', 'dead')),
+    attempts      INTEGER NOT NULL DEFAULT 0, -- publishes handed to the client
+    sent_at       INTEGER,                    -- wall clock, ms: PUBACK seen
+    dead_reason   TEXT CHECK (dead_reason IN ('rejected_by_broker', 'expired',
+                                              'payload_too_large', 'connection_dropped')),
+    reason_code   INTEGER,                    -- MQTT 5 PUBACK reason code, if any
+    reason_text   TEXT,
+    dead_at       INTEGER,                    -- wall clock, ms
+    retention_at  INTEGER                     -- retention clock, ms: sent or dead since
+);
+INSERT INTO outbox_messages_v12 (seq, message_id, ordering_key, class, topic, payload,
+    properties, qos, size_bytes, enqueued_at, enqueued_clock, state, attempts, sent_at,
+    dead_reason, reason_code, reason_text, dead_at, retention_at)
+  SELECT seq, message_id, ordering_key, class, topic, payload, properties, qos, size_bytes,
+         enqueued_at, enqueued_clock, state, attempts, sent_at, dead_reason, reason_code,
+         reason_text, dead_at, retention_at
+    FROM outbox_messages;
+-- The counter as it was: the insert above set it only to the largest seq still present,
+-- or left none if no row is.
+UPDATE sqlite_sequence
+   SET seq = (SELECT seq FROM sqlite_sequence WHERE name = 'outbox_messages')
+ WHERE name = 'outbox_messages_v12'
+   AND EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'outbox_messages');
+INSERT INTO sqlite_sequence (name, seq)
+  SELECT 'outbox_messages_v12', seq FROM sqlite_sequence
+   WHERE name = 'outbox_messages'
+     AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'outbox_messages_v12');
+DROP TABLE outbox_messages;
+ALTER TABLE outbox_messages_v12 RENAME TO outbox_messages;
+CREATE INDEX outbox_messages_pending ON outbox_messages (seq) WHERE state = 'pending';
+CREATE INDEX outbox_messages_sent_retention
+    ON outbox_messages (retention_at) WHERE state = 'sent';
+CREATE INDEX outbox_messages_dead_retention
+    ON outbox_messages (retention_at) WHERE state = 'dead';
+CREATE INDEX outbox_messages_class ON outbox_messages (class, seq) WHERE state = 'pending';
+CREATE TRIGGER outbox_usage_insert AFTER INSERT ON outbox_messages
+WHEN NEW.state = 'pending' BEGIN
+    INSERT INTO outbox_usage (class, rows, bytes) VALUES (NEW.class, 1, NEW.size_bytes)
+    ON CONFLICT (class) DO UPDATE SET rows = rows + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER outbox_usage_leave AFTER UPDATE OF state ON outbox_messages
+WHEN OLD.state = 'pending' AND NEW.state <> 'pending' BEGIN
+    UPDATE outbox_usage SET rows = rows - 1, bytes = bytes - OLD.size_bytes
+    WHERE class = OLD.class;
+END;
+CREATE TRIGGER outbox_usage_return AFTER UPDATE OF state ON outbox_messages
+WHEN OLD.state <> 'pending' AND NEW.state = 'pending' BEGIN
+    INSERT INTO outbox_usage (class, rows, bytes) VALUES (NEW.class, 1, NEW.size_bytes)
+    ON CONFLICT (class) DO UPDATE SET rows = rows + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER outbox_usage_delete AFTER DELETE ON outbox_messages
+WHEN OLD.state = 'pending' BEGIN
+    UPDATE outbox_usage SET rows = rows - 1, bytes = bytes - OLD.size_bytes
+    WHERE class = OLD.class;
+END;
+
+PRAGMA user_version = 12;

@@ -24,6 +24,12 @@
 //                   In this mode the message id comes from an extractor (which stamps the
 //                   callback entry time) instead of the built-in JSON field reader.
 //   --ready-file F  written once connected (the live phase starts the publisher then).
+//   --emit-topic T  inbox mode: the handler also enqueues one event per credit to topic T
+//                   in its claim transaction (as ledger_consumer --emit-topic), and an
+//                   outbox Relay (its own connection, MQTT 5) publishes them; the run ends
+//                   once every event is PUBACKed. Adds the relay's commit-to-PUBACK and
+//                   publish-to-PUBACK latency (RelayCounters: p50/p99 over the last 1,024
+//                   PUBACKs) as relay_commit_to_puback_p50_ms, ...
 #include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
 #include <spdlog/sinks/null_sink.h>
@@ -96,7 +102,7 @@ int main(int argc, char** argv) {
               label, ready_file;
   int count = 20000, timeout_s = 600;
   bool latency = false, metadata = false;
-  std::string work;
+  std::string work, emit_topic;
   app.add_option("--mode", mode)->check(CLI::IsMember({"inbox", "ceiling"}));
   app.add_option("--phase", phase)->check(CLI::IsMember({"setup", "run"}));
   app.add_option("--broker", broker)->required();
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
   app.add_flag("--latency", latency, "Record per-message latency stages");
   app.add_option("--work", work, "Ceiling mode: spin:US | sleep:US | fsync:BYTES per message");
   app.add_flag("--metadata", metadata, "InboxOptions::record_metadata = true (default false)");
+  app.add_option("--emit-topic", emit_topic, "Inbox mode: enqueue one event per credit, relayed");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = mode + "_" + sync;
 
@@ -150,6 +157,7 @@ int main(int argc, char** argv) {
   }
   int work_fd = -1;
   std::string work_buf;
+  mqtt_inbox::RelayCounters relayed;  // --emit-topic: the relay's figures at the end
   std::vector<double> gaps_us, work_us;
   int64_t last_return = 0;
 
@@ -249,9 +257,36 @@ int main(int argc, char** argv) {
         return id;
       };
     }
+    // --emit-topic: the outbox and its relay, as ledger_consumer --emit-topic runs them.
+    std::unique_ptr<mqtt_inbox::Outbox> outbox;
+    std::unique_ptr<mqtt_inbox::Relay> relay;
+    mqtt_inbox::Handler handler = ledger::CreditHandler{};
+    if (!emit_topic.empty()) {
+      if (auto s = mqtt_inbox::Outbox::create(inbox.get(), {}, &outbox); !s.ok()) {
+        std::fprintf(stderr, "outbox: %s\n", s.to_string().c_str());
+        return 1;
+      }
+      mqtt_inbox::RelayOptions ro;
+      ro.broker_uri = broker;
+      ro.client_id = client_id + "-relay";
+      ro.logger = log;
+      if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok()) {
+        std::fprintf(stderr, "relay: %s\n", s.to_string().c_str());
+        return 1;
+      }
+      handler = [credit = ledger::CreditHandler{}, &outbox, &emit_topic](
+                    SQLite::Database& db, const mqtt_inbox::Delivery& d) {
+        credit(db, d);
+        mqtt_inbox::OutgoingMessage event;
+        event.topic = emit_topic;
+        event.message_id = mqtt_inbox::derived_message_id(d.message_id, "credited");
+        event.payload = ledger::credited_event(db, d, event.message_id);
+        outbox->enqueue_or_throw(db, event);
+      };
+      (void)relay->start();
+    }
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
-    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", ledger::CreditHandler{}, co,
-                                              &consumer);
+    if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, co, &consumer);
         !s.ok()) {
       std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
       return 1;
@@ -287,6 +322,16 @@ int main(int argc, char** argv) {
                    static_cast<long long>(done.done()), count);
       std::_Exit(1);
     }
+    if (relay) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (relay->counters().acked < count && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      relayed = relay->counters();
+      if (relayed.acked < count)
+        std::fprintf(stderr, "relay: WARNING %lld of %d events PUBACKed\n",
+                     static_cast<long long>(relayed.acked), count);
+      (void)relay->stop();
+    }
     (void)sub->stop();
     const auto c = consumer->counters();
     if (c.processed != count || c.dead_lettered != 0)
@@ -310,6 +355,12 @@ int main(int argc, char** argv) {
         .add("gap_mean_us", sum / static_cast<double>(gaps_us.size()))
         .add("work_p50_us", bench::percentile(work_us, 50));
   }
+  if (!emit_topic.empty())
+    j.add("relay_acked", relayed.acked)
+        .add("relay_commit_to_puback_p50_ms", relayed.commit_to_puback_p50_ms)
+        .add("relay_commit_to_puback_p99_ms", relayed.commit_to_puback_p99_ms)
+        .add("relay_puback_p50_ms", relayed.puback_latency_p50_ms)
+        .add("relay_puback_p99_ms", relayed.puback_latency_p99_ms);
   if (latency) {
     add_dist(j, "latency", samples.total);
     add_dist(j, "transport", samples.transport);
@@ -323,6 +374,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "; latency p50 %.2f ms p99 %.2f ms max %.2f ms",
                  bench::percentile(samples.total, 50), bench::percentile(samples.total, 99),
                  *std::max_element(samples.total.begin(), samples.total.end()));
+  if (!emit_topic.empty())
+    std::fprintf(stderr, "; relay commit-to-PUBACK p50 %.2f ms p99 %.2f ms",
+                 relayed.commit_to_puback_p50_ms, relayed.commit_to_puback_p99_ms);
   std::fprintf(stderr, "\n");
   return 0;
 }

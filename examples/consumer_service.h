@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -120,11 +121,14 @@ class Service {
   // Runs the service until SIGINT/SIGTERM, or until the broker has refused this client
   // for --refused-limit-ms: the Consumer (`handler` runs inside the claim transaction),
   // the Pruner, the Subscriber, then `started` (e.g. an outbox relay's start) and
-  // systemd's READY=1. At the stop, `stopping` runs once the subscriber has stopped.
-  // Prints "<program>: processed=N duplicates=N ..." and returns the exit code: 0, 7
-  // (refused), or 3 (std::_Exit) when a message was still waiting for the store.
+  // systemd's READY=1. At the stop, `stopping` (e.g. the relay's stop, bounded by the same
+  // --stop-timeout-ms) runs on a thread of its own beside the subscriber's stop, so that
+  // both together take at most --stop-timeout-ms: in turn, a stuck store would cost each
+  // its whole timeout. Prints "<program>: processed=N duplicates=N ..." and returns the
+  // exit code: 0, 7 (refused), or 3 (std::_Exit) when a message was still waiting for the
+  // store, or `stopping` failed (the relay was still waiting for the store).
   int run(mqtt_inbox::Handler handler, const std::function<void()>& started = {},
-          const std::function<void()>& stopping = {}) {
+          const std::function<mqtt_inbox::Status()>& stopping = {}) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
     if (auto s = mqtt_inbox::Consumer::create(inbox_.get(), flags_.consumer_name,
                                               std::move(handler), {}, &consumer);
@@ -167,8 +171,12 @@ class Service {
 
     const int why = frame_.wait();  // a stop signal, or the broker refusing us too long
     frame_.stopping();
-    const mqtt_inbox::Status stopped = subscriber->stop();
-    if (stopping) stopping();
+    std::future<mqtt_inbox::Status> other;
+    if (stopping) other = std::async(std::launch::async, stopping);
+    const mqtt_inbox::Status subscriber_stopped = subscriber->stop();
+    const mqtt_inbox::Status other_stopped = other.valid() ? other.get() : mqtt_inbox::Status();
+    const mqtt_inbox::Status& stopped =
+        !subscriber_stopped.ok() ? subscriber_stopped : other_stopped;
     if (stopped.ok()) pruner->stop();  // else exit now: the pruner may be waiting for the store
     const auto c = consumer->counters();
     std::printf(

@@ -10,7 +10,9 @@
 //   2  the MQTT subscriber could not be created or started: a bad connection flag, a
 //      CA, certificate, key or password file missing or unreadable. Restart: no
 //   3  stopped while a message was still waiting for the store: it was not acked and
-//      the broker redelivers it to the next run (README "Stopping while the store is stuck")
+//      the broker redelivers it to the next run (README "Stopping while the store is stuck");
+//      or while the outbox relay was: the rows it had not marked sent are published by the
+//      next run
 //   4  something another process holds was not available at start-up: the store still
 //      locked, full or failing when --startup-deadline-ms ran out, another consumer
 //      process holding the database, or another process on this host holding the MQTT

@@ -4,15 +4,18 @@
 //   ledger_consumer --broker tcp://127.0.0.1:1883 --client-id ledger-1
 //                   --topic credits/# --db ledger.db [--mqtt-version 3.1.1|5]
 //                   [--startup-deadline-ms 0] [--stop-timeout-ms 10000]
-//                   [--emit-topic events/credited]
+//                   [--emit-topic events/credited] [--max-packet-size 0]
 //
 // With --emit-topic, each applied credit also enqueues, in the same transaction, one
 // event to that topic: {"message_id": "<credit id>/credited", "source_message_id": ...,
 // "account": ..., "amount": ..., "balance": <after this credit>}, published by an outbox
 // relay (its own connection with the same connection flags, client id "<client-id>-relay")
 // with the same id as the MQTT 5 user property message-id. A downstream inbox
-// (event_consumer) applies each event exactly once. The flags, start-up and stop are
-// consumer_service.h's.
+// (event_consumer) applies each event exactly once. --max-packet-size: the broker's largest
+// packet, bytes (mosquitto max_packet_size), for MQTT 3.1.1, which cannot announce it: a
+// larger event becomes an outbox dead letter payload_too_large instead of being sent
+// (RelayOptions::max_packet_size; 0 = none). The flags, start-up and stop are
+// consumer_service.h's; the relay's stop shares --stop-timeout-ms with the subscriber's.
 //
 #include <mqtt_inbox/mqtt_inbox.h>
 
@@ -30,6 +33,11 @@ int main(int argc, char** argv) {
   std::string emit_topic;
   app.add_option("--emit-topic", emit_topic,
                  "Enqueue one event per applied credit to this topic (transactional outbox)");
+  int64_t max_packet_size = 0;
+  app.add_option("--max-packet-size", max_packet_size,
+                 "With --emit-topic: largest PUBLISH the relay sends, bytes (the broker's "
+                 "max_packet_size; MQTT 3.1.1 cannot announce it); 0 = none")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   // 1. The store, with the business tables, before anything connects.
@@ -52,6 +60,8 @@ int main(int argc, char** argv) {
     if (auto s = connection_flags::to_relay_options(flags.connection, "-relay", &ro); !s.ok())
       return service.fail(examples::kExitSubscriber, s);
     ro.logger = log;
+    ro.max_packet_size = max_packet_size;
+    ro.stop_timeout_ms = flags.stop_timeout_ms;
     if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok())
       return service.fail(examples::kExitFailed, s);
     handler = [credit = ledger::CreditHandler{}, &outbox, &emit_topic](
@@ -66,13 +76,12 @@ int main(int argc, char** argv) {
   }
 
   // 3. Consumer, retention, subscriber, systemd notifications; the relay publishes while
-  //    the subscriber runs. Returns at SIGINT/SIGTERM.
+  //    the subscriber runs, woken by each commit that enqueued. Returns at SIGINT/SIGTERM,
+  //    having stopped both within --stop-timeout-ms.
   return service.run(
       handler,
       [&] {
         if (relay) (void)relay->start();
       },
-      [&] {
-        if (relay) (void)relay->stop();
-      });
+      [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); });
 }

@@ -313,6 +313,10 @@ PRELOAD_ENV=(env "LD_PRELOAD=$BENCH_BIN/libnodelay_preload.so")
 consume ceiling full live lat_ceiling_nodelay "$LAT_COUNT" 200 --latency
 consume inbox normal live lat_inbox_normal_nodelay "$LAT_COUNT" 200 --latency
 PRELOAD_ENV=(env)
+# The outbox relay (issue 27): each credit's handler enqueues an event, which the relay
+# publishes once the claim commits (the commit wakes it) until its PUBACK.
+stage "outbox relay 200 msg/s"
+consume inbox full live lat_relay_full "$LAT_COUNT" 200 --emit-topic "bench/events"
 fi
 
 # --- 6: scale -----------------------------------------------------------------------------
@@ -440,6 +444,15 @@ for l in lat_ceiling lat_ceiling_nodelay lat_inbox_full lat_inbox_normal lat_inb
     "$(jget "\"label\":\"$l\"" transport_p99_ms)" "$(jget "\"label\":\"$l\"" claim_p50_ms)" \
     "$(jget "\"label\":\"$l\"" claim_p99_ms)"
 done
+echo "== outbox relay at 200 msg/s, FULL (ms; p50 / p99 over the last PUBACKs, up to 1,024)"
+l=lat_relay_full
+printf '  commit-to-PUBACK %6s / %6s   publish-to-PUBACK %6s / %6s   (%s of %s events acked;' \
+  "$(jget "$(lab $l)" relay_commit_to_puback_p50_ms)" \
+  "$(jget "$(lab $l)" relay_commit_to_puback_p99_ms)" \
+  "$(jget "$(lab $l)" relay_puback_p50_ms)" "$(jget "$(lab $l)" relay_puback_p99_ms)" \
+  "$(jget "$(lab $l)" relay_acked)" "$LAT_COUNT"
+printf ' WAL frames per credit %s, with the event, its fetch and its mark)\n' \
+  "$(jget "$(lab $l)" vfs_wal_frames_per_msg)"
 fi
 if [[ $SKIP_SCALE -eq 0 ]]; then
   SE_F=$(javg '"label":"scale_empty_full"' msgs_per_s); SB_F=$(javg '"label":"scale_big_full"' msgs_per_s)

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "message_id.h"
 #include "outbox_impl.h"
+#include "outbox_wake.h"
 #include "properties_json.h"
 #include "reentry.h"
 #include "sqlite_util.h"
@@ -44,6 +45,8 @@ const char* to_string(OutboxDeadReason reason) {
       return "expired";
     case OutboxDeadReason::kPayloadTooLarge:
       return "payload_too_large";
+    case OutboxDeadReason::kConnectionDropped:
+      return "connection_dropped";
   }
   return "unknown";
 }
@@ -122,7 +125,7 @@ OutboxRow read_outbox_row(SQLite::Statement& q, int64_t clock_now) {
   if (!q.getColumn(11).isNull()) {
     const std::string reason = q.getColumn(11).getString();
     for (auto c : {OutboxDeadReason::kRejectedByBroker, OutboxDeadReason::kExpired,
-                   OutboxDeadReason::kPayloadTooLarge})
+                   OutboxDeadReason::kPayloadTooLarge, OutboxDeadReason::kConnectionDropped})
       if (reason == to_string(c)) r.dead_reason = c;
   }
   r.reason_code = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt();
@@ -380,6 +383,8 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
       }
     }
     ++impl_->enqueued;
+    // Wake the relays once this transaction commits (a no-op on another connection).
+    in.commit_wake.arm(db.getHandle());
   }
   if (message_id) *message_id = id;
 }
@@ -476,6 +481,18 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
   }
   return s;
 }
+
+namespace detail {
+
+uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
+  return InboxAccess::of(outbox.impl_->inbox).commit_wake.add(std::move(wake));
+}
+
+void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
+  InboxAccess::of(outbox.impl_->inbox).commit_wake.remove(id);
+}
+
+}  // namespace detail
 
 OutboxCounters Outbox::counters() const {
   OutboxCounters c;

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "log.h"
+#include "outbox_wake.h"
 #include "relay_impl.h"
 #include "subscriber_client_lock.h"
 
@@ -89,6 +90,7 @@ void Relay::Impl::run_own() {
       lost = false;
       resend = false;
       inflight.clear();
+      last_puback_at = {};
     }
     ++connects;
     figures.connected(Clock::now());
@@ -96,6 +98,7 @@ void Relay::Impl::run_own() {
     connected = false;
     figures.disconnected(Clock::now());
     if (is_stopping()) break;
+    connection_ended(blame());
     log->warn(
         "outbox relay: connection to {} lost; publishing pending rows again after "
         "reconnecting",
@@ -120,8 +123,13 @@ void Relay::Impl::run_own() {
 void Relay::Impl::run_lent() {
   uint64_t seen = 0;
   bool again = false;  // publish again on the connection of epoch `seen`
+  bool ended = true;   // the end of the connection of epoch `seen` was looked at
   int backoff = options.reconnect_backoff_initial_ms;
   for (;;) {
+    // The connection of epoch `seen` went down while the relay was pausing after a
+    // failed publish (so it never saw it down): blamed now, before `inflight` is cleared.
+    std::optional<int64_t> late_culprit;
+    bool late_end = false;
     {
       std::unique_lock<std::mutex> lock(mu);
       wake.wait_for(lock, std::chrono::milliseconds(options.metrics_period_ms), [&] {
@@ -140,13 +148,20 @@ void Relay::Impl::run_lent() {
         backoff = options.reconnect_backoff_initial_ms;
         ++connects;  // a connection of the Subscriber's that this relay published on
         figures.connected(Clock::now());
+        if (!ended) {
+          late_culprit = blame_locked();
+          late_end = true;
+        }
+        ended = false;
       }
       seen = lent_epoch;
       lost = false;
       resend = false;
       inflight.clear();
+      last_puback_at = {};
       read_connack(lent_connack);
     }
+    if (late_end) connection_ended(late_culprit);
     log->info("outbox relay: publishing on the subscriber's connection (receive maximum {})",
               receive_maximum.load());
     publish_on_connection();
@@ -165,6 +180,8 @@ void Relay::Impl::run_lent() {
       figures.disconnected(Clock::now());
       log->warn("outbox relay: the subscriber's connection is down; publishing pending rows "
                 "again when it is back");
+      connection_ended(blame());
+      ended = true;
     }
   }
   connected = false;
@@ -174,6 +191,9 @@ void Relay::Impl::run_lent() {
 void Relay::Impl::run() {
   if (lender) run_lent(); else run_own();
   write_metrics(true);
+  std::lock_guard<std::mutex> lock(mu);
+  finished = true;
+  wake.notify_all();
 }
 
 namespace {
@@ -188,6 +208,10 @@ Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
       options.reconnect_backoff_initial_ms < 1 ||
       options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms)
     return Status::InvalidArgument("relay intervals must be positive, backoff max >= initial");
+  if (options.max_packet_size < 0)
+    return Status::InvalidArgument("relay max_packet_size must be >= 0 (0 = no limit)");
+  if (options.stop_timeout_ms < 0)
+    return Status::InvalidArgument("relay stop_timeout_ms must be >= 0");
   return Status::Ok();
 }
 
@@ -247,7 +271,9 @@ Status Relay::create(Outbox* outbox, Subscriber* subscriber, const RelayOptions&
 Relay::Relay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Relay::~Relay() {
-  (void)stop();
+  // After a stop() that timed out the thread may still be inside a store call or Paho:
+  // it is waited for here (relay.h: exit the process instead).
+  if (!stop().ok() && impl_->thread.joinable()) impl_->thread.join();
   // Its own client first: its callbacks use the mutex and maps declared after it. A
   // lender's client lives on; the link it keeps then forwards nothing.
   impl_->client.reset();
@@ -271,18 +297,45 @@ Status Relay::start() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = false;
+    impl_->finished = false;
   }
+  // Woken after each commit on the inbox's connection that enqueued (commit_wake.h).
+  m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.woken = true;
+    m.wake.notify_all();
+  });
   impl_->thread = std::thread([this] { impl_->run(); });
   return Status::Ok();
 }
 
 Status Relay::stop() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stopping = true;
-    impl_->wake.notify_all();
+  Impl& m = *impl_;
+  if (m.commit_waker) {
+    detail::OutboxAccess::remove_commit_waker(*m.outbox, m.commit_waker);
+    m.commit_waker = 0;
   }
-  if (impl_->thread.joinable()) impl_->thread.join();
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    m.stopping = true;
+    m.wake.notify_all();
+    // The thread may be inside a store call that waits for a locked or full store, or in
+    // a Paho call that waits for Paho's lock, which a message callback waiting for the
+    // store holds: neither can be interrupted, so stop() waits at most stop_timeout_ms.
+    if (m.thread.joinable() &&
+        !m.wake.wait_for(lock, std::chrono::milliseconds(m.options.stop_timeout_ms),
+                         [&] { return m.finished; })) {
+      lock.unlock();
+      m.log->error(
+          "outbox relay: stop: the relay thread is still waiting for the store (or for "
+          "Paho's lock, held by a message callback that waits for the store) after {} ms; "
+          "rows not yet marked sent stay pending and are published again by the next run. "
+          "Exit the process.",
+          m.options.stop_timeout_ms);
+      return Status(Status::Code::kBusy, "the outbox relay is still waiting for the store");
+    }
+  }
+  if (m.thread.joinable()) m.thread.join();
   if (impl_->lender) {
     detail::SubscriberConnection::detach(*impl_->lender, impl_->link.get());
     std::lock_guard<std::mutex> lock(impl_->mu);

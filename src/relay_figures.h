@@ -1,9 +1,9 @@
 // Internal (MQTT layer): the outbox relay's figures that are more than one counter:
-// publish-to-PUBACK latency (percentiles over the last kLatencySamples PUBACKs, sum and
-// count over all), PUBACKs by reason code, and the time spent without a connection since
-// start(). The Relay feeds it from its thread and from Paho's callback thread; counters()
-// reads it from any. Its own mutex, held for a few instructions, never while calling
-// anything else.
+// publish-to-PUBACK and commit-to-PUBACK latency (percentiles over the last
+// kLatencySamples PUBACKs; sum and count of the first over all), PUBACKs by reason code, and the
+// time spent without a connection since start(). The Relay feeds it from its thread and from Paho's
+// callback thread; counters() reads it from any. Its own mutex, held for a few instructions, never
+// while calling anything else.
 #pragma once
 
 #include <chrono>
@@ -29,15 +29,19 @@ class RelayFigures {
   void disconnected(Clock::time_point now);
   void stopped(Clock::time_point now);
   // A PUBACK with `reason_code` (MQTT 5.0 section 3.4.2.1; 0 on MQTT 3.1.1), `latency`
-  // after its publish was handed to Paho.
-  void acked(int reason_code, Clock::duration latency);
+  // after its publish was handed to Paho and `since_enqueue` after its row was enqueued.
+  void acked(int reason_code, Clock::duration latency, Clock::duration since_enqueue);
 
   // Fills the latency, reason-code and offline fields of *c.
   void fill(RelayCounters* c, Clock::time_point now) const;
 
  private:
   mutable std::mutex mu_;
-  std::vector<int64_t> latency_us_;  // ring of the last kLatencySamples
+  struct Sample {
+    int64_t puback_us;  // publish to PUBACK
+    int64_t commit_us;  // enqueue (in the committed transaction) to PUBACK
+  };
+  std::vector<Sample> latency_us_;  // ring of the last kLatencySamples
   size_t next_ = 0;
   int64_t latency_count_ = 0;
   int64_t latency_sum_us_ = 0;

@@ -13,12 +13,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "mqtt_connection.h"
 #include "mqtt_inbox/relay.h"
+#include "relay_drops.h"
 #include "relay_figures.h"
 #include "subscriber_connection.h"
 
@@ -77,20 +79,30 @@ struct Relay::Impl {
   std::condition_variable wake;
   bool stopping = false;
   bool woken = false;
-  bool lost = false;                     // the connection dropped since the thread looked
+  bool lost = false;  // the connection dropped since the thread looked
   struct InFlight {
     int64_t seq;
     Clock::time_point published_at;
+    Clock::time_point enqueued_at;  // the row's enqueue, on this clock (commit-to-PUBACK)
+    bool failed = false;            // its token failed without a PUBACK (kept: see drop_culprit)
   };
-  std::map<uint64_t, InFlight> inflight;  // publish number -> row, current connection
-  std::vector<int64_t> acked;            // seqs PUBACKed, not yet marked
+  // Publish number -> row, current connection: publishes without PUBACK, and those whose
+  // token failed without one (until the connection is started over).
+  std::map<uint64_t, InFlight> inflight;
+  std::vector<int64_t> acked;  // seqs PUBACKed, not yet marked
+  // Rows to make dead letters after the publish: refused by a PUBACK, or blamed for
+  // ending the connection (DropTracker).
   struct Rejection {
     int64_t seq;
+    OutboxDeadReason reason;
     int code;
     std::string text;
   };
-  std::vector<Rejection> rejections;  // PUBACKs >= 0x80, not yet marked dead
-  bool resend = false;                // a publish failed locally on a live connection: start over
+  std::vector<Rejection> rejections;  // not yet marked dead
+  bool resend = false;  // a publish failed without a PUBACK: start over from the first row
+  // The current connection's last PUBACK, and when it was found lost (drop_culprit).
+  Clock::time_point last_puback_at{};
+  Clock::time_point lost_at{};
   // A lent connection (lender): up since its latest CONNACK, numbered, and that CONNACK.
   bool lent_up = false;
   uint64_t lent_epoch = 0;
@@ -106,7 +118,13 @@ struct Relay::Impl {
   std::atomic<int> receive_maximum{0};
   // The broker's Maximum Packet Size from the last CONNACK, bytes; 0 = none announced.
   std::atomic<int64_t> maximum_packet_size{0};
-  std::atomic<int64_t> expired_count{0}, too_large_count{0};
+  std::atomic<int64_t> expired_count{0}, too_large_count{0}, connection_dropped_count{0};
+  // Rows blamed for ending the connection, consecutively (relay thread only).
+  detail::DropTracker drops{kConnectionDropsBeforeDeadLetter};
+  // The relay thread has returned (stop() waits for it up to stop_timeout_ms); under mu.
+  bool finished = false;
+  // The registration of notify() with the outbox's commits (commit_wake.h); 0 = none.
+  uint64_t commit_waker = 0;
 
   // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one
   // callback thread; a lender's calls come from its supervisor thread; and complete()
@@ -170,6 +188,19 @@ struct Relay::Impl {
   bool publish_more(int64_t* last_seq);
 
   void disconnect_quietly();
+
+  // The row the end of the current connection is blamed on, if any (drop_culprit), from
+  // `inflight` before it is cleared. blame_locked: with `mu` held.
+  std::optional<int64_t> blame_locked();
+  std::optional<int64_t> blame() {
+    std::lock_guard<std::mutex> lock(mu);
+    return blame_locked();
+  }
+  // After a connection that was up has ended (not at stop()), blamed on `culprit`: after
+  // kConnectionDropsBeforeDeadLetter consecutive ends blamed on the same row, queues it
+  // as a dead letter connection_dropped, which the next flush_marks() writes before
+  // anything is published again.
+  void connection_ended(std::optional<int64_t> culprit);
 
   RelayCounters snapshot() const;
 

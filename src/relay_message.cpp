@@ -30,21 +30,24 @@ mqtt::message_ptr to_paho_message(const OutboxRow& row, bool mqtt5) {
 }
 
 std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, bool mqtt5,
-                                              int64_t maximum_packet_size, std::string* text) {
+                                              int64_t broker_limit, int64_t own_limit,
+                                              std::string* text) {
   if (expired(row)) {
     *text = "message expiry interval of " +
             std::to_string(*row.properties.message_expiry_interval_s) + " s ran out after " +
             std::to_string(row.waited_ms / 1000) + " s in the outbox";
     return OutboxDeadReason::kExpired;
   }
+  const bool own = own_limit > 0 && (broker_limit <= 0 || own_limit < broker_limit);
+  const int64_t limit = own ? own_limit : broker_limit;
+  if (limit <= 0) return std::nullopt;
   const int64_t size = publish_packet_size(row, mqtt5);
-  if (maximum_packet_size > 0 && size > maximum_packet_size) {
-    *text = "PUBLISH of " + std::to_string(size) + " bytes is larger than the broker's " +
-            "Maximum Packet Size of " + std::to_string(maximum_packet_size) +
-            " bytes (CONNACK)";
-    return OutboxDeadReason::kPayloadTooLarge;
-  }
-  return std::nullopt;
+  if (size <= limit) return std::nullopt;
+  *text = "PUBLISH of " + std::to_string(size) + " bytes is larger than " +
+          (own ? "RelayOptions::max_packet_size, " + std::to_string(limit) + " bytes"
+               : "the broker's Maximum Packet Size of " + std::to_string(limit) +
+                     " bytes (CONNACK)");
+  return OutboxDeadReason::kPayloadTooLarge;
 }
 
 }  // namespace mqtt_inbox::detail

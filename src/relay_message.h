@@ -19,11 +19,14 @@ mqtt::message_ptr to_paho_message(const OutboxRow& row, bool mqtt5);
 // A row that can never be published, and the reason (with a sentence for the dead letter
 // in *text), or nullopt:
 //  - kExpired: its message expiry ran out while it waited (row.waited_ms).
-//  - kPayloadTooLarge: its PUBLISH is larger than `maximum_packet_size` (bytes, the
-//    broker's CONNACK Maximum Packet Size; 0 = none announced). MQTT 5.0 section
-//    3.2.2.3.6: the client must not send it; mosquitto answers one with DISCONNECT 0x95,
-//    after which every reconnect would resend it and block the stream.
+//  - kPayloadTooLarge: its PUBLISH is larger than `broker_limit` (bytes, the broker's
+//    CONNACK Maximum Packet Size; 0 = none announced) or `own_limit` (bytes,
+//    RelayOptions::max_packet_size; 0 = none): the smaller applies. MQTT 5.0 section
+//    3.2.2.3.6: the client must not send it; mosquitto answers one with DISCONNECT 0x95
+//    (MQTT 5) or closes the connection (3.1.1), after which every reconnect would resend it
+//    and block the stream.
 std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, bool mqtt5,
-                                              int64_t maximum_packet_size, std::string* text);
+                                              int64_t broker_limit, int64_t own_limit,
+                                              std::string* text);
 
 }  // namespace mqtt_inbox::detail

@@ -5,35 +5,50 @@
 
 #include "log.h"
 #include "relay_impl.h"
+#include "publish_outcome.h"
 #include "relay_message.h"
 #include "textfile.h"
 
 namespace mqtt_inbox {
 
-namespace {
-constexpr int kSuccessReasonLimit = 0x80;  // MQTT 5.0 section 2.4: >= 0x80 is a failure
-}  // namespace
-
+// Every outcome of a publish token (publish_outcome.h): only an MQTT 5 PUBACK with a
+// reason code >= 0x80 is a refusal; a token that failed without a PUBACK is published
+// again, whatever reason code it carries (Paho C++ sets 255 for every MQTT 3.1.1 failure).
 void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
   try {
     const auto n = reinterpret_cast<uintptr_t>(tok.get_user_context());
     const int reason = static_cast<int>(tok.get_reason_code());
+    const detail::PublishOutcome outcome =
+        detail::classify_publish(failed, options.mqtt_version == MqttVersion::kV5,
+                                 tok.get_return_code(), reason);
     const auto now = Clock::now();
     std::lock_guard<std::mutex> lock(mu);
     auto it = inflight.find(n);
-    if (it == inflight.end()) return;  // a publish of an earlier connection
-    const int64_t seq = it->second.seq;
-    if (!failed || reason >= kSuccessReasonLimit)
-      figures.acked(reason, now - it->second.published_at);
-    inflight.erase(it);
-    if (reason >= kSuccessReasonLimit) {
-      rejections.push_back({seq, reason, mqtt::exception::reason_code_str(reason)});
-      ++rejected_count;
-    } else if (failed) {
-      resend = true;  // not acked: publish it again, after everything before it
-    } else {
-      acked.push_back(seq);
-      ++acked_count;
+    if (it == inflight.end() || it->second.failed) return;  // an earlier connection's
+    const InFlight f = it->second;
+    switch (outcome) {
+      case detail::PublishOutcome::kAcked:
+        figures.acked(reason, now - f.published_at, now - f.enqueued_at);
+        acked.push_back(f.seq);
+        ++acked_count;
+        break;
+      case detail::PublishOutcome::kRefused:
+        figures.acked(reason, now - f.published_at, now - f.enqueued_at);
+        rejections.push_back({f.seq, OutboxDeadReason::kRejectedByBroker, reason,
+                              "PUBACK reason code " + std::to_string(reason) + ": " +
+                                  mqtt::exception::reason_code_str(reason)});
+        ++rejected_count;
+        break;
+      case detail::PublishOutcome::kRepublish:
+        // Not acked: publish it again, after everything before it. Kept in flight, as
+        // failed, so that the end of the connection can be blamed on it (drop_culprit).
+        it->second.failed = true;
+        resend = true;
+        break;
+    }
+    if (outcome != detail::PublishOutcome::kRepublish) {
+      last_puback_at = now;
+      inflight.erase(it);
     }
     woken = true;
     wake.notify_all();
@@ -45,6 +60,7 @@ void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
 void Relay::Impl::on_connection_lost() {
   connected = false;
   std::lock_guard<std::mutex> lock(mu);
+  if (!lost) lost_at = Clock::now();
   lost = true;
   woken = true;
   wake.notify_all();
@@ -93,9 +109,7 @@ void Relay::Impl::flush_marks() {
   }
   for (size_t i = 0; i < dead.size(); ++i) {
     const auto& r = dead[i];
-    const Status s = outbox->mark_dead(
-        r.seq, OutboxDeadReason::kRejectedByBroker, r.code,
-        "PUBACK reason code " + std::to_string(r.code) + (r.text.empty() ? "" : ": " + r.text));
+    const Status s = outbox->mark_dead(r.seq, r.reason, r.code, r.text);
     if (!s.ok()) {
       log->warn("outbox relay: marking row {} dead failed, retrying: {}", r.seq, s.to_string());
       std::lock_guard<std::mutex> lock(mu);
@@ -123,9 +137,11 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
     return true;
   }
+  const auto fetched_at = Clock::now();
   for (const auto& row : rows) {
     std::string why;
-    if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(), &why)) {
+    if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(),
+                                                  options.max_packet_size, &why)) {
       const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
       if (!d.ok()) {  // read again from this row at the next poll
         log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
@@ -148,7 +164,8 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (lost || resend) return true;  // the caller sees it and starts over
-      inflight[n] = InFlight{row.seq, Clock::now()};
+      inflight[n] = InFlight{row.seq, Clock::now(),
+                             fetched_at - std::chrono::milliseconds(row.waited_ms)};
       max_inflight_seen =
           std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
     }
@@ -166,6 +183,32 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
   return true;
 }
 
+std::optional<int64_t> Relay::Impl::blame_locked() {
+  const bool any = !inflight.empty();
+  const InFlight oldest = any ? inflight.begin()->second : InFlight{};
+  return detail::drop_culprit(any, oldest.seq, oldest.published_at, last_puback_at,
+                              lost ? lost_at : Clock::now(),
+                              std::chrono::milliseconds(kConnectionDropWindowMs));
+}
+
+void Relay::Impl::connection_ended(std::optional<int64_t> culprit) {
+  const std::optional<int64_t> dead = drops.connection_ended(culprit);
+  if (culprit && !dead) {
+    log->warn("outbox relay: the connection ended right after row {} was published ({} of {} "
+              "times in a row before it becomes a dead letter)",
+              *culprit, drops.count(), kConnectionDropsBeforeDeadLetter);
+  }
+  if (!dead) return;
+  const std::string text =
+      "the broker closed the connection " + std::to_string(kConnectionDropsBeforeDeadLetter) +
+      " times in a row right after this row was published (the oldest without PUBACK, none "
+      "after it): larger than the broker accepts (MQTT 3.1.1 cannot announce the limit; set "
+      "RelayOptions::max_packet_size), or refused by it";
+  std::lock_guard<std::mutex> lock(mu);
+  rejections.push_back({*dead, OutboxDeadReason::kConnectionDropped, 0, text});
+  ++connection_dropped_count;
+}
+
 RelayCounters Relay::Impl::snapshot() const {
   RelayCounters c;
   c.published = published.load();
@@ -177,6 +220,7 @@ RelayCounters Relay::Impl::snapshot() const {
   c.maximum_packet_size = maximum_packet_size.load();
   c.expired = expired_count.load();
   c.too_large = too_large_count.load();
+  c.connection_dropped = connection_dropped_count.load();
   c.connected = connected.load();
   figures.fill(&c, Clock::now());
   return c;

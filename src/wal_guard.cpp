@@ -37,16 +37,22 @@ int64_t file_size(const std::string& path) {
 }  // namespace
 
 WalGuard::WalGuard(sqlite3* db, std::string path, int page_size, int max_pages,
-                   std::shared_ptr<spdlog::logger> log)
+                   std::shared_ptr<spdlog::logger> log, CommitWake* wake)
     : db_(db),
       path_(std::move(path)),
       page_size_(std::max(512, page_size)),
       max_pages_(max_pages),
-      log_(std::move(log)) {
-  if (max_pages_ > 0) sqlite3_wal_hook(db_, &WalGuard::hook, this);
+      log_(std::move(log)),
+      wake_(wake) {
+  if (wake_) wake_->watch(db_);
+  // Also with max_pages 0 (no automatic checkpoints) when relays are to be woken.
+  if (max_pages_ > 0 || wake_) sqlite3_wal_hook(db_, &WalGuard::hook, this);
 }
 
-WalGuard::~WalGuard() { sqlite3_wal_hook(db_, nullptr, nullptr); }
+WalGuard::~WalGuard() {
+  sqlite3_wal_hook(db_, nullptr, nullptr);
+  if (wake_) wake_->watch(nullptr);
+}
 
 int WalGuard::checkpoint_pages() const {
   const int64_t free = free_bytes(path_);
@@ -58,7 +64,8 @@ int WalGuard::checkpoint_pages() const {
 
 int WalGuard::hook(void* self, sqlite3* db, const char* name, int frames) {
   auto* g = static_cast<WalGuard*>(self);
-  if (g->disabled_.load() || frames < kMinWalPages) return SQLITE_OK;
+  if (g->wake_) g->wake_->committed();
+  if (g->disabled_.load() || g->max_pages_ <= 0 || frames < kMinWalPages) return SQLITE_OK;
   // statvfs(2) after every commit was a system call per message (issue 14). Free space is
   // read again only once the WAL has grown by kRecheckPages since the last reading (or was
   // restarted by a checkpoint): a stale limit moves a checkpoint by at most that many

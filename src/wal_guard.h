@@ -18,6 +18,9 @@
 //    system (https://sqlite.org/pragma.html#pragma_wal_checkpoint).
 //
 // min_free_bytes (inbox.h) is the free space these need; `mqtt-inbox check` warns below it.
+//
+// The same hook, which SQLite calls after every commit on the connection, also wakes the
+// outbox relays after a commit that enqueued (commit_wake.h).
 #pragma once
 
 #include <sqlite3.h>
@@ -26,6 +29,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "commit_wake.h"
 
 namespace spdlog {
 class logger;
@@ -47,9 +52,10 @@ class WalGuard {
 
   // Installs the WAL hook on `db` (not owned; must outlive the guard) for the database
   // at `path`. `max_pages` is InboxOptions::wal_autocheckpoint_pages; 0 keeps automatic
-  // checkpoints off, as it does in SQLite (on_full still runs).
+  // checkpoints off, as it does in SQLite (on_full still runs). `wake` (optional, not
+  // owned, must outlive the guard) is told of every commit and watches `db`.
   WalGuard(sqlite3* db, std::string path, int page_size, int max_pages,
-           std::shared_ptr<spdlog::logger> log);
+           std::shared_ptr<spdlog::logger> log, CommitWake* wake = nullptr);
   ~WalGuard();  // removes the hook
   WalGuard(const WalGuard&) = delete;
   WalGuard& operator=(const WalGuard&) = delete;
@@ -72,6 +78,7 @@ class WalGuard {
   const int page_size_;
   const int max_pages_;
   const std::shared_ptr<spdlog::logger> log_;
+  CommitWake* const wake_;
   std::atomic<bool> disabled_{false};
   // Only touched by the connection's thread (the hook runs inside its commits):
   bool low_space_logged_ = false;

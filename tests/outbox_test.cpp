@@ -13,6 +13,8 @@
 #include <functional>
 #include <set>
 
+#include "outbox_wake.h"
+#include "schema.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -610,6 +612,131 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   EXPECT_EQ(count("state = 'dead'"), 1);
   EXPECT_EQ(count("state = 'sent'"), 0);
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
+}
+
+// The relays' wake-up (commit_wake.h): after the commit of a transaction on the inbox's
+// connection that enqueued (or replayed a dead letter), never before it, and not for a
+// transaction that enqueued nothing, nor for one that rolled back... until the next commit.
+TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
+  auto outbox = make_outbox();
+  int wakes = 0;
+  int wakes_in_transaction = -1;
+  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "1", "w-1")).ok());
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "2", "w-2")).ok());
+    wakes_in_transaction = wakes;
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes_in_transaction, 0);  // a wake before the commit would find nothing
+  EXPECT_EQ(wakes, 1);                 // one per commit, not per row
+  // A transaction that enqueued nothing (the per-message path of a consumer without an
+  // outbox) wakes no one.
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    db.exec("INSERT INTO accounts (account, balance) VALUES ('a', 1)");
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes, 1);
+  // A handler's claim transaction that enqueued.
+  auto consumer = make_consumer([&](SQLite::Database& db, const Delivery& d) {
+    outbox->enqueue_or_throw(db, out_msg("t/b", "3", derived_message_id(d.message_id, "e")));
+  });
+  EXPECT_EQ(consumer->handle(credit_message("c-1", "a", 1)), Outcome::kProcessed);
+  EXPECT_EQ(wakes, 2);
+  // A rolled-back enqueue wakes at the next commit (for nothing, harmlessly).
+  inbox_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "x", "w-x")).ok());
+    db.exec("ROLLBACK");
+  });
+  EXPECT_EQ(wakes, 2);
+  // A replayed dead letter is pending again: a running relay is woken to send it.
+  const int64_t seq =
+      query_int(db_path_, "SELECT seq FROM outbox_messages WHERE message_id = 'w-1'");
+  ASSERT_TRUE(outbox->mark_dead(seq, OutboxDeadReason::kExpired, 0, "test").ok());
+  const int before_replay = wakes;
+  ASSERT_TRUE(outbox->replay_dead("w-1").ok());
+  EXPECT_GT(wakes, before_replay);
+  // An enqueue on another connection than the inbox's is not watched.
+  const int before_other = wakes;
+  {
+    SQLite::Database other(db_path_, SQLite::OPEN_READWRITE);
+    other.setBusyTimeout(5000);
+    other.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(other, out_msg("t/c", "4", "w-4")).ok());
+    other.exec("COMMIT");
+  }
+  EXPECT_EQ(wakes, before_other);
+  // Removed: never called again.
+  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
+  EXPECT_EQ(wakes, before_other);
+}
+
+// Schema step 12 rebuilds outbox_messages for the reason connection_dropped: a file made
+// at step 9 keeps every row, its seqs, its pending rows' class usage, and its AUTOINCREMENT
+// counter (a pruned last seq is never handed out again: the relay reads past the last seq
+// it took), and the triggers still count.
+TEST(OutboxSchema, Step12KeepsRowsSeqCounterAndTriggers) {
+  TempDir dir;
+  const std::string path = dir.file("v9.db");
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const auto& step : detail::schema_steps())
+      if (step.version <= 9) db.exec(step.sql);
+    ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 9);
+    for (int i = 1; i <= 5; ++i)
+      db.exec("INSERT INTO outbox_messages (message_id, ordering_key, class, topic, payload, "
+              "properties, size_bytes, enqueued_at) VALUES ('old-" + std::to_string(i) +
+              "', 'k', '', 't', 'p', '{}', 10, 1)");
+    db.exec("UPDATE outbox_messages SET state = 'dead', dead_reason = 'expired' WHERE seq = 2");
+    db.exec("DELETE FROM outbox_messages WHERE seq = 5");  // the last seq, pruned
+    ASSERT_EQ(db.execAndGet("SELECT rows FROM outbox_usage WHERE class = ''").getInt(), 3);
+  }
+  auto inbox = open_ledger_inbox(path);
+  ASSERT_TRUE(inbox);
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages"), 4);
+  EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages WHERE seq = 2 AND "
+                            "state = 'dead' AND dead_reason = 'expired'"), 1);
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 3);
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(inbox.get(), {}, &outbox).ok());
+  inbox->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t", "new", "new-1")).ok());
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(query_int(path, "SELECT seq FROM outbox_messages WHERE message_id = 'new-1'"), 6);
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 4);
+  // The new reason is accepted, and leaves the class usage as every dead row does.
+  ASSERT_TRUE(outbox->mark_dead(1, OutboxDeadReason::kConnectionDropped, 0, "dropped").ok());
+  OutboxRow r;
+  ASSERT_TRUE(outbox->get("old-1", &r).ok());
+  ASSERT_TRUE(r.dead_reason.has_value());
+  EXPECT_EQ(*r.dead_reason, OutboxDeadReason::kConnectionDropped);
+  EXPECT_STREQ(to_string(*r.dead_reason), "connection_dropped");
+  EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 3);
+  // The same indexes and triggers, word for word, as a file made new by this library.
+  const std::string fresh = dir.file("fresh.db");
+  ASSERT_TRUE(open_ledger_inbox(fresh));
+  auto objects = [](const std::string& db_path) {
+    SQLite::Database db(db_path, SQLite::OPEN_READONLY);
+    SQLite::Statement q(db,
+                        "SELECT type, name, coalesce(sql, '') FROM sqlite_master WHERE "
+                        "tbl_name = 'outbox_messages' AND type <> 'table' ORDER BY name");
+    std::vector<std::string> out;
+    while (q.executeStep())
+      out.push_back(q.getColumn(0).getString() + " " + q.getColumn(1).getString() + " " +
+                    q.getColumn(2).getString());
+    return out;
+  };
+  const std::vector<std::string> upgraded = objects(path);
+  EXPECT_EQ(upgraded.size(), 9u);  // 4 partial indexes, the UNIQUE one, 4 usage triggers
+  EXPECT_EQ(upgraded, objects(fresh));
 }
 
 TEST_F(OutboxTest, CreateRefusesBadClasses) {

@@ -31,7 +31,8 @@ class RelayLentTest : public RelayFixture {
   // The upstream consumer: each command "n" becomes one event {"key", "n"} on
   // events/k<n % 3>, enqueued in the claim's transaction under an id derived from the
   // command's.
-  void start_upstream(bool relay_first, int max_inflight = 64) {
+  void start_upstream(bool relay_first, int max_inflight = 64,
+                      MqttVersion version = MqttVersion::kV5, int poll_interval_ms = 20) {
     auto handler = [this](SQLite::Database& db, const Delivery& d) {
       const int n = std::stoi(d.message.payload);
       OutgoingMessage m;
@@ -44,14 +45,14 @@ class RelayLentTest : public RelayFixture {
     SubscriberOptions so;
     so.broker_uri = broker_.uri();
     so.client_id = "gateway";
-    so.mqtt_version = MqttVersion::kV5;
+    so.mqtt_version = version;
     so.client_id_lock_dir = dir_.path();
     so.reconnect_backoff_initial_ms = 50;
     so.reconnect_backoff_max_ms = 300;
     ASSERT_TRUE(Subscriber::create(so, &up_sub_).ok());
     ASSERT_TRUE(up_sub_->subscribe("commands/#", up_consumer_.get()).ok());
     RelayOptions ro;
-    ro.poll_interval_ms = 20;
+    ro.poll_interval_ms = poll_interval_ms;
     ro.max_inflight = max_inflight;
     ro.prometheus_textfile = dir_.file("relay.prom");
     ro.metrics_period_ms = 50;
@@ -184,6 +185,94 @@ TEST_F(RelayLentTest, PrometheusTextfileCarriesTheRelaysFigures) {
   EXPECT_EQ(prometheus_text(relay_->counters()).find("mqtt_inbox_relay_published_total 50\n") !=
                 std::string::npos,
             true);
+}
+
+// Issue 27 on the subscriber's connection, on both MQTT versions: a broker restart
+// (persistence on) with a full window in flight and unread. The failed tokens (the
+// subscriber destroys its client before it reconnects: MQTT 3.1.1 reports reason code 255
+// for each) are published again, never dead letters.
+class RelayLentVersionTest : public RelayLentTest,
+                             public ::testing::WithParamInterface<MqttVersion> {};
+
+TEST_P(RelayLentVersionTest, BrokerRestartWithAFullWindowInFlightLosesNothing) {
+  start_upstream(/*relay_first=*/true, /*max_inflight=*/16, GetParam());
+  enqueue_events(0, 100, 4);
+  expect_delivered_once(100);
+  broker_.pause();
+  enqueue_events(100, 400, 4);
+  ASSERT_TRUE(wait_until([&] { return relay_->counters().max_inflight_seen >= 16; },
+                         std::chrono::seconds(20)));
+  const int64_t published_before = relay_->counters().published;
+  broker_.stop();  // SIGTERM before SIGCONT: it exits without reading the window
+  EXPECT_TRUE(wait_until([&] { return !relay_->is_connected(); }, std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(up_count("state = 'dead'"), 0);
+  broker_.start();
+  ASSERT_TRUE(up_sub_->wait_connected(20000));
+  expect_delivered_once(400);
+  EXPECT_EQ(up_count("state = 'dead'"), 0);
+  const RelayCounters c = relay_->counters();
+  EXPECT_EQ(c.rejected, 0);
+  EXPECT_GE(c.connects, 2);
+  EXPECT_GE(c.published, published_before + 16) << "published " << c.published;
+}
+
+// MQTT 3.1.1 on the subscriber's connection, no limit stated: the oversized event ends the
+// subscriber's connection each time; it alone becomes a dead letter connection_dropped,
+// the 40 small ones arrive, and the subscriber is back on line.
+TEST_P(RelayLentVersionTest, OversizedRowIsDeadLetteredAloneAndTheRestArrive) {
+  start_upstream(/*relay_first=*/true, /*max_inflight=*/8, GetParam());
+  up_->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    for (int n = 0; n < 41; ++n) {
+      const std::string key = "k" + std::to_string(n % 3);
+      const bool big = n == 20;
+      const OutgoingMessage m =
+          event(big ? 1000 : n, key, "events/" + key, big ? kMaxPacket + 100 : 0);
+      ASSERT_TRUE(outbox_->enqueue(db, m).ok());
+    }
+    db.exec("COMMIT");
+  });
+  expect_delivered_once(40);
+  const bool v5 = GetParam() == MqttVersion::kV5;
+  // MQTT 5: refused before it is sent (the broker announced its limit); 3.1.1: found by
+  // the connections it ended.
+  EXPECT_EQ(up_count("message_id = 'evt-1000' AND state = 'dead' AND dead_reason = '" +
+                     std::string(v5 ? "payload_too_large" : "connection_dropped") + "'"),
+            1);
+  EXPECT_EQ(up_count("state = 'dead'"), 1);
+  EXPECT_EQ(relay_->counters().connection_dropped, v5 ? 0 : 1);
+  EXPECT_TRUE(up_sub_->wait_connected(20000));
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, RelayLentVersionTest,
+                         ::testing::Values(MqttVersion::kV3_1_1, MqttVersion::kV5),
+                         [](const ::testing::TestParamInfo<MqttVersion>& i) {
+                           return i.param == MqttVersion::kV5 ? std::string("Mqtt5")
+                                                              : std::string("Mqtt311");
+                         });
+
+// A handler's claim transaction that enqueued wakes the relay at its commit: with a poll of
+// a minute, its events still arrive within a second.
+TEST_F(RelayLentTest, AHandlersCommitWakesTheRelay) {
+  start_upstream(/*relay_first=*/true, /*max_inflight=*/64, MqttVersion::kV5,
+                 /*poll_interval_ms=*/60000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // asleep in its poll
+  TestPublisher pub(broker_.uri());
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    send_commands(pub, round * 10, round * 10 + 10);
+    EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; },
+                           std::chrono::seconds(1)))
+        << "round " << round << ": received " << received();
+    EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count(),
+              1000)
+        << "round " << round;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  expect_delivered_once(30);
 }
 
 TEST_F(RelayLentTest, RefusesConnectionSettingsAndASecondRelay) {

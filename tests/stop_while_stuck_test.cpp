@@ -8,6 +8,7 @@
 
 #include "support/example_fixture.h"
 #include "support/publisher.h"
+#include "support/tmpfs.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -108,6 +109,119 @@ TEST_F(StopWhileStuckTest, SensorGatewayExitsWithin1sOfTheStopTimeoutWithoutAck)
   next->signal(SIGTERM);
   const int st = next->wait(seconds(20));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+}
+
+// Issue 27, item 8: with --emit-topic the outbox relay runs beside the subscriber, and its
+// thread waits for the same stuck store: in a store call (the relay's fetch and marks) or
+// for Paho's lock, which the message callback waiting for the store holds. A stop took
+// 36.9 s against 10 s without the relay. Now the relay's stop runs beside the
+// subscriber's, each bounded by --stop-timeout-ms.
+class StopWhileStuckRelayTest : public StopWhileStuckTest {
+ protected:
+  std::vector<std::string> relay_args() const {
+    return {"--stop-timeout-ms", std::to_string(kStopTimeoutMs), "--emit-topic",
+            "events/credited"};
+  }
+  // Events the relay marked sent.
+  int64_t sent() { return q("SELECT count(*) FROM outbox_messages WHERE state = 'sent'"); }
+  // ledger_consumer with the relay, subscribed (so that what is published next reaches it).
+  std::unique_ptr<Child> start_subscribed(const std::string& log) {
+    auto c = start_ledger(log, relay_args());
+    EXPECT_TRUE(wait_until(
+        [&] { return read_text(dir_.file(log)).find("consuming: ") != std::string::npos; },
+        seconds(15)))
+        << read_text(dir_.file(log));
+    return c;
+  }
+};
+
+// A credit waits for a store that another process keeps locked: exit 3 in time, nothing
+// acked; the next run applies it once and its event is sent.
+TEST_F(StopWhileStuckRelayTest, LockedStoreWithAMessageInTheCallback) {
+  create_session([&](const std::string& log) { return start_ledger(log); });
+  auto c = start_ledger("run.log", relay_args());
+  ASSERT_GT(publish("credits/t", 3, "t", "pub-1.log"), 0);
+  ASSERT_TRUE(wait_until([&] { return sent() == 3; }, seconds(30)));
+
+  WriteLockHolder lock(db_, dir_.path());
+  ASSERT_TRUE(lock.held());
+  ASSERT_GT(publish("credits/t", 1, "stuck", "pub-2.log"), 0);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return read_text(dir_.file("run.log")).find("message not acked") != std::string::npos;
+      },
+      seconds(30)))
+      << read_text(dir_.file("run.log"));
+  expect_prompt_exit_3(*c, "run.log");
+
+  lock.release();
+  auto next = start_ledger("next.log", relay_args());
+  EXPECT_TRUE(wait_until([&] { return sent() == 4; }, seconds(30)));
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id LIKE 'stuck-%'"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages"), 4);
+  next->signal(SIGTERM);
+  const int st = next->wait(seconds(20));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+}
+
+// No message waits, only the relay: its fetch waits for the locked store (up to the
+// busy timeout, 5 s) again at every poll (200 ms). SIGTERM half a second into such a wait:
+// the stop still takes at most the stop timeout, and exits 3 (the relay was still in the
+// store call).
+TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
+  auto c = start_subscribed("run.log");
+  ASSERT_GT(publish("credits/t", 3, "t", "pub-1.log"), 0);
+  ASSERT_TRUE(wait_until([&] { return sent() == 3; }, seconds(30)));
+
+  WriteLockHolder lock(db_, dir_.path());
+  ASSERT_TRUE(lock.held());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return read_text(dir_.file("run.log")).find("reading pending rows failed") !=
+               std::string::npos;
+      },
+      seconds(30)))
+      << "the relay never waited for the store:\n"
+      << read_text(dir_.file("run.log"));
+  std::this_thread::sleep_for(milliseconds(500));  // inside its next wait, 4.7 s to go
+  const auto t0 = std::chrono::steady_clock::now();
+  c->signal(SIGTERM);
+  const int st = c->wait(seconds(30));
+  const auto took =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_NE(st, -1) << "still running 30 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << "\n"
+      << read_text(dir_.file("run.log"));
+  EXPECT_LE(took, kStopTimeoutMs + 1000) << "took " << took << " ms\n"
+                                         << read_text(dir_.file("run.log"));
+}
+
+// A full disk: the credit's commit fails with SQLITE_FULL and is retried in the callback,
+// which holds Paho's lock; the relay's next Paho call waits for it. Exit 3 in time.
+TEST_F(StopWhileStuckRelayTest, FullDiskWithAMessageInTheCallback) {
+  const std::string mnt = dir_.file("fs");
+  TmpfsMount fs(mnt, "1m");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  db_ = mnt + "/ledger.db";
+  auto c = start_subscribed("run.log");
+  ASSERT_GT(publish("credits/t", 3, "t", "pub-1.log"), 0);
+  ASSERT_TRUE(wait_until([&] { return sent() == 3; }, seconds(30)));
+  const std::string filler = mnt + "/filler";
+  ASSERT_GT(fill_file_system(filler), 0);
+  {
+    // More than the WAL holds already, so the commit must grow the file (see
+    // store_failure_test.cpp, FullFileSystemBlocksThenAppliesOnceAfterSpaceIsFreed).
+    TestPublisher pub(broker_.uri());
+    pub.credit("credits/t", "full-1", std::string(150000, 'f'), 1);
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return read_text(dir_.file("run.log")).find("message not acked") != std::string::npos;
+      },
+      seconds(30)))
+      << read_text(dir_.file("run.log"));
+  expect_prompt_exit_3(*c, "run.log");
+  ::unlink(filler.c_str());
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // examples/event_consumer applies those events to a database of its own. Each program is
 // SIGKILLed mid-stream, at a different moment, and restarted. Real mosquitto, real
 // files; the assertions read both databases: each credit applied once upstream, and
-// exactly one event effect downstream per credit.
+// exactly one event effect downstream per credit. On the programs' default MQTT 3.1.1
+// (the event's id travels in its JSON) and on 5.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,7 +37,7 @@ int64_t across(const std::string& down, const std::string& up, const std::string
   return q.getColumn(0).getInt64();
 }
 
-class TwoHopTest : public ::testing::Test {
+class TwoHopTest : public ::testing::TestWithParam<const char*> {
  protected:
   std::unique_ptr<Child> start(const std::string& program, const std::string& topic,
                                const std::string& db, const std::string& log,
@@ -53,7 +54,7 @@ class TwoHopTest : public ::testing::Test {
                                      "--db",
                                      db,
                                      "--mqtt-version",
-                                     "5",
+                                     GetParam(),
                                      "--log-level",
                                      "debug"};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -95,7 +96,7 @@ class TwoHopTest : public ::testing::Test {
   const std::string events_db_ = dir_.file("events.db");
 };
 
-TEST_F(TwoHopTest, EachCreditAppliedOnceAndOneEventEffectDownstreamAcrossKillsOfBoth) {
+TEST_P(TwoHopTest, EachCreditAppliedOnceAndOneEventEffectDownstreamAcrossKillsOfBoth) {
   constexpr int kCredits = 300;
   auto downstream = start_events("events-1.log");
   auto upstream = start_ledger("ledger-1.log");
@@ -177,6 +178,12 @@ TEST_F(TwoHopTest, EachCreditAppliedOnceAndOneEventEffectDownstreamAcrossKillsOf
   EXPECT_EQ(query_int(ledger_db_, "SELECT count(*) FROM inbox_dead_letters"), 0);
   EXPECT_EQ(query_int(events_db_, "SELECT count(*) FROM inbox_dead_letters"), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Versions, TwoHopTest, ::testing::Values("3.1.1", "5"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param) == "5" ? std::string("Mqtt5")
+                                                              : std::string("Mqtt311");
+                         });
 
 }  // namespace
 }  // namespace mqtt_inbox::test

@@ -47,7 +47,7 @@ struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 11;
+constexpr int kSchemaVersion = 12;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();

@@ -44,6 +44,9 @@ class logger;
 namespace mqtt_inbox {
 
 class Inbox;
+namespace detail {
+struct OutboxAccess;  // the library's own access to an Outbox's internals (outbox_wake.h)
+}
 
 // What enqueue() does when a class is full.
 enum class OutboxFullPolicy {
@@ -133,11 +136,17 @@ const char* to_string(OutboxState state);  // "pending", "sent", "dead"
 
 // Why a row became an outbox dead letter (stored as text; never changes meaning).
 enum class OutboxDeadReason {
-  kRejectedByBroker,  // MQTT 5 PUBACK reason code >= 0x80 (MQTT 5.0 section 3.4.2.1)
-  kExpired,           // its message expiry interval ran out while it waited
-  kPayloadTooLarge,   // larger than the broker's Maximum Packet Size
+  kRejectedByBroker,   // MQTT 5 PUBACK reason code >= 0x80 (MQTT 5.0 section 3.4.2.1)
+  kExpired,            // its message expiry interval ran out while it waited
+  kPayloadTooLarge,    // larger than the broker's Maximum Packet Size (announced in CONNACK,
+                       // MQTT 5) or RelayOptions::max_packet_size
+  kConnectionDropped,  // the broker closed the connection right after it was published, with
+                       // it the oldest publish in flight, kConnectionDropsBeforeDeadLetter
+                       // times in a row (relay.h): on MQTT 3.1.1 what a broker does with a
+                       // packet over its unannounced limit (mosquitto max_packet_size)
 };
-const char* to_string(OutboxDeadReason reason);  // "rejected_by_broker", ...
+const char* to_string(OutboxDeadReason reason);  // "rejected_by_broker", "expired",
+                                                 // "payload_too_large", "connection_dropped"
 
 // One row of outbox_messages.
 struct OutboxRow {
@@ -342,6 +351,7 @@ class Outbox {
   OutboxCounters counters() const;
 
  private:
+  friend struct detail::OutboxAccess;
   struct Impl;
   explicit Outbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

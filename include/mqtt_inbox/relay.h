@@ -49,22 +49,53 @@
 //    and are published in parallel.
 //  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
 //    without fsync: a lost mark only causes a resend.
-//  - Poison: an MQTT 5 PUBACK reason code >= 0x80 (not authorized, topic name invalid,
-//    quota exceeded, payload format invalid, ...; MQTT 5.0 section 3.4.2.1) makes the row
-//    an outbox dead letter (reason rejected_by_broker, with the code) and the stream goes
-//    on. MQTT 3.1.1 has no such code: mosquitto acks a publish its ACL denies and drops it,
-//    so the row counts as sent.
-//    Two more kinds of row can never be published and become outbox dead letters before
-//    they are sent, so they never block the rows behind them:
+//  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
+//    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
+//    the relay after the commit, so the row goes out at once; rows committed on another
+//    connection are found at the next poll (poll_interval_ms) or after notify().
+//  - The outcome of each publish (read in Paho C 1.3.12 and Paho C++ 1.2.0): a PUBACK
+//    with a success code (0x00, 0x10 no matching subscribers) marks the row sent. Only an
+//    MQTT 5 PUBACK with a reason code >= 0x80 (not authorized, topic name invalid, quota
+//    exceeded, payload format invalid, ...; MQTT 5.0 section 3.4.2.1) is a refusal: the row
+//    becomes an outbox dead letter (rejected_by_broker, with the code) and the stream goes
+//    on. A publish that ended without a PUBACK (connection lost, client destroyed,
+//    disconnect, a failed write; whatever reason code Paho reports with it, 255 for every
+//    MQTT 3.1.1 failure) is published again after the rows before it. MQTT 3.1.1 has no
+//    refusal: mosquitto acks a publish its ACL denies and drops it, so the row counts as
+//    sent.
+//  - Rows that can never be published become outbox dead letters, so they never block the
+//    rows behind them:
 //      expired: its MQTT 5 message expiry interval ran out while it waited in the outbox
 //        (OutboxRow::waited_ms: the inbox's retention clock since the enqueue or the
 //        replay, so an NTP step at boot expires nothing and time powered off does not
 //        count; with either MQTT version). A row still in time is sent with what is left
-//        of its expiry, as a server forwards it (MQTT 5.0 section 3.3.2.3.3).
+//        of its expiry, as a server forwards it (MQTT 5.0 section 3.3.2.3.3). Not sent.
 //      payload_too_large: its PUBLISH is larger than the Maximum Packet Size the broker
 //        announced in CONNACK (MQTT 5.0 section 3.2.2.3.6; the client must not send it,
 //        and mosquitto answers one with DISCONNECT 0x95, after which every reconnect would
-//        resend it).
+//        resend it) or than RelayOptions::max_packet_size, the smaller. Not sent.
+//      connection_dropped: the limit nobody stated. On MQTT 3.1.1 a broker cannot announce
+//        its limit; mosquitto closes the connection of a client that sends a larger
+//        PUBLISH, and every publish in flight fails with it. A row is blamed for the end
+//        of a connection when it was the oldest publish without PUBACK, no PUBACK arrived
+//        after it was sent, and the connection ended within kConnectionDropWindowMs of
+//        its publish; blamed kConnectionDropsBeforeDeadLetter (3) times in a row, it alone
+//        becomes a dead letter and the rows behind it are sent. A broker that dies right
+//        after every reconnect three times in a row would cost the row at the head of the
+//        queue the same way: replay it (Outbox::replay_dead, mqtt-inbox outbox replay).
+//    Each is logged at warn and counted (counters(), the Prometheus textfile).
+//  - What each MQTT version gives the relay:
+//      behaviour                   MQTT 3.1.1 (the programs' default)   MQTT 5
+//      message id to the next hop  in the payload only (a JSON field    user property
+//                                  the enqueuer wrote)                  "message-id"
+//      broker refuses a publish    not seen (acked and dropped: sent)   rejected_by_broker
+//      publish without PUBACK      published again                      published again
+//      packet size limit           max_packet_size, else found by       announced in CONNACK
+//                                  dropped connections (3 in a row)     (or max_packet_size)
+//      in-flight window            max_inflight                         also <= Receive Maximum
+//      message expiry              expired rows dead; no expiry sent    expired rows dead; the
+//                                                                       rest sent with what is left
+//      wake-up on commit, per-key order, bounded stop: both versions alike.
 //  - Reconnects back off exponentially, capped; nothing is ever dropped for having been
 //    retried too often. A refused CONNECT (bad user name or password, not authorized,
 //    ...) waits reconnect_backoff_max_ms at once, as the Subscriber's does.
@@ -79,7 +110,7 @@
 // Thread safety: all methods are safe from any thread; start() and stop() must not race.
 // Do not call stop() or destroy a Relay from a message handler or another Paho callback:
 // the relay thread may be waiting in publish() for Paho's lock, which that callback holds,
-// and stop() joins it.
+// and stop() waits for it (up to stop_timeout_ms; the destructor without a limit).
 #pragma once
 
 #include <cstdint>
@@ -99,6 +130,14 @@ class logger;
 }
 
 namespace mqtt_inbox {
+
+// A row is an outbox dead letter connection_dropped (OutboxDeadReason::kConnectionDropped)
+// once the broker closed the relay's connection this many times in a row right after it
+// was published: each time it was the oldest publish without PUBACK, no PUBACK arrived
+// after it, and the connection ended within kConnectionDropWindowMs of its publish. See
+// Design.
+constexpr int kConnectionDropsBeforeDeadLetter = 3;
+constexpr int kConnectionDropWindowMs = 5000;
 
 // The relay's options: the connection of its own (ConnectionOptions, connection.h; the
 // Subscriber's fields with the same meaning, checks and code) and the publishing settings
@@ -123,9 +162,22 @@ struct RelayOptions : ConnectionOptions {
   int max_inflight = 64;
   // Most rows marked sent per transaction. Default 256.
   int mark_batch = 256;
-  // How often the relay looks for new rows when nothing woke it, ms. notify() wakes it at
-  // once. Default 200.
+  // How often the relay looks for new rows when nothing woke it, ms. A commit on the
+  // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
+  // Default 200.
   int poll_interval_ms = 200;
+  // Largest PUBLISH the relay sends, bytes (the whole packet, as MQTT 5.0 section
+  // 3.2.2.3.6 counts it); 0 = no limit of its own. Used like the Maximum Packet Size an
+  // MQTT 5 broker announces in CONNACK (the smaller of the two applies): a larger row
+  // becomes an outbox dead letter payload_too_large before it is sent. Set it to the
+  // broker's limit on MQTT 3.1.1, which cannot announce one (mosquitto max_packet_size).
+  // >= 0. Default 0.
+  int64_t max_packet_size = 0;
+  // How long stop() waits for the relay thread, ms (>= 0). The thread may be inside a
+  // store call (a locked or full store) or waiting for Paho's lock, which a message
+  // callback waiting for the store holds; stop() does not wait longer than this. Default
+  // 10000.
+  int stop_timeout_ms = 10000;
   // If set, the relay thread writes prometheus_text(counters()) to this file every
   // metrics_period_ms and at stop(), atomically (a ".tmp" file renamed over it), for
   // node_exporter's textfile collector; a failed write is logged and tried again at the
@@ -145,18 +197,20 @@ struct RelayOptions : ConnectionOptions {
 
 // Counts of this Relay (this process). A snapshot; any thread.
 struct RelayCounters {
-  int64_t published = 0;          // publishes handed to Paho (resends included)
-  int64_t acked = 0;              // PUBACKs with a success code
-  int64_t rejected = 0;           // PUBACKs with a reason code >= 0x80 (rows made dead)
-  int64_t connects = 0;           // connections made
-  int64_t max_inflight_seen = 0;  // largest number of publishes without PUBACK seen
-  int receive_maximum = 0;        // the broker's Receive Maximum at the last CONNACK (65535 if
-                                  // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
+  int64_t published = 0;            // publishes handed to Paho (resends included)
+  int64_t acked = 0;                // PUBACKs with a success code
+  int64_t rejected = 0;             // PUBACKs with a reason code >= 0x80 (rows made dead)
+  int64_t connects = 0;             // connections made
+  int64_t max_inflight_seen = 0;    // largest number of publishes without PUBACK seen
+  int receive_maximum = 0;          // the broker's Receive Maximum at the last CONNACK (65535 if
+                                    // none sent, as MQTT 5.0 section 3.2.2.3.3 says)
   int64_t maximum_packet_size = 0;  // the broker's Maximum Packet Size at the last CONNACK,
                                     // bytes; 0 = none announced (MQTT 3.1.1 never does)
-  int64_t expired = 0;            // rows made dead because their expiry ran out (unsent)
-  int64_t too_large = 0;          // rows made dead as larger than maximum_packet_size
-  bool connected = false;         // has a connection to publish on now
+  int64_t expired = 0;              // rows made dead because their expiry ran out (unsent)
+  int64_t too_large = 0;            // rows made dead as larger than maximum_packet_size or
+                                    // RelayOptions::max_packet_size (unsent)
+  int64_t connection_dropped = 0;   // rows made dead for ending the connection (see Design)
+  bool connected = false;           // has a connection to publish on now
 
   // PUBACKs by reason code (MQTT 5.0 section 3.4.2.1): 0x00 success, 0x10 no matching
   // subscribers (also a success), >= 0x80 a refusal (the row made dead, also in
@@ -172,6 +226,15 @@ struct RelayCounters {
   int64_t puback_latency_samples = 0;
   double puback_latency_sum_ms = 0;
   int64_t puback_latency_count = 0;
+  // Commit-to-PUBACK latency, ms: from the row's enqueue, inside the transaction whose
+  // commit made it visible, to its PUBACK (so it also counts the rest of that transaction
+  // and its commit, and the row's wait in the outbox: the relay's poll or wake-up, the
+  // window, a reconnect). Over the same PUBACKs as puback_latency_p50/p99_ms; 0 while
+  // there are none. Measured on the inbox's retention clock and the monotonic clock, so a
+  // wall-clock step does not change it; the retention clock counts whole milliseconds, so
+  // a figure under 1 ms may be up to 1 ms short.
+  double commit_to_puback_p50_ms = 0;
+  double commit_to_puback_p99_ms = 0;
   // Time without a connection to publish on while started, ms (the current outage
   // included; time stopped does not count): how long the outbox could only fill.
   int64_t offline_ms = 0;
@@ -180,8 +243,9 @@ struct RelayCounters {
 // The counters in the Prometheus text exposition format (0.0.4), every name prefixed
 // mqtt_inbox_relay_: connected, connects_total, offline_seconds_total, published_total,
 // pubacks_total{reason_code="0x00"}, dead_lettered_total{reason="expired"|
-// "payload_too_large"|"rejected_by_broker"}, puback_latency_seconds (a summary: quantile
-// 0.5 and 0.99, _sum, _count), inflight_max, receive_maximum. The outbox's depth, bytes,
+// "payload_too_large"|"rejected_by_broker"|"connection_dropped"}, puback_latency_seconds
+// (a summary: quantile 0.5 and 0.99, _sum, _count), commit_to_puback_seconds (a gauge per
+// quantile 0.5 and 0.99), inflight_max, receive_maximum. The outbox's depth, bytes,
 // drops and oldest row are the Pruner's (stats.h: prometheus_text(InboxStats)).
 std::string prometheus_text(const RelayCounters& counters);
 
@@ -196,16 +260,16 @@ class Relay {
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
   // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
   // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
-  // are used (max_inflight, mark_batch, poll_interval_ms, logger,
-  // prometheus_textfile, metrics_period_ms, the hooks; reconnect_backoff_* pace a start
-  // over after a publish failed on a live connection); the MQTT version is the
-  // subscriber's. `outbox` and `subscriber` are not owned; destroy the Relay before the
-  // Subscriber. One relay per subscriber. Errors: kInvalidArgument for a null outbox or
-  // subscriber, broker_uri or client_id set (they are the subscriber's), a count or
-  // interval out of range.
+  // are used (max_inflight, mark_batch, poll_interval_ms, max_packet_size,
+  // stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the hooks;
+  // reconnect_backoff_* pace a start over after a publish failed on a live connection);
+  // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
+  // the Relay before the Subscriber. One relay per subscriber. Errors: kInvalidArgument
+  // for a null outbox or subscriber, broker_uri or client_id set (they are the
+  // subscriber's), a count or interval out of range.
   static Status create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
                        std::unique_ptr<Relay>* out);
-  // Stops if running.
+  // Stops if running (see stop(); after a kBusy it waits for the thread).
   ~Relay();
 
   // Starts the relay thread and returns at once. Its own connection: takes the client-id
@@ -215,9 +279,19 @@ class Relay {
   // subscriber's connection; kBusy if another process holds the client-id lock.
   Status start();
   // Stops the thread; its own connection: disconnects and releases the client-id lock (a
-  // subscriber's stays up). Unacknowledged rows stay pending for the next run.
+  // subscriber's stays up). Unacknowledged rows stay pending for the next run. Waits at
+  // most stop_timeout_ms: if the thread is still inside a store call then (a locked or
+  // full store) or waiting for Paho's lock (which a message callback that waits for the
+  // store holds), returns kBusy and leaves it running, with the client-id lock held. The
+  // process should then exit (std::_Exit, as after Subscriber::stop's kBusy): nothing is
+  // lost, the rows it had not marked are published again by the next run. Destroying
+  // the Relay instead waits for the thread, as long as the store takes.
   Status stop();
-  // Wakes the relay to look for new rows now (for example after a commit that enqueued).
+  // Wakes the relay to look for new rows now. Not needed after a commit on the Inbox's
+  // connection (a handler's, or a transaction in Inbox::with_connection) that enqueued:
+  // that commit wakes every running relay of the Outbox's Inbox. Call it after a commit
+  // on another connection (a StoreThenProcess worker's, the application's own), or the
+  // relay finds the row at its next poll (poll_interval_ms).
   void notify();
 
   // Whether the relay has a connection to publish on now.

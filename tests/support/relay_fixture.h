@@ -66,8 +66,11 @@ class RelayFixture : public ::testing::Test {
     ASSERT_TRUE(sub_->wait_connected(10000));
   }
 
-  std::unique_ptr<Relay> make_relay(const std::string& uri, int max_inflight = 64) {
+  std::unique_ptr<Relay> make_relay(const std::string& uri, int max_inflight = 64,
+                                    MqttVersion version = MqttVersion::kV5,
+                                    const std::function<void(RelayOptions&)>& more = {}) {
     RelayOptions o;
+    o.mqtt_version = version;
     o.broker_uri = uri;
     o.client_id = "relay";
     o.client_id_lock_dir = dir_.path();
@@ -75,10 +78,25 @@ class RelayFixture : public ::testing::Test {
     o.poll_interval_ms = 20;
     o.reconnect_backoff_initial_ms = 50;
     o.reconnect_backoff_max_ms = 300;
+    if (more) more(o);
     std::unique_ptr<Relay> r;
     const Status s = Relay::create(outbox_.get(), o, &r);
     EXPECT_TRUE(s.ok()) << s.to_string();
     return r;
+  }
+
+  // An event {"message_id", "key", "n"} of key `key`: the id travels in the payload too,
+  // which is where a downstream inbox reads it from a relay on MQTT 3.1.1 (no user
+  // properties). `pad` bytes of padding make it larger.
+  static OutgoingMessage event(int n, const std::string& key, const std::string& topic,
+                               size_t pad = 0) {
+    OutgoingMessage m;
+    m.topic = topic;
+    m.message_id = "evt-" + std::to_string(n);
+    nlohmann::json j{{"message_id", m.message_id}, {"key", key}, {"n", n}};
+    if (pad) j["pad"] = std::string(pad, 'x');
+    m.payload = j.dump();
+    return m;
   }
 
   // Enqueues events n = from..to-1 round robin over `keys`, 25 per transaction.
@@ -88,9 +106,7 @@ class RelayFixture : public ::testing::Test {
         db.exec("BEGIN IMMEDIATE");
         for (int n = start; n < std::min(to, start + 25); ++n) {
           const std::string key = "k" + std::to_string(n % keys);
-          OutgoingMessage m;
-          m.topic = topic_prefix + std::to_string(n % keys);
-          m.payload = nlohmann::json{{"key", key}, {"n", n}}.dump();
+          const OutgoingMessage m = event(n, key, topic_prefix + std::to_string(n % keys));
           const Status s = outbox_->enqueue(db, m);
           ASSERT_TRUE(s.ok()) << s.to_string();
         }
