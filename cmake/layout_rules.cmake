@@ -140,7 +140,7 @@ function(mqtt_inbox_layout_violations out)
       list(POP_FRONT todo cur)
       _mqtt_inbox_rel("${root}" "${id_${cur}}" currel)
       get_filename_component(name "${id_${cur}}" NAME)
-      if(name MATCHES "^subscriber.*\\.h$")
+      if(name MATCHES "^subscriber.*\\.h$" OR currel MATCHES "^src/mqtt/")
         list(APPEND errors "core source ${srcrel} includes ${currel} (the MQTT layer)")
       endif()
       foreach(e IN LISTS ext_${cur})
@@ -167,7 +167,8 @@ function(mqtt_inbox_layout_violations out)
       list(APPEND mqtt_files "${src}")
     endif()
   endforeach()
-  file(GLOB subscriber_files "${root}/src/subscriber*.cpp" "${root}/src/subscriber*.h")
+  file(GLOB subscriber_files "${root}/src/subscriber*.cpp" "${root}/src/subscriber*.h"
+    "${root}/src/mqtt/*.cpp" "${root}/src/mqtt/*.h")
   list(APPEND mqtt_files ${subscriber_files})
   file(GLOB_RECURSE candidates LIST_DIRECTORIES false
     "${root}/src/*.h" "${root}/src/*.cpp" "${root}/tools/*.h" "${root}/tools/*.cpp"

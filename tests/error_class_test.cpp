@@ -1,4 +1,4 @@
-// Issue 13, part 3: what each class of SQLite error (src/sqlite_errors.h) makes the
+// Issue 13, part 3: what each class of SQLite error (src/store/sqlite/errors.h) makes the
 // consumer do, each triggered for real:
 //  - failure of this message: a deferred foreign key that fails at COMMIT, a CHECK, the
 //    commit hook's veto (SQLITE_CONSTRAINT_COMMITHOOK), NOT NULL, TOOBIG, MISMATCH. Each
@@ -25,7 +25,7 @@
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/store_then_process.h"
-#include "sqlite_errors.h"
+#include "store/sqlite/errors.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <thread>
 
-#include "schema.h"
+#include "store/sqlite/schema.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {

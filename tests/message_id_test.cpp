@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "message_id.h"
+#include "inbox/message_id.h"
 
 namespace mqtt_inbox::detail {
 namespace {

@@ -9,8 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "attempt_marker.h"
-#include "schema.h"
+#include "store/sqlite/attempt_marker.h"
+#include "store/sqlite/schema.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 

@@ -13,8 +13,8 @@
 #include <functional>
 #include <set>
 
-#include "outbox_wake.h"
-#include "schema.h"
+#include "outbox/outbox_wake.h"
+#include "store/sqlite/schema.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -614,7 +614,7 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
 }
 
-// The relays' wake-up (commit_wake.h): after the commit of a transaction on the inbox's
+// The relays' wake-up (store/sqlite/commit_wake.h): after the commit of a transaction on the inbox's
 // connection that enqueued (or replayed a dead letter), never before it, and not for a
 // transaction that enqueued nothing, nor for one that rolled back... until the next commit.
 TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "schema.h"
+#include "store/sqlite/schema.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {

@@ -135,7 +135,7 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
 // A full window (64) in flight when the broker goes away mid-stream: what the relay
 // publishes again after the next CONNACK reaches the broker in per-key order, each event
 // is applied once downstream, and the subscriber gets back on line. It found the fault
-// the subscriber's new Paho client at each reconnect fixes (subscriber.cpp,
+// the subscriber's new Paho client at each reconnect fixes (mqtt/subscriber.cpp,
 // renew_client()): a reused client resent its in-flight publishes, in about one run in
 // seven under CPU load one of them malformed, and mosquitto closed every reconnect.
 TEST_F(RelayLentTest, WindowInFlightAcrossAnOutageKeepsPerKeyOrder) {

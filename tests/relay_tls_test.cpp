@@ -1,4 +1,4 @@
-// The outbox relay connects as the subscriber does (relay.h, src/mqtt_connection.h):
+// The outbox relay connects as the subscriber does (relay.h, src/mqtt/connect.h):
 // against the real mosquitto of the TLS fixture (support/tls_fixture.h), TLS with chain
 // and host name verified, a user name with a password file read again before every
 // CONNECT, the refusals named, and examples/ledger_consumer --emit-topic with the

@@ -1,17 +1,17 @@
 // The outbox relay's decisions that need no broker, member by member (issue 27): what each
-// outcome of a publish token means (publish_outcome.h), which row a connection's end is
-// blamed on and when it becomes a dead letter (relay_drops.h), and which packet size limit
-// refuses a row before it is sent (relay_message.h). The same decisions against a real
+// outcome of a publish token means (mqtt/publish_outcome.h), which row a connection's end is
+// blamed on and when it becomes a dead letter (mqtt/relay_drops.h), and which packet size limit
+// refuses a row before it is sent (mqtt/relay_message.h). The same decisions against a real
 // mosquitto, on MQTT 3.1.1 and 5: relay_test.cpp, relay_lent_test.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <string>
 
-#include "publish_outcome.h"
-#include "publish_size.h"
-#include "relay_drops.h"
-#include "relay_message.h"
+#include "mqtt/publish_outcome.h"
+#include "mqtt/publish_size.h"
+#include "mqtt/relay_drops.h"
+#include "mqtt/relay_message.h"
 
 namespace mqtt_inbox::detail {
 namespace {

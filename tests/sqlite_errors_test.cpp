@@ -1,4 +1,4 @@
-// The classification table of SQLite result codes (src/sqlite_errors.cpp), one test per
+// The classification table of SQLite result codes (src/store/sqlite/errors.cpp), one test per
 // row, checked against two things the table does not come from:
 //  - sqlite3.h itself (its path is compiled in): every error code it defines has a row,
 //    and every row's code is the value sqlite3.h gives its name;
@@ -9,7 +9,7 @@
 //    the errors a handler's statements raise, belongs to the message.
 // What each class makes the consumer do is tested with real triggers in
 // error_class_test.cpp.
-#include "sqlite_errors.h"
+#include "store/sqlite/errors.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>

@@ -19,7 +19,7 @@
 
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/store_then_process.h"
-#include "schema.h"
+#include "store/sqlite/schema.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
 

@@ -13,8 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "schema.h"
-#include "store_retry.h"
+#include "store/sqlite/schema.h"
+#include "store/retry.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 

@@ -13,8 +13,8 @@
 
 #include "commands.h"
 #include "database.h"
-#include "sqlite_errors.h"
-#include "wal_guard.h"
+#include "store/sqlite/errors.h"
+#include "store/sqlite/wal_guard.h"
 #include "format.h"
 #include "tool.h"
 
@@ -156,7 +156,7 @@ int cmd_check(const std::string& path) {
       warnings.push_back("only " + human_bytes(free_space) + " free on the file system of " + path + "; the inbox needs at least " +
                          human_bytes(need) + " to recover from a full disk by itself (README \"Disk space\")");
   } catch (const SQLite::Exception& e) {
-    // One classification of SQLite errors (src/sqlite_errors.h): a corrupt file is a
+    // One classification of SQLite errors (src/store/sqlite/errors.h): a corrupt file is a
     // problem the check found (exit 2), a locked or failing store an error (exit 3).
     const auto cls = mi::detail::error_class(e.getErrorCode());
     if (cls == mi::detail::ErrorClass::kFatal) {

@@ -1,7 +1,7 @@
 // Opening an inbox database next to a running consumer (see database.h).
 #include "database.h"
 
-#include "file_access.h"
+#include "util/file_access.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

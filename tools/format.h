@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "log.h"   // detail::printable: untrusted bytes for a terminal line
-#include "text.h"  // detail::is_valid_utf8, detail::to_hex, detail::base64
+#include "util/log.h"   // detail::printable: untrusted bytes for a terminal line
+#include "util/text.h"  // detail::is_valid_utf8, detail::to_hex, detail::base64
 
 namespace mqtt_inbox::cli {
 

@@ -112,7 +112,7 @@ int cmd_probe(const ProbeArgs& a) {
   std::mutex mu;
   std::vector<std::pair<std::string, bool>> got;  // payload, dup
   // Paho C++ 1.2.0 copies connect_options without re-pointing the C struct at the copy's
-  // properties: set them on long-lived objects, and pass those (as src/subscriber.cpp does).
+  // properties: set them on long-lived objects, and pass those (as src/mqtt/subscriber.cpp does).
   mqtt::connect_options persistent;
   {
     auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout).keep_alive_interval(std::chrono::seconds(kKeepAliveS));

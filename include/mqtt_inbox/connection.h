@@ -1,7 +1,7 @@
 // How a client of the library connects to an MQTT broker: the settings that the
 // Subscriber (subscriber.h) and the outbox Relay (relay.h) share, with one definition and
 // one set of checks. SubscriberOptions and RelayOptions derive from ConnectionOptions and
-// add what is their own; both are connected by the same code (src/mqtt_connection.cpp),
+// add what is their own; both are connected by the same code (src/mqtt/connect.cpp),
 // so a field means the same thing, is checked the same way and fails with the same
 // message in either.
 //

@@ -17,7 +17,7 @@
 //    The outbox throws a third for you: OutboxRefused (outbox.h), when an outgoing
 //    message can never be enqueued (an id too long, a topic MQTT forbids, a message
 //    larger than its class) -> reason outbox_refused. OutboxFull is not a failure.
-//  - A SQLite::Exception is judged by its code (the one table, src/sqlite_errors.h): a
+//  - A SQLite::Exception is judged by its code (the one table, src/store/sqlite/errors.h): a
 //    store error code (BUSY, FULL, IOERR, READONLY, ...) is a store failure, not a
 //    handler failure: it is retried until the store recovers and does not count as an
 //    attempt; a corrupt file (CORRUPT, NOTADB) stops the inbox without an ack; any other

@@ -42,7 +42,7 @@
 namespace mqtt_inbox {
 
 namespace detail {
-struct InboxAccess;  // the library's own access to an Inbox's internals (inbox_impl.h)
+struct InboxAccess;  // the library's own access to an Inbox's internals (store/sqlite/store.h)
 }
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with

@@ -45,7 +45,7 @@ namespace mqtt_inbox {
 
 class Inbox;
 namespace detail {
-struct OutboxAccess;  // the library's own access to an Outbox's internals (outbox_wake.h)
+struct OutboxAccess;  // the library's own access to an Outbox's internals (outbox/outbox_wake.h)
 }
 
 // What enqueue() does when a class is full.

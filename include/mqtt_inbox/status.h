@@ -54,7 +54,7 @@ class [[nodiscard]] Status {
   // True for failures of the store that may clear by themselves (lock released, space
   // freed, I/O recovered); the per-message path retries these instead of acking, and
   // start-up waits them out. Which SQLite result code gets which Status code is one
-  // table (src/sqlite_errors.cpp), so this and the classification there agree.
+  // table (src/store/sqlite/errors.cpp), so this and the classification there agree.
   bool is_transient_store_error() const {
     return code_ == Code::kBusy || code_ == Code::kFull || code_ == Code::kIoError ||
            code_ == Code::kReadOnly;

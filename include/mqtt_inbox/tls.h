@@ -134,7 +134,7 @@ std::string diagnose_connection(const std::string& broker_uri, const TlsOptions&
 // in the object it was set on (its bug #337): keep `*out` alive, and do not copy or move
 // it, for as long as connect options made from it are used. To receive OpenSSL's
 // reasons, set an error handler on `*out` and wait for connect() to finish in the same
-// expression that calls it (Paho C++ 1.2.0 bug #325; see src/subscriber.cpp).
+// expression that calls it (Paho C++ 1.2.0 bug #325; see src/mqtt/subscriber.cpp).
 // Thread safety: as Paho's ssl_options (none).
 void to_paho_ssl_options(const TlsOptions& tls, mqtt::ssl_options* out);
 

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "log.h"
-#include "message_id.h"
-#include "text.h"
+#include "util/log.h"
+#include "inbox/message_id.h"
+#include "util/text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "properties_json.h"
+#include "inbox/properties_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mqtt_inbox;

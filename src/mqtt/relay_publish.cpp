@@ -1,0 +1,275 @@
+// The outbox relay's publishing (mqtt/relay_impl.h): rows out in seq order within the
+// in-flight window, PUBACKs recorded by Paho's callback thread and marked by the relay's
+// in batches, rows that can never be published made dead, and the figures.
+#include <algorithm>
+
+#include "util/log.h"
+#include "mqtt/relay_impl.h"
+#include "mqtt/publish_outcome.h"
+#include "mqtt/relay_message.h"
+#include "util/textfile.h"
+
+namespace mqtt_inbox {
+
+// Every outcome of a publish token (mqtt/publish_outcome.h): only an MQTT 5 PUBACK with a
+// reason code >= 0x80 is a refusal; a token that failed without a PUBACK is published
+// again, whatever reason code it carries (Paho C++ sets 255 for every MQTT 3.1.1 failure).
+void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
+  try {
+    const auto n = reinterpret_cast<uintptr_t>(tok.get_user_context());
+    const int reason = static_cast<int>(tok.get_reason_code());
+    const detail::PublishOutcome outcome =
+        detail::classify_publish(failed, options.mqtt_version == MqttVersion::kV5,
+                                 tok.get_return_code(), reason);
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = inflight.find(n);
+    if (it == inflight.end() || it->second.failed) return;  // an earlier connection's
+    const InFlight f = it->second;
+    switch (outcome) {
+      case detail::PublishOutcome::kAcked:
+        figures.acked(reason, now - f.published_at, now - f.enqueued_at);
+        acked.push_back(f.seq);
+        ++acked_count;
+        break;
+      case detail::PublishOutcome::kRefused:
+        figures.acked(reason, now - f.published_at, now - f.enqueued_at);
+        rejections.push_back({f.seq, OutboxDeadReason::kRejectedByBroker, reason,
+                              "PUBACK reason code " + std::to_string(reason) + ": " +
+                                  mqtt::exception::reason_code_str(reason)});
+        ++rejected_count;
+        break;
+      case detail::PublishOutcome::kRepublish:
+        // Not acked: publish it again, after everything before it. Kept in flight, as
+        // failed, so that the end of the connection can be blamed on it (drop_culprit).
+        it->second.failed = true;
+        resend = true;
+        break;
+    }
+    if (outcome != detail::PublishOutcome::kRepublish) {
+      last_puback_at = now;
+      inflight.erase(it);
+    }
+    woken = true;
+    wake.notify_all();
+  } catch (...) {
+    // Nothing may escape into Paho; an unrecorded ack only causes a resend.
+  }
+}
+
+void Relay::Impl::on_connection_lost() {
+  connected = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!lost) lost_at = Clock::now();
+  lost = true;
+  woken = true;
+  wake.notify_all();
+}
+
+void Relay::Impl::lent_connection_up(const mqtt::properties& connack) {
+  std::lock_guard<std::mutex> lock(mu);
+  lent_up = true;
+  ++lent_epoch;
+  lent_connack = connack;
+  woken = true;
+  wake.notify_all();
+}
+
+void Relay::Impl::lent_connection_down() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    lent_up = false;
+  }
+  on_connection_lost();
+}
+
+// Marks collected PUBACKs. On a store error they are kept and tried again.
+void Relay::Impl::flush_marks() {
+  std::vector<int64_t> sent;
+  std::vector<Rejection> dead;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sent.swap(acked);
+    dead.swap(rejections);
+  }
+  for (size_t i = 0; i < sent.size(); i += static_cast<size_t>(options.mark_batch)) {
+    std::vector<int64_t> batch(
+        sent.begin() + static_cast<std::ptrdiff_t>(i),
+        sent.begin() + static_cast<std::ptrdiff_t>(
+                           std::min(sent.size(), i + static_cast<size_t>(options.mark_batch))));
+    if (options.before_mark_hook) options.before_mark_hook(batch.front());
+    const Status s = outbox->mark_sent(batch);
+    if (!s.ok()) {
+      log->warn("outbox relay: marking {} row(s) sent failed, retrying: {}", batch.size(),
+                s.to_string());
+      std::lock_guard<std::mutex> lock(mu);
+      acked.insert(acked.end(), sent.begin() + static_cast<std::ptrdiff_t>(i), sent.end());
+      break;
+    }
+  }
+  for (size_t i = 0; i < dead.size(); ++i) {
+    const auto& r = dead[i];
+    const Status s = outbox->mark_dead(r.seq, r.reason, r.code, r.text);
+    if (!s.ok()) {
+      log->warn("outbox relay: marking row {} dead failed, retrying: {}", r.seq, s.to_string());
+      std::lock_guard<std::mutex> lock(mu);
+      rejections.insert(rejections.end(), dead.begin() + static_cast<std::ptrdiff_t>(i),
+                        dead.end());
+      break;
+    }
+  }
+}
+
+// Publishes pending rows after `*last_seq` while the window has room. Returns false if
+// the connection must be made again.
+bool Relay::Impl::publish_more(int64_t* last_seq) {
+  size_t in_flight;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight = inflight.size();
+  }
+  const int room = window() - static_cast<int>(in_flight);
+  if (room <= 0) return true;
+  const bool v5 = options.mqtt_version == MqttVersion::kV5;
+  std::vector<OutboxRow> rows;
+  const Status s = outbox->fetch_pending(*last_seq, room, &rows);
+  if (!s.ok()) {
+    log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
+    return true;
+  }
+  const auto fetched_at = Clock::now();
+  for (const auto& row : rows) {
+    std::string why;
+    if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(),
+                                                  options.max_packet_size, &why)) {
+      const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
+      if (!d.ok()) {  // read again from this row at the next poll
+        log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
+                  d.to_string());
+        return true;
+      }
+      ++(*reason == OutboxDeadReason::kExpired ? expired_count : too_large_count);
+      *last_seq = row.seq;
+      continue;
+    }
+    if (options.before_publish_hook) options.before_publish_hook(row.seq);
+    // The client first, then the check for a lost connection: a lender makes a new client
+    // at its reconnect only after telling this relay the connection is down (`lost`), and
+    // may connect it before telling it the connection is up. A copy taken before the swap
+    // is the old client, on which a publish fails; one taken after finds `lost` set. So
+    // no row of this batch goes out on a connection whose republish has not begun, ahead
+    // of the rows before it.
+    const std::shared_ptr<mqtt::async_client> client_now = publisher();
+    const uint64_t n = ++pubno;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lost || resend) return true;  // the caller sees it and starts over
+      inflight[n] = InFlight{row.seq, Clock::now(),
+                             fetched_at - std::chrono::milliseconds(row.waited_ms)};
+      max_inflight_seen =
+          std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
+    }
+    try {
+      client_now->publish(detail::to_paho_message(row, v5),
+                          reinterpret_cast<void*>(static_cast<uintptr_t>(n)), *link);
+    } catch (const mqtt::exception& e) {
+      log->warn("outbox relay: publish of row {} failed, reconnecting: {}", row.seq, e.what());
+      return false;
+    }
+    ++published;
+    *last_seq = row.seq;
+    if (options.after_publish_hook) options.after_publish_hook(row.seq);
+  }
+  return true;
+}
+
+std::optional<int64_t> Relay::Impl::blame_locked() {
+  const bool any = !inflight.empty();
+  const InFlight oldest = any ? inflight.begin()->second : InFlight{};
+  return detail::drop_culprit(any, oldest.seq, oldest.published_at, last_puback_at,
+                              lost ? lost_at : Clock::now(),
+                              std::chrono::milliseconds(kConnectionDropWindowMs));
+}
+
+void Relay::Impl::connection_ended(std::optional<int64_t> culprit) {
+  const std::optional<int64_t> dead = drops.connection_ended(culprit);
+  if (culprit && !dead) {
+    log->warn("outbox relay: the connection ended right after row {} was published ({} of {} "
+              "times in a row before it becomes a dead letter)",
+              *culprit, drops.count(), kConnectionDropsBeforeDeadLetter);
+  }
+  if (!dead) return;
+  const std::string text =
+      "the broker closed the connection " + std::to_string(kConnectionDropsBeforeDeadLetter) +
+      " times in a row right after this row was published (the oldest without PUBACK, none "
+      "after it): larger than the broker accepts (MQTT 3.1.1 cannot announce the limit; set "
+      "RelayOptions::max_packet_size), or refused by it";
+  std::lock_guard<std::mutex> lock(mu);
+  rejections.push_back({*dead, OutboxDeadReason::kConnectionDropped, 0, text});
+  ++connection_dropped_count;
+}
+
+RelayCounters Relay::Impl::snapshot() const {
+  RelayCounters c;
+  c.published = published.load();
+  c.acked = acked_count.load();
+  c.rejected = rejected_count.load();
+  c.connects = connects.load();
+  c.max_inflight_seen = max_inflight_seen.load();
+  c.receive_maximum = receive_maximum.load();
+  c.maximum_packet_size = maximum_packet_size.load();
+  c.expired = expired_count.load();
+  c.too_large = too_large_count.load();
+  c.connection_dropped = connection_dropped_count.load();
+  c.connected = connected.load();
+  figures.fill(&c, Clock::now());
+  return c;
+}
+
+// Writes the Prometheus textfile when its period is up, or now if `force`.
+void Relay::Impl::write_metrics(bool force) {
+  if (options.prometheus_textfile.empty()) return;
+  const auto now = Clock::now();
+  if (!force && now < next_metrics) return;
+  next_metrics = now + std::chrono::milliseconds(options.metrics_period_ms);
+  std::string error;
+  if (!detail::write_textfile(options.prometheus_textfile, prometheus_text(snapshot()), &error))
+    log->warn("outbox relay: {}", error);
+}
+
+// Publishes on the connection just made, from the first pending row, until it is lost,
+// a publish must be made again, or stop(). The caller has cleared lost, resend and
+// inflight. Returns false if a publish failed locally.
+bool Relay::Impl::publish_on_connection() {
+  connected = true;
+  // Everything still pending goes out again from the first row, in order.
+  flush_marks();
+  int64_t last_seq = 0;
+  bool ok = true;
+  while (ok && !is_stopping()) {
+    flush_marks();
+    write_metrics(false);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lost || resend) break;
+    }
+    ok = publish_more(&last_seq);
+    if (ok) sleep_for(options.poll_interval_ms);
+  }
+  flush_marks();  // the PUBACKs that came before the end: rows stay pending no longer
+  return ok;
+}
+
+bool Relay::Impl::pause_for(int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    write_metrics(false);
+    std::unique_lock<std::mutex> lock(mu);
+    const auto step =
+        std::min(deadline, Clock::now() + std::chrono::milliseconds(options.metrics_period_ms));
+    if (wake.wait_until(lock, step, [&] { return stopping; })) return false;
+    if (Clock::now() >= deadline) return true;
+  }
+}
+
+}  // namespace mqtt_inbox

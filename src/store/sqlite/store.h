@@ -1,0 +1,238 @@
+// Internal: the Inbox's state, shared by store/sqlite/inbox.cpp (open, stats), store/sqlite/claim.cpp (the
+// per-message path), store/sqlite/dead_letters.cpp and retention/pruner.cpp (the Pruner works on the Inbox's
+// own connection, one batch at a time under its mutex).
+#pragma once
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "store/sqlite/attempt_marker.h"
+#include "util/log.h"
+#include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/health.h"
+#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/stats.h"
+#include "store/sqlite/util.h"
+#include "store/retry.h"
+#include "store/sqlite/wal_guard.h"
+
+namespace mqtt_inbox {
+
+struct Inbox::Impl {
+  const Inbox* self = nullptr;  // the owner: the key of handler re-entry checks (inbox/reentry.h)
+  std::string path;
+  InboxOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
+  std::mutex mu;  // serialises use of `db`, the cached statements and the marker
+  std::unique_ptr<SQLite::Database> db;
+  // The per-message path's statements, prepared once (store/sqlite/claim.cpp).
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
+      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
+      mark_replayed;
+  // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without the
+  // lock file (exclusive = false): attempts are then committed before each handler run.
+  std::unique_ptr<detail::AttemptMarker> marker;
+  // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
+  bool handler_running = false;
+
+  // sqlite3_set_authorizer callback, installed once at open with `this`.
+  static int authorize(void* self, int action, const char*, const char*, const char*,
+                       const char*);
+  void prepare_statements();  // on a connection just opened (open_connection)
+  // Turns a marker left by a process that died inside a handler into a 'running' attempt
+  // (one committed transaction), then clears it. Throws SQLite::Exception.
+  void recover_marked_attempt();
+  // Adds one attempt to (consumer, id) and returns the count: 'running' before a handler
+  // run (error null), or 'failed' with *error after one. Commits on its own without fsync
+  // (RelaxedSync). Under `mu`. Throws SQLite::Exception.
+  int count_attempt(const std::string& consumer, const std::string& id,
+                    const std::string* error);
+  // Inside the open transaction (store/sqlite/claim.cpp), under `mu`; throw SQLite::Exception.
+  // The claim insert: true if this delivery claimed the id. With
+  // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
+  bool insert_claim(const std::string& consumer, const Message& message,
+                    const std::string& message_id, bool only_if_nothing_recorded);
+  // Everything recorded for the id (claim, dead letter, attempts); returns processed.
+  // Also outside a transaction.
+  bool read_lookup(const std::string& consumer, const std::string& message_id,
+                   MessageState* out);
+  void delete_attempt_row(const std::string& consumer, const std::string& id);
+  // Marks a dead letter 'replayed' (its message's effect is committed), in the open
+  // transaction.
+  void mark_replayed_row(int64_t dead_letter_id);
+  // The rest of the claim transaction, with the claim inserted: the handler, then COMMIT,
+  // or ROLLBACK on any failure (store/sqlite/claim.cpp). Under `mu`.
+  Status claim_locked(const std::string& consumer, const Message& message,
+                      const std::string& message_id, int attempt, const Handler& handler,
+                      bool delete_attempt_row, std::optional<int64_t> replayed_dead_letter,
+                      ClaimResult* result, std::string* handler_error,
+                      const nlohmann::json* payload_json = nullptr);
+  // Wakes the outbox relays after a commit on `db` that enqueued (store/sqlite/commit_wake.h). Kept
+  // across reopened connections; the WAL guard of each points it at its connection.
+  detail::CommitWake commit_wake;
+  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared after
+  // `db` and the statements: it removes its hook before the connection closes.
+  std::unique_ptr<detail::WalGuard> wal_guard;
+  // Drops the connection and everything prepared on it (statements, WAL guard): before
+  // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
+  void close_connection();
+
+  // Retention clock (README "Clock safety"): clock_base_ms at steady time steady_base_ms;
+  // advances only with the monotonic clock. Both are fixed after open.
+  int64_t clock_base_ms = 0;
+  int64_t steady_base_ms = 0;
+  mutable std::atomic<int64_t> clock_high{0};  // never report less than before
+  int64_t retention_clock() const {
+    int64_t t = clock_base_ms + (clock->steady_ms() - steady_base_ms);
+    int64_t seen = clock_high.load(std::memory_order_relaxed);
+    while (t > seen && !clock_high.compare_exchange_weak(seen, t)) {
+    }
+    return std::max(t, seen);
+  }
+
+  // Counters and latency, readable from any thread without `mu`.
+  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0},
+      store_errors{0}, pruned{0}, dead_letters_pruned{0}, commit_max_us{0}, sessions_lost{0};
+  std::atomic<int64_t> last_commit_steady_ms{0};
+  static constexpr size_t kLatencySamples = 4096;
+  std::array<std::atomic<int32_t>, kLatencySamples> latency_us{};
+  std::atomic<uint64_t> latency_next{0};
+  void record_latency(int64_t us) {
+    const auto v = static_cast<int32_t>(std::min<int64_t>(us, INT32_MAX));
+    latency_us[latency_next.fetch_add(1, std::memory_order_relaxed) % kLatencySamples].store(
+        v, std::memory_order_relaxed);
+    int64_t seen = commit_max_us.load(std::memory_order_relaxed);
+    while (us > seen && !commit_max_us.compare_exchange_weak(seen, us)) {
+    }
+  }
+
+  // Row statistics from the last measurement (guarded by stats_mu, never held across I/O).
+  mutable std::mutex stats_mu;
+  std::map<std::string, ConsumerRows> consumer_rows;
+  OutboxRows outbox_rows;
+  int64_t rows_measured_at = 0;
+
+  // Measures rows per consumer (a scan of inbox_processed) and stores the result for
+  // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
+  // no commit; with nullptr it runs on `db` under `mu`.
+  Status measure_rows(SQLite::Database* reader);
+
+  // Counts a failed store operation and passes the Status through. A fatal one (the
+  // file is corrupt) latches the inbox: see latch_fatal(). On SQLITE_FULL the WAL gives
+  // its space back at once (WalGuard::on_full), which needs the connection: callers hold
+  // `mu` (or, in open, are its only user) unless they pass holding_connection = false.
+  Status store_error(Status s, bool holding_connection = true) {
+    if (s.is_transient_store_error()) ++store_errors;
+    if (s.is_fatal_store_error()) latch_fatal(s);
+    if (s.code() == Status::Code::kFull && holding_connection && wal_guard) wal_guard->on_full();
+    return s;
+  }
+
+  // --- start-up waits and the fatal latch (store/sqlite/open.cpp) ---
+
+  // Opens the connection and brings the file to the current schema: one attempt of
+  // Inbox::open, repeated by wait_at_startup() while the store is transiently unavailable.
+  // `busy_timeout_ms`: this attempt's (see wait_at_startup); open() sets the configured
+  // one afterwards.
+  Status open_connection(int busy_timeout_ms);
+
+  // Inbox::open's, Inbox::setup's, Pruner::create's and StoreThenProcess::create's and
+  // start()'s wait for a transiently unavailable store (InboxOptions::startup_*).
+  // `op(busy_timeout_ms)` is one attempt; its busy timeout is busy_timeout_ms, cut to
+  // what is left of the start-up deadline (BusyTimeout applies it to a connection). `op`
+  // takes `mu` itself if it needs the connection, so the sleeps between attempts hold no
+  // lock.
+  template <typename Op>
+  Status wait_at_startup(const char* what, Op&& op) {
+    const int64_t deadline = options.startup_deadline_ms;
+    const int64_t t0 = clock->steady_ms();
+    return startup->until_ready(
+        what,
+        [&]() -> Status {
+          if (fatal.load()) return fatal_status();
+          int64_t busy = options.busy_timeout_ms;
+          if (deadline > 0) busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
+          return op(static_cast<int>(busy));
+        },
+        deadline, options.startup_progress);
+  }
+  std::unique_ptr<detail::StoreRetry> startup;
+
+  // Sets a connection's busy timeout for one start-up attempt, back to busy_timeout_ms
+  // at the end of the scope.
+  struct BusyTimeout {
+    sqlite3* db;
+    int normal_ms;
+    BusyTimeout(sqlite3* d, int attempt_ms, int normal) : db(d), normal_ms(normal) {
+      sqlite3_busy_timeout(db, attempt_ms);
+    }
+    ~BusyTimeout() { sqlite3_busy_timeout(db, normal_ms); }
+    BusyTimeout(const BusyTimeout&) = delete;
+    BusyTimeout& operator=(const BusyTimeout&) = delete;
+  };
+
+  // Once the file is found corrupt (SQLITE_CORRUPT/NOTADB), the inbox never reads or
+  // writes it again: every method returns fatal_status() without touching SQLite, the
+  // connection's closing checkpoint is switched off, and the error is logged with the
+  // recovery procedure. The file stays exactly as the corruption left it.
+  std::atomic<bool> fatal{false};
+  void latch_fatal(const Status& s);
+  Status fatal_status() const;
+  std::string fatal_error;  // guarded by stats_mu; the first fatal error
+
+  // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
+  // rethrows it. COMMIT failing leaves nothing committed.
+  template <typename Fn>
+  void write_transaction(Fn&& fn) {
+    db->exec("BEGIN IMMEDIATE");
+    try {
+      fn();
+      db->exec("COMMIT");
+    } catch (...) {
+      detail::rollback_quietly(*db);
+      throw;
+    }
+  }
+
+  // Commits the next autocommit statement without fsync, when the inbox runs FULL.
+  // See Inbox::begin_attempt for why that is enough for attempt counting.
+  struct RelaxedSync {
+    Impl& impl;
+    explicit RelaxedSync(Impl& i) : impl(i) {
+      if (impl.options.synchronous == Synchronous::kFull)
+        impl.db->exec("PRAGMA synchronous = NORMAL");
+    }
+    ~RelaxedSync() {
+      if (impl.options.synchronous == Synchronous::kFull) {
+        try {
+          impl.db->exec("PRAGMA synchronous = FULL");
+        } catch (...) {
+          // Setting a pragma outside a transaction does no I/O; if it ever fails, the
+          // connection is unusable and the next statement reports it.
+        }
+      }
+    }
+  };
+};
+
+
+namespace detail {
+// For the library's other parts on the same file (StoreThenProcess): its start-up wait
+// and its fatal latch.
+struct InboxAccess {
+  static Inbox::Impl& of(Inbox* inbox) { return *inbox->impl_; }
+};
+}  // namespace detail
+
+}  // namespace mqtt_inbox

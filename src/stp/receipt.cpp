@@ -1,0 +1,217 @@
+// Store-then-process, receipt: a message is stored in inbox_messages (one autocommit
+// INSERT, durable before the transport's callback returns and so before its PUBACK), or
+// recognised as a duplicate, or dead-lettered with a named reason. Nothing here runs the
+// application's handler; the workers (stp/workers.cpp) do.
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include "util/log.h"
+#include "util/log_context.h"
+#include "inbox/message_id.h"
+#include "inbox/properties_json.h"
+#include "inbox/retained.h"
+#include "inbox/reentry.h"
+#include "stp/store_then_process_impl.h"
+
+namespace mqtt_inbox {
+
+namespace {
+
+constexpr const char* kInsertSql =
+    "INSERT INTO inbox_messages (consumer_name, message_id, aggregate_key, topic, payload,"
+    "                            properties, qos, received_at)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    " ON CONFLICT (consumer_name, message_id) DO NOTHING";
+
+constexpr const char* kExistsSql =
+    "SELECT EXISTS(SELECT 1 FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2)";
+
+}  // namespace
+
+Status StoreThenProcess::Impl::stored_already(const std::string& id, bool* found) {
+  Status st;
+  inbox->with_connection([&](SQLite::Database& db) {
+    try {
+      if (!exists) exists = std::make_unique<SQLite::Statement>(db, kExistsSql);
+      SQLite::Statement& q = *exists;
+      detail::StatementReset reset(q);
+      q.bind(1, name);
+      q.bind(2, id);
+      *found = q.executeStep() && q.getColumn(0).getInt() != 0;
+    } catch (const SQLite::Exception& e) {
+      st = detail::to_status(e, "looking up a stored message");
+    } catch (const std::exception& e) {
+      st = Status::Internal(std::string("looking up a stored message: ") + e.what());
+    }
+  });
+  return st;
+}
+
+Status StoreThenProcess::Impl::store(const Message& m, const std::string& id,
+                                     const std::string& key, const std::string& props,
+                                     bool* inserted) {
+  Status st;
+  inbox->with_connection([&](SQLite::Database& db) {
+    try {
+      if (!insert) insert = std::make_unique<SQLite::Statement>(db, kInsertSql);
+      SQLite::Statement& q = *insert;
+      detail::StatementReset reset(q);
+      q.bind(1, name);
+      q.bind(2, id);
+      q.bind(3, key);
+      q.bind(4, m.topic);
+      q.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
+      q.bind(6, props);
+      q.bind(7, m.qos);
+      q.bind(8, retention_now());
+      // One autocommit INSERT: committed (fsynced with synchronous=FULL) on return.
+      *inserted = q.exec() > 0;
+    } catch (const SQLite::Exception& e) {
+      st = detail::to_status(e, "storing message");
+    } catch (const std::exception& e) {
+      st = Status::Internal(std::string("storing message: ") + e.what());
+    }
+  });
+  return st;
+}
+
+Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
+                                                    const std::optional<std::string>& id,
+                                                    DeadLetterReason reason,
+                                                    const std::string& text) {
+  DeadLetter dl;
+  dl.consumer_name = name;
+  dl.message_id = id;
+  dl.topic = m.topic;
+  dl.payload = m.payload.substr(0, options.consumer.dead_letter_payload_bytes);
+  dl.payload_size = static_cast<int64_t>(m.payload.size());
+  dl.properties_json = detail::properties_json(m);
+  dl.qos = m.qos;
+  dl.reason = reason;
+  dl.reason_text = text;
+  dl.last_attempt_at_ms = clock->wall_ms();
+  int64_t row = 0;
+  until_stored("writing a dead letter",
+               [&] { return inbox->add_dead_letter(dl, std::nullopt, &row); });
+  count(&StoreThenProcessCounters::dead_lettered);
+  log->warn("store-then-process '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}",
+            name, id ? detail::printable(*id) : std::string("<no id>"),
+            detail::printable(m.topic), to_string(reason), row, detail::printable(text, 300));
+  return Outcome::kDeadLettered;
+}
+
+Outcome StoreThenProcess::Impl::receive(const Message& m) {
+  detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
+  const ConsumerOptions& o = options.consumer;
+  if (m.retain && o.retained != RetainedPolicy::kProcess) return receive_retained(m);
+  if (m.payload.size() > o.max_payload_bytes) {
+    // As Consumer: only the user property is consulted for an oversized payload.
+    std::optional<std::string> id;
+    if (const std::string* v = m.user_property(o.message_id.user_property))
+      if (detail::validate_message_id(*v, o.message_id.max_id_bytes).empty()) id = *v;
+    if (id) {
+      bool found = false;
+      until_stored("looking up a message", [&] { return stored_already(*id, &found); });
+      if (found) {
+        count(&StoreThenProcessCounters::duplicates);
+        return Outcome::kDuplicate;
+      }
+    }
+    return receipt_dead_letter(m, id, DeadLetterReason::kPayloadTooLarge,
+                               "payload is " + std::to_string(m.payload.size()) +
+                                   " bytes, limit is " + std::to_string(o.max_payload_bytes));
+  }
+
+  std::string id;
+  DeadLetterReason reason;
+  std::string why;
+  if (!detail::extract_message_id(m, o.message_id, &id, &reason, &why))
+    return receipt_dead_letter(m, std::nullopt, reason, why);
+  log_fields.set_message_id(id);
+
+  std::string key;
+  if (options.aggregate_key) {
+    try {
+      key = options.aggregate_key(m);
+    } catch (const std::exception& e) {
+      return receipt_dead_letter(m, id, DeadLetterReason::kUndecodablePayload,
+                                 std::string("aggregate key extractor threw: ") + e.what());
+    } catch (...) {
+      return receipt_dead_letter(m, id, DeadLetterReason::kUndecodablePayload,
+                                 "aggregate key extractor threw");
+    }
+  }
+
+  const std::string props = detail::properties_json(m);
+  bool inserted = false;
+  until_stored("storing", [&] { return store(m, id, key, props, &inserted); });
+  if (!inserted) {
+    count(&StoreThenProcessCounters::duplicates);
+    return Outcome::kDuplicate;
+  }
+  count(&StoreThenProcessCounters::stored);
+  if (inbox->options().after_commit_hook) inbox->options().after_commit_hook(name, id);
+  notify_workers();
+  return Outcome::kProcessed;
+}
+
+Outcome StoreThenProcess::reject(const Message& message, const std::string& why) {
+  // From inside a handler of the same inbox: refused (inbox/reentry.h); that handler's message
+  // is dead-lettered as handler_reentered.
+  if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reject").ok())
+    return Outcome::kDeadLettered;
+  try {
+    return impl_->receipt_dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why);
+  } catch (...) {
+    std::abort();  // only bad_alloc can get here; never report an unrecorded message as done
+  }
+}
+
+Outcome StoreThenProcess::handle(const Message& message) {
+  if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::handle").ok())
+    return Outcome::kDeadLettered;
+  Outcome o = Outcome::kDuplicate;
+  try {
+    o = impl_->receive(message);
+  } catch (const std::exception& e) {
+    // Only a bug (or std::bad_alloc) gets here. Never let it cross into the transport's
+    // callback; the message was not stored, so die rather than ack it.
+    impl_->log->critical("store-then-process '{}': unexpected error at receipt: {}",
+                         impl_->name, e.what());
+    std::abort();
+  }
+  if (impl_->log->should_log(spdlog::level::debug))
+    impl_->log->debug("store-then-process '{}': message on '{}': {}", impl_->name,
+                      detail::printable(message.topic), to_string(o));
+  return o;
+}
+
+Outcome StoreThenProcess::Impl::receive_retained(const Message& m) {
+  const ConsumerOptions& o = options.consumer;
+  if (o.retained == RetainedPolicy::kSkip) {
+    count(&StoreThenProcessCounters::retained_skipped);
+    log->info("store-then-process '{}': {}", name, detail::retained_skip_text(m.topic));
+    return Outcome::kSkipped;
+  }
+  // kDeadLetter, under its id when it has one (a repeat bumps the same row); the payload
+  // of an oversized message is not parsed for it.
+  std::string id;
+  DeadLetterReason ignored;
+  std::string why;
+  if (m.payload.size() > o.max_payload_bytes ||
+      !detail::extract_message_id(m, o.message_id, &id, &ignored, &why))
+    return receipt_dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
+                               detail::retained_dead_letter_text());
+  bool found = false;
+  until_stored("looking up a message", [&] { return stored_already(id, &found); });
+  if (found) {
+    count(&StoreThenProcessCounters::duplicates);
+    return Outcome::kDuplicate;
+  }
+  return receipt_dead_letter(m, id, DeadLetterReason::kRetained,
+                             detail::retained_dead_letter_text());
+}
+
+}  // namespace mqtt_inbox

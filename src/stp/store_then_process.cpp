@@ -1,0 +1,215 @@
+// Store-then-process (include/mqtt_inbox/store_then_process.h, docs/store-then-process.md):
+// receipt stores the raw message (the PUBACK follows that commit); workers process stored
+// rows in arrival order per aggregate key. This file: create() and its option checks, the
+// state shared by the parts (stp/store_then_process_impl.h), counters and health, and the
+// aggregate-key helpers. The parts, each with the SQL it runs on inbox_messages:
+// stp/receipt.cpp, stp/workers.cpp and
+// stp/maintenance.cpp.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "util/log.h"
+#include "store/sqlite/store.h"
+#include "inbox/reentry.h"
+#include "stp/store_then_process_impl.h"
+#include "util/text.h"
+
+namespace mqtt_inbox {
+
+namespace {
+
+// A random token naming this process instance in claimant columns.
+std::string instance_token() {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%d-%08x", static_cast<int>(getpid()), rd());
+  return buf;
+}
+
+}  // namespace
+
+StoredHandler stored_handler(Handler handler) {
+  return [h = std::move(handler)](SQLite::Database& db, const StoredDelivery& d) {
+    const Delivery delivery{d.message, d.message_id, d.attempt};
+    h(db, delivery);
+  };
+}
+
+std::function<std::string(const Message&)> aggregate_key_from_topic_level(size_t index) {
+  return [index](const Message& m) {
+    size_t start = 0;
+    for (size_t level = 0; level < index; ++level) {
+      const size_t slash = m.topic.find('/', start);
+      if (slash == std::string::npos) return std::string();
+      start = slash + 1;
+    }
+    const size_t end = m.topic.find('/', start);
+    return m.topic.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  };
+}
+
+std::function<std::string(const Message&)> aggregate_key_from_json_field(std::string field) {
+  return [field = std::move(field)](const Message& m) {
+    const auto j = nlohmann::json::parse(m.payload, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return std::string();
+    const auto it = j.find(field);
+    if (it == j.end()) return std::string();
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_number_integer()) return it->dump();
+    return std::string();
+  };
+}
+
+void StoreThenProcess::Impl::count(int64_t StoreThenProcessCounters::*field, int64_t n) {
+  std::lock_guard<std::mutex> lock(state_mu);
+  counters.*field += n;
+}
+
+void StoreThenProcess::Impl::worker_error(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    ++counters.worker_store_errors;
+    counters.last_worker_error = s.to_string();
+  }
+  if (s.is_fatal_store_error()) {
+    // Not on the Inbox's connection: its mutex is not held and not needed (the latch
+    // only switches the Inbox's closing checkpoint off).
+    (void)detail::InboxAccess::of(inbox).store_error(s, /*holding_connection=*/false);
+    retry->set_fatal(s);
+  }
+}
+
+bool StoreThenProcess::Impl::store_unusable() const {
+  return detail::InboxAccess::of(inbox).fatal.load();
+}
+
+Status StoreThenProcess::Impl::unusable_status() const {
+  return detail::InboxAccess::of(inbox).fatal_status();
+}
+
+void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
+  if (db && store_unusable())
+    sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
+}
+
+void StoreThenProcess::Impl::notify_workers() {
+  {
+    std::lock_guard<std::mutex> lock(run_mu);
+    ++wake_gen;
+  }
+  wake.notify_all();
+}
+
+// Sleeps up to `ms`, or until stop() or a wake-up. Returns false when stopping.
+bool StoreThenProcess::Impl::idle(int64_t ms, uint64_t* seen_gen) {
+  std::unique_lock<std::mutex> lock(run_mu);
+  wake.wait_for(lock, std::chrono::milliseconds(ms),
+                [&] { return stopping.load() || wake_gen != *seen_gen; });
+  *seen_gen = wake_gen;
+  return !stopping.load();
+}
+
+std::unique_ptr<SQLite::Database> StoreThenProcess::Impl::open_connection(
+    std::optional<Synchronous> sync) {
+  const InboxOptions& io = inbox->options();
+  auto db = std::make_unique<SQLite::Database>(
+      inbox->path(), SQLite::OPEN_READWRITE | SQLite::OPEN_URI, io.busy_timeout_ms, io.vfs);
+  const Synchronous s = sync ? *sync : io.synchronous;
+  db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
+  db->exec("PRAGMA foreign_keys = ON");
+  db->exec("PRAGMA cache_size = -" + std::to_string(io.cache_size_kib));
+  return db;
+}
+
+StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StoreThenProcess::~StoreThenProcess() {
+  (void)stop();
+  Impl& m = *impl_;
+  m.close_quietly_if_unusable(m.maint.get());
+  m.inbox->with_connection([&](SQLite::Database&) {
+    m.insert.reset();
+    m.exists.reset();
+  });
+}
+
+Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHandler handler,
+                                const StoreThenProcessOptions& options,
+                                std::unique_ptr<StoreThenProcess>* out) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
+  if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
+    return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  const ConsumerOptions& c = options.consumer;
+  if (c.max_attempts < 1) return Status::InvalidArgument("max_attempts must be >= 1");
+  if (c.message_id.max_id_bytes < 1)
+    return Status::InvalidArgument("message_id.max_id_bytes must be >= 1");
+  if (c.message_id.user_property.empty() && c.message_id.json_field.empty() &&
+      !c.message_id.extractor)
+    return Status::InvalidArgument("no message id source configured");
+  if (c.retry_backoff_initial.count() < 0 || c.retry_backoff_max < c.retry_backoff_initial ||
+      c.store_backoff_initial.count() < 1 || c.store_backoff_max < c.store_backoff_initial)
+    return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
+  if (options.workers < 0) return Status::InvalidArgument("workers must be >= 0");
+  if (options.batch_size < 1) return Status::InvalidArgument("batch_size must be >= 1");
+  if (options.poll_interval_ms < 1) return Status::InvalidArgument("poll_interval_ms must be >= 1");
+  if (options.lease_ms < 1) return Status::InvalidArgument("lease_ms must be >= 1");
+  if (options.reap_interval_ms < 0 || options.compact_after_ms < 0 ||
+      options.dedup_retention_ms < 0 || options.prune_interval_ms < 0 ||
+      options.slow_handler_warn_ms < 0)
+    return Status::InvalidArgument("intervals and retention durations must be >= 0");
+
+  auto impl = std::make_unique<Impl>();
+  impl->inbox = inbox;
+  impl->name = name;
+  impl->handler = std::move(handler);
+  impl->options = options;
+  impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
+  impl->log = detail::logger_or_default(inbox->options().logger);
+  impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
+                                                     inbox->path(), options.consumer, impl->clock,
+                                                     impl->log);
+  impl->token = instance_token();
+  // At start-up: waited out like Inbox::open while the store is transiently unavailable.
+  Impl* m = impl.get();
+  const Status opened = detail::InboxAccess::of(inbox).wait_at_startup(
+      "opening the store-then-process maintenance connection", [m](int) -> Status {
+        try {
+          m->maint = m->open_connection(std::nullopt);
+        } catch (const SQLite::Exception& e) {
+          m->maint.reset();
+          return detail::to_status(e, "opening the maintenance connection to " + m->inbox->path());
+        } catch (const std::exception& e) {
+          m->maint.reset();
+          return Status::Internal(std::string("opening the maintenance connection: ") + e.what());
+        }
+        return Status::Ok();
+      });
+  if (!opened.ok()) return opened;
+  out->reset(new StoreThenProcess(std::move(impl)));
+  return Status::Ok();
+}
+
+const std::string& StoreThenProcess::name() const { return impl_->name; }
+
+Health StoreThenProcess::health() const { return impl_->retry->health(); }
+
+StoreThenProcessCounters StoreThenProcess::counters() const {
+  StoreThenProcessCounters c;
+  {
+    std::lock_guard<std::mutex> lock(impl_->state_mu);
+    c = impl_->counters;
+  }
+  c.store_retries = impl_->retry->store_retries();
+  return c;
+}
+
+Inbox* StoreThenProcess::inbox() const { return impl_->inbox; }
+
+}  // namespace mqtt_inbox

@@ -1,0 +1,234 @@
+// StoreThenProcess::Impl: the state that the receipt, the worker pool and the maintenance
+// thread of one store-then-process consumer share, and the declarations of each part's
+// code. Each part is in its own file, with the SQL it runs on inbox_messages:
+//   stp/receipt.cpp      receipt: store before PUBACK, or dead-letter
+//   stp/workers.cpp      the worker pool: claim, lease, run, retry
+//   stp/maintenance.cpp  reaper, replay, compaction and stats
+//   stp/store_then_process.cpp              create, options checks, counters, health
+#pragma once
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "mqtt_inbox/store_then_process.h"
+#include "store/sqlite/util.h"
+#include "store/retry.h"
+
+namespace mqtt_inbox {
+
+namespace detail {
+
+// last_error of a row whose claim expired: the reaper counted an attempt for it. A row
+// dead-lettered after such an attempt is reported as handler_crashed.
+inline constexpr const char* kExpiredClaimError = "claim expired: the worker died or hung";
+
+// The instance part of a claimant ("<instance>/w<worker>/<claim>").
+inline std::string claimant_instance(const std::string& claimant) {
+  return claimant.substr(0, claimant.find('/'));
+}
+
+}  // namespace detail
+
+struct StoreThenProcess::Impl {
+  Inbox* inbox = nullptr;
+  std::string name;
+  StoredHandler handler;
+  StoreThenProcessOptions options;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  std::string token;     // random, per object
+  uint64_t runs = 0;     // start() calls, under run_mu
+  // "<token>.<run>", set by start() before the workers exist: the first part of every
+  // claimant. A new one per run, so claims left by an earlier run of this object (stop()
+  // could not release them) are orphans too.
+  std::string instance;
+  std::atomic<uint64_t> next_claim{0};
+
+  // Receipt statements live on the Inbox's connection and are used under its mutex
+  // (Inbox::with_connection).
+  std::unique_ptr<SQLite::Statement> insert, exists;
+
+  // The maintenance connection: reaper, replay, prune, stats.
+  std::mutex maint_mu;
+  std::unique_ptr<SQLite::Database> maint;
+
+  mutable std::mutex state_mu;  // guards counters; never held across I/O
+  StoreThenProcessCounters counters;
+  std::unique_ptr<detail::StoreRetry> retry;  // the receipt's health (health())
+
+  std::mutex run_mu;  // guards started/threads and the wake-up generation
+  std::condition_variable wake;
+  uint64_t wake_gen = 0;
+  std::atomic<bool> stopping{false};
+  bool started = false;
+  std::vector<std::thread> threads;
+
+  // ---------------------------------------------------------------- shared
+  // (stp/store_then_process.cpp)
+
+  // The retention clock (received_at, done_at): the Inbox's, which wall-clock jumps
+  // cannot move, so retention and replay ranges are measured like inbox_processed's.
+  int64_t retention_now() { return inbox->retention_clock_ms(); }
+
+  void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1);
+  // Counts a worker or maintenance failure. A fatal one (the file is corrupt) latches
+  // the Inbox (store/sqlite/store.h latch_fatal: nothing reads or writes the file again, receipt
+  // acks nothing) and turns health() red.
+  void worker_error(const Status& s);
+  // The Inbox has latched a fatal store error (found by any part on the file): workers
+  // and maintenance neither claim nor write again.
+  bool store_unusable() const;
+  Status unusable_status() const;  // the Inbox's kCorruption status, naming the file
+  // Once the file is unusable, closing `db` must not checkpoint the WAL into it.
+  void close_quietly_if_unusable(SQLite::Database* db) const;
+  void notify_workers();
+
+  // Sleeps up to `ms`, or until stop() or a wake-up. Returns false when stopping.
+  bool idle(int64_t ms, uint64_t* seen_gen);
+
+  // A connection to the Inbox's file with its settings; `sync` overrides synchronous.
+  std::unique_ptr<SQLite::Database> open_connection(std::optional<Synchronous> sync);
+
+  // Runs `fn` in BEGIN IMMEDIATE ... COMMIT on `db`. Store errors come back as Status.
+  template <typename Fn>
+  static Status transaction(SQLite::Database& db, const char* what, Fn&& fn) {
+    try {
+      db.exec("BEGIN IMMEDIATE");
+    } catch (const SQLite::Exception& e) {
+      return detail::to_status(e, std::string(what) + ": BEGIN IMMEDIATE");
+    }
+    try {
+      fn();
+      db.exec("COMMIT");
+    } catch (const SQLite::Exception& e) {
+      detail::rollback_quietly(db);
+      return detail::to_status(e, what);
+    } catch (const std::exception& e) {
+      detail::rollback_quietly(db);
+      return Status::Internal(std::string(what) + ": " + e.what());
+    }
+    return Status::Ok();
+  }
+
+  // ---------------------------------------------------------------- receipt
+  // (stp/receipt.cpp)
+
+  // While the store fails, the message has no durable outcome, so the caller must not
+  // return (that would release the PUBACK): see detail::StoreRetry.
+  template <typename Op>
+  void until_stored(const char* what, Op&& op) {
+    retry->until_stored(what, std::forward<Op>(op));
+  }
+
+  Status stored_already(const std::string& id, bool* found);
+  Status store(const Message& m, const std::string& id, const std::string& key,
+               const std::string& props, bool* inserted);
+  Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
+                              DeadLetterReason reason, const std::string& text);
+  Outcome receive(const Message& m);
+  // A retained message under RetainedPolicy kSkip or kDeadLetter (receipt.cpp).
+  Outcome receive_retained(const Message& m);
+
+  // ---------------------------------------------------------------- workers
+  // (stp/workers.cpp)
+
+  struct Row {
+    int64_t seq = 0;
+    int64_t claim_token = 0;  // the fencing token this claim got (schema.sql version 11)
+    std::string message_id, aggregate_key;
+    Message message;
+    int64_t received_at = 0;
+    int attempts = 0;
+    std::string last_error;
+  };
+
+  // One worker's connection, its cached statements and its current batch.
+  struct Worker {
+    int index = 0;
+    std::unique_ptr<SQLite::Database> db;
+    std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
+        failed, release, dead;
+    std::vector<Row> batch;  // the rows of the current claim, in seq order
+    Synchronous handler_sync = Synchronous::kFull;
+    std::optional<Synchronous> current_sync;
+
+    // Bookkeeping commits (claim, failure, release) skip the fsync: losing one on power
+    // loss only repeats a claim or undercounts one attempt; the row itself is durable.
+    void set_sync(Synchronous s) {
+      if (current_sync == s) return;
+      try {
+        db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL"
+                                         : "PRAGMA synchronous = NORMAL");
+        current_sync = s;
+      } catch (const SQLite::Exception&) {
+        // Outside a transaction this does no I/O; if it fails the connection is broken
+        // and the next statement reports it.
+      }
+    }
+  };
+
+  enum class RunResult { kDone, kFailed, kDead, kLost, kStopped };
+
+  template <typename Op>
+  bool worker_retry(const char* what, Op&& op);
+  void prepare_worker(Worker& w);
+  std::vector<std::pair<int64_t, std::string>> candidates(Worker& w, int64_t now);
+  // Claims a batch into w.batch.
+  Status claim(Worker& w, const std::string& claimant);
+  // Whether the row is still claimed with r.claim_token (in or outside a transaction).
+  bool still_owned(Worker& w, const Row& r);
+  // Puts the rows of w.batch that this claim still holds back to 'pending' (no attempt
+  // counted); with `aggregate`, only that aggregate's. Inside the caller's transaction.
+  void release_rows(Worker& w, const std::string* aggregate);
+  Status release(Worker& w, const std::string* aggregate);
+  // Each writes the row only while it still carries r.claim_token (kLost otherwise).
+  RunResult dead_letter_row(Worker& w, const Row& r, DeadLetterReason reason,
+                            const std::string& text, int attempts);
+  RunResult fail_row(Worker& w, const Row& r, int attempt, const std::string& error);
+  // Puts the row back to 'pending' with `attempts` recorded and its next try after
+  // `delay_ms`; the later rows of its aggregate in the batch are released to wait behind
+  // it. fail_row after a failure; directly for a full outbox (no attempt counted).
+  RunResult retry_row_later(Worker& w, const Row& r, int attempts, const std::string& error,
+                            int64_t delay_ms);
+  RunResult run_row(Worker& w, const Row& r, const std::string& claimant);
+  void worker_loop(Worker& w);
+
+  // ---------------------------------------------------------------- maintenance
+  // (stp/maintenance.cpp)
+
+  void maintenance_loop();
+  // Returns orphaned claims and claims whose running row showed no progress for lease_ms
+  // on this process's monotonic clock to 'pending' (see StoreThenProcess::reap).
+  Status reap_now(int64_t* reaped);
+  // What the reaper saw of a claim: its running row (the lowest seq still 'processing'),
+  // and since when (steady ms) it has seen that row running. Under maint_mu.
+  struct Watched {
+    int64_t running_seq = 0;
+    int64_t since_ms = 0;
+  };
+  std::map<std::string, Watched> watched;  // by claimant
+
+  // The instances of this process whose workers run (start() to the end of stop()): under
+  // the Inbox's exclusive lock, a claim of any other instance is an orphan.
+  void set_running(bool running);
+  static bool instance_running(const std::string& instance);
+  Status prune_now(StoredPruneResult* out);
+  // Refuses (kInvalidArgument) a dedup_retention_ms below the longest session expiry
+  // recorded in the Inbox, unless overridden (maintenance.cpp). Under maint_mu.
+  Status check_dedup_window();
+  int64_t dedup_override_warned_ms = -1;  // the requirement last warned about
+};
+
+}  // namespace mqtt_inbox
