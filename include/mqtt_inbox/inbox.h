@@ -42,7 +42,8 @@
 namespace mqtt_inbox {
 
 namespace detail {
-struct InboxAccess;  // the library's own access to an Inbox's internals (store/sqlite/store.h)
+class Store;         // the store layer's seam (src/store/store.h)
+struct SqliteStore;  // the SQLite store behind an Inbox (src/store/sqlite/store.h)
 }
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
@@ -308,12 +309,13 @@ class Inbox {
   // them. Cheap, any thread; never waits for the store and writes nothing.
   void note_session_lost(const std::string& client_id);
 
+  // The store behind this inbox, for the library's own parts made on it (Consumer,
+  // Outbox, Pruner, StoreThenProcess); an incomplete type to applications.
+  detail::Store& store() const;
+
  private:
-  friend class Pruner;
-  friend struct detail::InboxAccess;
-  struct Impl;
-  explicit Inbox(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Inbox(std::unique_ptr<detail::SqliteStore> impl);
+  std::unique_ptr<detail::SqliteStore> impl_;
 };
 
 }  // namespace mqtt_inbox

@@ -364,7 +364,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
   ins.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
   ins.bind(6, props);
   ins.bind(7, size);
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   ins.bind(8, in.clock->wall_ms());
   const int64_t clock_now = in.retention_clock();
   ins.bind(9, clock_now);
@@ -405,7 +405,7 @@ Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::stri
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   auto& db = *in.db;
   return impl_->on_inbox("Outbox::fetch_pending", /*relaxed_sync=*/true, [&] {
     out->clear();  // a retried transaction starts over
@@ -430,7 +430,7 @@ Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow
 
 Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
   if (seqs.empty()) return Status::Ok();
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   int64_t changed = 0;
   Status s = impl_->on_inbox("Outbox::mark_sent", /*relaxed_sync=*/true, [&] {
     changed = 0;
@@ -453,7 +453,7 @@ Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
 
 Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
                          const std::string& text) {
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   int changed = 0;
   Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
     // expired and payload_too_large are found before the publish: the attempt that
@@ -485,11 +485,11 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
 namespace detail {
 
 uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
-  return InboxAccess::of(outbox.impl_->inbox).commit_wake.add(std::move(wake));
+  return sqlite_store(outbox.impl_->inbox).commit_wake.add(std::move(wake));
 }
 
 void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
-  InboxAccess::of(outbox.impl_->inbox).commit_wake.remove(id);
+  sqlite_store(outbox.impl_->inbox).commit_wake.remove(id);
 }
 
 }  // namespace detail

@@ -68,11 +68,11 @@ struct Outbox::Impl {
   Status on_inbox(const char* call, bool relaxed_sync, Fn&& fn) {
     if (Status r = detail::refuse_if_in_handler(inbox, call); !r.ok()) return r;
     const char* what = call;
-    auto& in = detail::InboxAccess::of(inbox);
+    auto& in = detail::sqlite_store(inbox);
     std::lock_guard<std::mutex> lock(in.mu);
     if (in.fatal.load()) return in.fatal_status();
     try {
-      using InboxImpl = std::remove_reference_t<decltype(in)>;  // Inbox::Impl is private
+      using InboxImpl = std::remove_reference_t<decltype(in)>;  // detail::SqliteStore is private
       std::optional<InboxImpl::RelaxedSync> relaxed;
       if (relaxed_sync) relaxed.emplace(in);
       in.write_transaction(fn);

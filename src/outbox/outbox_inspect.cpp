@@ -17,7 +17,7 @@ namespace mqtt_inbox {
 Status Outbox::list(OutboxState state, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("list: limit must be > 0");
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   auto& db = *in.db;
   return impl_->on_inbox("Outbox::list", /*relaxed_sync=*/false, [&] {
     out->clear();
@@ -33,7 +33,7 @@ Status Outbox::list(OutboxState state, int limit, std::vector<OutboxRow>* out) {
 
 Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
   out->clear();
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& db = *detail::sqlite_store(impl_->inbox).db;
   return impl_->on_inbox("Outbox::usage", /*relaxed_sync=*/false, [&] {
     out->clear();
     SQLite::Statement q(db, "SELECT class, rows, bytes, dropped FROM outbox_usage ORDER BY class");
@@ -45,7 +45,7 @@ Status Outbox::usage(std::vector<OutboxClassUsage>* out) {
 
 Status Outbox::summary(OutboxSummary* out) {
   *out = OutboxSummary{};
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   auto& db = *in.db;
   return impl_->on_inbox("Outbox::summary", /*relaxed_sync=*/false, [&] {
     out->classes.clear();
@@ -78,7 +78,7 @@ Status Outbox::summary(OutboxSummary* out) {
 }
 
 Status Outbox::get(const std::string& message_id, OutboxRow* out) {
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   auto& db = *in.db;
   bool found = false;
   Status s = impl_->on_inbox("Outbox::get", /*relaxed_sync=*/false, [&] {
@@ -96,7 +96,7 @@ Status Outbox::get(const std::string& message_id, OutboxRow* out) {
 }
 
 Status Outbox::replay_dead(const std::string& message_id) {
-  auto& in = detail::InboxAccess::of(impl_->inbox);
+  auto& in = detail::sqlite_store(impl_->inbox);
   std::string state;  // "" = no such row
   int64_t new_seq = 0;
   Status s = impl_->on_inbox("Outbox::replay_dead", /*relaxed_sync=*/false, [&] {
@@ -158,7 +158,7 @@ Status Outbox::purge(const OutboxPurgeFilter& f, int64_t* removed) {
   if (f.state == OutboxState::kPending)
     return Status::InvalidArgument(
         "outbox purge: pending rows are never purged (they are messages not yet delivered)");
-  auto& db = *detail::InboxAccess::of(impl_->inbox).db;
+  auto& db = *detail::sqlite_store(impl_->inbox).db;
   int64_t n = 0;
   Status s = impl_->on_inbox("Outbox::purge", /*relaxed_sync=*/false, [&] {
     const bool dead = f.state == OutboxState::kDead;

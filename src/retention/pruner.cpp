@@ -61,7 +61,7 @@ std::string format_ms(int64_t ms) {
 
 struct Pruner::Impl {
   Inbox* inbox = nullptr;
-  Inbox::Impl* store = nullptr;
+  detail::SqliteStore* store = nullptr;
   RetentionOptions options;
   std::mutex pass_mu;  // one pass at a time
   std::mutex mu;       // guards stopping/thread, pairs with cv
@@ -102,7 +102,7 @@ struct Pruner::Impl {
     // No fsync for a delete of expired rows: if power loss undoes it, the next pass
     // deletes them again. The write lock is then held for the delete alone, and the next
     // claim's fsync makes it durable anyway.
-    Inbox::Impl::RelaxedSync relaxed(*store);
+    detail::SqliteStore::RelaxedSync relaxed(*store);
     int64_t n = 0;
     store->write_transaction([&] {
       SQLite::Statement q(*store->db, sql);
@@ -187,7 +187,7 @@ struct Pruner::Impl {
     // after a commit); once that id is pruned, the next open would count it as a lost
     // attempt. No handler runs while we hold the lock, so clear it first.
     if (store->marker) store->marker->clear();
-    Inbox::Impl::RelaxedSync relaxed(*store);  // as in delete_batch
+    detail::SqliteStore::RelaxedSync relaxed(*store);  // as in delete_batch
     int64_t n = 0;
     store->write_transaction([&] {
       SQLite::Statement q(*store->db, kDeleteIdSql);
@@ -246,7 +246,7 @@ struct Pruner::Impl {
       const auto t0 = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> lock(store->mu);
-        Inbox::Impl::RelaxedSync relaxed(*store);  // as for the deletes
+        detail::SqliteStore::RelaxedSync relaxed(*store);  // as for the deletes
         SQLite::Database& db = *store->db;
         const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
         if (before == 0) return;
@@ -323,7 +323,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
   const int64_t required = required_window_ms(options);
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
-  impl->store = inbox->impl_.get();
+  impl->store = &detail::sqlite_store(inbox);
   impl->options = options;
   if (options.window.count() < required) {
     const std::string what =
@@ -339,12 +339,12 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
   if (Status s = impl->check_recorded_sessions(true); !s.ok()) return s;
   // Record the declared horizon so the admin tool can refuse shorter manual prunes. At
   // start-up, so a locked or full store is waited out (InboxOptions::startup_*).
-  Inbox::Impl& store = *impl->store;
+  detail::SqliteStore& store = *impl->store;
   const Status recorded =
       store.wait_at_startup("recording the retention horizon", [&](int busy_ms) -> Status {
         std::lock_guard<std::mutex> lock(store.mu);
         if (store.fatal.load()) return store.fatal_status();
-        Inbox::Impl::BusyTimeout busy(store.db->getHandle(), busy_ms, store.options.busy_timeout_ms);
+        detail::SqliteStore::BusyTimeout busy(store.db->getHandle(), busy_ms, store.options.busy_timeout_ms);
         try {
           SQLite::Statement q(*store.db,
                               "INSERT INTO inbox_meta (key, value) VALUES ('required_window_ms', ?1)"

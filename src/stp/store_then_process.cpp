@@ -79,17 +79,17 @@ void StoreThenProcess::Impl::worker_error(const Status& s) {
   if (s.is_fatal_store_error()) {
     // Not on the Inbox's connection: its mutex is not held and not needed (the latch
     // only switches the Inbox's closing checkpoint off).
-    (void)detail::InboxAccess::of(inbox).store_error(s, /*holding_connection=*/false);
+    (void)detail::sqlite_store(inbox).store_error(s, /*holding_connection=*/false);
     retry->set_fatal(s);
   }
 }
 
 bool StoreThenProcess::Impl::store_unusable() const {
-  return detail::InboxAccess::of(inbox).fatal.load();
+  return detail::sqlite_store(inbox).fatal.load();
 }
 
 Status StoreThenProcess::Impl::unusable_status() const {
-  return detail::InboxAccess::of(inbox).fatal_status();
+  return detail::sqlite_store(inbox).fatal_status();
 }
 
 void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
@@ -178,7 +178,7 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();
-  const Status opened = detail::InboxAccess::of(inbox).wait_at_startup(
+  const Status opened = detail::sqlite_store(inbox).wait_at_startup(
       "opening the store-then-process maintenance connection", [m](int) -> Status {
         try {
           m->maint = m->open_connection(std::nullopt);

@@ -566,7 +566,7 @@ Status StoreThenProcess::start() {
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   // run_mu is not held meanwhile: receipt's wake-up (notify_workers) and stop() must not
   // wait for the store.
-  const Status opened = detail::InboxAccess::of(m.inbox).wait_at_startup(
+  const Status opened = detail::sqlite_store(m.inbox).wait_at_startup(
       "opening the store-then-process worker connections", [&](int) -> Status {
         workers.clear();
         try {

@@ -133,15 +133,15 @@ void run(SQLite::Statement& q) {
 
 }  // namespace
 
-int Inbox::Impl::authorize(void* self, int action, const char*, const char*, const char*,
+int detail::SqliteStore::authorize(void* self, int action, const char*, const char*, const char*,
                            const char*) {
   // While the handler runs, BEGIN/COMMIT/ROLLBACK are refused at prepare time: a handler
   // that ended the inbox's transaction would commit its effect apart from the claim.
-  const bool handler = static_cast<Impl*>(self)->handler_running;
+  const bool handler = static_cast<SqliteStore*>(self)->handler_running;
   return handler && action == SQLITE_TRANSACTION ? SQLITE_DENY : SQLITE_OK;
 }
 
-void Inbox::Impl::prepare_statements() {
+void detail::SqliteStore::prepare_statements() {
   SQLite::Database& d = *db;
   begin_immediate = std::make_unique<SQLite::Statement>(d, "BEGIN IMMEDIATE");
   commit = std::make_unique<SQLite::Statement>(d, "COMMIT");
@@ -155,7 +155,7 @@ void Inbox::Impl::prepare_statements() {
   mark_replayed = std::make_unique<SQLite::Statement>(d, kMarkReplayedSql);
 }
 
-void Inbox::Impl::recover_marked_attempt() {
+void detail::SqliteStore::recover_marked_attempt() {
   detail::AttemptMarker::Entry e;
   if (!marker->read(&e)) return;
   enum class Recovery { kNothing, kCounted, kRequeuedIsDeadAgain } outcome = Recovery::kNothing;
@@ -225,7 +225,7 @@ void Inbox::Impl::recover_marked_attempt() {
         path, detail::printable(e.message_id), detail::printable(e.consumer));
 }
 
-int Inbox::Impl::count_attempt(const std::string& consumer, const std::string& id,
+int detail::SqliteStore::count_attempt(const std::string& consumer, const std::string& id,
                                const std::string* error) {
   RelaxedSync relaxed(*this);
   const bool failed = error != nullptr;
@@ -276,7 +276,7 @@ Status Inbox::record_attempt_failure(const std::string& consumer, const std::str
   if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
   try {
-    Impl::RelaxedSync relaxed(*impl_);
+    detail::SqliteStore::RelaxedSync relaxed(*impl_);
     SQLite::Statement& q = *impl_->attempt_failed;
     detail::StatementReset reset(q);
     q.bind(1, consumer);
@@ -290,9 +290,9 @@ Status Inbox::record_attempt_failure(const std::string& consumer, const std::str
   return Status::Ok();
 }
 
-bool Inbox::Impl::insert_claim(const std::string& consumer, const Message& message,
+bool detail::SqliteStore::insert_claim(const std::string& consumer, const Message& message,
                                const std::string& message_id, bool only_if_nothing_recorded) {
-  Impl& m = *this;
+  SqliteStore& m = *this;
   SQLite::Statement& q = only_if_nothing_recorded ? *m.claim_if_nothing_recorded : *m.claim;
   detail::StatementReset reset(q);
   // No copies: the strings outlive the statement's step (StatementReset clears them).
@@ -310,7 +310,7 @@ bool Inbox::Impl::insert_claim(const std::string& consumer, const Message& messa
   return m.db->getChanges() > 0;
 }
 
-bool Inbox::Impl::read_lookup(const std::string& consumer, const std::string& message_id,
+bool detail::SqliteStore::read_lookup(const std::string& consumer, const std::string& message_id,
                               MessageState* out) {
   SQLite::Statement& q = *lookup;
   detail::StatementReset reset(q);
@@ -329,7 +329,7 @@ bool Inbox::Impl::read_lookup(const std::string& consumer, const std::string& me
   return out->processed;
 }
 
-void Inbox::Impl::delete_attempt_row(const std::string& consumer, const std::string& id) {
+void detail::SqliteStore::delete_attempt_row(const std::string& consumer, const std::string& id) {
   SQLite::Statement& q = *delete_attempts;
   detail::StatementReset reset(q);
   q.bind(1, consumer);
@@ -337,7 +337,7 @@ void Inbox::Impl::delete_attempt_row(const std::string& consumer, const std::str
   q.exec();
 }
 
-void Inbox::Impl::mark_replayed_row(int64_t dead_letter_id) {
+void detail::SqliteStore::mark_replayed_row(int64_t dead_letter_id) {
   SQLite::Statement& q = *mark_replayed;
   detail::StatementReset reset(q);
   q.bind(1, dead_letter_id);
@@ -345,7 +345,7 @@ void Inbox::Impl::mark_replayed_row(int64_t dead_letter_id) {
   q.exec();
 }
 
-Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& message,
+Status detail::SqliteStore::claim_locked(const std::string& consumer, const Message& message,
                                  const std::string& message_id, int attempt, const Handler& handler,
                                  bool delete_attempt_row_after,
                                  std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
@@ -356,7 +356,7 @@ Status Inbox::Impl::claim_locked(const std::string& consumer, const Message& mes
   try {
     const Delivery delivery{message, message_id, attempt, payload_json};
     handler_running = true;
-    const detail::HandlerVerdict v = detail::run_handler(self, [&] { handler(d, delivery); });
+    const detail::HandlerVerdict v = detail::run_handler(owner, [&] { handler(d, delivery); });
     handler_running = false;
     switch (v.kind) {
       case detail::HandlerVerdict::Kind::kOk:
@@ -407,7 +407,7 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
                     std::string* handler_error) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::claim"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
   const auto started = std::chrono::steady_clock::now();
@@ -451,7 +451,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
                       const nlohmann::json* payload_json) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::process"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
   SQLite::Database& db = *m.db;
@@ -536,7 +536,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       if (!counted) {
         report->attempt = m.count_attempt(consumer, message_id, &report->handler_error);
       } else {
-        Impl::RelaxedSync relaxed(m);
+        detail::SqliteStore::RelaxedSync relaxed(m);
         SQLite::Statement& q = *m.attempt_failed;
         detail::StatementReset reset(q);
         q.bind(1, consumer);

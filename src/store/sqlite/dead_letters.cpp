@@ -94,7 +94,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::add_dead_letter"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   SQLite::Database& db = *m.db;
   const int64_t now = m.clock->wall_ms();
   bool counted = false;  // a new or replaced dead letter, not a redelivery bump

@@ -31,7 +31,7 @@
 
 namespace mqtt_inbox {
 
-Inbox::Inbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { impl_->self = this; }
+Inbox::Inbox(std::unique_ptr<detail::SqliteStore> impl) : impl_(std::move(impl)) { impl_->owner = this; }
 
 Inbox::~Inbox() {
   // Best effort: a clock that restarts from an older value only keeps rows longer. So
@@ -47,6 +47,8 @@ Inbox::~Inbox() {
   impl_.reset();  // close the database before giving up the lock
   if (fd >= 0) ::close(fd);
 }
+
+detail::Store& Inbox::store() const { return *impl_; }
 
 int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
 
@@ -75,7 +77,7 @@ int64_t file_size(const std::string& path) {
 }  // namespace
 
 InboxStats Inbox::stats() const {
-  const Impl& m = *impl_;
+  const detail::SqliteStore& m = *impl_;
   InboxStats s;
   s.processed = m.processed.load();
   s.duplicates = m.duplicates.load();
@@ -88,7 +90,7 @@ InboxStats Inbox::stats() const {
   const int64_t seen = s.processed + s.duplicates;
   s.duplicate_ratio = seen ? static_cast<double>(s.duplicates) / static_cast<double>(seen) : 0.0;
 
-  const uint64_t n = std::min<uint64_t>(m.latency_next.load(), Impl::kLatencySamples);
+  const uint64_t n = std::min<uint64_t>(m.latency_next.load(), detail::Store::kLatencySamples);
   std::vector<int32_t> lat;
   lat.reserve(n);
   for (uint64_t i = 0; i < n; ++i) lat.push_back(m.latency_us[i].load(std::memory_order_relaxed));
@@ -116,7 +118,7 @@ Status Inbox::refresh_row_stats() {
   return impl_->measure_rows(nullptr);
 }
 
-Status Inbox::Impl::measure_rows(SQLite::Database* reader) {
+Status detail::SqliteStore::measure_rows(SQLite::Database* reader) {
   if (fatal.load()) return fatal_status();
   std::map<std::string, ConsumerRows> rows;
   OutboxRows outbox;

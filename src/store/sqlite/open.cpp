@@ -78,7 +78,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
         "start-up options: need 1 ms <= startup_backoff_initial <= startup_backoff_max, "
         "startup_deadline_ms >= 0, startup_log_interval_ms >= 0");
 
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<detail::SqliteStore>();
   impl->path = path;
   impl->options = options;
   impl->clock = options.clock ? options.clock : Clock::system();
@@ -95,7 +95,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
   if (options.exclusive) {
     if (Status s = take_lock_file(path, &impl->lock_fd); !s.ok()) return s;
   }
-  Impl* m = impl.get();
+  detail::SqliteStore* m = impl.get();
   const Status s = m->wait_at_startup("opening the database",
                                       [m](int busy_ms) { return m->open_connection(busy_ms); });
   if (impl->db) sqlite3_busy_timeout(impl->db->getHandle(), options.busy_timeout_ms);
@@ -109,7 +109,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
   return Status::Ok();
 }
 
-void Inbox::Impl::close_connection() {
+void detail::SqliteStore::close_connection() {
   wal_guard.reset();
   for (auto* q : {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt, &attempt_failed,
                   &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
@@ -117,7 +117,7 @@ void Inbox::Impl::close_connection() {
   db.reset();
 }
 
-Status Inbox::Impl::open_connection(int busy_timeout_ms) {
+Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
   // A failed attempt leaves nothing behind: the next one starts with a new connection.
   close_connection();
   try {
@@ -239,7 +239,7 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
     c.exec("PRAGMA journal_size_limit = " + std::to_string(size_limit));
     // Installed once: setting an authorizer expires every prepared statement, so doing it
     // around each handler run would re-prepare the cached statements for every message.
-    sqlite3_set_authorizer(c.getHandle(), &Impl::authorize, this);
+    sqlite3_set_authorizer(c.getHandle(), &SqliteStore::authorize, this);
     prepare_statements();
     // A marker left in the lock file means the last owner died inside a handler: count
     // that attempt before anything is delivered (store/sqlite/attempt_marker.h).
@@ -261,11 +261,11 @@ Status Inbox::Impl::open_connection(int busy_timeout_ms) {
 
 Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.fatal.load()) return m.fatal_status();
-    Impl::BusyTimeout busy(m.db->getHandle(), busy_ms, m.options.busy_timeout_ms);
+    detail::SqliteStore::BusyTimeout busy(m.db->getHandle(), busy_ms, m.options.busy_timeout_ms);
     try {
       m.write_transaction([&] { fn(*m.db); });
     } catch (const SQLite::Exception& e) {
@@ -279,17 +279,9 @@ Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   });
 }
 
-Health Inbox::health() const {
-  Health h = impl_->startup->health();
-  if (impl_->fatal.load()) {
-    h.fatal = true;
-    std::lock_guard<std::mutex> lock(impl_->stats_mu);
-    h.last_error = impl_->fatal_error;
-  }
-  return h;
-}
+Health Inbox::health() const { return impl_->health(); }
 
-void Inbox::Impl::latch_fatal(const Status& s) {
+void detail::SqliteStore::latch_fatal(const Status& s) {
   {
     std::lock_guard<std::mutex> lock(stats_mu);
     if (fatal.load()) return;
@@ -310,7 +302,7 @@ void Inbox::Impl::latch_fatal(const Status& s) {
       path, s.to_string(), path, path);
 }
 
-Status Inbox::Impl::fatal_status() const {
+Status detail::SqliteStore::fatal_status() const {
   std::lock_guard<std::mutex> lock(stats_mu);
   return Status(Status::Code::kCorruption,
                 "the database " + path + " is unusable (" + fatal_error +

@@ -81,7 +81,7 @@ Status Inbox::record_session(const SessionRecord& record) {
   const std::set<std::string> filters(record.topic_filters.begin(), record.topic_filters.end());
   if (filters.count(""))
     return Status::InvalidArgument("session record: a topic filter is empty");
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   try {
     m.write_transaction([&] {
@@ -142,7 +142,7 @@ Status Inbox::list_sessions(std::vector<SessionRecord>* out) {
 Status Inbox::forget_session(const std::string& client_id, bool* removed) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::forget_session"); !r.ok()) return r;
   if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
-  Impl& m = *impl_;
+  detail::SqliteStore& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   try {
     m.write_transaction([&] {

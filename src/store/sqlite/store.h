@@ -1,6 +1,10 @@
-// Internal: the Inbox's state, shared by store/sqlite/inbox.cpp (open, stats), store/sqlite/claim.cpp (the
-// per-message path), store/sqlite/dead_letters.cpp and retention/pruner.cpp (the Pruner works on the Inbox's
-// own connection, one batch at a time under its mutex).
+// SqliteStore: the SQLite store (store/store.h) behind the public Inbox: one connection to
+// one database file in WAL mode, its mutex, the lock file, the cached statements of the
+// per-message path, the attempt marker, the WAL guard and the retention clock. Its code is
+// in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
+// (the per-message path), dead_letters.cpp, sessions.cpp and inbox.cpp (the public Inbox
+// over it). Parts whose SQL has not yet moved into this folder reach it through
+// sqlite_store() (the layout table in cmake/layout_rules.cmake lists them).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -23,16 +27,14 @@
 #include "mqtt_inbox/stats.h"
 #include "store/sqlite/util.h"
 #include "store/retry.h"
+#include "store/store.h"
 #include "store/sqlite/wal_guard.h"
 
-namespace mqtt_inbox {
+namespace mqtt_inbox::detail {
 
-struct Inbox::Impl {
-  const Inbox* self = nullptr;  // the owner: the key of handler re-entry checks (inbox/reentry.h)
+struct SqliteStore final : Store {
   std::string path;
   InboxOptions options;
-  Clock* clock = nullptr;
-  std::shared_ptr<spdlog::logger> log;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
   std::mutex mu;  // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
@@ -42,7 +44,7 @@ struct Inbox::Impl {
       mark_replayed;
   // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without the
   // lock file (exclusive = false): attempts are then committed before each handler run.
-  std::unique_ptr<detail::AttemptMarker> marker;
+  std::unique_ptr<AttemptMarker> marker;
   // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
   bool handler_running = false;
 
@@ -80,10 +82,10 @@ struct Inbox::Impl {
                       const nlohmann::json* payload_json = nullptr);
   // Wakes the outbox relays after a commit on `db` that enqueued (store/sqlite/commit_wake.h). Kept
   // across reopened connections; the WAL guard of each points it at its connection.
-  detail::CommitWake commit_wake;
+  CommitWake commit_wake;
   // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared after
   // `db` and the statements: it removes its hook before the connection closes.
-  std::unique_ptr<detail::WalGuard> wal_guard;
+  std::unique_ptr<WalGuard> wal_guard;
   // Drops the connection and everything prepared on it (statements, WAL guard): before
   // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
   void close_connection();
@@ -93,35 +95,14 @@ struct Inbox::Impl {
   int64_t clock_base_ms = 0;
   int64_t steady_base_ms = 0;
   mutable std::atomic<int64_t> clock_high{0};  // never report less than before
-  int64_t retention_clock() const {
+  const std::string& location() const override { return path; }
+  int64_t retention_clock() const override {
     int64_t t = clock_base_ms + (clock->steady_ms() - steady_base_ms);
     int64_t seen = clock_high.load(std::memory_order_relaxed);
     while (t > seen && !clock_high.compare_exchange_weak(seen, t)) {
     }
     return std::max(t, seen);
   }
-
-  // Counters and latency, readable from any thread without `mu`.
-  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0},
-      store_errors{0}, pruned{0}, dead_letters_pruned{0}, commit_max_us{0}, sessions_lost{0};
-  std::atomic<int64_t> last_commit_steady_ms{0};
-  static constexpr size_t kLatencySamples = 4096;
-  std::array<std::atomic<int32_t>, kLatencySamples> latency_us{};
-  std::atomic<uint64_t> latency_next{0};
-  void record_latency(int64_t us) {
-    const auto v = static_cast<int32_t>(std::min<int64_t>(us, INT32_MAX));
-    latency_us[latency_next.fetch_add(1, std::memory_order_relaxed) % kLatencySamples].store(
-        v, std::memory_order_relaxed);
-    int64_t seen = commit_max_us.load(std::memory_order_relaxed);
-    while (us > seen && !commit_max_us.compare_exchange_weak(seen, us)) {
-    }
-  }
-
-  // Row statistics from the last measurement (guarded by stats_mu, never held across I/O).
-  mutable std::mutex stats_mu;
-  std::map<std::string, ConsumerRows> consumer_rows;
-  OutboxRows outbox_rows;
-  int64_t rows_measured_at = 0;
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
@@ -132,7 +113,7 @@ struct Inbox::Impl {
   // file is corrupt) latches the inbox: see latch_fatal(). On SQLITE_FULL the WAL gives
   // its space back at once (WalGuard::on_full), which needs the connection: callers hold
   // `mu` (or, in open, are its only user) unless they pass holding_connection = false.
-  Status store_error(Status s, bool holding_connection = true) {
+  Status store_error(Status s, bool holding_connection = true) override {
     if (s.is_transient_store_error()) ++store_errors;
     if (s.is_fatal_store_error()) latch_fatal(s);
     if (s.code() == Status::Code::kFull && holding_connection && wal_guard) wal_guard->on_full();
@@ -153,8 +134,7 @@ struct Inbox::Impl {
   // what is left of the start-up deadline (BusyTimeout applies it to a connection). `op`
   // takes `mu` itself if it needs the connection, so the sleeps between attempts hold no
   // lock.
-  template <typename Op>
-  Status wait_at_startup(const char* what, Op&& op) {
+  Status wait_at_startup(const char* what, const std::function<Status(int)>& op) override {
     const int64_t deadline = options.startup_deadline_ms;
     const int64_t t0 = clock->steady_ms();
     return startup->until_ready(
@@ -167,7 +147,6 @@ struct Inbox::Impl {
         },
         deadline, options.startup_progress);
   }
-  std::unique_ptr<detail::StoreRetry> startup;
 
   // Sets a connection's busy timeout for one start-up attempt, back to busy_timeout_ms
   // at the end of the scope.
@@ -186,10 +165,8 @@ struct Inbox::Impl {
   // writes it again: every method returns fatal_status() without touching SQLite, the
   // connection's closing checkpoint is switched off, and the error is logged with the
   // recovery procedure. The file stays exactly as the corruption left it.
-  std::atomic<bool> fatal{false};
-  void latch_fatal(const Status& s);
-  Status fatal_status() const;
-  std::string fatal_error;  // guarded by stats_mu; the first fatal error
+  void latch_fatal(const Status& s) override;
+  Status fatal_status() const override;
 
   // Runs `fn` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any exception and
   // rethrows it. COMMIT failing leaves nothing committed.
@@ -200,7 +177,7 @@ struct Inbox::Impl {
       fn();
       db->exec("COMMIT");
     } catch (...) {
-      detail::rollback_quietly(*db);
+      rollback_quietly(*db);
       throw;
     }
   }
@@ -208,8 +185,8 @@ struct Inbox::Impl {
   // Commits the next autocommit statement without fsync, when the inbox runs FULL.
   // See Inbox::begin_attempt for why that is enough for attempt counting.
   struct RelaxedSync {
-    Impl& impl;
-    explicit RelaxedSync(Impl& i) : impl(i) {
+    SqliteStore& impl;
+    explicit RelaxedSync(SqliteStore& i) : impl(i) {
       if (impl.options.synchronous == Synchronous::kFull)
         impl.db->exec("PRAGMA synchronous = NORMAL");
     }
@@ -226,13 +203,8 @@ struct Inbox::Impl {
   };
 };
 
+// The SQLite store behind `inbox`, for the parts whose SQL has not yet moved into this
+// folder (the layout table in cmake/layout_rules.cmake names them).
+inline SqliteStore& sqlite_store(Inbox* inbox) { return static_cast<SqliteStore&>(inbox->store()); }
 
-namespace detail {
-// For the library's other parts on the same file (StoreThenProcess): its start-up wait
-// and its fatal latch.
-struct InboxAccess {
-  static Inbox::Impl& of(Inbox* inbox) { return *inbox->impl_; }
-};
-}  // namespace detail
-
-}  // namespace mqtt_inbox
+}  // namespace mqtt_inbox::detail

@@ -1,0 +1,123 @@
+// The store layer's seam: what every part above it (the per-message policy in inbox/, the
+// outbox, store-then-process, retention) holds of the one database they share. A Store
+// owns the connection(s) to that database, serialises their use, waits out a store that
+// is transiently unavailable (start-up waits, StoreRetry), and latches a store found
+// unusable (corrupt) so that nothing reads or writes it again. It also keeps the counters
+// that InboxStats reports, so that every part counts in one place.
+//
+// store/sqlite/ is the SQLite implementation (SqliteStore, behind the public Inbox).
+// What the base class holds is what any store has: a clock, a logger, the counters, the
+// fatal latch and the start-up wait; what a store does with its database is virtual.
+//
+// Thread safety: the counters, the latch and health() are safe from any thread without
+// waiting for the store; the rest is each implementation's to say.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/health.h"
+#include "mqtt_inbox/stats.h"
+#include "mqtt_inbox/status.h"
+#include "store/retry.h"
+
+namespace mqtt_inbox {
+
+class Inbox;
+
+namespace detail {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Where the data lives, for messages and Health::database: a file path, or a URI
+  // without its password.
+  virtual const std::string& location() const = 0;
+
+  // The retention clock, ms: received_at of new claims and everything retention compares
+  // with it (docs/design.md). Never goes back while the store is open.
+  virtual int64_t retention_clock() const = 0;
+
+  // Counts a failed store operation and passes the Status through. A fatal one (the
+  // store is unusable) latches it: see latch_fatal(). `holding_connection`: the caller
+  // holds the store's connection, so the store may use it to give space back at once
+  // (SQLite: the WAL on SQLITE_FULL); false from a thread that does not.
+  virtual Status store_error(Status s, bool holding_connection = true) = 0;
+
+  // A start-up wait: runs `op(budget_ms)` until it succeeds, waiting out a transiently
+  // unavailable store with capped backoff (InboxOptions::startup_*), reporting progress
+  // through startup_progress and health(). `budget_ms` is how long one attempt may wait
+  // for a lock: the configured wait, cut to what is left of the start-up deadline. `op`
+  // takes the store's connection itself if it needs it, so the sleeps hold no lock.
+  // Returns the store's fatal status once it is latched.
+  virtual Status wait_at_startup(const char* what, const std::function<Status(int)>& op) = 0;
+
+  // Once the store is found unusable (a corrupt SQLite file), it is never read or written
+  // again: every operation returns fatal_status() without touching it, and the error is
+  // logged once with the recovery procedure.
+  virtual void latch_fatal(const Status& s) = 0;
+  virtual Status fatal_status() const = 0;
+  bool unusable() const { return fatal.load(); }
+
+  // The store's own waits (start-up, maintenance) and, for every user of it, whether it
+  // is unusable. Cheap; any thread.
+  Health health() const {
+    Health h = startup->health();
+    if (fatal.load()) {
+      h.fatal = true;
+      std::lock_guard<std::mutex> lock(stats_mu);
+      h.last_error = fatal_error;
+    }
+    return h;
+  }
+
+  // The public Inbox this store is behind: the key of the handler re-entry checks
+  // (inbox/reentry.h).
+  const Inbox* owner = nullptr;
+  Clock* clock = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+
+  // Counters and latency, readable from any thread without the connection.
+  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0},
+      store_errors{0}, pruned{0}, dead_letters_pruned{0}, commit_max_us{0}, sessions_lost{0};
+  std::atomic<int64_t> last_commit_steady_ms{0};
+  static constexpr size_t kLatencySamples = 4096;
+  std::array<std::atomic<int32_t>, kLatencySamples> latency_us{};
+  std::atomic<uint64_t> latency_next{0};
+  void record_latency(int64_t us) {
+    const auto v = static_cast<int32_t>(std::min<int64_t>(us, INT32_MAX));
+    latency_us[latency_next.fetch_add(1, std::memory_order_relaxed) % kLatencySamples].store(
+        v, std::memory_order_relaxed);
+    int64_t seen = commit_max_us.load(std::memory_order_relaxed);
+    while (us > seen && !commit_max_us.compare_exchange_weak(seen, us)) {
+    }
+  }
+
+  // Row statistics from the last measurement (guarded by stats_mu, never held across I/O).
+  mutable std::mutex stats_mu;
+  std::map<std::string, ConsumerRows> consumer_rows;
+  OutboxRows outbox_rows;
+  int64_t rows_measured_at = 0;
+
+  // The fatal latch (see latch_fatal) and its first error (guarded by stats_mu).
+  std::atomic<bool> fatal{false};
+  std::string fatal_error;
+
+  // The start-up waits' state (wait_at_startup) and Health.
+  std::unique_ptr<StoreRetry> startup;
+};
+
+}  // namespace detail
+}  // namespace mqtt_inbox
