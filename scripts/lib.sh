@@ -2,7 +2,9 @@
 
 # Host packages the project builds and tests with (Debian 12). libsystemd-dev: sd_notify
 # and the journal sink (optional for the library); systemd: systemd-analyze verify and
-# systemd-sysusers for the unit and package tests (nothing is started).
+# systemd-sysusers for the unit and package tests (nothing is started). postgresql-15 and
+# libpqxx-dev: the tests' private PostgreSQL clusters (tests/support/postgres.h; they use
+# no TCP port, so the cluster the package may start on 5432 does not matter to them).
 MQTT_INBOX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsqlite3-dev sqlite3 libsqlitecpp-dev
@@ -11,6 +13,7 @@ MQTT_INBOX_PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   mosquitto mosquitto-clients
   rabbitmq-server
+  postgresql-15 libpqxx-dev
   libsystemd-dev systemd
 )
 

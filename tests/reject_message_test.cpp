@@ -333,7 +333,7 @@ TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEve
   std::unique_ptr<Inbox> inbox;
   const Status s = Inbox::open(path, {}, &inbox);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(query_int(path, "PRAGMA user_version"), 10);
+  EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
   EXPECT_EQ(dead_letter_rows(path), before_rows);
   EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
                             " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
