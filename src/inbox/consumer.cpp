@@ -17,7 +17,7 @@
 #include "util/log_context.h"
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "inbox/retained.h"
 #include "store/retry.h"
 #include "mqtt_inbox/clock.h"
@@ -402,7 +402,7 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
 const std::string& Consumer::name() const { return impl_->name; }
 
 Outcome Consumer::handle(const Message& message) {
-  // From inside a handler of the same inbox: refused (inbox/reentry.h). The running handler's
+  // From inside a handler of the same inbox: refused (store/reentry.h). The running handler's
   // message is dead-lettered as handler_reentered, which covers this one too.
   if (!detail::refuse_if_in_handler(impl_->inbox, "Consumer::handle").ok())
     return Outcome::kDeadLettered;

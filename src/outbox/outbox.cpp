@@ -19,7 +19,7 @@
 #include "outbox/outbox_impl.h"
 #include "outbox/outbox_wake.h"
 #include "inbox/properties_json.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "store/sqlite/util.h"
 #include "util/text.h"
 

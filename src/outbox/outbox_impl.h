@@ -14,7 +14,7 @@
 
 #include "store/sqlite/store.h"
 #include "mqtt_inbox/outbox.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "store/sqlite/util.h"
 
 namespace mqtt_inbox {
@@ -63,7 +63,7 @@ struct Outbox::Impl {
   // Runs `fn` in a write transaction on the Inbox's connection, under its mutex; SQLite
   // errors come back classified (and a corrupt file latches the inbox). `call` names the
   // public method. Refused from inside a handler of this inbox, as every Inbox call that
-  // takes its mutex (inbox/reentry.h): the handler's thread holds that mutex already.
+  // takes its mutex (store/reentry.h): the handler's thread holds that mutex already.
   template <typename Fn>
   Status on_inbox(const char* call, bool relaxed_sync, Fn&& fn) {
     if (Status r = detail::refuse_if_in_handler(inbox, call); !r.ok()) return r;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "util/textfile.h"
 
 namespace mqtt_inbox {

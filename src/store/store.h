@@ -84,14 +84,14 @@ class Store {
   }
 
   // The public Inbox this store is behind: the key of the handler re-entry checks
-  // (inbox/reentry.h).
+  // (store/reentry.h).
   const Inbox* owner = nullptr;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
 
   // Counters and latency, readable from any thread without the connection.
-  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0},
-      store_errors{0}, pruned{0}, dead_letters_pruned{0}, commit_max_us{0}, sessions_lost{0};
+  std::atomic<int64_t> processed{0}, duplicates{0}, dead_lettered{0}, retries{0}, store_errors{0},
+      pruned{0}, dead_letters_pruned{0}, commit_max_us{0}, sessions_lost{0};
   std::atomic<int64_t> last_commit_steady_ms{0};
   static constexpr size_t kLatencySamples = 4096;
   std::array<std::atomic<int32_t>, kLatencySamples> latency_us{};

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "util/log.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "stp/store_then_process_impl.h"
 
 namespace mqtt_inbox {

@@ -12,7 +12,7 @@
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "inbox/retained.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "stp/store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -158,7 +158,7 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
 }
 
 Outcome StoreThenProcess::reject(const Message& message, const std::string& why) {
-  // From inside a handler of the same inbox: refused (inbox/reentry.h); that handler's message
+  // From inside a handler of the same inbox: refused (store/reentry.h); that handler's message
   // is dead-lettered as handler_reentered.
   if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reject").ok())
     return Outcome::kDeadLettered;

@@ -15,7 +15,7 @@
 
 #include "util/log.h"
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "stp/store_then_process_impl.h"
 #include "util/text.h"
 

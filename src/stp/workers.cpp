@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include "store/sqlite/store.h"
+#include "store/sqlite/errors.h"
 
 #include <algorithm>
 #include <any>
@@ -16,11 +17,11 @@
 #include <utility>
 #include <vector>
 
-#include "inbox/handler_verdict.h"
+#include "store/verdict.h"
 #include "util/log.h"
 #include "util/log_context.h"
 #include "inbox/properties_json.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "stp/store_then_process_impl.h"
 
 namespace mqtt_inbox {
@@ -373,7 +374,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
   if (options.prepare) {
     // A PrepareFn holds no connection: it is judged like a handler but may call anything.
     const detail::HandlerVerdict v =
-        detail::run_handler(nullptr, [&] { prepared = options.prepare(pre); });
+        detail::run_handler(nullptr, &detail::classify_sqlite_exception, [&] { prepared = options.prepare(pre); });
     if (v.kind == detail::HandlerVerdict::Kind::kDeadLetter)
       return dead_letter_row(w, r, v.reason, v.text, attempt);
     if (v.kind != detail::HandlerVerdict::Kind::kOk)
@@ -406,8 +407,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
         return Status::Ok();
       }
       // The worker's transaction holds SQLite's write lock: a call back into the inbox
-      // from the handler would wait for it (inbox/reentry.h).
-      const detail::HandlerVerdict v = detail::run_handler(inbox, [&] { handler(db, d); });
+      // from the handler would wait for it (store/reentry.h).
+      const detail::HandlerVerdict v = detail::run_handler(inbox, &detail::classify_sqlite_exception, [&] { handler(db, d); });
       if (v.kind != detail::HandlerVerdict::Kind::kOk) {
         detail::rollback_quietly(db);
         if (v.kind == detail::HandlerVerdict::Kind::kStoreError) return v.store;  // retry

@@ -13,9 +13,9 @@
 #include <exception>
 #include <mutex>
 
-#include "inbox/handler_verdict.h"
+#include "store/verdict.h"
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "store/sqlite/errors.h"
@@ -356,7 +356,7 @@ Status detail::SqliteStore::claim_locked(const std::string& consumer, const Mess
   try {
     const Delivery delivery{message, message_id, attempt, payload_json};
     handler_running = true;
-    const detail::HandlerVerdict v = detail::run_handler(owner, [&] { handler(d, delivery); });
+    const detail::HandlerVerdict v = detail::run_handler(owner, &detail::classify_sqlite_exception, [&] { handler(d, delivery); });
     handler_running = false;
     switch (v.kind) {
       case detail::HandlerVerdict::Kind::kOk:

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "mqtt_inbox/inbox.h"
 #include "store/sqlite/util.h"
 

@@ -184,4 +184,12 @@ Status to_status(const SQLite::Exception& e, const std::string& context) {
   return to_status(e.getErrorCode(), context + ": " + e.what());
 }
 
+bool classify_sqlite_exception(const std::exception& e, Status* status, bool* message_fault) {
+  const auto* q = dynamic_cast<const SQLite::Exception*>(&e);
+  if (!q) return false;
+  *status = to_status(*q, "handler statement");
+  *message_fault = error_class(q->getErrorCode()) == ErrorClass::kMessage;
+  return true;
+}
+
 }  // namespace mqtt_inbox::detail

@@ -62,4 +62,9 @@ Status to_status(int code, const std::string& what);
 // "<context>: <what()>", classified by the exception's (extended) error code.
 Status to_status(const SQLite::Exception& e, const std::string& context);
 
+// The SQLite store's StoreErrorClassifier (store/verdict.h): true for an SQLite::Exception
+// a handler threw, with its Status and whether its code is the message's (kMessage) rather
+// than the store's.
+bool classify_sqlite_exception(const std::exception& e, Status* status, bool* message_fault);
+
 }  // namespace mqtt_inbox::detail

@@ -24,7 +24,7 @@
 #include "util/log.h"
 #include "mqtt_inbox/clock.h"
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "store/sqlite/schema.h"
 #include "store/sqlite/util.h"
 #include "util/text.h"

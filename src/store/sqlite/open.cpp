@@ -20,7 +20,7 @@
 #include "util/file_access.h"
 #include "store/sqlite/store.h"
 #include "util/log.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "store/sqlite/schema.h"

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "store/sqlite/store.h"
-#include "inbox/reentry.h"
+#include "store/reentry.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/session_record.h"
 

@@ -1,16 +1,13 @@
-// Judging a handler's run (inbox/handler_verdict.h).
-#include "inbox/handler_verdict.h"
-
-#include <SQLiteCpp/Exception.h>
+// Judging a handler's run (store/verdict.h).
+#include "store/verdict.h"
 
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"  // OutboxFull, OutboxRefused
-#include "store/sqlite/errors.h"
-#include "store/sqlite/util.h"
 
 namespace mqtt_inbox::detail {
 
-HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerScope& scope) {
+HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerScope& scope,
+                             StoreErrorClassifier classify) {
   HandlerVerdict v;
   if (!scope.reentered_call().empty()) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;
@@ -21,14 +18,6 @@ HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerSco
   if (!failure) return v;
   try {
     std::rethrow_exception(failure);
-  } catch (const SQLite::Exception& e) {
-    v.text = e.what();
-    v.store = to_status(e, "handler statement");
-    // By the one table (store/sqlite/errors.h): the store's failure (transient: retried; fatal:
-    // latched), or this message's (a failed attempt).
-    v.kind = error_class(e.getErrorCode()) == ErrorClass::kMessage
-                 ? HandlerVerdict::Kind::kFailed
-                 : HandlerVerdict::Kind::kStoreError;
   } catch (const UndecodablePayload& e) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;
     v.reason = DeadLetterReason::kUndecodablePayload;
@@ -45,8 +34,14 @@ HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerSco
     v.reason = DeadLetterReason::kInvalidPayload;
     v.text = e.what();
   } catch (const std::exception& e) {
-    v.kind = HandlerVerdict::Kind::kFailed;
     v.text = e.what();
+    bool message_fault = true;
+    // The store's own exception (an SQLite result code, ...): the store's failure
+    // (transient: retried; fatal: latched), or this message's (a failed attempt).
+    if (classify && classify(e, &v.store, &message_fault) && !message_fault)
+      v.kind = HandlerVerdict::Kind::kStoreError;
+    else
+      v.kind = HandlerVerdict::Kind::kFailed;
   } catch (...) {
     v.kind = HandlerVerdict::Kind::kFailed;
     v.text = "handler threw a non-standard exception";

@@ -1,5 +1,5 @@
-// Handler re-entry: the thread's marks and the refusal (inbox/reentry.h).
-#include "inbox/reentry.h"
+// Handler re-entry: the thread's marks and the refusal (store/reentry.h).
+#include "store/reentry.h"
 
 namespace mqtt_inbox::detail {
 
