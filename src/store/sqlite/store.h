@@ -32,6 +32,10 @@
 
 namespace mqtt_inbox::detail {
 
+struct SqliteStore;
+// The SQLite store's retention (store/sqlite/retention_rows.cpp).
+std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
+
 struct SqliteStore final : Store {
   std::string path;
   InboxOptions options;
@@ -103,6 +107,9 @@ struct SqliteStore final : Store {
     }
     return std::max(t, seen);
   }
+
+  std::unique_ptr<RetentionRows> retention = make_sqlite_retention_rows(*this);
+  RetentionRows& retention_rows() override { return *retention; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
