@@ -205,8 +205,8 @@ PRAGMA user_version = 5;
 -- One write transaction per message (issue 14). The received_at index added a WAL page to
 -- every message's commit (its newest leaf: +1.26 frames on 3.33, measured by
 -- scripts/bench.sh "pages per commit"), for the pruner only. The pruner now walks the
--- primary key in key order instead (src/retention/pruner.cpp), which also deletes a batch of ids
--- from a few neighbouring pages rather than one page per id.
+-- primary key in key order instead (src/store/sqlite/retention_rows.cpp), which also deletes a
+-- batch of ids from a few neighbouring pages rather than one page per id.
 DROP INDEX IF EXISTS inbox_processed_received_at;
 
 PRAGMA user_version = 6;

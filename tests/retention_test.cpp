@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "mqtt_inbox/outbox.h"
+#include "store/retention_rows.h"
+#include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -350,6 +352,55 @@ TEST_F(RetentionTest, PassBudgetLeavesTheRestForTheNextPass) {
   EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 0);
 }
 
+// The store's side of a pass (store/retention_rows.h) as the Pruner drives it, which any
+// store must meet (a PostgreSQL store runs the same case): batches of at most `limit`
+// expired claims, one write each; fewer than `limit` found means none are left; a row at
+// or after the cutoff is never touched; a walk that reached the end starts over.
+TEST_F(RetentionTest, StoreSweepDeletesExpiredClaimsBatchByBatchAndNothingElse) {
+  insert_processed(7, old_id, /*received_at=*/100);
+  insert_processed(
+      3, [](int i) { return "fresh-" + std::to_string(i); }, 200);
+  insert_processed(
+      1, [](int) { return std::string("at-cutoff"); }, 150);
+  std::unique_ptr<detail::RetentionSweep> sweep;
+  ASSERT_TRUE(inbox_->store().retention_rows().open_sweep({}, &sweep).ok());
+  auto sweep_all = [&](std::vector<int64_t>* found, int64_t* deleted) {
+    *deleted = 0;
+    for (int i = 0; i < 10; ++i) {
+      detail::RetentionBatch b;
+      ASSERT_TRUE(sweep->delete_expired_claims(/*cutoff=*/150, /*limit=*/3, &b).ok());
+      ASSERT_LE(b.found, 3);
+      if (!b.wrote) {
+        EXPECT_EQ(b.found, 0);
+        EXPECT_EQ(b.deleted, 0);
+        return;
+      }
+      found->push_back(b.found);
+      *deleted += b.deleted;
+      sweep->after_batch();
+      if (b.found < 3) return;
+    }
+    ADD_FAILURE() << "the walk did not end";
+  };
+  std::vector<int64_t> found;
+  int64_t deleted = 0;
+  sweep_all(&found, &deleted);
+  EXPECT_EQ(found, (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(deleted, 7);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE received_at < 150"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 4);
+
+  insert_processed(
+      1, [](int) { return std::string("a-late-one"); }, 100);  // sorts first
+  found.clear();
+  sweep_all(&found, &deleted);
+  EXPECT_EQ(found, (std::vector<int64_t>{1}));
+  EXPECT_EQ(deleted, 1);
+  sweep->finish_pass();
+  ASSERT_TRUE(sweep->measure_rows().ok());
+  EXPECT_EQ(inbox_->stats().consumers.at("ledger").rows, 4);
+}
+
 TEST_F(RetentionTest, LargePruneWithIncrementalVacuumShrinksTheFile) {
   insert_processed(
       50000, [](int i) { return "0f8e7d6c-5b4a-3928-1706-" + std::to_string(100000000 + i); }, 0,
@@ -495,6 +546,33 @@ TEST_F(RetentionTest, DeadLettersHaveTheirOwnRetention) {
   EXPECT_EQ(r.dead_letters_deleted, 1);
   EXPECT_EQ(r.processed_deleted, 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
+}
+
+// A 'requeued' dead letter is a message still to apply (its PUBACK has gone): however
+// old, no pass deletes it, while a 'dead' one of the same age goes at its window.
+TEST_F(RetentionTest, RequeuedDeadLettersAreNeverPruned) {
+  for (const char* id : {"dl-dead", "dl-requeued"}) {
+    Message bad;  // an id, but no account: undecodable, dead-lettered at once
+    bad.topic = "t";
+    bad.payload = std::string("{\"message_id\":\"") + id + "\"}";
+    EXPECT_EQ(consumer("ledger").handle(bad), Outcome::kDeadLettered);
+  }
+  consumers_.clear();  // no running Consumer replays the requeued one
+  std::vector<DeadLetter> letters;
+  ASSERT_TRUE(inbox_->list_dead_letters({}, &letters).ok());
+  ASSERT_EQ(letters.size(), 2u);
+  for (const DeadLetter& dl : letters) {
+    if (dl.message_id == std::optional<std::string>("dl-requeued")) {
+      ASSERT_TRUE(inbox_->requeue_dead_letter(dl.id).ok());
+    }
+  }
+  clock_.advance(365LL * 24 * 60 * kMinute);  // a year: far past dead_letter_window
+  EXPECT_EQ(prune().dead_letters_deleted, 1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE status = 'requeued'"
+              " AND message_id = 'dl-requeued'"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 1);
+  EXPECT_EQ(prune().dead_letters_deleted, 0);
 }
 
 // Rows are counted by a measurement (a Pruner pass, Pruner::start, refresh_row_stats);

@@ -41,6 +41,9 @@
 // Thread safety: a Pruner is thread-safe. prune_once() and the background thread take
 // the Inbox's connection for one batch at a time, so a message commit never waits for
 // more than one batch.
+//
+// How a pass deletes, paces itself and keeps the files small (the statements, the
+// second connection, checkpoints, what is fsynced): docs/design.md#retention-passes.
 #pragma once
 
 #include <chrono>
@@ -75,15 +78,14 @@ struct RetentionOptions {
 
   // Rows deleted per transaction, at most. Default 500.
   int batch_rows = 500;
-  // Target time one batch may hold the write lock, ms. The batch size adapts to it
-  // (halved when a batch took longer, doubled up to batch_rows when it took less than
-  // half, never below 10 rows), because a message commit waits for at most one batch.
-  // Default 1: a message then waits less than its own fsync (docs/benchmarks.md).
+  // Target time one batch may hold the store's write lock, ms. The batch size adapts to
+  // it (between 10 rows and batch_rows), because a message commit waits for at most one
+  // batch. Default 1: a message then waits less than its own fsync (docs/benchmarks.md).
   int max_batch_ms = 1;
   // Time one pass may spend deleting, ms; the rest is left for the next pass. Default 2000.
   std::chrono::milliseconds pass_budget{2000};
   // Pause after each batch (and vacuum step): pause_factor x the time the batch kept
-  // the store busy (its transaction plus the checkpoint after it), and at least
+  // the store busy (its transaction and the checkpoint after it), and at least
   // batch_pause. The pruner therefore uses at most 1 / (1 + pause_factor) of the
   // device's time, and a message's fsync rarely queues behind the pruner's writes.
   // Larger = gentler on message latency, slower pruning (docs/benchmarks.md has the
@@ -96,19 +98,18 @@ struct RetentionOptions {
 
   // Dead letters are kept this long (retention clock), independently of the window.
   // 0 keeps them until purged by hand. A 'requeued' row (parked by a full outbox, or
-  // handed back by the admin tool) is never pruned: it is a message still to apply. Default 30 days. The same holds for outbox dead
-  // letters (outbox.h); sent outbox rows are kept for `window` after their PUBACK.
+  // handed back by the admin tool) is never pruned: it is a message still to apply. The
+  // same holds for outbox dead letters (outbox.h); sent outbox rows are kept for `window`
+  // after their PUBACK. Default 30 days.
   std::chrono::milliseconds dead_letter_window = std::chrono::hours(30 * 24);
 
-  // After a pass that deleted rows, give freed pages back to the file system with
-  // PRAGMA incremental_vacuum (the schema uses auto_vacuum=INCREMENTAL). Default true.
+  // After a pass that deleted rows, give the freed pages back to the file system, a few
+  // at a time (incremental vacuum), so the file shrinks after a large prune. Default true.
   bool incremental_vacuum = true;
-  // Checkpoint policy. At the end of a pass: PASSIVE always; TRUNCATE (shrinks the WAL
-  // file to zero) when no claim committed during the last `period`. Between delete batches
-  // and vacuum steps: PASSIVE, on a second connection that the Pruner opens to the same
-  // file (same VFS), so message commits neither wait for it nor cross
-  // InboxOptions::wal_autocheckpoint_pages and pay for the pruner's pages themselves
-  // (https://sqlite.org/wal.html#automatic_checkpoint). Default true.
+  // Checkpoint the WAL after every batch, on a second connection the Pruner opens to the
+  // same file, so that message commits neither wait for it nor pay for the pruner's pages
+  // at InboxOptions::wal_autocheckpoint_pages; and at the end of every pass, shrinking
+  // the WAL file to zero when no claim committed during the last `period`. Default true.
   bool checkpoint = true;
 
   // Every pass also logs a one-line stats summary at info level when this many ms have
@@ -121,7 +122,7 @@ struct RetentionOptions {
 
 // Outcome of one pass.
 struct PruneResult {
-  int64_t processed_deleted = 0;     // inbox_processed rows
+  int64_t processed_deleted = 0;     // processed message ids (inbox_processed rows)
   int64_t dead_letters_deleted = 0;
   int64_t outbox_sent_deleted = 0;   // outbox rows sent before the window (outbox.h)
   int64_t outbox_dead_deleted = 0;   // outbox dead letters older than dead_letter_window
@@ -147,14 +148,13 @@ class Pruner {
 
   // One pass: first the window is checked against the session expiries recorded now (a
   // window below them, without the override: nothing is deleted, an error is logged, and
-  // kInvalidArgument is returned); then delete expired ids in batches (own short
-  // transaction each; the expired ids are found by walking the primary key in key order on
-  // a second connection, which blocks no commit, from where a pass that ran out of budget
-  // stopped), then sent outbox rows past the window, expired dead letters and outbox dead
-  // letters, then vacuum, checkpoint, refresh row stats, and
-  // log/export stats. Never touches dead letters inside the
-  // window, nor any row younger than the window. Errors: store codes (the pass stops;
-  // what was deleted stays deleted).
+  // kInvalidArgument is returned); then, in batches of one short transaction each,
+  // delete expired ids (from where a pass that spent its budget stopped), sent outbox
+  // rows past the window, expired dead letters and outbox dead letters; then give space
+  // back, checkpoint, refresh row stats, and log/export stats. Never touches dead letters
+  // inside the dead-letter window, nor any row younger than the window. Errors: store
+  // codes (the pass stops; what was deleted stays deleted); kCorruption once the file is
+  // found corrupt (nothing is touched).
   Status prune_once(PruneResult* result);
 
   // Runs prune_once() every `period` on a thread owned by the Pruner, until stop(). The

@@ -30,6 +30,7 @@
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
+#include "store/retention_rows.h"
 #include "store/retry.h"
 
 namespace mqtt_inbox {
@@ -63,6 +64,9 @@ class Store {
   // takes the store's connection itself if it needs it, so the sleeps hold no lock.
   // Returns the store's fatal status once it is latched.
   virtual Status wait_at_startup(const char* what, const std::function<Status(int)>& op) = 0;
+
+  // Retention's records in the store and its sweeps (store/retention_rows.h).
+  virtual RetentionRows& retention_rows() = 0;
 
   // Once the store is found unusable (a corrupt SQLite file), it is never read or written
   // again: every operation returns fatal_status() without touching it, and the error is

@@ -54,19 +54,7 @@ int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
 
 Status Inbox::persist_retention_clock() {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::persist_retention_clock"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  try {
-    SQLite::Statement q(*impl_->db,
-                        "INSERT INTO inbox_meta (key, value) VALUES ('retention_clock_ms', ?1)"
-                        " ON CONFLICT (key) DO UPDATE SET value = CAST(max(CAST(value AS INTEGER),"
-                        " CAST(excluded.value AS INTEGER)) AS TEXT)");
-    q.bind(1, std::to_string(impl_->retention_clock()));
-    q.exec();
-  } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "persisting the retention clock"));
-  }
-  return Status::Ok();
+  return impl_->retention_rows().persist_clock();
 }
 
 namespace {

@@ -2,8 +2,8 @@
 // one database file in WAL mode, its mutex, the lock file, the cached statements of the
 // per-message path, the attempt marker, the WAL guard and the retention clock. Its code is
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
-// (the per-message path), dead_letters.cpp, sessions.cpp and inbox.cpp (the public Inbox
-// over it). Parts whose SQL has not yet moved into this folder reach it through
+// (the per-message path), dead_letters.cpp, sessions.cpp, retention_rows.cpp (the
+// Pruner's deletes and checkpoints) and inbox.cpp (the public Inbox over it). Parts whose SQL has not yet moved into this folder reach it through
 // sqlite_store() (the layout table in cmake/layout_rules.cmake lists them).
 #pragma once
 
@@ -31,6 +31,10 @@
 #include "store/sqlite/wal_guard.h"
 
 namespace mqtt_inbox::detail {
+
+struct SqliteStore;
+// The SQLite store's retention (store/sqlite/retention_rows.cpp).
+std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
 
 struct SqliteStore final : Store {
   std::string path;
@@ -103,6 +107,9 @@ struct SqliteStore final : Store {
     }
     return std::max(t, seen);
   }
+
+  std::unique_ptr<RetentionRows> retention = make_sqlite_retention_rows(*this);
+  RetentionRows& retention_rows() override { return *retention; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
