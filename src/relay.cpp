@@ -300,11 +300,12 @@ Status Relay::start() {
     impl_->finished = false;
   }
   // Woken after each commit on the inbox's connection that enqueued (commit_wake.h).
-  m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.woken = true;
-    m.wake.notify_all();
-  });
+  if (m.options.wake_on_commit)
+    m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.woken = true;
+      m.wake.notify_all();
+    });
   impl_->thread = std::thread([this] { impl_->run(); });
   return Status::Ok();
 }

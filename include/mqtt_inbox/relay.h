@@ -166,6 +166,10 @@ struct RelayOptions : ConnectionOptions {
   // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
   // Default 200.
   int poll_interval_ms = 200;
+  // Whether a commit that enqueued wakes the relay (see notify()). false: the relay finds
+  // new rows at its poll only, so rows go out in bursts of up to poll_interval_ms (what
+  // scripts/bench.sh compares the wake-up with). Default true.
+  bool wake_on_commit = true;
   // Largest PUBLISH the relay sends, bytes (the whole packet, as MQTT 5.0 section
   // 3.2.2.3.6 counts it); 0 = no limit of its own. Used like the Maximum Packet Size an
   // MQTT 5 broker announces in CONNACK (the smaller of the two applies): a larger row
@@ -260,7 +264,7 @@ class Relay {
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
   // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
   // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
-  // are used (max_inflight, mark_batch, poll_interval_ms, max_packet_size,
+  // are used (max_inflight, mark_batch, poll_interval_ms, wake_on_commit, max_packet_size,
   // stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the hooks;
   // reconnect_backoff_* pace a start over after a publish failed on a live connection);
   // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
