@@ -107,6 +107,16 @@ struct Relay::Impl {
   bool lent_up = false;
   uint64_t lent_epoch = 0;
   mqtt::properties lent_connack;
+  // Publishes of each row not yet marked sent or dead, counted here and added to its
+  // attempts with the mark (OutboxMark): the fetch reads, so it cannot count them. Kept
+  // across reconnects; rows that left the pending state otherwise are dropped at the next
+  // connection's first fetch. Relay thread only.
+  std::map<int64_t, int> publishes;
+  // Row `seq` with its publishes counted so far, to mark (relay thread).
+  OutboxMark mark_of(int64_t seq) const {
+    const auto it = publishes.find(seq);
+    return OutboxMark{seq, it == publishes.end() ? 0 : it->second};
+  }
   // Numbers the publishes of this Relay (relay thread only), never reused, so a callback
   // of a publish made on an earlier connection finds nothing in `inflight`.
   uint64_t pubno = 0;

@@ -83,7 +83,8 @@ void Relay::Impl::lent_connection_down() {
   on_connection_lost();
 }
 
-// Marks collected PUBACKs. On a store error they are kept and tried again.
+// Marks collected PUBACKs sent and refused rows dead, each with the publishes counted for
+// it. On a store error they are kept and tried again.
 void Relay::Impl::flush_marks() {
   std::vector<int64_t> sent;
   std::vector<Rejection> dead;
@@ -93,23 +94,24 @@ void Relay::Impl::flush_marks() {
     dead.swap(rejections);
   }
   for (size_t i = 0; i < sent.size(); i += static_cast<size_t>(options.mark_batch)) {
-    std::vector<int64_t> batch(
-        sent.begin() + static_cast<std::ptrdiff_t>(i),
-        sent.begin() + static_cast<std::ptrdiff_t>(
-                           std::min(sent.size(), i + static_cast<size_t>(options.mark_batch))));
-    if (options.before_mark_hook) options.before_mark_hook(batch.front());
+    const size_t end = std::min(sent.size(), i + static_cast<size_t>(options.mark_batch));
+    std::vector<OutboxMark> batch;
+    batch.reserve(end - i);
+    for (size_t k = i; k < end; ++k) batch.push_back(mark_of(sent[k]));
+    if (options.before_mark_hook) options.before_mark_hook(batch.front().seq);
     const Status s = outbox->mark_sent(batch);
     if (!s.ok()) {
-      log->warn("outbox relay: marking {} row(s) sent failed, retrying: {}", batch.size(),
+      log->warn("outbox relay: marking {} row(s) sent failed, retrying: {}", sent.size() - i,
                 s.to_string());
       std::lock_guard<std::mutex> lock(mu);
       acked.insert(acked.end(), sent.begin() + static_cast<std::ptrdiff_t>(i), sent.end());
       break;
     }
+    for (const OutboxMark& m : batch) publishes.erase(m.seq);
   }
   for (size_t i = 0; i < dead.size(); ++i) {
     const auto& r = dead[i];
-    const Status s = outbox->mark_dead(r.seq, r.reason, r.code, r.text);
+    const Status s = outbox->mark_dead(mark_of(r.seq), r.reason, r.code, r.text);
     if (!s.ok()) {
       log->warn("outbox relay: marking row {} dead failed, retrying: {}", r.seq, s.to_string());
       std::lock_guard<std::mutex> lock(mu);
@@ -117,6 +119,7 @@ void Relay::Impl::flush_marks() {
                         dead.end());
       break;
     }
+    publishes.erase(r.seq);
   }
 }
 
@@ -137,17 +140,23 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
     return true;
   }
+  // The first read of a connection starts at the first pending row: counts kept for rows
+  // before it are of rows no longer pending (marked by another path, dropped, purged).
+  if (*last_seq == 0)
+    publishes.erase(publishes.begin(),
+                    rows.empty() ? publishes.end() : publishes.lower_bound(rows.front().seq));
   const auto fetched_at = Clock::now();
   for (const auto& row : rows) {
     std::string why;
     if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(),
                                                   options.max_packet_size, &why)) {
-      const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
+      const Status d = outbox->mark_dead(mark_of(row.seq), *reason, 0, why);
       if (!d.ok()) {  // read again from this row at the next poll
         log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
                   d.to_string());
         return true;
       }
+      publishes.erase(row.seq);
       ++(*reason == OutboxDeadReason::kExpired ? expired_count : too_large_count);
       *last_seq = row.seq;
       continue;
@@ -177,6 +186,7 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
       return false;
     }
     ++published;
+    ++publishes[row.seq];
     *last_seq = row.seq;
     if (options.after_publish_hook) options.after_publish_hook(row.seq);
   }

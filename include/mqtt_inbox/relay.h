@@ -47,8 +47,11 @@
 //    after a reconnect, so rows of one ordering key reach the broker in FIFO order (MQTT 5.0
 //    section 4.6; on a Subscriber's connection see above). Different keys share the window
 //    and are published in parallel.
-//  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
-//    without fsync: a lost mark only causes a resend.
+//  - Reads and marks: the relay reads pending rows (a read, no write lock) and writes only
+//    its marks: PUBACKs are collected and marked sent in batches, one transaction each,
+//    without fsync (a lost mark only causes a resend). It counts its publishes of each
+//    row in its memory and adds them to the row's attempts in the transaction that marks
+//    it sent or dead (OutboxRow::attempts says what is lost with a crash).
 //  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
 //    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
 //    the relay after the commit, so the row goes out at once; rows committed on another
