@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -13,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "support/relay_fixture.h"
 #include "support/publisher.h"
+#include "support/relay_fixture.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -518,6 +519,33 @@ TEST_P(RelayVersionTest, RelayPublishesWhileAnotherConnectionHoldsTheWriteLock) 
   ASSERT_TRUE(relay->stop().ok());
 }
 
+// A burst, then a steady trickle: the PUBACKs are marked in few transactions (at most one
+// per mark_linger_ms, or per mark_batch rows), not one per event.
+TEST_P(RelayVersionTest, MarksAreCoalescedOverTheLinger) {
+  std::atomic<int> marks{0};
+  constexpr int kLingerMs = 200;
+  auto relay = make_relay(broker_.uri(), 64, GetParam(), [&](RelayOptions& o) {
+    o.mark_linger_ms = kLingerMs;
+    o.before_mark_hook = [&](int64_t) { ++marks; };
+  });
+  ASSERT_TRUE(relay->start().ok());
+  ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
+  const auto t0 = std::chrono::steady_clock::now();
+  enqueue_events(0, 400, 4);         // 16 commits of 25
+  for (int n = 400; n < 440; ++n) {  // one commit every 10 ms
+    enqueue_events(n, n + 1, 4);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  expect_delivered_once(440);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  // Marked at every wake-up instead, a burst took about one mark per two events and a
+  // trickle one per event (docs/benchmarks.md, before the linger).
+  EXPECT_LE(marks.load(), ms / kLingerMs + 3) << marks.load() << " marks in " << ms << " ms";
+  ASSERT_TRUE(relay->stop().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, RelayVersionTest,
                          ::testing::Values(MqttVersion::kV3_1_1, MqttVersion::kV5),
                          [](const ::testing::TestParamInfo<MqttVersion>& i) {
@@ -549,6 +577,9 @@ TEST(RelayConfig, RefusesBadOptions) {
   o.stop_timeout_ms = -1;
   EXPECT_EQ(Relay::create(outbox.get(), o, &r).code(), Status::Code::kInvalidArgument);
   o.stop_timeout_ms = 0;
+  o.mark_linger_ms = -1;
+  EXPECT_EQ(Relay::create(outbox.get(), o, &r).code(), Status::Code::kInvalidArgument);
+  o.mark_linger_ms = 0;
   EXPECT_EQ(Relay::create(nullptr, o, &r).code(), Status::Code::kInvalidArgument);
   EXPECT_TRUE(Relay::create(outbox.get(), o, &r).ok());
 }

@@ -49,9 +49,10 @@
 //    and are published in parallel.
 //  - Reads and marks: the relay reads pending rows (a read, no write lock) and writes only
 //    its marks: PUBACKs are collected and marked sent in batches, one transaction each,
-//    without fsync (a lost mark only causes a resend). It counts its publishes of each
-//    row in its memory and adds them to the row's attempts in the transaction that marks
-//    it sent or dead (OutboxRow::attempts says what is lost with a crash).
+//    without fsync, once mark_batch of them wait or the first has waited mark_linger_ms
+//    (a lost mark only causes a resend). It counts its publishes of each row in its
+//    memory and adds them to the row's attempts in the transaction that marks it sent or
+//    dead (OutboxRow::attempts says what is lost with a crash).
 //  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
 //    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
 //    the relay after the commit, so the row goes out at once; rows committed on another
@@ -163,8 +164,17 @@ struct RelayOptions : ConnectionOptions {
   // Most publishes without PUBACK, further capped by the broker's Receive Maximum.
   // 1..65535. Default 64.
   int max_inflight = 64;
-  // Most rows marked sent per transaction. Default 256.
+  // Most rows marked sent per transaction; as many PUBACKs waiting are marked at once.
+  // Default 256.
   int mark_batch = 256;
+  // Longest a PUBACK waits to be marked sent, ms (>= 0), so that the PUBACKs of a stream
+  // or a burst share one transaction (each writes the pages of the outbox's table and
+  // indexes to the WAL again). The marks are also written once mark_batch PUBACKs wait,
+  // when the connection ends and at stop(); 0 = at once. A crash loses the marks not yet
+  // written: those rows are published again with the same ids (the next hop drops them).
+  // Until marked, a row counts as pending (Outbox::summary, the class bounds). Does not
+  // delay any publish. Default 200.
+  int mark_linger_ms = 200;
   // How often the relay looks for new rows when nothing woke it, ms. A commit on the
   // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
   // Default 200.
@@ -267,9 +277,10 @@ class Relay {
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
   // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
   // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
-  // are used (max_inflight, mark_batch, poll_interval_ms, wake_on_commit, max_packet_size,
-  // stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the hooks;
-  // reconnect_backoff_* pace a start over after a publish failed on a live connection);
+  // are used (max_inflight, mark_batch, mark_linger_ms, poll_interval_ms, wake_on_commit,
+  // max_packet_size, stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the
+  // hooks; reconnect_backoff_* pace a start over after a publish failed on a live
+  // connection);
   // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
   // the Relay before the Subscriber. One relay per subscriber. Errors: kInvalidArgument
   // for a null outbox or subscriber, broker_uri or client_id set (they are the
