@@ -384,7 +384,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
     }
     ++impl_->enqueued;
     // Wake the relays once this transaction commits (a no-op on another connection).
-    in.commit_wake.arm(db.getHandle());
+    in.commit_wake->arm(db.getHandle());
   }
   if (message_id) *message_id = id;
 }
@@ -477,11 +477,11 @@ Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int rea
 namespace detail {
 
 uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
-  return InboxAccess::of(outbox.impl_->inbox).commit_wake.add(std::move(wake));
+  return InboxAccess::of(outbox.impl_->inbox).commit_wake->add(std::move(wake));
 }
 
 void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
-  InboxAccess::of(outbox.impl_->inbox).commit_wake.remove(id);
+  InboxAccess::of(outbox.impl_->inbox).commit_wake->remove(id);
 }
 
 }  // namespace detail

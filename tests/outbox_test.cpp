@@ -686,6 +686,66 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   EXPECT_EQ(wakes, before_other);
 }
 
+// Every connection the library opened to the file wakes the relays after a commit that
+// enqueued (commit_wake.h): a StoreThenProcess worker's (its handler's transaction), and
+// another Inbox's of this process on the same file (the application's own transaction);
+// a connection the application opened itself does not (it calls Relay::notify()).
+TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
+  auto outbox = make_outbox();
+  std::atomic<int> wakes{0};
+  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  // A worker's handler enqueues in the transaction that marks its row done.
+  StoreThenProcessOptions so;
+  so.aggregate_key = aggregate_key_from_topic_level(1);
+  so.workers = 2;
+  so.poll_interval_ms = 10;
+  std::atomic<int> runs{0};
+  std::atomic<int> wakes_seen_in_handler{-1};
+  std::unique_ptr<StoreThenProcess> stp;
+  ASSERT_TRUE(StoreThenProcess::create(
+                  inbox_.get(), "readings",
+                  [&](SQLite::Database& db, const StoredDelivery& d) {
+                    outbox->enqueue_or_throw(db, out_msg("t/stp", "x", d.message_id + "/e"));
+                    wakes_seen_in_handler = wakes.load();
+                    ++runs;
+                  },
+                  so, &stp)
+                  .ok());
+  ASSERT_TRUE(stp->start().ok());
+  Message m;
+  m.topic = "sensors/d1/reading";
+  m.payload = "{\"message_id\":\"s-1\"}";
+  ASSERT_EQ(stp->handle(m), Outcome::kProcessed);
+  ASSERT_TRUE(wait_until([&] { return wakes.load() >= 1; }, std::chrono::seconds(10)))
+      << "runs " << runs.load();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(wakes_seen_in_handler.load(), 0);  // after the commit, not before
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(wakes.load(), 1);  // the claims and the lease renewals wake no one
+  EXPECT_EQ(count("message_id = 's-1/e'"), 1);
+  // Another Inbox of this process on the same file (exclusive = false).
+  InboxOptions shared;
+  shared.exclusive = false;
+  std::unique_ptr<Inbox> second;
+  ASSERT_TRUE(Inbox::open(db_path_, shared, &second).ok());
+  second->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/own", "y", "own-1")).ok());
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes.load(), 2);
+  // The application's own sqlite3 connection: not watched.
+  {
+    SQLite::Database other(db_path_, SQLite::OPEN_READWRITE);
+    other.setBusyTimeout(5000);
+    other.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(other, out_msg("t/raw", "z", "raw-1")).ok());
+    other.exec("COMMIT");
+  }
+  EXPECT_EQ(wakes.load(), 2);
+  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+}
+
 // fetch_pending is a read: it returns the committed rows while another connection holds
 // SQLite's write lock (BEGIN IMMEDIATE) and writes nothing; the marks, writes, wait for
 // the lock (here past the busy timeout: kBusy) and count the publishes they are given.

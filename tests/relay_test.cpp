@@ -4,6 +4,7 @@
 // letter while the stream goes on. Assertions read both SQLite files.
 #include "mqtt_inbox/relay.h"
 
+#include <mqtt_inbox/store_then_process.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -515,6 +516,57 @@ TEST_P(RelayVersionTest, RelayPublishesWhileAnotherConnectionHoldsTheWriteLock) 
       << "received " << received() << " while the write lock was held";
   EXPECT_EQ(up_count("state = 'pending'"), 30);  // the marks wait for the lock
   writer.exec("ROLLBACK");
+  expect_delivered_once(30);
+  ASSERT_TRUE(relay->stop().ok());
+}
+
+// A StoreThenProcess worker commits on a connection of its own: its handler's enqueue
+// wakes the relay at that commit too. With a poll of a minute, the events arrive within a
+// second of their receipt.
+TEST_P(RelayVersionTest, AStoreThenProcessWorkersCommitWakesTheRelay) {
+  auto relay = make_relay(broker_.uri(), 16, GetParam(),
+                          [](RelayOptions& o) { o.poll_interval_ms = 60000; });
+  ASSERT_TRUE(relay->start().ok());
+  ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
+  StoreThenProcessOptions so;
+  so.aggregate_key = aggregate_key_from_topic_level(1);
+  so.workers = 2;
+  so.poll_interval_ms = 20;
+  std::atomic<int> runs{0};
+  std::unique_ptr<StoreThenProcess> stp;
+  ASSERT_TRUE(StoreThenProcess::create(
+                  up_.get(), "readings",
+                  [&](SQLite::Database& db, const StoredDelivery& d) {
+                    const int n = std::stoi(d.message_id.substr(2));
+                    outbox_->enqueue_or_throw(
+                        db, event(n, d.aggregate_key, "events/" + d.aggregate_key));
+                    ++runs;
+                  },
+                  so, &stp)
+                  .ok());
+  ASSERT_TRUE(stp->start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the relay asleep in its poll
+  const int budget_ms = under_emulator() ? 10000 : 1000;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int n = round * 10; n < round * 10 + 10; ++n) {
+      Message m;
+      m.topic = "sensors/d" + std::to_string(n % 2) + "/reading";
+      m.payload = "{\"message_id\":\"r-" + std::to_string(n) + "\"}";
+      ASSERT_EQ(stp->handle(m), Outcome::kProcessed);
+    }
+    EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; },
+                           std::chrono::milliseconds(budget_ms)))
+        << "round " << round << ": received " << received() << " of " << runs.load()
+        << " processed";
+    EXPECT_LT(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count(),
+        budget_ms)
+        << "round " << round;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(stp->stop().ok());
   expect_delivered_once(30);
   ASSERT_TRUE(relay->stop().ok());
 }

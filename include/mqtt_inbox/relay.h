@@ -53,10 +53,13 @@
 //    (a lost mark only causes a resend). It counts its publishes of each row in its
 //    memory and adds them to the row's attempts in the transaction that marks it sent or
 //    dead (OutboxRow::attempts says what is lost with a crash).
-//  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
-//    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
-//    the relay after the commit, so the row goes out at once; rows committed on another
-//    connection are found at the next poll (poll_interval_ms) or after notify().
+//  - Wake-up: a commit whose transaction enqueued a row wakes the relay after the commit,
+//    so the row goes out at once, on every connection the library opened to the Inbox's
+//    file in this process: the Inbox's (a handler's claim, a transaction in
+//    Inbox::with_connection or setup, Outbox::replay_dead), a StoreThenProcess worker's,
+//    another Inbox's opened on the same file. Rows committed on a connection the
+//    application opened itself, or by another process (mqtt-inbox outbox replay), are
+//    found at the next poll (poll_interval_ms) or after notify().
 //  - The outcome of each publish (read in Paho C 1.3.12 and Paho C++ 1.2.0): a PUBACK
 //    with a success code (0x00, 0x10 no matching subscribers) marks the row sent. Only an
 //    MQTT 5 PUBACK with a reason code >= 0x80 (not authorized, topic name invalid, quota
@@ -305,11 +308,11 @@ class Relay {
   // lost, the rows it had not marked are published again by the next run. Destroying
   // the Relay instead waits for the thread, as long as the store takes.
   Status stop();
-  // Wakes the relay to look for new rows now. Not needed after a commit on the Inbox's
-  // connection (a handler's, or a transaction in Inbox::with_connection) that enqueued:
-  // that commit wakes every running relay of the Outbox's Inbox. Call it after a commit
-  // on another connection (a StoreThenProcess worker's, the application's own), or the
-  // relay finds the row at its next poll (poll_interval_ms).
+  // Wakes the relay to look for new rows now. Not needed after a commit that enqueued on
+  // a connection the library opened to the Inbox's file in this process (the Inbox's, a
+  // StoreThenProcess worker's, another Inbox's): that commit wakes every running relay of
+  // the file. Call it after a commit on a connection the application opened itself, or
+  // the relay finds the row at its next poll (poll_interval_ms).
   void notify();
 
   // Whether the relay has a connection to publish on now.
