@@ -36,7 +36,7 @@
 //                   last events count too), relay_marks_per_credit is the relay's mark_sent
 //                   transactions per credit (RelayOptions::before_mark_hook) over the run.
 //   --relay-poll-only  with --emit-topic: RelayOptions::wake_on_commit = false (the relay
-//                   finds the events at its 200 ms poll only).
+//                   finds the events at a 200 ms poll only, its default before the wake-up).
 #include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
 #include <spdlog/sinks/null_sink.h>
@@ -282,6 +282,7 @@ int main(int argc, char** argv) {
       ro.client_id = client_id + "-relay";
       ro.logger = log;
       ro.wake_on_commit = !relay_poll_only;
+      if (relay_poll_only) ro.poll_interval_ms = 200;  // the default before issue 27's wake-up
       ro.before_mark_hook = [&relay_marks](int64_t) { ++relay_marks; };
       if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok()) {
         std::fprintf(stderr, "relay: %s\n", s.to_string().c_str());

@@ -178,10 +178,11 @@ struct RelayOptions : ConnectionOptions {
   // Until marked, a row counts as pending (Outbox::summary, the class bounds). Does not
   // delay any publish. Default 200.
   int mark_linger_ms = 200;
-  // How often the relay looks for new rows when nothing woke it, ms. A commit on the
-  // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
-  // Default 200.
-  int poll_interval_ms = 200;
+  // How often the relay looks for new rows when nothing woke it, ms. A commit that
+  // enqueued on a connection the library opened wakes it at once (see notify()), so the
+  // poll finds only rows committed on the application's own connections and by other
+  // processes (the admin tool's replay). Default 1000.
+  int poll_interval_ms = 1000;
   // Whether a commit that enqueued wakes the relay (see notify()). false: the relay finds
   // new rows at its poll only, so rows go out in bursts of up to poll_interval_ms (what
   // scripts/bench.sh compares the wake-up with). Default true.
