@@ -29,7 +29,14 @@
 //                   outbox Relay (its own connection, MQTT 5) publishes them; the run ends
 //                   once every event is PUBACKed. Adds the relay's commit-to-PUBACK and
 //                   publish-to-PUBACK latency (RelayCounters: p50/p99 over the last 1,024
-//                   PUBACKs) as relay_commit_to_puback_p50_ms, ...
+//                   PUBACKs) as relay_commit_to_puback_p50_ms, ..., and what the relay's
+//                   marks add to the WAL: relay_wal_frames_per_credit and
+//                   relay_wal_bytes_per_credit are counted from the same message as
+//                   vfs_wal_frames_per_msg but to the relay's stop (so the marks of the
+//                   last events count too), relay_marks_per_credit is the relay's mark_sent
+//                   transactions per credit (RelayOptions::before_mark_hook) over the run.
+//   --relay-poll-only  with --emit-topic: RelayOptions::wake_on_commit = false (the relay
+//                   finds the events at a 200 ms poll only, its default before the wake-up).
 #include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
 #include <spdlog/sinks/null_sink.h>
@@ -101,7 +108,7 @@ int main(int argc, char** argv) {
   std::string mode = "inbox", phase = "run", broker, topic, client_id, db_path, sync = "full",
               label, ready_file;
   int count = 20000, timeout_s = 600;
-  bool latency = false, metadata = false;
+  bool latency = false, metadata = false, relay_poll_only = false;
   std::string work, emit_topic;
   app.add_option("--mode", mode)->check(CLI::IsMember({"inbox", "ceiling"}));
   app.add_option("--phase", phase)->check(CLI::IsMember({"setup", "run"}));
@@ -118,6 +125,8 @@ int main(int argc, char** argv) {
   app.add_option("--work", work, "Ceiling mode: spin:US | sleep:US | fsync:BYTES per message");
   app.add_flag("--metadata", metadata, "InboxOptions::record_metadata = true (default false)");
   app.add_option("--emit-topic", emit_topic, "Inbox mode: enqueue one event per credit, relayed");
+  app.add_flag("--relay-poll-only", relay_poll_only,
+               "With --emit-topic: the relay is not woken by commits, only by its poll");
   CLI11_PARSE(app, argc, argv);
   if (label.empty()) label = mode + "_" + sync;
 
@@ -158,6 +167,8 @@ int main(int argc, char** argv) {
   int work_fd = -1;
   std::string work_buf;
   mqtt_inbox::RelayCounters relayed;  // --emit-topic: the relay's figures at the end
+  bench::WriteSnapshot relay_stopped;  // --emit-topic: the write counters after its stop
+  std::atomic<int64_t> relay_marks{0};  // --emit-topic: mark_sent transactions
   std::vector<double> gaps_us, work_us;
   int64_t last_return = 0;
 
@@ -270,6 +281,9 @@ int main(int argc, char** argv) {
       ro.broker_uri = broker;
       ro.client_id = client_id + "-relay";
       ro.logger = log;
+      ro.wake_on_commit = !relay_poll_only;
+      if (relay_poll_only) ro.poll_interval_ms = 200;  // the default before issue 27's wake-up
+      ro.before_mark_hook = [&relay_marks](int64_t) { ++relay_marks; };
       if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok()) {
         std::fprintf(stderr, "relay: %s\n", s.to_string().c_str());
         return 1;
@@ -331,6 +345,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "relay: WARNING %lld of %d events PUBACKed\n",
                      static_cast<long long>(relayed.acked), count);
       (void)relay->stop();
+      relay_stopped = bench::WriteSnapshot::now();
     }
     (void)sub->stop();
     const auto c = consumer->counters();
@@ -360,7 +375,14 @@ int main(int argc, char** argv) {
         .add("relay_commit_to_puback_p50_ms", relayed.commit_to_puback_p50_ms)
         .add("relay_commit_to_puback_p99_ms", relayed.commit_to_puback_p99_ms)
         .add("relay_puback_p50_ms", relayed.puback_latency_p50_ms)
-        .add("relay_puback_p99_ms", relayed.puback_latency_p99_ms);
+        .add("relay_puback_p99_ms", relayed.puback_latency_p99_ms)
+        .add("relay_wal_bytes_per_credit",
+             (relay_stopped.wal_bytes - done.warm_snapshot().wal_bytes) / done.measured())
+        .add("relay_wal_frames_per_credit",
+             (relay_stopped.wal_bytes - done.warm_snapshot().wal_bytes) / done.measured() /
+                 ((page_size > 0 ? page_size : 4096) + 24))
+        .add("relay_marks_per_credit", static_cast<double>(relay_marks.load()) / count)
+        .add("relay_poll_only", relay_poll_only ? 1 : 0);
   if (latency) {
     add_dist(j, "latency", samples.total);
     add_dist(j, "transport", samples.transport);

@@ -312,6 +312,8 @@ class Drain {
     j.add("msgs_per_s", rate()).add("seconds", seconds()).add("measured", measured());
     add_writes(j, w0_, w1_, measured(), page_size);
   }
+  // The write counters at message number `warm` (the start of the timed span).
+  const WriteSnapshot& warm_snapshot() const { return w0_; }
 
  private:
   std::mutex mu_;

@@ -3,7 +3,11 @@
 #
 #   scripts/bench.sh [--quick] [--n N] [--rounds R] [--prefill M] [--skip-scale]
 #                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
-#                    [--out FILE]
+#                    [--out FILE] [--relay-only] [--relay-rounds R]
+#
+# --relay-only runs the outbox relay's stage alone (ledger credits whose handler enqueues
+# one event each, relayed: a steady 200 msg/s and a burst, woken by each commit and by the
+# poll alone; WAL frames per credit and commit-to-PUBACK latency).
 #
 # Installs missing Debian packages (as root or with sudo), builds bench/ in Release into
 # build-bench, starts its own mosquitto brokers on free 127.0.0.1 ports (persistence on,
@@ -29,13 +33,17 @@ SCALE_N=3000       # messages of each FULL scale run
 WEAR_N=2000        # messages of each flash-wear run (FULL)
 SKIP_SCALE=0
 SKIP_MICRO=0
-SKIP_EXTRA=0       # live runs, latency, window sweep
+SKIP_EXTRA=0       # live runs, latency, window sweep, the outbox relay
+RELAY_ONLY=0       # the outbox relay's stage alone
+RELAY_ROUNDS=2     # interleaved rounds of the relay's four runs (medians)
 SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) N=2000; ROUNDS=4; LAT_COUNT=600; PREFILL=1000000; SCALE_N=600; WEAR_N=400; shift ;;
+    --relay-only) RELAY_ONLY=1; shift ;;
+    --relay-rounds) RELAY_ROUNDS=$2; shift 2 ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
@@ -45,11 +53,12 @@ while [[ $# -gt 0 ]]; do
     --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 DIR=${DIR:-$BUILD/run}
+if [[ $RELAY_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; fi
 OUT=${OUT:-$BUILD/bench-results.jsonl}
 
 T_ALL=$SECONDS
@@ -313,10 +322,29 @@ PRELOAD_ENV=(env "LD_PRELOAD=$BENCH_BIN/libnodelay_preload.so")
 consume ceiling full live lat_ceiling_nodelay "$LAT_COUNT" 200 --latency
 consume inbox normal live lat_inbox_normal_nodelay "$LAT_COUNT" 200 --latency
 PRELOAD_ENV=(env)
-# The outbox relay (issue 27): each credit's handler enqueues an event, which the relay
-# publishes once the claim commits (the commit wakes it) until its PUBACK.
-stage "outbox relay 200 msg/s"
-consume inbox full live lat_relay_full "$LAT_COUNT" 200 --emit-topic "bench/events"
+fi
+
+# --- 5b: the outbox relay -----------------------------------------------------------------
+# Each credit's handler enqueues one event in its claim transaction, which the relay
+# publishes until its PUBACK (bench_consumer --emit-topic, as ledger_consumer
+# --emit-topic), FULL: a steady 200 msg/s (LAT_COUNT credits) and a burst (N credits
+# queued while the consumer was offline, then drained), each with the relay woken by the
+# commits that enqueue and with its 200 ms poll alone (--relay-poll-only), in rounds
+# whose order alternates. WAL frames per credit count the relay's marks up to its stop.
+RELAY_N=$N
+if [[ $SKIP_EXTRA -eq 0 || $RELAY_ONLY -eq 1 ]]; then
+  stage "outbox relay: steady 200 msg/s and a burst of $RELAY_N, woken and polled"
+  for ROUND in $(seq 1 "$RELAY_ROUNDS"); do
+    order="wake poll"
+    [[ $((ROUND % 2)) -eq 0 ]] && order="poll wake"
+    for w in $order; do
+      flags=(--emit-topic "bench/events")
+      [[ $w == poll ]] && flags+=(--relay-poll-only)
+      consume inbox full live "relay_steady_$w" "$LAT_COUNT" 200 "${flags[@]}"
+      consume inbox full drain "relay_burst_$w" "$RELAY_N" 0 "${flags[@]}"
+    done
+  done
+  ROUND=0
 fi
 
 # --- 6: scale -----------------------------------------------------------------------------
@@ -336,6 +364,7 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   rm -f "$WORK"/scale.db*
 fi
 
+if [[ $RELAY_ONLY -eq 0 ]]; then
 # --- 7: pages per commit: what each part of the claim row costs ---------------------------
 # Raw loop, NORMAL (the frames a commit writes do not depend on the fsync), N messages:
 # the minimal shape, then one part added at a time, then the shape of schema version 3.
@@ -363,6 +392,8 @@ done
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --metadata --label wear_core_metadata | record
 "$BENCH_BIN/bench_core" --db "$WORK/w.db" "${W[@]}" --autocheckpoint 100 --label wear_core_ckpt100 | record
 
+fi  # RELAY_ONLY
+
 # --- 9: micro-benchmarks ------------------------------------------------------------------
 if [[ $SKIP_MICRO -eq 0 ]]; then
   stage "micro-benchmarks"
@@ -373,6 +404,7 @@ stage ""
 # --- summary ------------------------------------------------------------------------------
 lab() { echo "\"label\":\"$1\""; }
 echo
+if [[ $ROUNDS -gt 0 ]]; then
 echo "== comparison (issue 14): drain of N=$N queued credits, median of $ROUNDS interleaved rounds"
 echo "   (÷ raw = median over rounds of the ratio within the round; WAL = bytes SQLite wrote to"
 echo "   the WAL through the counting VFS, frame headers included, per message; frames = WAL"
@@ -416,6 +448,7 @@ for sync in $SYNCS; do
       "${v[2]:-0}" "${v[3]:-0}" "$(ratio "${v[3]:-0}" "${v[2]:-0}")"
   done
 done
+fi  # ROUNDS
 if [[ $SKIP_EXTRA -eq 0 ]]; then
   echo "== transport ceiling and live streams (msg/s, one run each)"
   printf '  %-24s %10.0f\n' "ceiling drain" "$(jget "$(lab ceiling_drain)" msgs_per_s)" \
@@ -444,15 +477,23 @@ for l in lat_ceiling lat_ceiling_nodelay lat_inbox_full lat_inbox_normal lat_inb
     "$(jget "\"label\":\"$l\"" transport_p99_ms)" "$(jget "\"label\":\"$l\"" claim_p50_ms)" \
     "$(jget "\"label\":\"$l\"" claim_p99_ms)"
 done
-echo "== outbox relay at 200 msg/s, FULL (ms; p50 / p99 over the last PUBACKs, up to 1,024)"
-l=lat_relay_full
-printf '  commit-to-PUBACK %6s / %6s   publish-to-PUBACK %6s / %6s   (%s of %s events acked;' \
-  "$(jget "$(lab $l)" relay_commit_to_puback_p50_ms)" \
-  "$(jget "$(lab $l)" relay_commit_to_puback_p99_ms)" \
-  "$(jget "$(lab $l)" relay_puback_p50_ms)" "$(jget "$(lab $l)" relay_puback_p99_ms)" \
-  "$(jget "$(lab $l)" relay_acked)" "$LAT_COUNT"
-printf ' WAL frames per credit %s, with the event, its fetch and its mark)\n' \
-  "$(jget "$(lab $l)" vfs_wal_frames_per_msg)"
+fi
+if [[ $SKIP_EXTRA -eq 0 || $RELAY_ONLY -eq 1 ]]; then
+  echo "== outbox relay, FULL: steady = 200 msg/s, $LAT_COUNT credits; burst = $RELAY_N queued credits"
+  echo "   drained; median of $RELAY_ROUNDS rounds. Latency in ms (p50 / p99 over the last PUBACKs,"
+  echo "   up to 1,024); WAL frames per credit from 5 % of the credits to the relay's stop (the"
+  echo "   credit, its event, the relay's marks); marks = mark_sent transactions per credit"
+  printf '  %-22s %17s %17s %12s %7s %7s\n' run "commit->PUBACK" "publish->PUBACK" \
+    "WAL frames" marks acked
+  for l in relay_steady_wake relay_steady_poll relay_burst_wake relay_burst_poll; do
+    printf '  %-22s %8s / %6s %8s / %6s %12s %7s %7s\n' "$l" \
+      "$(jmed "$(lab "$l")" relay_commit_to_puback_p50_ms)" \
+      "$(jmed "$(lab "$l")" relay_commit_to_puback_p99_ms)" \
+      "$(jmed "$(lab "$l")" relay_puback_p50_ms)" "$(jmed "$(lab "$l")" relay_puback_p99_ms)" \
+      "$(printf %.2f "$(jmed "$(lab "$l")" relay_wal_frames_per_credit)")" \
+      "$(printf %.3f "$(jmed "$(lab "$l")" relay_marks_per_credit)")" \
+      "$(jmed "$(lab "$l")" relay_acked)"
+  done
 fi
 if [[ $SKIP_SCALE -eq 0 ]]; then
   SE_F=$(javg '"label":"scale_empty_full"' msgs_per_s); SB_F=$(javg '"label":"scale_big_full"' msgs_per_s)
@@ -461,6 +502,7 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   echo "  FULL   empty $(printf %.0f "$SE_F")  retained $(printf %.0f "$SB_F")  ratio $(ratio "$SB_F" "$SE_F")  (goal >= 0.9)"
   echo "  NORMAL empty $(printf %.0f "$SE_N")  retained $(printf %.0f "$SB_N")  ratio $(ratio "$SB_N" "$SE_N")"
 fi
+if [[ $RELAY_ONLY -eq 0 ]]; then
 echo "== pages per commit (raw loop, NORMAL, N=$N): WAL frames per message, and / minimal"
 PM=$(jget "$(lab parts_minimal)" vfs_wal_frames_per_msg)
 grep -F '"label":"parts_' "$OUT" | while IFS= read -r line; do
@@ -476,5 +518,6 @@ grep -F '"label":"wear_' "$OUT" | while IFS= read -r line; do
     "$(jget "\"label\":\"$l\"" vfs_wal_frames_per_msg)" "$(jget "\"label\":\"$l\"" vfs_db_bytes_per_msg)" \
     "$(jget "\"label\":\"$l\"" fsyncs_per_msg)"
 done
+fi  # RELAY_ONLY
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (cores: $(nproc))"
 echo "total $((SECONDS - T_ALL)) s; results in $OUT"

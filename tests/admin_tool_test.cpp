@@ -271,8 +271,10 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
     });
     std::vector<OutboxRow> rows;
     ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
-    ASSERT_TRUE(o->mark_sent({rows[0].seq}).ok());
-    ASSERT_TRUE(o->mark_dead(rows[1].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized").ok());
+    ASSERT_TRUE(o->mark_sent({{rows[0].seq, 1}}).ok());
+    ASSERT_TRUE(
+        o->mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+            .ok());
   }
   ToolRun r = tool({"--json", "outbox", "stats", db});
   ASSERT_EQ(r.code, 0) << r.err;

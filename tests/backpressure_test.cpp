@@ -153,8 +153,8 @@ TEST_F(BackpressureTest, StoreThenProcessRowsWaitForRoomWithoutUsingAttempts) {
       [&] {
         std::vector<OutboxRow> pending;
         EXPECT_TRUE(outbox_->fetch_pending(0, 100, &pending).ok());
-        std::vector<int64_t> seqs;
-        for (const auto& r : pending) seqs.push_back(r.seq);
+        std::vector<OutboxMark> seqs;
+        for (const auto& r : pending) seqs.push_back({r.seq, 1});
         if (!seqs.empty()) {
           EXPECT_TRUE(outbox_->mark_sent(seqs).ok());
         }

@@ -304,7 +304,7 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 2u);
-  ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
   int64_t replayed = 0;
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
@@ -314,7 +314,7 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
             1);
   EXPECT_EQ(parked("requeued"), 1);
   // The rest of the room: c-4 applies once, and every credit is in the ledger once.
-  ASSERT_TRUE(outbox->mark_sent({rows[1].seq}).ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[1].seq, 1}}).ok());
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 15);
@@ -379,7 +379,7 @@ TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
-  ASSERT_TRUE(outbox->mark_sent({rows[0].seq}).ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
   int64_t replayed = 0;
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
@@ -474,8 +474,9 @@ TEST_F(OutboxTest, DropOldestKeepsTheNewestAndCountsExactly) {
   EXPECT_EQ(query_int(db_path_, "SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 7);
 }
 
-// fetch_pending returns committed rows in enqueue order from a given seq on, counts an
-// attempt on each, and keeps the properties; marks move rows out of the pending set.
+// fetch_pending returns committed rows in enqueue order from a given seq on and keeps the
+// properties; marks move rows out of the pending set and add the publishes they carry to
+// attempts, once (a second mark of a row no longer pending changes nothing).
 TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   OutboxOptions options;
   options.classes.push_back({"", 100, 0, OutboxFullPolicy::kReject});
@@ -494,7 +495,7 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(rows[i].payload, std::to_string(i));
     EXPECT_EQ(rows[i].message_id, "id-" + std::to_string(i));
-    EXPECT_EQ(rows[i].attempts, 1);
+    EXPECT_EQ(rows[i].attempts, 0);  // a fetch counts nothing: the relay's marks do
     ASSERT_EQ(rows[i].properties.user_properties.size(), 1u);
     EXPECT_EQ(rows[i].properties.user_properties[0].second, "v" + std::to_string(i));
     EXPECT_EQ(rows[i].properties.content_type.value_or(""), "text/plain");
@@ -505,12 +506,16 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   ASSERT_TRUE(outbox->fetch_pending(rows.back().seq, 100, &rest).ok());
   ASSERT_EQ(rest.size(), 6u);
   EXPECT_EQ(rest.front().payload, "4");
-  ASSERT_TRUE(outbox->mark_sent({rows[0].seq, rows[1].seq, rows[1].seq}).ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 3}, {rows[1].seq, 5}}).ok());
   ASSERT_TRUE(
-      outbox->mark_dead(rows[2].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+      outbox
+          ->mark_dead({rows[2].seq, 2}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
           .ok());
   // A late mark for a dead row changes nothing.
-  ASSERT_TRUE(outbox->mark_sent({rows[2].seq}).ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[2].seq, 1}}).ok());
+  EXPECT_EQ(count("message_id = 'id-0' AND attempts = 1"), 1);
+  EXPECT_EQ(count("message_id = 'id-1' AND attempts = 3"), 1);
+  EXPECT_EQ(count("message_id = 'id-2' AND attempts = 2"), 1);
   EXPECT_EQ(count("state = 'sent'"), 2);
   EXPECT_EQ(count("state = 'dead' AND dead_reason = 'rejected_by_broker' AND reason_code = 135"),
             1);
@@ -525,7 +530,7 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   ASSERT_TRUE(outbox->fetch_pending(0, 100, &rest).ok());
   EXPECT_EQ(rest.size(), 7u);
   EXPECT_EQ(rest.front().payload, "3");
-  EXPECT_EQ(rest.front().attempts, 2);
+  EXPECT_EQ(rest.front().attempts, 0);  // fetched twice, never marked
 }
 
 // A replayed dead letter is pending again under the same id with a new seq past every
@@ -540,7 +545,10 @@ TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 3u);
   const int64_t cursor = rows.back().seq;
-  ASSERT_TRUE(outbox->mark_dead(rows[0].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized").ok());
+  ASSERT_TRUE(
+      outbox
+          ->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+          .ok());
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'a/'"), 2);
 
   EXPECT_EQ(outbox->replay_dead("r-2").code(), Status::Code::kInvalidArgument);  // pending
@@ -561,7 +569,8 @@ TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
   ASSERT_EQ(next.size(), 1u);
   EXPECT_EQ(next[0].message_id, "r-1");
   // Replayed again once dead again: a new seq each time, never one used before.
-  ASSERT_TRUE(outbox->mark_dead(next[0].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "again").ok());
+  ASSERT_TRUE(
+      outbox->mark_dead({next[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "again").ok());
   ASSERT_TRUE(outbox->replay_dead("r-1").ok());
   ASSERT_TRUE(outbox->get("r-1", &r).ok());
   EXPECT_GT(r.seq, next[0].seq);
@@ -578,9 +587,11 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   }
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
-  ASSERT_TRUE(outbox->mark_sent({rows[0].seq, rows[1].seq}).ok());
-  ASSERT_TRUE(outbox->mark_dead(rows[2].seq, OutboxDeadReason::kPayloadTooLarge, 0x95, "big").ok());
-  ASSERT_TRUE(outbox->mark_dead(rows[3].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
+  ASSERT_TRUE(
+      outbox->mark_dead({rows[2].seq, 0}, OutboxDeadReason::kPayloadTooLarge, 0x95, "big").ok());
+  ASSERT_TRUE(
+      outbox->mark_dead({rows[3].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
   OutboxSummary sum;
   ASSERT_TRUE(outbox->summary(&sum).ok());
   EXPECT_EQ(sum.pending_rows, 2);
@@ -655,7 +666,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   // A replayed dead letter is pending again: a running relay is woken to send it.
   const int64_t seq =
       query_int(db_path_, "SELECT seq FROM outbox_messages WHERE message_id = 'w-1'");
-  ASSERT_TRUE(outbox->mark_dead(seq, OutboxDeadReason::kExpired, 0, "test").ok());
+  ASSERT_TRUE(outbox->mark_dead({seq, 0}, OutboxDeadReason::kExpired, 0, "test").ok());
   const int before_replay = wakes;
   ASSERT_TRUE(outbox->replay_dead("w-1").ok());
   EXPECT_GT(wakes, before_replay);
@@ -673,6 +684,110 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   detail::OutboxAccess::remove_commit_waker(*outbox, id);
   ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
   EXPECT_EQ(wakes, before_other);
+}
+
+// Every connection the library opened to the file wakes the relays after a commit that
+// enqueued (commit_wake.h): a StoreThenProcess worker's (its handler's transaction), and
+// another Inbox's of this process on the same file (the application's own transaction);
+// a connection the application opened itself does not (it calls Relay::notify()).
+TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
+  auto outbox = make_outbox();
+  std::atomic<int> wakes{0};
+  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  // A worker's handler enqueues in the transaction that marks its row done.
+  StoreThenProcessOptions so;
+  so.aggregate_key = aggregate_key_from_topic_level(1);
+  so.workers = 2;
+  so.poll_interval_ms = 10;
+  std::atomic<int> runs{0};
+  std::atomic<int> wakes_seen_in_handler{-1};
+  std::unique_ptr<StoreThenProcess> stp;
+  ASSERT_TRUE(StoreThenProcess::create(
+                  inbox_.get(), "readings",
+                  [&](SQLite::Database& db, const StoredDelivery& d) {
+                    outbox->enqueue_or_throw(db, out_msg("t/stp", "x", d.message_id + "/e"));
+                    wakes_seen_in_handler = wakes.load();
+                    ++runs;
+                  },
+                  so, &stp)
+                  .ok());
+  ASSERT_TRUE(stp->start().ok());
+  Message m;
+  m.topic = "sensors/d1/reading";
+  m.payload = "{\"message_id\":\"s-1\"}";
+  ASSERT_EQ(stp->handle(m), Outcome::kProcessed);
+  ASSERT_TRUE(wait_until([&] { return wakes.load() >= 1; }, std::chrono::seconds(10)))
+      << "runs " << runs.load();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(wakes_seen_in_handler.load(), 0);  // after the commit, not before
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(wakes.load(), 1);  // the claims and the lease renewals wake no one
+  EXPECT_EQ(count("message_id = 's-1/e'"), 1);
+  // Another Inbox of this process on the same file (exclusive = false).
+  InboxOptions shared;
+  shared.exclusive = false;
+  std::unique_ptr<Inbox> second;
+  ASSERT_TRUE(Inbox::open(db_path_, shared, &second).ok());
+  second->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(db, out_msg("t/own", "y", "own-1")).ok());
+    db.exec("COMMIT");
+  });
+  EXPECT_EQ(wakes.load(), 2);
+  // The application's own sqlite3 connection: not watched.
+  {
+    SQLite::Database other(db_path_, SQLite::OPEN_READWRITE);
+    other.setBusyTimeout(5000);
+    other.exec("BEGIN IMMEDIATE");
+    ASSERT_TRUE(outbox->enqueue(other, out_msg("t/raw", "z", "raw-1")).ok());
+    other.exec("COMMIT");
+  }
+  EXPECT_EQ(wakes.load(), 2);
+  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+}
+
+// fetch_pending is a read: it returns the committed rows while another connection holds
+// SQLite's write lock (BEGIN IMMEDIATE) and writes nothing; the marks, writes, wait for
+// the lock (here past the busy timeout: kBusy) and count the publishes they are given.
+TEST(OutboxRead, FetchPendingTakesNoWriteLockAndWritesNothing) {
+  TempDir dir;
+  const std::string path = dir.file("inbox.db");
+  InboxOptions io;
+  io.busy_timeout_ms = 200;
+  auto inbox = open_ledger_inbox(path, io);
+  ASSERT_TRUE(inbox);
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(inbox.get(), {}, &outbox).ok());
+  inbox->with_connection([&](SQLite::Database& db) {
+    db.exec("BEGIN IMMEDIATE");
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "p", "f-" + std::to_string(i))).ok());
+    db.exec("COMMIT");
+  });
+  auto changes = [&] {
+    int n = 0;
+    inbox->with_connection(
+        [&](SQLite::Database& db) { n = sqlite3_total_changes(db.getHandle()); });
+    return n;
+  };
+  const int changes_before = changes();
+  SQLite::Database writer(path, SQLite::OPEN_READWRITE);
+  writer.exec("BEGIN IMMEDIATE");
+  std::vector<OutboxRow> rows;
+  const Status s = outbox->fetch_pending(0, 10, &rows);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].attempts, 0);
+  EXPECT_EQ(changes(), changes_before);  // nothing written
+  EXPECT_EQ(outbox->mark_sent({{rows[0].seq, 2}}).code(), Status::Code::kBusy);
+  writer.exec("ROLLBACK");
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 2}}).ok());
+  ASSERT_TRUE(outbox->mark_dead({rows[1].seq, 0}, OutboxDeadReason::kExpired, 0, "old").ok());
+  OutboxRow r;
+  ASSERT_TRUE(outbox->get("f-0", &r).ok());
+  EXPECT_EQ(r.attempts, 2);
+  ASSERT_TRUE(outbox->get("f-1", &r).ok());
+  EXPECT_EQ(r.attempts, 0);  // made dead before any publish
 }
 
 // Schema step 12 rebuilds outbox_messages for the reason connection_dropped: a file made
@@ -713,7 +828,7 @@ TEST(OutboxSchema, Step12KeepsRowsSeqCounterAndTriggers) {
   EXPECT_EQ(query_int(path, "SELECT seq FROM outbox_messages WHERE message_id = 'new-1'"), 6);
   EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 4);
   // The new reason is accepted, and leaves the class usage as every dead row does.
-  ASSERT_TRUE(outbox->mark_dead(1, OutboxDeadReason::kConnectionDropped, 0, "dropped").ok());
+  ASSERT_TRUE(outbox->mark_dead({1, 3}, OutboxDeadReason::kConnectionDropped, 0, "dropped").ok());
   OutboxRow r;
   ASSERT_TRUE(outbox->get("old-1", &r).ok());
   ASSERT_TRUE(r.dead_reason.has_value());

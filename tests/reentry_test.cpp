@@ -164,9 +164,9 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
        }},
       // The Outbox on the same inbox: every call but enqueue takes the inbox's connection
       {"Outbox::fetch_pending", [&] { return outbox_->fetch_pending(0, 10, &outbox_rows); }},
-      {"Outbox::mark_sent", [&] { return outbox_->mark_sent({1}); }},
+      {"Outbox::mark_sent", [&] { return outbox_->mark_sent({{1, 1}}); }},
       {"Outbox::mark_dead",
-       [&] { return outbox_->mark_dead(1, OutboxDeadReason::kRejectedByBroker, 0x87, "x"); }},
+       [&] { return outbox_->mark_dead({1, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "x"); }},
       {"Outbox::list", [&] { return outbox_->list(OutboxState::kPending, 10, &outbox_rows); }},
       {"Outbox::usage", [&] { return outbox_->usage(&outbox_usage); }},
       {"Outbox::summary", [&] { return outbox_->summary(&outbox_summary); }},

@@ -123,8 +123,9 @@ TEST_F(RetentionTest, OutboxSentRowsLiveForTheWindowDeadOnesForTheirsPendingOnes
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 4u);
-  ASSERT_TRUE(o->mark_sent({rows[0].seq, rows[1].seq}).ok());
-  ASSERT_TRUE(o->mark_dead(rows[2].seq, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+  ASSERT_TRUE(o->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
+  ASSERT_TRUE(
+      o->mark_dead({rows[2].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
 
   clock_.wall += 365LL * 24 * 60 * kMinute;  // NTP steps the wall clock a year forward
   clock_.advance(60 * kMinute - 1);
@@ -207,7 +208,7 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
   ASSERT_TRUE(o->fetch_pending(0, 100, &rows).ok());
   for (const auto& r : rows)
     if (r.message_id == "r-1") {
-      ASSERT_TRUE(o->mark_sent({r.seq}).ok());
+      ASSERT_TRUE(o->mark_sent({{r.seq, 1}}).ok());
     }
   EXPECT_TRUE(enqueue("results/r", "r-3").ok());
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/' AND state = 'pending'"), 2);

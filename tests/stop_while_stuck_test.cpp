@@ -4,6 +4,7 @@
 // it again (redelivery) and applies it once. For ledger_consumer (the message is
 // committed in the callback) and sensor_gateway (store-then-process: the message is
 // stored in the callback, and its workers wait for the same lock).
+#include <mqtt_inbox/mqtt_inbox.h>
 #include <signal.h>
 
 #include "support/example_fixture.h"
@@ -164,26 +165,48 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithAMessageInTheCallback) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
 }
 
-// No message waits, only the relay: its fetch waits for the locked store (up to the
-// busy timeout, 5 s) again at every poll (200 ms). SIGTERM half a second into such a wait:
-// the stop still takes at most the stop timeout, and exits 3 (the relay was still in the
-// store call).
+// No message waits, only the relay, in its marks: its reads take no lock (a store locked
+// by another writer does not stop them), but marking PUBACKs sent waits for the lock (up
+// to the busy timeout, 5 s) and again after each poll (1 s). Rows enqueued from here while
+// the broker is frozen get their PUBACKs only once the lock is held. SIGTERM half a second
+// into the second wait: the stop still takes at most the stop timeout, and exits 3 (the
+// relay was still in the store call); the next run marks them.
 TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
   auto c = start_subscribed("run.log");
   ASSERT_GT(publish("credits/t", 3, "t", "pub-1.log"), 0);
   ASSERT_TRUE(wait_until([&] { return sent() == 3; }, seconds(30)));
 
+  broker_.pause();  // no PUBACK before the lock is held
+  {
+    InboxOptions shared;
+    shared.exclusive = false;  // beside the running program
+    std::unique_ptr<Inbox> inbox;
+    ASSERT_TRUE(Inbox::open(db_, shared, &inbox).ok());
+    std::unique_ptr<Outbox> outbox;
+    ASSERT_TRUE(Outbox::create(inbox.get(), {}, &outbox).ok());
+    inbox->with_connection([&](SQLite::Database& db) {
+      db.exec("BEGIN IMMEDIATE");
+      for (int i = 0; i < 3; ++i) {
+        OutgoingMessage m;
+        m.topic = "events/telemetry";
+        m.payload = "{}";
+        m.message_id = "tele-" + std::to_string(i);
+        ASSERT_TRUE(outbox->enqueue(db, m).ok());
+      }
+      db.exec("COMMIT");
+    });
+  }
   WriteLockHolder lock(db_, dir_.path());
   ASSERT_TRUE(lock.held());
+  broker_.resume();
   ASSERT_TRUE(wait_until(
       [&] {
-        return read_text(dir_.file("run.log")).find("reading pending rows failed") !=
-               std::string::npos;
+        return read_text(dir_.file("run.log")).find("row(s) sent failed") != std::string::npos;
       },
       seconds(30)))
       << "the relay never waited for the store:\n"
       << read_text(dir_.file("run.log"));
-  std::this_thread::sleep_for(milliseconds(500));  // inside its next wait, 4.7 s to go
+  std::this_thread::sleep_for(milliseconds(1500));  // inside its next wait, 4.5 s to go
   const auto t0 = std::chrono::steady_clock::now();
   c->signal(SIGTERM);
   const int st = c->wait(seconds(30));
@@ -194,6 +217,14 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
       << read_text(dir_.file("run.log"));
   EXPECT_LE(took, kStopTimeoutMs + 1000) << "took " << took << " ms\n"
                                          << read_text(dir_.file("run.log"));
+  EXPECT_EQ(sent(), 3);
+
+  lock.release();
+  auto next = start_subscribed("next.log");
+  EXPECT_TRUE(wait_until([&] { return sent() == 6; }, seconds(30)));
+  next->signal(SIGTERM);
+  const int next_st = next->wait(seconds(20));
+  EXPECT_TRUE(WIFEXITED(next_st) && WEXITSTATUS(next_st) == 0) << next_st;
 }
 
 // A full disk: the credit's commit fails with SQLITE_FULL and is retried in the callback,

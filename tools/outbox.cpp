@@ -70,6 +70,12 @@ json row_json(const mi::OutboxRow& r, bool with_payload, const std::string& enco
   return j;
 }
 
+// A row's publishes are added to attempts when it is marked sent or dead
+// (OutboxRow::attempts): a pending row's 0 says nothing about how often it went out.
+std::string attempts_cell(const mi::OutboxRow& r) {
+  return r.state == mi::OutboxState::kPending ? "-" : std::to_string(r.attempts);
+}
+
 std::string reason_cell(const mi::OutboxRow& r) {
   if (!r.dead_reason) return "-";
   char code[8];
@@ -145,8 +151,9 @@ int cmd_outbox_list(const std::string& path, const OutboxArgs& a) {
   std::vector<std::vector<std::string>> t;
   for (const auto& r : rows)
     t.push_back({std::to_string(r.seq), printable(r.message_id, 40), printable(r.topic, 30),
-                 printable(r.ordering_key, 20), std::to_string(r.attempts), iso(r.enqueued_at_ms),
-                 state == mi::OutboxState::kSent ? iso(r.sent_at_ms) : reason_cell(r), std::to_string(r.payload.size())});
+                 printable(r.ordering_key, 20), attempts_cell(r), iso(r.enqueued_at_ms),
+                 state == mi::OutboxState::kSent ? iso(r.sent_at_ms) : reason_cell(r),
+                 std::to_string(r.payload.size())});
   print_table({"seq", "message id", "topic", "ordering key", "attempts", "enqueued at",
                state == mi::OutboxState::kSent ? "sent at" : "dead reason", "bytes"},
               t);
@@ -169,12 +176,15 @@ int cmd_outbox_show(const std::string& path, const OutboxArgs& a) {
             {"topic", printable(r.topic, 300)},
             {"ordering key", printable(r.ordering_key, 300)},
             {"state", mi::to_string(r.state)},
-            {"attempts", std::to_string(r.attempts)},
+            {"attempts", r.state == mi::OutboxState::kPending
+                             ? "- (publishes are counted when the row is marked sent or dead)"
+                             : std::to_string(r.attempts)},
             {"enqueued", iso(r.enqueued_at_ms)},
             {"sent", r.sent_at_ms ? iso(r.sent_at_ms) : "-"},
             {"dead reason", reason_cell(r)},
             {"properties", printable(j["properties"].dump(), 300)},
-            {"size", std::to_string(r.size_bytes) + " bytes (payload " + std::to_string(r.payload.size()) + ")"}});
+            {"size", std::to_string(r.size_bytes) + " bytes (payload " +
+                         std::to_string(r.payload.size()) + ")"}});
   std::cout << "payload:\n" << (is_utf8_text(r.payload) ? r.payload : "hex " + to_hex(r.payload)) << "\n";
   return kOk;
 }

@@ -14,8 +14,9 @@
 // acknowledged by that attempt) or kDropOldest (telemetry: the oldest pending rows of the
 // class are deleted, counted in outbox_usage.dropped and logged, never silently).
 //
-// The relay side (fetch_pending, mark_sent, mark_dead) runs on the Inbox's connection,
-// one short transaction each, under the Inbox's mutex.
+// The relay side runs on the Inbox's connection, under the Inbox's mutex: fetch_pending
+// is a read (no write lock, nothing written), mark_sent and mark_dead one short write
+// transaction each.
 //
 // Thread safety: an Outbox is thread-safe. enqueue() uses only the connection it is given
 // (the caller serialises its use); the relay-side calls serialise on the Inbox's mutex.
@@ -163,9 +164,17 @@ struct OutboxRow {
   // process was down does not count. The relay counts the message expiry with it.
   int64_t waited_ms = 0;
   OutboxState state = OutboxState::kPending;
-  // Times fetch_pending handed the row out for publishing, less the fetch before an
-  // expired or payload_too_large verdict (no publish); Paho's own resends after a
-  // reconnect on a Subscriber's connection are not counted.
+  // Publishes of the row: the PUBLISH packets a relay handed to its MQTT client, the
+  // resends after a reconnect included (Paho's own resends on a Subscriber's connection
+  // are not counted). A relay counts them in its memory and adds them in the transaction
+  // that marks the row sent or dead (OutboxMark), so that reading rows writes nothing:
+  //  - a pending row shows 0 (replay_dead also sets 0);
+  //  - a sent row shows the publishes of the relay run that marked it, >= 1;
+  //  - a dead row those before its verdict: rejected_by_broker >= 1, connection_dropped
+  //    >= kConnectionDropsBeforeDeadLetter (relay.h), expired and payload_too_large 0
+  //    unless that run had published the row on an earlier connection.
+  // Publishes by a relay run that ended before the verdict (a crash, a kill, a stop) are
+  // lost with its memory: the next run counts its own from 0.
   int attempts = 0;
   int64_t sent_at_ms = 0;  // 0 unless sent
   std::optional<OutboxDeadReason> dead_reason;
@@ -205,6 +214,14 @@ struct OutboxPurgeFilter {
   std::optional<std::string> message_id;
   // Rows that became dead (dead_at) or sent (sent_at) before this wall-clock time, ms.
   std::optional<int64_t> before_ms;
+};
+
+// A row the relay marks sent or dead, and the publishes of it to add to its attempts
+// (OutboxRow::attempts): those the relay made since it read the row, 0 for a verdict
+// reached before any publish.
+struct OutboxMark {
+  int64_t seq = 0;
+  int publishes = 0;
 };
 
 // Counts of this Outbox object (this process).
@@ -307,17 +324,18 @@ class Outbox {
 
   // --- relay side (on the Inbox's connection) ---
 
-  // Up to `limit` pending rows with seq > after_seq, in seq order, and counts one attempt
-  // on each (one transaction, committed without fsync: losing the count loses nothing).
+  // Up to `limit` pending rows with seq > after_seq, in seq order, as one consistent
+  // read: it takes no write lock (it proceeds while another connection writes) and writes
+  // nothing.
   Status fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out);
-  // Marks these rows sent (state 'sent', sent_at) in one transaction, committed without
-  // fsync: a lost mark only means a resend with the same id. Rows no longer pending
-  // (dropped, dead, already sent) are skipped.
-  Status mark_sent(const std::vector<int64_t>& seqs);
+  // Marks these rows sent (state 'sent', sent_at) and adds each one's publishes to its
+  // attempts, in one transaction committed without fsync: a lost mark only means a resend
+  // with the same id. Rows no longer pending (dropped, dead, already sent) are skipped.
+  Status mark_sent(const std::vector<OutboxMark>& rows);
   // Makes a pending row an outbox dead letter with `reason`, the PUBACK reason code (0 if
-  // none) and a text. Committed with fsync. kExpired and kPayloadTooLarge are verdicts
-  // reached before the publish: they take back the attempt fetch_pending counted.
-  Status mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code, const std::string& text);
+  // none) and a text, and adds its publishes to its attempts. Committed with fsync.
+  Status mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
+                   const std::string& text);
 
   // --- inspection ---
 

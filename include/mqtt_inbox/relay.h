@@ -47,12 +47,19 @@
 //    after a reconnect, so rows of one ordering key reach the broker in FIFO order (MQTT 5.0
 //    section 4.6; on a Subscriber's connection see above). Different keys share the window
 //    and are published in parallel.
-//  - Marks: PUBACKs are collected and marked sent in batches, one transaction each,
-//    without fsync: a lost mark only causes a resend.
-//  - Wake-up: a commit on the Inbox's connection whose transaction enqueued a row (a
-//    handler's claim, a transaction in Inbox::with_connection, Outbox::replay_dead) wakes
-//    the relay after the commit, so the row goes out at once; rows committed on another
-//    connection are found at the next poll (poll_interval_ms) or after notify().
+//  - Reads and marks: the relay reads pending rows (a read, no write lock) and writes only
+//    its marks: PUBACKs are collected and marked sent in batches, one transaction each,
+//    without fsync, once mark_batch of them wait or the first has waited mark_linger_ms
+//    (a lost mark only causes a resend). It counts its publishes of each row in its
+//    memory and adds them to the row's attempts in the transaction that marks it sent or
+//    dead (OutboxRow::attempts says what is lost with a crash).
+//  - Wake-up: a commit whose transaction enqueued a row wakes the relay after the commit,
+//    so the row goes out at once, on every connection the library opened to the Inbox's
+//    file in this process: the Inbox's (a handler's claim, a transaction in
+//    Inbox::with_connection or setup, Outbox::replay_dead), a StoreThenProcess worker's,
+//    another Inbox's opened on the same file. Rows committed on a connection the
+//    application opened itself, or by another process (mqtt-inbox outbox replay), are
+//    found at the next poll (poll_interval_ms) or after notify().
 //  - The outcome of each publish (read in Paho C 1.3.12 and Paho C++ 1.2.0): a PUBACK
 //    with a success code (0x00, 0x10 no matching subscribers) marks the row sent. Only an
 //    MQTT 5 PUBACK with a reason code >= 0x80 (not authorized, topic name invalid, quota
@@ -160,12 +167,26 @@ struct RelayOptions : ConnectionOptions {
   // Most publishes without PUBACK, further capped by the broker's Receive Maximum.
   // 1..65535. Default 64.
   int max_inflight = 64;
-  // Most rows marked sent per transaction. Default 256.
+  // Most rows marked sent per transaction; as many PUBACKs waiting are marked at once.
+  // Default 256.
   int mark_batch = 256;
-  // How often the relay looks for new rows when nothing woke it, ms. A commit on the
-  // Inbox's connection whose transaction enqueued a row wakes it at once (see notify()).
-  // Default 200.
-  int poll_interval_ms = 200;
+  // Longest a PUBACK waits to be marked sent, ms (>= 0), so that the PUBACKs of a stream
+  // or a burst share one transaction (each writes the pages of the outbox's table and
+  // indexes to the WAL again). The marks are also written once mark_batch PUBACKs wait,
+  // when the connection ends and at stop(); 0 = at once. A crash loses the marks not yet
+  // written: those rows are published again with the same ids (the next hop drops them).
+  // Until marked, a row counts as pending (Outbox::summary, the class bounds). Does not
+  // delay any publish. Default 200.
+  int mark_linger_ms = 200;
+  // How often the relay looks for new rows when nothing woke it, ms. A commit that
+  // enqueued on a connection the library opened wakes it at once (see notify()), so the
+  // poll finds only rows committed on the application's own connections and by other
+  // processes (the admin tool's replay). Default 1000.
+  int poll_interval_ms = 1000;
+  // Whether a commit that enqueued wakes the relay (see notify()). false: the relay finds
+  // new rows at its poll only, so rows go out in bursts of up to poll_interval_ms (what
+  // scripts/bench.sh compares the wake-up with). Default true.
+  bool wake_on_commit = true;
   // Largest PUBLISH the relay sends, bytes (the whole packet, as MQTT 5.0 section
   // 3.2.2.3.6 counts it); 0 = no limit of its own. Used like the Maximum Packet Size an
   // MQTT 5 broker announces in CONNACK (the smaller of the two applies): a larger row
@@ -260,9 +281,10 @@ class Relay {
   static Status create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out);
   // A relay that publishes on `subscriber`'s connection (see Design; the subscriber then
   // makes its Paho client anew at each reconnect). Only the publishing fields of `options`
-  // are used (max_inflight, mark_batch, poll_interval_ms, max_packet_size,
-  // stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the hooks;
-  // reconnect_backoff_* pace a start over after a publish failed on a live connection);
+  // are used (max_inflight, mark_batch, mark_linger_ms, poll_interval_ms, wake_on_commit,
+  // max_packet_size, stop_timeout_ms, logger, prometheus_textfile, metrics_period_ms, the
+  // hooks; reconnect_backoff_* pace a start over after a publish failed on a live
+  // connection);
   // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
   // the Relay before the Subscriber. One relay per subscriber. Errors: kInvalidArgument
   // for a null outbox or subscriber, broker_uri or client_id set (they are the
@@ -287,11 +309,11 @@ class Relay {
   // lost, the rows it had not marked are published again by the next run. Destroying
   // the Relay instead waits for the thread, as long as the store takes.
   Status stop();
-  // Wakes the relay to look for new rows now. Not needed after a commit on the Inbox's
-  // connection (a handler's, or a transaction in Inbox::with_connection) that enqueued:
-  // that commit wakes every running relay of the Outbox's Inbox. Call it after a commit
-  // on another connection (a StoreThenProcess worker's, the application's own), or the
-  // relay finds the row at its next poll (poll_interval_ms).
+  // Wakes the relay to look for new rows now. Not needed after a commit that enqueued on
+  // a connection the library opened to the Inbox's file in this process (the Inbox's, a
+  // StoreThenProcess worker's, another Inbox's): that commit wakes every running relay of
+  // the file. Call it after a commit on a connection the application opened itself, or
+  // the relay finds the row at its next poll (poll_interval_ms).
   void notify();
 
   // Whether the relay has a connection to publish on now.

@@ -111,9 +111,9 @@ void Relay::Impl::run_own() {
     }
     if (!pause_for(backoff)) break;
   }
-  flush_marks();
+  flush_marks(/*force=*/true);
   disconnect_quietly();
-  flush_marks();
+  flush_marks(/*force=*/true);
 }
 
 // A lent connection: wait for the Subscriber to connect, publish until it is down, wait
@@ -185,7 +185,7 @@ void Relay::Impl::run_lent() {
     }
   }
   connected = false;
-  flush_marks();
+  flush_marks(/*force=*/true);
 }
 
 void Relay::Impl::run() {
@@ -204,6 +204,8 @@ Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
   if (options.max_inflight < 1 || options.max_inflight > 65535)
     return Status::InvalidArgument("relay max_inflight must be 1..65535");
   if (options.mark_batch < 1) return Status::InvalidArgument("relay mark_batch must be >= 1");
+  if (options.mark_linger_ms < 0)
+    return Status::InvalidArgument("relay mark_linger_ms must be >= 0");
   if (options.poll_interval_ms < 1 || options.metrics_period_ms < 1 ||
       options.reconnect_backoff_initial_ms < 1 ||
       options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms)
@@ -300,11 +302,12 @@ Status Relay::start() {
     impl_->finished = false;
   }
   // Woken after each commit on the inbox's connection that enqueued (store/sqlite/commit_wake.h).
-  m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.woken = true;
-    m.wake.notify_all();
-  });
+  if (m.options.wake_on_commit)
+    m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.woken = true;
+      m.wake.notify_all();
+    });
   impl_->thread = std::thread([this] { impl_->run(); });
   return Status::Ok();
 }

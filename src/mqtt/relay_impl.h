@@ -90,6 +90,13 @@ struct Relay::Impl {
   // token failed without one (until the connection is started over).
   std::map<uint64_t, InFlight> inflight;
   std::vector<int64_t> acked;  // seqs PUBACKed, not yet marked
+  Clock::time_point acked_since{};  // when the first of `acked` came (mark_linger_ms)
+  // After a mark failed, not tried again before this unless forced (relay thread only).
+  Clock::time_point marks_retry_at{};
+  // The last fetch filled the window, so rows may be left behind it: each PUBACK then
+  // wakes the thread to publish more. Otherwise new rows come with a wake-up or a poll,
+  // and a PUBACK wakes the thread only when marks are due.
+  bool more_pending = false;
   // Rows to make dead letters after the publish: refused by a PUBACK, or blamed for
   // ending the connection (DropTracker).
   struct Rejection {
@@ -107,6 +114,16 @@ struct Relay::Impl {
   bool lent_up = false;
   uint64_t lent_epoch = 0;
   mqtt::properties lent_connack;
+  // Publishes of each row not yet marked sent or dead, counted here and added to its
+  // attempts with the mark (OutboxMark): the fetch reads, so it cannot count them. Kept
+  // across reconnects; rows that left the pending state otherwise are dropped at the next
+  // connection's first fetch. Relay thread only.
+  std::map<int64_t, int> publishes;
+  // Row `seq` with its publishes counted so far, to mark (relay thread).
+  OutboxMark mark_of(int64_t seq) const {
+    const auto it = publishes.find(seq);
+    return OutboxMark{seq, it == publishes.end() ? 0 : it->second};
+  }
   // Numbers the publishes of this Relay (relay thread only), never reused, so a callback
   // of a publish made on an earlier connection finds nothing in `inflight`.
   uint64_t pubno = 0;
@@ -180,8 +197,13 @@ struct Relay::Impl {
 
   int window() const { return std::min(options.max_inflight, receive_maximum.load()); }
 
-  // Marks collected PUBACKs. On a store error they are kept and tried again.
-  void flush_marks();
+  // Marks collected PUBACKs sent when they are due (mark_batch of them wait, or the
+  // first has waited mark_linger_ms) or `force`, and refused rows dead at once. On a store
+  // error they are kept and tried again.
+  void flush_marks(bool force);
+  // How long the thread may sleep before its next look, ms: the poll, cut to when the
+  // waiting PUBACKs are due to be marked and to the next metrics write.
+  int next_wait_ms();
 
   // Publishes pending rows after `*last_seq` while the window has room. Returns false if
   // the connection must be made again.

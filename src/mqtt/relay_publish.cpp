@@ -26,9 +26,16 @@ void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
     auto it = inflight.find(n);
     if (it == inflight.end() || it->second.failed) return;  // an earlier connection's
     const InFlight f = it->second;
+    bool wake_thread = true;
     switch (outcome) {
       case detail::PublishOutcome::kAcked:
         figures.acked(reason, now - f.published_at, now - f.enqueued_at);
+        // The thread is woken when it can publish more (more_pending), when marks are due
+        // now, and by the first PUBACK to mark, so that it sleeps no longer than
+        // mark_linger_ms from then (next_wait_ms); not by every PUBACK of a stream.
+        wake_thread = more_pending || acked.empty() || options.mark_linger_ms == 0 ||
+                      acked.size() + 1 >= static_cast<size_t>(options.mark_batch);
+        if (acked.empty()) acked_since = now;
         acked.push_back(f.seq);
         ++acked_count;
         break;
@@ -50,8 +57,10 @@ void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
       last_puback_at = now;
       inflight.erase(it);
     }
-    woken = true;
-    wake.notify_all();
+    if (wake_thread) {
+      woken = true;
+      wake.notify_all();
+    }
   } catch (...) {
     // Nothing may escape into Paho; an unrecorded ack only causes a resend.
   }
@@ -83,41 +92,76 @@ void Relay::Impl::lent_connection_down() {
   on_connection_lost();
 }
 
-// Marks collected PUBACKs. On a store error they are kept and tried again.
-void Relay::Impl::flush_marks() {
+// Marks collected PUBACKs sent when due or `force`, and refused rows dead at once, each
+// with the publishes counted for it. On a store error they are kept and tried again after
+// poll_interval_ms (at once if forced).
+void Relay::Impl::flush_marks(bool force) {
+  const auto now = Clock::now();
+  if (!force && now < marks_retry_at) return;
   std::vector<int64_t> sent;
   std::vector<Rejection> dead;
+  Clock::time_point since{};
   {
     std::lock_guard<std::mutex> lock(mu);
-    sent.swap(acked);
+    if (force || acked.size() >= static_cast<size_t>(options.mark_batch) ||
+        now - acked_since >= std::chrono::milliseconds(options.mark_linger_ms)) {
+      sent.swap(acked);
+      since = acked_since;
+    }
     dead.swap(rejections);
   }
+  // What was not marked goes back in front of what came meanwhile, tried again later.
+  auto failed = [&] {
+    marks_retry_at = Clock::now() + std::chrono::milliseconds(options.poll_interval_ms);
+  };
   for (size_t i = 0; i < sent.size(); i += static_cast<size_t>(options.mark_batch)) {
-    std::vector<int64_t> batch(
-        sent.begin() + static_cast<std::ptrdiff_t>(i),
-        sent.begin() + static_cast<std::ptrdiff_t>(
-                           std::min(sent.size(), i + static_cast<size_t>(options.mark_batch))));
-    if (options.before_mark_hook) options.before_mark_hook(batch.front());
+    const size_t end = std::min(sent.size(), i + static_cast<size_t>(options.mark_batch));
+    std::vector<OutboxMark> batch;
+    batch.reserve(end - i);
+    for (size_t k = i; k < end; ++k) batch.push_back(mark_of(sent[k]));
+    if (options.before_mark_hook) options.before_mark_hook(batch.front().seq);
     const Status s = outbox->mark_sent(batch);
     if (!s.ok()) {
-      log->warn("outbox relay: marking {} row(s) sent failed, retrying: {}", batch.size(),
+      log->warn("outbox relay: marking {} row(s) sent failed, retrying: {}", sent.size() - i,
                 s.to_string());
+      failed();
       std::lock_guard<std::mutex> lock(mu);
-      acked.insert(acked.end(), sent.begin() + static_cast<std::ptrdiff_t>(i), sent.end());
+      acked.insert(acked.begin(), sent.begin() + static_cast<std::ptrdiff_t>(i), sent.end());
+      acked_since = since;
       break;
     }
+    for (const OutboxMark& m : batch) publishes.erase(m.seq);
   }
   for (size_t i = 0; i < dead.size(); ++i) {
     const auto& r = dead[i];
-    const Status s = outbox->mark_dead(r.seq, r.reason, r.code, r.text);
+    const Status s = outbox->mark_dead(mark_of(r.seq), r.reason, r.code, r.text);
     if (!s.ok()) {
       log->warn("outbox relay: marking row {} dead failed, retrying: {}", r.seq, s.to_string());
+      failed();
       std::lock_guard<std::mutex> lock(mu);
-      rejections.insert(rejections.end(), dead.begin() + static_cast<std::ptrdiff_t>(i),
+      rejections.insert(rejections.begin(), dead.begin() + static_cast<std::ptrdiff_t>(i),
                         dead.end());
       break;
     }
+    publishes.erase(r.seq);
   }
+}
+
+int Relay::Impl::next_wait_ms() {
+  const auto now = Clock::now();
+  auto until = now + std::chrono::milliseconds(options.poll_interval_ms);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!acked.empty() || !rejections.empty()) {
+      auto due = rejections.empty()
+                     ? acked_since + std::chrono::milliseconds(options.mark_linger_ms)
+                     : now;
+      until = std::min(until, std::max(due, marks_retry_at));
+    }
+  }
+  if (!options.prometheus_textfile.empty()) until = std::min(until, next_metrics);
+  return static_cast<int>(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()));
 }
 
 // Publishes pending rows after `*last_seq` while the window has room. Returns false if
@@ -129,7 +173,11 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     in_flight = inflight.size();
   }
   const int room = window() - static_cast<int>(in_flight);
-  if (room <= 0) return true;
+  if (room <= 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    more_pending = true;  // the window is full: a PUBACK makes room
+    return true;
+  }
   const bool v5 = options.mqtt_version == MqttVersion::kV5;
   std::vector<OutboxRow> rows;
   const Status s = outbox->fetch_pending(*last_seq, room, &rows);
@@ -137,17 +185,27 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     log->warn("outbox relay: reading pending rows failed, retrying: {}", s.to_string());
     return true;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    more_pending = static_cast<int>(rows.size()) == room;
+  }
+  // The first read of a connection starts at the first pending row: counts kept for rows
+  // before it are of rows no longer pending (marked by another path, dropped, purged).
+  if (*last_seq == 0)
+    publishes.erase(publishes.begin(),
+                    rows.empty() ? publishes.end() : publishes.lower_bound(rows.front().seq));
   const auto fetched_at = Clock::now();
   for (const auto& row : rows) {
     std::string why;
     if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(),
                                                   options.max_packet_size, &why)) {
-      const Status d = outbox->mark_dead(row.seq, *reason, 0, why);
+      const Status d = outbox->mark_dead(mark_of(row.seq), *reason, 0, why);
       if (!d.ok()) {  // read again from this row at the next poll
         log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
                   d.to_string());
         return true;
       }
+      publishes.erase(row.seq);
       ++(*reason == OutboxDeadReason::kExpired ? expired_count : too_large_count);
       *last_seq = row.seq;
       continue;
@@ -177,6 +235,7 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
       return false;
     }
     ++published;
+    ++publishes[row.seq];
     *last_seq = row.seq;
     if (options.after_publish_hook) options.after_publish_hook(row.seq);
   }
@@ -242,21 +301,23 @@ void Relay::Impl::write_metrics(bool force) {
 // inflight. Returns false if a publish failed locally.
 bool Relay::Impl::publish_on_connection() {
   connected = true;
-  // Everything still pending goes out again from the first row, in order.
-  flush_marks();
+  // Everything still pending goes out again from the first row, in order: the rows
+  // PUBACKed before are marked first, so they are not among them.
+  flush_marks(/*force=*/true);
   int64_t last_seq = 0;
   bool ok = true;
   while (ok && !is_stopping()) {
-    flush_marks();
+    flush_marks(/*force=*/false);
     write_metrics(false);
     {
       std::lock_guard<std::mutex> lock(mu);
       if (lost || resend) break;
     }
     ok = publish_more(&last_seq);
-    if (ok) sleep_for(options.poll_interval_ms);
+    if (ok) sleep_for(next_wait_ms());
   }
-  flush_marks();  // the PUBACKs that came before the end: rows stay pending no longer
+  // The PUBACKs that came before the end: rows stay pending no longer.
+  flush_marks(/*force=*/true);
   return ok;
 }
 

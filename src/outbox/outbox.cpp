@@ -384,7 +384,7 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
     }
     ++impl_->enqueued;
     // Wake the relays once this transaction commits (a no-op on another connection).
-    in.commit_wake.arm(db.getHandle());
+    in.commit_wake->arm(db.getHandle());
   }
   if (message_id) *message_id = id;
 }
@@ -407,8 +407,12 @@ Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
   auto& in = detail::sqlite_store(impl_->inbox);
   auto& db = *in.db;
-  return impl_->on_inbox("Outbox::fetch_pending", /*relaxed_sync=*/true, [&] {
-    out->clear();  // a retried transaction starts over
+  // A read: one statement, so one snapshot, and no write lock. It counted an attempt on
+  // every row it handed out before: a write transaction per fetch, and so about one per
+  // event once commits woke the relay. The relay now counts its publishes and adds them
+  // with the mark (OutboxMark).
+  return impl_->read_on_inbox("Outbox::fetch_pending", [&] {
+    out->clear();
     const int64_t clock_now = in.retention_clock();
     SQLite::Statement q(db, std::string("SELECT ") + detail::kOutboxRowColumns +
                                 " FROM outbox_messages WHERE state = 'pending' AND seq > ? "
@@ -416,33 +420,26 @@ Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow
     q.bind(1, after_seq);
     q.bind(2, limit);
     while (q.executeStep()) out->push_back(detail::read_outbox_row(q, clock_now));
-    q.tryReset();
-    if (out->empty()) return;
-    SQLite::Statement up(db,
-                         "UPDATE outbox_messages SET attempts = attempts + 1 "
-                         "WHERE state = 'pending' AND seq BETWEEN ? AND ?");
-    up.bind(1, out->front().seq);
-    up.bind(2, out->back().seq);
-    up.exec();
-    for (auto& r : *out) ++r.attempts;
   });
 }
 
-Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
-  if (seqs.empty()) return Status::Ok();
+Status Outbox::mark_sent(const std::vector<OutboxMark>& rows) {
+  if (rows.empty()) return Status::Ok();
   auto& in = detail::sqlite_store(impl_->inbox);
   int64_t changed = 0;
   Status s = impl_->on_inbox("Outbox::mark_sent", /*relaxed_sync=*/true, [&] {
     changed = 0;
     SQLite::Statement up(*in.db,
                          "UPDATE outbox_messages SET state = 'sent', sent_at = ?, "
-                         "retention_at = ? WHERE seq = ? AND state = 'pending'");
+                         "retention_at = ?, attempts = attempts + ? "
+                         "WHERE seq = ? AND state = 'pending'");
     const int64_t now = in.clock->wall_ms();
     const int64_t retention_now = in.retention_clock();
-    for (int64_t seq : seqs) {
+    for (const OutboxMark& r : rows) {
       up.bind(1, now);
       up.bind(2, retention_now);
-      up.bind(3, seq);
+      up.bind(3, std::max(0, r.publishes));
+      up.bind(4, r.seq);
       changed += up.exec();
       up.tryReset();
     }
@@ -451,33 +448,28 @@ Status Outbox::mark_sent(const std::vector<int64_t>& seqs) {
   return s;
 }
 
-Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
+Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
                          const std::string& text) {
   auto& in = detail::sqlite_store(impl_->inbox);
   int changed = 0;
   Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
-    // expired and payload_too_large are found before the publish: the attempt that
-    // fetch_pending counted for it is taken back, so attempts counts publishes.
-    const bool unsent =
-        reason == OutboxDeadReason::kExpired || reason == OutboxDeadReason::kPayloadTooLarge;
     SQLite::Statement up(*in.db,
-                         std::string("UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
-                                     "reason_code = ?, reason_text = ?, dead_at = ?, "
-                                     "retention_at = ?") +
-                             (unsent ? ", attempts = max(attempts - 1, 0)" : "") +
-                             " WHERE seq = ? AND state = 'pending'");
+                         "UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
+                         "reason_code = ?, reason_text = ?, dead_at = ?, retention_at = ?, "
+                         "attempts = attempts + ? WHERE seq = ? AND state = 'pending'");
     up.bind(1, to_string(reason));
     up.bind(2, reason_code);
     up.bind(3, text);
     up.bind(4, in.clock->wall_ms());
     up.bind(5, in.retention_clock());
-    up.bind(6, seq);
+    up.bind(6, std::max(0, row.publishes));
+    up.bind(7, row.seq);
     changed = up.exec();
   });
   if (s.ok() && changed > 0) {
     ++impl_->dead;
-    impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}", seq,
-                     to_string(reason), reason_code, detail::printable(text));
+    impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}",
+                     row.seq, to_string(reason), reason_code, detail::printable(text));
   }
   return s;
 }
@@ -485,11 +477,11 @@ Status Outbox::mark_dead(int64_t seq, OutboxDeadReason reason, int reason_code,
 namespace detail {
 
 uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
-  return sqlite_store(outbox.impl_->inbox).commit_wake.add(std::move(wake));
+  return sqlite_store(outbox.impl_->inbox).commit_wake->add(std::move(wake));
 }
 
 void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
-  sqlite_store(outbox.impl_->inbox).commit_wake.remove(id);
+  sqlite_store(outbox.impl_->inbox).commit_wake->remove(id);
 }
 
 }  // namespace detail

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "store/sqlite/store.h"
 #include "mqtt_inbox/outbox.h"
@@ -66,6 +67,18 @@ struct Outbox::Impl {
   // takes its mutex (store/reentry.h): the handler's thread holds that mutex already.
   template <typename Fn>
   Status on_inbox(const char* call, bool relaxed_sync, Fn&& fn) {
+    return use_inbox(call, /*write=*/true, relaxed_sync, std::forward<Fn>(fn));
+  }
+  // As on_inbox, but `fn` runs outside any transaction: each statement is its own read
+  // transaction, which takes no write lock. For reads only.
+  template <typename Fn>
+  Status read_on_inbox(const char* call, Fn&& fn) {
+    return use_inbox(call, /*write=*/false, /*relaxed_sync=*/false, std::forward<Fn>(fn));
+  }
+
+ private:
+  template <typename Fn>
+  Status use_inbox(const char* call, bool write, bool relaxed_sync, Fn&& fn) {
     if (Status r = detail::refuse_if_in_handler(inbox, call); !r.ok()) return r;
     const char* what = call;
     auto& in = detail::sqlite_store(inbox);
@@ -75,7 +88,10 @@ struct Outbox::Impl {
       using InboxImpl = std::remove_reference_t<decltype(in)>;  // detail::SqliteStore is private
       std::optional<InboxImpl::RelaxedSync> relaxed;
       if (relaxed_sync) relaxed.emplace(in);
-      in.write_transaction(fn);
+      if (write)
+        in.write_transaction(fn);
+      else
+        fn();
       return Status::Ok();
     } catch (const SQLite::Exception& e) {
       return in.store_error(detail::to_status(e, what));

@@ -138,7 +138,7 @@ Status Outbox::replay_dead(const std::string& message_id) {
     ins.bind(8, enqueued_at);
     ins.bind(9, in.retention_clock());  // a replay starts its age bound afresh
     ins.exec();
-    in.commit_wake.arm(in.db->getHandle());  // a running relay sends it after the commit
+    in.commit_wake->arm(in.db->getHandle());  // a running relay sends it after the commit
     new_seq = sqlite3_last_insert_rowid(in.db->getHandle());
   });
   if (!s.ok()) return s;

@@ -126,6 +126,14 @@ std::unique_ptr<SQLite::Database> StoreThenProcess::Impl::open_connection(
   return db;
 }
 
+std::unique_ptr<detail::WalGuard> StoreThenProcess::Impl::guard_connection(SQLite::Database& db) {
+  auto& in = detail::sqlite_store(inbox);
+  const int page_size = db.execAndGet("PRAGMA page_size").getInt();
+  return std::make_unique<detail::WalGuard>(db.getHandle(), inbox->path(), page_size,
+                                            in.options.wal_autocheckpoint_pages, log,
+                                            in.commit_wake);
+}
+
 StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StoreThenProcess::~StoreThenProcess() {

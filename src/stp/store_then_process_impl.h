@@ -25,6 +25,7 @@
 #include "mqtt_inbox/store_then_process.h"
 #include "store/sqlite/util.h"
 #include "store/retry.h"
+#include "store/sqlite/wal_guard.h"
 
 namespace mqtt_inbox {
 
@@ -100,6 +101,10 @@ struct StoreThenProcess::Impl {
 
   // A connection to the Inbox's file with its settings; `sync` overrides synchronous.
   std::unique_ptr<SQLite::Database> open_connection(std::optional<Synchronous> sync);
+  // The WAL guard of a worker's connection `db` (wal_guard.h), as the Inbox's own has: a
+  // handler's commit that enqueued wakes the outbox relays, and checkpoints keep to the
+  // Inbox's wal_autocheckpoint_pages and the free space. Destroy it before `db`.
+  std::unique_ptr<detail::WalGuard> guard_connection(SQLite::Database& db);
 
   // Runs `fn` in BEGIN IMMEDIATE ... COMMIT on `db`. Store errors come back as Status.
   template <typename Fn>
@@ -158,6 +163,7 @@ struct StoreThenProcess::Impl {
   struct Worker {
     int index = 0;
     std::unique_ptr<SQLite::Database> db;
+    std::unique_ptr<detail::WalGuard> wal_guard;  // after db: removed before it closes
     std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
         failed, release, dead;
     std::vector<Row> batch;  // the rows of the current claim, in seq order

@@ -575,6 +575,7 @@ Status StoreThenProcess::start() {
             auto w = std::make_unique<Impl::Worker>();
             w->index = i;
             w->db = m.open_connection(std::nullopt);
+            w->wal_guard = m.guard_connection(*w->db);
             m.prepare_worker(*w);
             workers.push_back(std::move(w));
           }

@@ -2,13 +2,16 @@
 //   relay_child DB BROKER_URI POINT SEQ
 // POINT is none, before_publish (the row committed, not yet published), after_publish
 // (handed to Paho, its PUBACK not yet marked) or before_mark (PUBACKs received, marks not
-// written); the process SIGKILLs itself at that point for the first row with seq >= SEQ.
+// written); the process SIGKILLs itself at that point for the first row with seq >= SEQ
+// (before_mark: at the first batch of marks once that row was published, as PUBACKs are
+// marked in batches, RelayOptions::mark_linger_ms).
 // Without a fault it relays until no row is pending and exits 0.
 #include <mqtt_inbox/mqtt_inbox.h>
 #include <mqtt_inbox/relay.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -47,7 +50,11 @@ int main(int argc, char** argv) {
   };
   if (point == "before_publish") o.before_publish_hook = die_at;
   if (point == "after_publish") o.after_publish_hook = die_at;
-  if (point == "before_mark") o.before_mark_hook = die_at;
+  std::atomic<int64_t> last_published{0};
+  if (point == "before_mark") {
+    o.after_publish_hook = [&last_published](int64_t seq) { last_published = seq; };
+    o.before_mark_hook = [&last_published, die_at](int64_t) { die_at(last_published.load()); };
+  }
   std::unique_ptr<Relay> relay;
   if (Status s = Relay::create(outbox.get(), o, &relay); !s.ok()) {
     std::fprintf(stderr, "relay: %s\n", s.to_string().c_str());

@@ -220,9 +220,9 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
     // Replaces SQLite's autocheckpoint with one that adapts to free space (store/sqlite/wal_guard.h),
     // and keeps the WAL file no larger than that after a checkpoint either.
     const int page_size = c.execAndGet("PRAGMA page_size").getInt();
-    wal_guard = std::make_unique<detail::WalGuard>(c.getHandle(), path, page_size,
-                                                   options.wal_autocheckpoint_pages, log,
-                                                   &commit_wake);
+    if (!commit_wake) commit_wake = detail::CommitWake::of_file(path);
+    wal_guard = std::make_unique<detail::WalGuard>(
+        c.getHandle(), path, page_size, options.wal_autocheckpoint_pages, log, commit_wake);
     // The WAL file left after a checkpoint resets it: at most one cycle's WAL, the
     // checkpoint threshold's frames (each a page and a 24-byte frame header, after the
     // 32-byte WAL header, https://sqlite.org/fileformat2.html#walformat) and room for the

@@ -84,9 +84,11 @@ struct SqliteStore final : Store {
                       bool delete_attempt_row, std::optional<int64_t> replayed_dead_letter,
                       ClaimResult* result, std::string* handler_error,
                       const nlohmann::json* payload_json = nullptr);
-  // Wakes the outbox relays after a commit on `db` that enqueued (store/sqlite/commit_wake.h). Kept
-  // across reopened connections; the WAL guard of each points it at its connection.
-  CommitWake commit_wake;
+  // Wakes the outbox relays after a commit that enqueued on any connection the library
+  // opened to this file in this process (store/sqlite/commit_wake.h): the file's one CommitWake, taken
+  // when the first connection is open and kept across reopened ones, whose WAL guards
+  // watch them.
+  std::shared_ptr<CommitWake> commit_wake;
   // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared after
   // `db` and the statements: it removes its hook before the connection closes.
   std::unique_ptr<WalGuard> wal_guard;

@@ -5,6 +5,9 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "mqtt_inbox/inbox.h"
 
@@ -36,22 +39,42 @@ int64_t file_size(const std::string& path) {
 }
 }  // namespace
 
+std::shared_ptr<CommitWake> CommitWake::of_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::make_shared<CommitWake>();
+  // Weak: a file no Inbox holds any more drops out at the next look-up. An inode reused by
+  // a new file while an old Inbox still holds the old one's only costs spurious wakes.
+  static std::mutex mu;
+  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<CommitWake>> files;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = files.begin(); it != files.end();)
+    it = it->second.expired() ? files.erase(it) : std::next(it);
+  std::weak_ptr<CommitWake>& slot = files[{st.st_dev, st.st_ino}];
+  std::shared_ptr<CommitWake> wake = slot.lock();
+  if (!wake) {
+    wake = std::make_shared<CommitWake>();
+    slot = wake;
+  }
+  return wake;
+}
+
 WalGuard::WalGuard(sqlite3* db, std::string path, int page_size, int max_pages,
-                   std::shared_ptr<spdlog::logger> log, CommitWake* wake)
+                   std::shared_ptr<spdlog::logger> log, std::shared_ptr<CommitWake> wake)
     : db_(db),
       path_(std::move(path)),
       page_size_(std::max(512, page_size)),
       max_pages_(max_pages),
       log_(std::move(log)),
-      wake_(wake) {
-  if (wake_) wake_->watch(db_);
+      wake_(std::move(wake)),
+      watch_(db) {
+  if (wake_) wake_->watch(&watch_);
   // Also with max_pages 0 (no automatic checkpoints) when relays are to be woken.
   if (max_pages_ > 0 || wake_) sqlite3_wal_hook(db_, &WalGuard::hook, this);
 }
 
 WalGuard::~WalGuard() {
   sqlite3_wal_hook(db_, nullptr, nullptr);
-  if (wake_) wake_->watch(nullptr);
+  if (wake_) wake_->unwatch(&watch_);
 }
 
 int WalGuard::checkpoint_pages() const {
@@ -64,7 +87,7 @@ int WalGuard::checkpoint_pages() const {
 
 int WalGuard::hook(void* self, sqlite3* db, const char* name, int frames) {
   auto* g = static_cast<WalGuard*>(self);
-  if (g->wake_) g->wake_->committed();
+  if (g->wake_) g->wake_->committed(g->watch_);
   if (g->disabled_.load() || g->max_pages_ <= 0 || frames < kMinWalPages) return SQLITE_OK;
   // statvfs(2) after every commit was a system call per message (issue 14). Free space is
   // read again only once the WAL has grown by kRecheckPages since the last reading (or was

@@ -20,7 +20,8 @@
 // min_free_bytes (inbox.h) is the free space these need; `mqtt-inbox check` warns below it.
 //
 // The same hook, which SQLite calls after every commit on the connection, also wakes the
-// outbox relays after a commit that enqueued (store/sqlite/commit_wake.h).
+// outbox relays after a commit that enqueued (store/sqlite/commit_wake.h). Every connection the library
+// opens to write the file has one: the Inbox's, and each StoreThenProcess worker's.
 #pragma once
 
 #include <sqlite3.h>
@@ -52,11 +53,11 @@ class WalGuard {
 
   // Installs the WAL hook on `db` (not owned; must outlive the guard) for the database
   // at `path`. `max_pages` is InboxOptions::wal_autocheckpoint_pages; 0 keeps automatic
-  // checkpoints off, as it does in SQLite (on_full still runs). `wake` (optional, not
-  // owned, must outlive the guard) is told of every commit and watches `db`.
+  // checkpoints off, as it does in SQLite (on_full still runs). `wake` (optional) watches
+  // `db` and is told of every commit on it.
   WalGuard(sqlite3* db, std::string path, int page_size, int max_pages,
-           std::shared_ptr<spdlog::logger> log, CommitWake* wake = nullptr);
-  ~WalGuard();  // removes the hook
+           std::shared_ptr<spdlog::logger> log, std::shared_ptr<CommitWake> wake = nullptr);
+  ~WalGuard();  // removes the hook and the watch
   WalGuard(const WalGuard&) = delete;
   WalGuard& operator=(const WalGuard&) = delete;
 
@@ -78,7 +79,8 @@ class WalGuard {
   const int page_size_;
   const int max_pages_;
   const std::shared_ptr<spdlog::logger> log_;
-  CommitWake* const wake_;
+  const std::shared_ptr<CommitWake> wake_;
+  CommitWake::Watch watch_;  // this connection's, registered with wake_
   std::atomic<bool> disabled_{false};
   // Only touched by the connection's thread (the hook runs inside its commits):
   bool low_space_logged_ = false;
