@@ -38,6 +38,8 @@ class Inbox;
 
 namespace detail {
 
+class StpRows;
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -63,6 +65,10 @@ class Store {
   // takes the store's connection itself if it needs it, so the sleeps hold no lock.
   // Returns the store's fatal status once it is latched.
   virtual Status wait_at_startup(const char* what, const std::function<Status(int)>& op) = 0;
+
+  // Store-then-process's rows: receipt, the workers' claims, maintenance
+  // (store/stp_rows.h).
+  virtual StpRows& stp_rows() = 0;
 
   // Once the store is found unusable (a corrupt SQLite file), it is never read or written
   // again: every operation returns fatal_status() without touching it, and the error is

@@ -2,9 +2,8 @@
 // receipt stores the raw message (the PUBACK follows that commit); workers process stored
 // rows in arrival order per aggregate key. This file: create() and its option checks, the
 // state shared by the parts (stp/store_then_process_impl.h), counters and health, and the
-// aggregate-key helpers. The parts, each with the SQL it runs on inbox_messages:
-// stp/receipt.cpp, stp/workers.cpp and
-// stp/maintenance.cpp.
+// aggregate-key helpers. The parts: stp/receipt.cpp, stp/workers.cpp and
+// stp/maintenance.cpp; the rows they read and write are the store's (store/stp_rows.h).
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -13,10 +12,11 @@
 #include <random>
 #include <string>
 
-#include "util/log.h"
-#include "store/sqlite/store.h"
 #include "store/reentry.h"
+#include "store/store.h"
+#include "store/stp_rows.h"
 #include "stp/store_then_process_impl.h"
+#include "util/log.h"
 #include "util/text.h"
 
 namespace mqtt_inbox {
@@ -77,19 +77,11 @@ void StoreThenProcess::Impl::worker_error(const Status& s) {
     counters.last_worker_error = s.to_string();
   }
   if (s.is_fatal_store_error()) {
-    // Not on the Inbox's connection: its mutex is not held and not needed (the latch
-    // only switches the Inbox's closing checkpoint off).
-    (void)detail::sqlite_store(inbox).store_error(s, /*holding_connection=*/false);
+    // Not holding the store's shared connection: it is not needed (the latch only stops
+    // every use of the store).
+    (void)store->store_error(s, /*holding_connection=*/false);
     retry->set_fatal(s);
   }
-}
-
-bool StoreThenProcess::Impl::store_unusable() const {
-  return detail::sqlite_store(inbox).fatal.load();
-}
-
-Status StoreThenProcess::Impl::unusable_status() const {
-  return detail::sqlite_store(inbox).fatal_status();
 }
 
 void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
@@ -128,15 +120,8 @@ std::unique_ptr<SQLite::Database> StoreThenProcess::Impl::open_connection(
 
 StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-StoreThenProcess::~StoreThenProcess() {
-  (void)stop();
-  Impl& m = *impl_;
-  m.close_quietly_if_unusable(m.maint.get());
-  m.inbox->with_connection([&](SQLite::Database&) {
-    m.insert.reset();
-    m.exists.reset();
-  });
-}
+// The store's rows (and their connections) close with impl_, after the threads are gone.
+StoreThenProcess::~StoreThenProcess() { (void)stop(); }
 
 Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHandler handler,
                                 const StoreThenProcessOptions& options,
@@ -165,32 +150,24 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
       options.slow_handler_warn_ms < 0)
     return Status::InvalidArgument("intervals and retention durations must be >= 0");
 
+  detail::Store& store = inbox->store();
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
+  impl->store = &store;
   impl->name = name;
   impl->handler = std::move(handler);
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
   impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
-                                                     inbox->path(), options.consumer, impl->clock,
-                                                     impl->log);
+                                                     store.location(), options.consumer,
+                                                     impl->clock, impl->log);
   impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();
-  const Status opened = detail::sqlite_store(inbox).wait_at_startup(
-      "opening the store-then-process maintenance connection", [m](int) -> Status {
-        try {
-          m->maint = m->open_connection(std::nullopt);
-        } catch (const SQLite::Exception& e) {
-          m->maint.reset();
-          return detail::to_status(e, "opening the maintenance connection to " + m->inbox->path());
-        } catch (const std::exception& e) {
-          m->maint.reset();
-          return Status::Internal(std::string("opening the maintenance connection: ") + e.what());
-        }
-        return Status::Ok();
-      });
+  const Status opened = store.wait_at_startup(
+      "opening the store-then-process maintenance connection",
+      [m, &store](int) -> Status { return store.stp_rows().open(m->name, &m->rows); });
   if (!opened.ok()) return opened;
   out->reset(new StoreThenProcess(std::move(impl)));
   return Status::Ok();

@@ -1,6 +1,8 @@
 // StoreThenProcess::Impl: the state that the receipt, the worker pool and the maintenance
 // thread of one store-then-process consumer share, and the declarations of each part's
-// code. Each part is in its own file, with the SQL it runs on inbox_messages:
+// code. Receipt and maintenance read and write the stored rows through the store's
+// interface (store/stp_rows.h, in SQLite store/sqlite/stp_rows.cpp); the workers still run
+// their own SQL on connections of their own (stp/workers.cpp).
 //   stp/receipt.cpp      receipt: store before PUBACK, or dead-letter
 //   stp/workers.cpp      the worker pool: claim, lease, run, retry
 //   stp/maintenance.cpp  reaper, replay, compaction and stats
@@ -23,8 +25,10 @@
 #include <vector>
 
 #include "mqtt_inbox/store_then_process.h"
-#include "store/sqlite/util.h"
 #include "store/retry.h"
+#include "store/sqlite/util.h"
+#include "store/store.h"
+#include "store/stp_rows.h"
 
 namespace mqtt_inbox {
 
@@ -43,6 +47,7 @@ inline std::string claimant_instance(const std::string& claimant) {
 
 struct StoreThenProcess::Impl {
   Inbox* inbox = nullptr;
+  detail::Store* store = nullptr;  // inbox->store()
   std::string name;
   StoredHandler handler;
   StoreThenProcessOptions options;
@@ -56,13 +61,10 @@ struct StoreThenProcess::Impl {
   std::string instance;
   std::atomic<uint64_t> next_claim{0};
 
-  // Receipt statements live on the Inbox's connection and are used under its mutex
-  // (Inbox::with_connection).
-  std::unique_ptr<SQLite::Statement> insert, exists;
-
-  // The maintenance connection: reaper, replay, prune, stats.
+  // This consumer's rows in the store. Receipt calls are safe from any thread; its
+  // maintenance calls (reaper, replay, prune, stats) are made under maint_mu.
+  std::unique_ptr<detail::StpConsumerRows> rows;
   std::mutex maint_mu;
-  std::unique_ptr<SQLite::Database> maint;
 
   mutable std::mutex state_mu;  // guards counters; never held across I/O
   StoreThenProcessCounters counters;
@@ -78,19 +80,19 @@ struct StoreThenProcess::Impl {
   // ---------------------------------------------------------------- shared
   // (stp/store_then_process.cpp)
 
-  // The retention clock (received_at, done_at): the Inbox's, which wall-clock jumps
+  // The retention clock (received_at, done_at): the store's, which wall-clock jumps
   // cannot move, so retention and replay ranges are measured like inbox_processed's.
-  int64_t retention_now() { return inbox->retention_clock_ms(); }
+  int64_t retention_now() { return store->retention_clock(); }
 
   void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1);
-  // Counts a worker or maintenance failure. A fatal one (the file is corrupt) latches
-  // the Inbox (store/sqlite/store.h latch_fatal: nothing reads or writes the file again, receipt
-  // acks nothing) and turns health() red.
+  // Counts a worker or maintenance failure. A fatal one (the store is unusable: a
+  // corrupt file) latches the store (Store::latch_fatal: nothing reads or writes it
+  // again, receipt acks nothing) and turns health() red.
   void worker_error(const Status& s);
-  // The Inbox has latched a fatal store error (found by any part on the file): workers
-  // and maintenance neither claim nor write again.
-  bool store_unusable() const;
-  Status unusable_status() const;  // the Inbox's kCorruption status, naming the file
+  // The store has latched a fatal error (found by any part using it): workers and
+  // maintenance neither claim nor write again.
+  bool store_unusable() const { return store->unusable(); }
+  Status unusable_status() const { return store->fatal_status(); }  // kCorruption, naming it
   // Once the file is unusable, closing `db` must not checkpoint the WAL into it.
   void close_quietly_if_unusable(SQLite::Database* db) const;
   void notify_workers();
@@ -132,9 +134,6 @@ struct StoreThenProcess::Impl {
     retry->until_stored(what, std::forward<Op>(op));
   }
 
-  Status stored_already(const std::string& id, bool* found);
-  Status store(const Message& m, const std::string& id, const std::string& key,
-               const std::string& props, bool* inserted);
   Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
                               DeadLetterReason reason, const std::string& text);
   Outcome receive(const Message& m);

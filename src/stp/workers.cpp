@@ -184,12 +184,12 @@ std::vector<std::pair<int64_t, std::string>> StoreThenProcess::Impl::candidates(
 // Claims a batch: rows of at most ceil(eligible aggregates / workers) aggregates (so
 // the other workers find work too), oldest first, up to batch_size rows.
 Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant) {
-  std::vector<Row>* rows = &w.batch;
-  rows->clear();
+  std::vector<Row>* batch = &w.batch;
+  batch->clear();
   const int64_t now = retention_now();
   w.set_sync(Synchronous::kNormal);
   return transaction(*w.db, "claiming rows", [&] {
-    rows->clear();  // a retried transaction starts afresh
+    batch->clear();  // a retried transaction starts afresh
     const std::vector<std::pair<int64_t, std::string>> cand = candidates(w, now);
     if (cand.empty()) return;
     std::vector<std::string> order;  // aggregates by their oldest eligible row
@@ -199,7 +199,7 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant) {
     const size_t take_aggs = std::max<size_t>(1, (order.size() + workers - 1) / workers);
     const std::set<std::string> chosen(order.begin(), order.begin() + static_cast<long>(take_aggs));
     for (const auto& c : cand) {
-      if (rows->size() >= static_cast<size_t>(options.batch_size)) break;
+      if (batch->size() >= static_cast<size_t>(options.batch_size)) break;
       if (!chosen.count(c.second)) continue;
       SQLite::Statement& q = *w.claim_row;
       detail::StatementReset reset(q);
@@ -223,7 +223,7 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant) {
       r.claim_token = q.getColumn(9).getInt64();
       while (q.executeStep()) {
       }
-      rows->push_back(std::move(r));
+      batch->push_back(std::move(r));
     }
   });
 }
@@ -503,7 +503,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
 
 void StoreThenProcess::Impl::worker_loop(Worker& w) {
   uint64_t seen = 0;
-  const std::vector<Row>& rows = w.batch;
+  const std::vector<Row>& batch = w.batch;
   while (!stopping.load()) {
     if (store_unusable()) {  // a corrupt file is never written again (worker_error)
       if (!idle(options.poll_interval_ms, &seen)) break;
@@ -517,13 +517,13 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
       if (!idle(options.poll_interval_ms, &seen)) break;
       continue;
     }
-    if (rows.empty()) {
+    if (batch.empty()) {
       if (!idle(options.poll_interval_ms, &seen)) break;
       continue;
     }
     std::set<std::string> blocked;  // aggregates whose earlier row failed or was lost
     bool released = false;
-    for (const Row& r : rows) {
+    for (const Row& r : batch) {
       if (stopping.load()) {
         if (!worker_retry("releasing rows at stop", [&] { return release(w, nullptr); }))
           log->warn("store-then-process '{}': could not release claimed rows at stop; they "

@@ -28,9 +28,14 @@
 #include "store/sqlite/util.h"
 #include "store/retry.h"
 #include "store/store.h"
+#include "store/stp_rows.h"
 #include "store/sqlite/wal_guard.h"
 
 namespace mqtt_inbox::detail {
+
+struct SqliteStore;
+// The SQLite store's store-then-process rows (store/sqlite/stp_rows.cpp).
+std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store);
 
 struct SqliteStore final : Store {
   std::string path;
@@ -103,6 +108,9 @@ struct SqliteStore final : Store {
     }
     return std::max(t, seen);
   }
+
+  std::unique_ptr<StpRows> stp = make_sqlite_stp_rows(*this);
+  StpRows& stp_rows() override { return *stp; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
