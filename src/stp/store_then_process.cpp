@@ -33,13 +33,6 @@ std::string instance_token() {
 
 }  // namespace
 
-StoredHandler stored_handler(Handler handler) {
-  return [h = std::move(handler)](SQLite::Database& db, const StoredDelivery& d) {
-    const Delivery delivery{d.message, d.message_id, d.attempt};
-    h(db, delivery);
-  };
-}
-
 std::function<std::string(const Message&)> aggregate_key_from_topic_level(size_t index) {
   return [index](const Message& m) {
     size_t start = 0;
@@ -84,11 +77,6 @@ void StoreThenProcess::Impl::worker_error(const Status& s) {
   }
 }
 
-void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
-  if (db && store_unusable())
-    sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
-}
-
 void StoreThenProcess::Impl::notify_workers() {
   {
     std::lock_guard<std::mutex> lock(run_mu);
@@ -104,18 +92,6 @@ bool StoreThenProcess::Impl::idle(int64_t ms, uint64_t* seen_gen) {
                 [&] { return stopping.load() || wake_gen != *seen_gen; });
   *seen_gen = wake_gen;
   return !stopping.load();
-}
-
-std::unique_ptr<SQLite::Database> StoreThenProcess::Impl::open_connection(
-    std::optional<Synchronous> sync) {
-  const InboxOptions& io = inbox->options();
-  auto db = std::make_unique<SQLite::Database>(
-      inbox->path(), SQLite::OPEN_READWRITE | SQLite::OPEN_URI, io.busy_timeout_ms, io.vfs);
-  const Synchronous s = sync ? *sync : io.synchronous;
-  db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
-  db->exec("PRAGMA foreign_keys = ON");
-  db->exec("PRAGMA cache_size = -" + std::to_string(io.cache_size_kib));
-  return db;
 }
 
 StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -155,7 +131,8 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->inbox = inbox;
   impl->store = &store;
   impl->name = name;
-  impl->handler = std::move(handler);
+  // The public handler takes the SQLite store's transaction: the store binds it.
+  impl->handler = detail::bind_stored_handler(std::move(handler));
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
