@@ -2,9 +2,10 @@
 // one database file in WAL mode, its mutex, the lock file, the cached statements of the
 // per-message path, the attempt marker, the WAL guard and the retention clock. Its code is
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
-// (the per-message path), dead_letters.cpp, sessions.cpp and inbox.cpp (the public Inbox
-// over it). Parts whose SQL has not yet moved into this folder reach it through
-// sqlite_store() (the layout table in cmake/layout_rules.cmake lists them).
+// (the per-message path), dead_letters.cpp, sessions.cpp, stp_rows.cpp (store-then-
+// process's rows and its workers' connections) and inbox.cpp (the public Inbox over it).
+// Parts whose SQL has not yet moved into this folder reach it through sqlite_store() (the
+// layout table in cmake/layout_rules.cmake lists them).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
