@@ -22,8 +22,9 @@
 namespace mqtt_inbox {
 
 void StoreThenProcess::Impl::maintenance_loop() {
-  const int64_t reap_every =
-      options.reap_interval_ms > 0 ? options.reap_interval_ms : std::max<int64_t>(1, options.lease_ms / 4);
+  const int64_t reap_every = options.reap_interval_ms > 0
+                                 ? options.reap_interval_ms
+                                 : std::max<int64_t>(1, options.lease_ms / 4);
   int64_t next_reap = clock->steady_ms();  // at once: the orphans of a crashed earlier run
   int64_t next_prune = options.prune_interval_ms > 0 ? clock->steady_ms() : INT64_MAX;
   uint64_t seen = 0;
@@ -105,8 +106,7 @@ Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
   std::vector<Returned> returned;
   std::map<std::string, Watched> still_watched;
   const Status s = rows->reap(
-      [&](const std::vector<detail::LiveClaim>& claims,
-          std::vector<detail::ReturnedClaim>* back) {
+      [&](const std::vector<detail::LiveClaim>& claims, std::vector<detail::ReturnedClaim>* back) {
         returned.clear();
         still_watched.clear();
         // Read inside the reaper's transaction: a claim committed before it was made by an
@@ -114,12 +114,11 @@ Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
         const int64_t now = clock->steady_ms();
         auto give_back = [&](const detail::LiveClaim& c, bool orphan) {
           returned.push_back({c.claimant, orphan});
-          back->push_back(
-              {c.claimant, c.running_seq,
-               std::string(detail::kExpiredClaimError) + " (claimant " + c.claimant +
-                   (orphan ? ", whose process is gone)"
-                           : ", no progress for the lease of " +
-                                 std::to_string(options.lease_ms) + " ms)")});
+          back->push_back({c.claimant, c.running_seq,
+                           std::string(detail::kExpiredClaimError) + " (claimant " + c.claimant +
+                               (orphan ? ", whose process is gone)"
+                                       : ", no progress for the lease of " +
+                                             std::to_string(options.lease_ms) + " ms)")});
         };
         for (const detail::LiveClaim& c : claims) {
           if (exclusive && !instance_running(detail::claimant_instance(c.claimant))) {
@@ -200,9 +199,10 @@ Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
     s = m.rows->replay(f, &r);
   }
   if (!s.ok()) return s;
-  m.log->info("store-then-process '{}': replay reset {} row(s) to pending ({} compacted, {} in "
-              "flight left alone)",
-              m.name, r.reset, r.not_replayable, r.in_flight);
+  m.log->info(
+      "store-then-process '{}': replay reset {} row(s) to pending ({} compacted, {} in "
+      "flight left alone)",
+      m.name, r.reset, r.not_replayable, r.in_flight);
   if (r.reset > 0) m.notify_workers();
   if (result) *result = r;
   return Status::Ok();
@@ -237,9 +237,11 @@ Status StoreThenProcess::Impl::check_dedup_window() {
   if (!longest || options.dedup_retention_ms >= longest->session_expiry_ms) return Status::Ok();
   const std::string what =
       "store-then-process '" + name + "': dedup_retention_ms " +
-      std::to_string(options.dedup_retention_ms) + " is shorter than the session expiry of "
-      "client '" + detail::printable(longest->client_id) + "' (" +
-      std::to_string(longest->session_expiry_ms) + " ms, " + to_string(longest->expiry_source) +
+      std::to_string(options.dedup_retention_ms) +
+      " is shorter than the session expiry of "
+      "client '" +
+      detail::printable(longest->client_id) + "' (" + std::to_string(longest->session_expiry_ms) +
+      " ms, " + to_string(longest->expiry_source) +
       "): a redelivery after its row was deleted would be processed again. Raise "
       "dedup_retention_ms, lower SubscriberOptions::session_expiry_s, or, for a client id "
       "retired for good, Inbox::forget_session";
@@ -249,9 +251,10 @@ Status StoreThenProcess::Impl::check_dedup_window() {
   }
   if (dedup_override_warned_ms != longest->session_expiry_ms) {
     dedup_override_warned_ms = longest->session_expiry_ms;
-    log->warn("RETENTION OVERRIDE: {}. Accepted because allow_dedup_retention_below_session "
-              "is set.",
-              what);
+    log->warn(
+        "RETENTION OVERRIDE: {}. Accepted because allow_dedup_retention_below_session "
+        "is set.",
+        what);
   }
   return Status::Ok();
 }

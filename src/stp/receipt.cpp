@@ -38,8 +38,8 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
                [&] { return inbox->add_dead_letter(dl, std::nullopt, &row); });
   count(&StoreThenProcessCounters::dead_lettered);
   log->warn("store-then-process '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}",
-            name, id ? detail::printable(*id) : std::string("<no id>"),
-            detail::printable(m.topic), to_string(reason), row, detail::printable(text, 300));
+            name, id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
+            to_string(reason), row, detail::printable(text, 300));
   return Outcome::kDeadLettered;
 }
 
@@ -119,8 +119,8 @@ Outcome StoreThenProcess::handle(const Message& message) {
   } catch (const std::exception& e) {
     // Only a bug (or std::bad_alloc) gets here. Never let it cross into the transport's
     // callback; the message was not stored, so die rather than ack it.
-    impl_->log->critical("store-then-process '{}': unexpected error at receipt: {}",
-                         impl_->name, e.what());
+    impl_->log->critical("store-then-process '{}': unexpected error at receipt: {}", impl_->name,
+                         e.what());
     std::abort();
   }
   if (impl_->log->should_log(spdlog::level::debug))

@@ -6,9 +6,8 @@
 // stp/maintenance.cpp; the rows they read and write are the store's (store/stp_rows.h).
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -136,9 +135,9 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
-  impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
-                                                     store.location(), options.consumer,
-                                                     impl->clock, impl->log);
+  impl->retry =
+      std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'", store.location(),
+                                           options.consumer, impl->clock, impl->log);
   impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();

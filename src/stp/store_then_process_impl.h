@@ -51,8 +51,8 @@ struct StoreThenProcess::Impl {
   StoreThenProcessOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
-  std::string token;     // random, per object
-  uint64_t runs = 0;     // start() calls, under run_mu
+  std::string token;  // random, per object
+  uint64_t runs = 0;  // start() calls, under run_mu
   // "<token>.<run>", set by start() before the workers exist: the first part of every
   // claimant. A new one per run, so claims left by an earlier run of this object (stop()
   // could not release them) are orphans too.

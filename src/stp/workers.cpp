@@ -83,9 +83,8 @@ void StoreThenProcess::Impl::choose_claim(int64_t now,
   std::sort(due.begin(), due.end());
   std::vector<const std::string*> order;  // aggregates by their oldest eligible row
   for (const auto& d : due)
-    if (std::find_if(order.begin(), order.end(), [&](const std::string* k) {
-          return *k == *d.second;
-        }) == order.end())
+    if (std::find_if(order.begin(), order.end(),
+                     [&](const std::string* k) { return *k == *d.second; }) == order.end())
       order.push_back(d.second);
   const size_t workers = static_cast<size_t>(std::max(1, options.workers));
   const size_t take_aggs = std::max<size_t>(1, (order.size() + workers - 1) / workers);
@@ -165,10 +164,11 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(Worker
                     [&] { return w.session->mark_dead(r.claim(), attempts, text, &owned); }))
     return RunResult::kStopped;
   count(&StoreThenProcessCounters::dead_lettered);
-  log->warn("store-then-process '{}': dead-lettered stored message '{}' (seq {}) as {} "
-            "(dead letter {}): {}",
-            name, detail::printable(r.message_id), r.seq, to_string(reason), id,
-            detail::printable(text, 300));
+  log->warn(
+      "store-then-process '{}': dead-lettered stored message '{}' (seq {}) as {} "
+      "(dead letter {}): {}",
+      name, detail::printable(r.message_id), r.seq, to_string(reason), id,
+      detail::printable(text, 300));
   return owned ? RunResult::kDead : RunResult::kLost;
 }
 
@@ -219,8 +219,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
   }
   const int attempt = r.attempts + 1;
   std::any prepared;
-  const StoredDelivery pre{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
-                           attempt, prepared};
+  const StoredDelivery pre{r.message,     r.message_id, r.aggregate_key, r.seq,
+                           r.received_at, attempt,      prepared};
   if (options.prepare) {
     // A PrepareFn holds no connection: it is judged like a handler but may call anything.
     // No store's classifier applies (it runs in no transaction of the store): whatever it
@@ -233,8 +233,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       return fail_row(w, r, attempt, "prepare: " + v.text);
   }
   if (options.before_handler_hook) options.before_handler_hook(r.message_id);
-  const StoredDelivery d{r.message, r.message_id, r.aggregate_key, r.seq, r.received_at,
-                         attempt, prepared};
+  const StoredDelivery d{r.message,     r.message_id, r.aggregate_key, r.seq,
+                         r.received_at, attempt,      prepared};
 
   detail::StoredRunResult run;
   const bool stored = worker_retry("running the handler transaction", [&] {
@@ -245,9 +245,10 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
     case detail::StoredRunResult::Kind::kDone:
       count(&StoreThenProcessCounters::processed);
       if (options.slow_handler_warn_ms > 0 && run.held_ms > options.slow_handler_warn_ms)
-        log->warn("store-then-process '{}': handler on '{}' held the write lock for {} ms; "
-                  "receipt waited for it (move slow work to a prepare function)",
-                  name, detail::printable(r.message_id), run.held_ms);
+        log->warn(
+            "store-then-process '{}': handler on '{}' held the write lock for {} ms; "
+            "receipt waited for it (move slow work to a prepare function)",
+            name, detail::printable(r.message_id), run.held_ms);
       return RunResult::kDone;
     case detail::StoredRunResult::Kind::kLost:
       return RunResult::kLost;
@@ -264,10 +265,9 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       // At info the first time; at debug while it keeps waiting (its last error says so).
       count(&StoreThenProcessCounters::outbox_full_waits);
       log->log(r.last_error == v.text ? spdlog::level::debug : spdlog::level::info,
-               "store-then-process '{}': '{}' (seq {}) waits for the relay to make room: {}",
-               name, detail::printable(r.message_id), r.seq, detail::printable(v.text, 300));
-      return retry_row_later(w, r, r.attempts, v.text,
-                             options.consumer.retry_backoff_max.count());
+               "store-then-process '{}': '{}' (seq {}) waits for the relay to make room: {}", name,
+               detail::printable(r.message_id), r.seq, detail::printable(v.text, 300));
+      return retry_row_later(w, r, r.attempts, v.text, options.consumer.retry_backoff_max.count());
     case detail::HandlerVerdict::Kind::kOk:
     case detail::HandlerVerdict::Kind::kStoreError:  // the store returns these as a Status
     case detail::HandlerVerdict::Kind::kFailed:
@@ -284,8 +284,8 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
       if (!idle(options.poll_interval_ms, &seen)) break;
       continue;
     }
-    const std::string claimant = instance + "/w" + std::to_string(w.index) + "/" +
-                                 std::to_string(next_claim.fetch_add(1));
+    const std::string claimant =
+        instance + "/w" + std::to_string(w.index) + "/" + std::to_string(next_claim.fetch_add(1));
     Status s = claim(w, claimant);
     if (!s.ok()) {
       worker_error(s);
@@ -302,9 +302,10 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
       if (stopping.load()) {
         const std::vector<detail::RowClaim> all = claims_of(w, nullptr);
         if (!worker_retry("releasing rows at stop", [&] { return w.session->release(all); }))
-          log->warn("store-then-process '{}': could not release claimed rows at stop; they "
-                    "return after the lease",
-                    name);
+          log->warn(
+              "store-then-process '{}': could not release claimed rows at stop; they "
+              "return after the lease",
+              name);
         released = true;
         break;
       }
@@ -334,7 +335,8 @@ void StoreThenProcess::Impl::worker_loop(Worker& w) {
 
 Status StoreThenProcess::start() {
   Impl& m = *impl_;
-  if (Status r = detail::refuse_if_in_handler(m.inbox, "StoreThenProcess::start"); !r.ok()) return r;
+  if (Status r = detail::refuse_if_in_handler(m.inbox, "StoreThenProcess::start"); !r.ok())
+    return r;
   {
     std::lock_guard<std::mutex> lock(m.run_mu);
     if (m.started) return Status::InvalidArgument("already started");
@@ -349,8 +351,7 @@ Status StoreThenProcess::start() {
         for (int i = 0; i < m.options.workers; ++i) {
           auto w = std::make_unique<Impl::Worker>();
           w->index = i;
-          if (Status s = m.rows->open_worker(m.options.worker_synchronous, &w->session);
-              !s.ok()) {
+          if (Status s = m.rows->open_worker(m.options.worker_synchronous, &w->session); !s.ok()) {
             workers.clear();
             return s;
           }
@@ -368,9 +369,8 @@ Status StoreThenProcess::start() {
   // take this pool's claims for orphans.
   m.set_running(true);
   for (auto& w : workers) {
-    m.threads.emplace_back([&m, worker = std::shared_ptr<Impl::Worker>(std::move(w))] {
-      m.worker_loop(*worker);
-    });
+    m.threads.emplace_back(
+        [&m, worker = std::shared_ptr<Impl::Worker>(std::move(w))] { m.worker_loop(*worker); });
   }
   m.threads.emplace_back([&m] { m.maintenance_loop(); });
   m.log->info("store-then-process '{}': started {} worker(s)", m.name, m.options.workers);
