@@ -57,13 +57,17 @@ constexpr const char* kAggregateHeadSql =
 // A claim takes the row's next fencing token (claim_token): every later write of the
 // worker to the row requires it, so a worker whose claim was reaped (and perhaps claimed
 // again by another) changes nothing. claimed_at is wall-clock time for people only; the
-// lease is timed in the reaper's memory (stp/maintenance.cpp).
+// lease is timed in the reaper's memory (stp/maintenance.cpp). The row is then read in the
+// same transaction rather than with RETURNING: RETURNING makes the UPDATE open a statement
+// journal (SQLite allocates and frees 64 KiB for it per row claimed).
 constexpr const char* kClaimRowSql =
     "UPDATE inbox_messages SET status = 'processing', claimed_at = ?2, claimant = ?3,"
     "       claim_token = claim_token + 1"
-    " WHERE seq = ?1 AND status = 'pending'"
-    " RETURNING message_id, aggregate_key, topic, payload, properties, qos, received_at,"
-    "           attempts, last_error, claim_token";
+    " WHERE seq = ?1 AND status = 'pending'";
+constexpr const char* kClaimedRowSql =
+    "SELECT message_id, aggregate_key, topic, payload, properties, qos, received_at,"
+    "       attempts, last_error, claim_token"
+    " FROM inbox_messages WHERE seq = ?1";
 
 constexpr const char* kOwnedSql =
     "SELECT EXISTS(SELECT 1 FROM inbox_messages"
@@ -162,6 +166,7 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
     busy_aggs_ = std::make_unique<SQLite::Statement>(db, kBusyAggregatesSql);
     agg_head_ = std::make_unique<SQLite::Statement>(db, kAggregateHeadSql);
     claim_row_ = std::make_unique<SQLite::Statement>(db, kClaimRowSql);
+    claimed_row_ = std::make_unique<SQLite::Statement>(db, kClaimedRowSql);
     owned_ = std::make_unique<SQLite::Statement>(db, kOwnedSql);
     done_ = std::make_unique<SQLite::Statement>(db, kDoneSql);
     close_dl_ = std::make_unique<SQLite::Statement>(db, kCloseDeadLetterSql);
@@ -188,11 +193,17 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
       choose(now, offered, &take);
       for (const int64_t seq : take) {
         if (batch->size() >= static_cast<size_t>(max_rows)) break;
-        SQLite::Statement& q = *claim_row_;
+        {
+          SQLite::Statement& u = *claim_row_;
+          StatementReset reset(u);
+          u.bind(1, seq);
+          u.bind(2, store_.clock->wall_ms());
+          u.bind(3, claimant);
+          if (u.exec() == 0) continue;  // no longer pending
+        }
+        SQLite::Statement& q = *claimed_row_;
         StatementReset reset(q);
         q.bind(1, seq);
-        q.bind(2, store_.clock->wall_ms());
-        q.bind(3, claimant);
         if (!q.executeStep()) continue;
         StoredRow r;
         r.claim.seq = seq;
@@ -206,8 +217,6 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
         r.attempts = q.getColumn(7).getInt();
         r.last_error = q.getColumn(8).isNull() ? "" : q.getColumn(8).getString();
         r.claim.token = q.getColumn(9).getInt64();
-        while (q.executeStep()) {
-        }
         batch->push_back(std::move(r));
       }
     });
@@ -420,7 +429,7 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
   std::optional<Synchronous> current_sync_;
   std::unique_ptr<SQLite::Database> db_;
   std::unique_ptr<SQLite::Statement> first_agg_, next_agg_, busy_aggs_, agg_head_, claim_row_,
-      owned_, done_, close_dl_, renew_, failed_, release_, dead_;
+      claimed_row_, owned_, done_, close_dl_, renew_, failed_, release_, dead_;
 };
 
 class SqliteStpConsumerRows final : public StpConsumerRows {
