@@ -37,17 +37,9 @@ set(MQTT_INBOX_LAYOUT_DEBTS
   "src/mqtt/relay.cpp:outbox"
   "src/outbox/outbox.cpp:store/sqlite"
   "src/outbox/outbox_impl.h:store/sqlite"
-  "src/stp/store_then_process.cpp:store/sqlite"
-  "src/stp/store_then_process_impl.h:store/sqlite"
-  "src/stp/workers.cpp:store/sqlite"
   "src/outbox/outbox.cpp:sql"
   "src/outbox/outbox_impl.h:sql"
-  "src/outbox/outbox_inspect.cpp:sql"
-  "src/stp/maintenance.cpp:sql"
-  "src/stp/receipt.cpp:sql"
-  "src/stp/store_then_process.cpp:sql"
-  "src/stp/store_then_process_impl.h:sql"
-  "src/stp/workers.cpp:sql")
+  "src/outbox/outbox_inspect.cpp:sql")
 #
 # Rules:
 #   1. Layers: a file of src/<F>/ includes from src/<G>/ only if G is F or is listed for F

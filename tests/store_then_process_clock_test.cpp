@@ -4,7 +4,9 @@
 // back at once under the exclusive lock; a worker whose claim was returned is fenced off by
 // the row's claim token (its late commit, failure or dead letter changes nothing); retries
 // and retention count on the retention clock. The crash-and-restart cases with a real
-// broker and SIGKILL are in store_then_process_test.cpp.
+// broker and SIGKILL are in store_then_process_test.cpp. The store's side of it
+// (store/stp_rows.h) is also tested on its own here: the offer a claim makes and the token
+// that fences every write.
 #include <mqtt_inbox/store_then_process.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 
@@ -13,8 +15,10 @@
 #include <mutex>
 #include <thread>
 
-#include "store/sqlite/schema.h"
 #include "store/retry.h"
+#include "store/sqlite/schema.h"
+#include "store/store.h"
+#include "store/stp_rows.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
 
@@ -434,6 +438,153 @@ INSTANTIATE_TEST_SUITE_P(Kinds, StpLateWriteTest,
                                               : i.param == LateWrite::kFailure ? "Failure"
                                                                                : "DeadLetter");
                          });
+
+// The store's rows on their own (store/stp_rows.h), as any store must keep them: receipt
+// stores an id once; a claim offers, aggregate after aggregate, the pending rows of each
+// aggregate that has none claimed, in seq order, and takes the row's next token. Once a
+// claim is returned and taken again, every write made with the old token changes nothing
+// (the handler does not even run) and the new holder's writes all land.
+TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheToken) {
+  std::unique_ptr<detail::StpConsumerRows> rows;
+  ASSERT_TRUE(inbox_->store().stp_rows().open("sensors", &rows).ok());
+  bool stored = false;
+  for (const auto& [device, id] :
+       std::vector<std::pair<std::string, std::string>>{{"a", "a-1"}, {"b", "b-1"}, {"a", "a-2"}}) {
+    ASSERT_TRUE(rows->store_received(id, device, reading(device, id), "{}", &stored).ok());
+    EXPECT_TRUE(stored) << id;
+  }
+  ASSERT_TRUE(rows->store_received("a-1", "a", reading("a", "a-1"), "{}", &stored).ok());
+  EXPECT_FALSE(stored);
+  bool found = false;
+  ASSERT_TRUE(rows->is_stored("b-1", &found).ok());
+  EXPECT_TRUE(found);
+  ASSERT_TRUE(rows->is_stored("c-1", &found).ok());
+  EXPECT_FALSE(found);
+
+  std::unique_ptr<detail::StpWorkerSession> late, holder;
+  ASSERT_TRUE(rows->open_worker(Synchronous::kNormal, &late).ok());
+  ASSERT_TRUE(rows->open_worker(Synchronous::kNormal, &holder).ok());
+  std::vector<std::string> offered;
+  auto take_all = [&](int64_t, const std::vector<detail::ClaimCandidate>& cands,
+                      std::vector<int64_t>* take) {
+    for (const detail::ClaimCandidate& c : cands) {
+      offered.push_back(c.aggregate_key + ":" + std::to_string(c.seq));
+      take->push_back(c.seq);
+    }
+  };
+  std::vector<detail::StoredRow> old_batch, batch;
+  ASSERT_TRUE(late->claim("gone/w0/1", 10, take_all, &old_batch).ok());
+  EXPECT_EQ(offered, (std::vector<std::string>{"a:1", "a:3", "b:2"}));
+  ASSERT_EQ(old_batch.size(), 3u);
+  EXPECT_EQ(old_batch[0].message_id, "a-1");
+  EXPECT_EQ(old_batch[0].claim.token, 1);
+  offered.clear();
+  ASSERT_TRUE(holder->claim("live/w0/1", 10, take_all, &batch).ok());
+  EXPECT_TRUE(offered.empty());  // both aggregates have a claimed row
+  EXPECT_TRUE(batch.empty());
+
+  int64_t returned = 0;
+  ASSERT_TRUE(rows->reap(
+                      [](const std::vector<detail::LiveClaim>& claims,
+                         std::vector<detail::ReturnedClaim>* back) {
+                        ASSERT_EQ(claims.size(), 1u);
+                        EXPECT_EQ(claims[0].claimant, "gone/w0/1");
+                        EXPECT_EQ(claims[0].running_seq, 1);
+                        back->push_back({claims[0].claimant, claims[0].running_seq, "returned"});
+                      },
+                      &returned)
+                  .ok());
+  EXPECT_EQ(returned, 3);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'a-1' AND attempts = 1"
+              " AND last_error = 'returned'"),
+            1);
+  EXPECT_EQ(q("SELECT sum(attempts) FROM inbox_messages"), 1);
+  ASSERT_TRUE(holder->claim("live/w0/1", 10, take_all, &batch).ok());
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_EQ(batch[0].claim.token, 2);
+  EXPECT_EQ(batch[0].attempts, 1);
+
+  // Every write of the returned claim: nothing changes.
+  int handler_runs = 0;
+  const detail::StoredStoreHandler handler =
+      detail::bind_stored_handler([&](SQLite::Database& db, const StoredDelivery& d) {
+        ++handler_runs;
+        record_run(db, d);
+      });
+  const std::any none;
+  const Message m = reading("a", "a-1");
+  auto delivery = [&](const detail::StoredRow& r, int attempt) {
+    return StoredDelivery{m,       r.message_id, r.aggregate_key, r.claim.seq, r.received_at,
+                          attempt, none};
+  };
+  bool held = true;
+  ASSERT_TRUE(late->holds(old_batch[0].claim, &held).ok());
+  EXPECT_FALSE(held);
+  detail::StoredRunResult run;
+  ASSERT_TRUE(
+      late->process(old_batch[0].claim, "gone/w0/1", handler, delivery(old_batch[0], 1), &run)
+          .ok());
+  EXPECT_EQ(run.kind, detail::StoredRunResult::Kind::kLost);
+  EXPECT_EQ(handler_runs, 0);
+  held = true;
+  ASSERT_TRUE(
+      late->retry_later(old_batch[0].claim, 1, "late", 0, {old_batch[1].claim}, &held).ok());
+  EXPECT_FALSE(held);
+  held = true;
+  ASSERT_TRUE(late->mark_dead(old_batch[2].claim, 1, "late", &held).ok());
+  EXPECT_FALSE(held);
+  ASSERT_TRUE(late->release({old_batch[0].claim, old_batch[1].claim, old_batch[2].claim}).ok());
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND claim_token = 2"
+              " AND claimant = 'live/w0/1'"),
+            3);
+  EXPECT_EQ(q("SELECT count(*) FROM runs"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE last_error = 'late'"), 0);
+
+  // The holder's writes: a run committed with its 'done' mark, a retry, a dead row.
+  ASSERT_TRUE(
+      holder->process(batch[0].claim, "live/w0/1", handler, delivery(batch[0], 2), &run).ok());
+  EXPECT_EQ(run.kind, detail::StoredRunResult::Kind::kDone);
+  EXPECT_EQ(handler_runs, 1);
+  ASSERT_TRUE(holder->retry_later(batch[1].claim, 1, "boom", 1000, {}, &held).ok());
+  EXPECT_TRUE(held);
+  ASSERT_TRUE(holder->mark_dead(batch[2].claim, 1, "dead", &held).ok());
+  EXPECT_TRUE(held);
+  EXPECT_EQ(column(db_path_, "SELECT message_id || ':' || attempt FROM runs"),
+            (std::vector<std::string>{"a-1:2"}));
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'a-2' AND status ="
+              " 'pending' AND attempts = 1 AND next_attempt_at = " +
+              std::to_string(inbox_->retention_clock_ms() + 1000)),
+            1);
+  StoreThenProcessStats st;
+  ASSERT_TRUE(rows->count(&st).ok());
+  EXPECT_EQ(st.pending, 1);
+  EXPECT_EQ(st.processing, 0);
+  EXPECT_EQ(st.done, 1);
+  EXPECT_EQ(st.dead, 1);
+}
+
+// Once the store is found unusable (a corrupt file: the latch), store-then-process
+// neither reads nor writes it: its calls return the store's fatal status, and stopping
+// and closing it touch nothing (closing used to end the process: the receipt statements
+// were finalized through Inbox::with_connection, which throws on a latched store).
+TEST_F(StpClockTest, ClosesWithoutTouchingAStoreFoundUnusable) {
+  StoreThenProcess& stp = make(record_run, options());
+  ASSERT_EQ(stp.handle(reading("h", "h-1")), Outcome::kProcessed);  // prepares receipt's statements
+  ASSERT_TRUE(stp.start().ok());
+  ASSERT_TRUE(wait_settled());
+  inbox_->store().latch_fatal(Status(Status::Code::kCorruption, "test: the file is corrupt"));
+  StoreThenProcessStats st;
+  EXPECT_EQ(stp.stats(&st).code(), Status::Code::kCorruption);
+  ReplayResult rr;
+  EXPECT_EQ(stp.replay({}, &rr).code(), Status::Code::kCorruption);
+  int64_t reaped = 0;
+  EXPECT_EQ(stp.reap(&reaped).code(), Status::Code::kCorruption);
+  StoredPruneResult pr;
+  EXPECT_EQ(stp.prune(&pr).code(), Status::Code::kCorruption);
+  EXPECT_TRUE(stp.stop().ok());
+  stps_.clear();  // closes it
+  EXPECT_EQ(q("SELECT count(*) FROM runs"), 1);
+}
 
 // A failed row waits for its backoff on the retention clock: a wall clock set back an hour
 // does not stall it, one stepped a day forward does not make it early.

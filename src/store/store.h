@@ -39,6 +39,8 @@ class Inbox;
 
 namespace detail {
 
+class StpRows;
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -67,6 +69,10 @@ class Store {
 
   // Retention's records in the store and its sweeps (store/retention_rows.h).
   virtual RetentionRows& retention_rows() = 0;
+
+  // Store-then-process's rows: receipt, the workers' claims, maintenance
+  // (store/stp_rows.h).
+  virtual StpRows& stp_rows() = 0;
 
   // Once the store is found unusable (a corrupt SQLite file), it is never read or written
   // again: every operation returns fatal_status() without touching it, and the error is

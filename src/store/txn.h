@@ -36,15 +36,26 @@ class TypedTxn final : public Txn {
   Handle& handle_;
 };
 
-// The handler as the policy calls it: inside the store's transaction `txn`.
-using StoreHandler = std::function<void(const Txn& txn, const Delivery& delivery)>;
+// The handler as the policy calls it: inside the store's transaction `txn`, with what the
+// mode hands it: a Delivery (Consumer) or a StoredDelivery (store-then-process).
+template <typename D>
+using StoreHandlerOf = std::function<void(const Txn& txn, const D& delivery)>;
+using StoreHandler = StoreHandlerOf<Delivery>;
 
-// Adapts a handler written for a store whose transaction is a `Handle&`. Called with a
+template <typename T>
+struct NotDeduced {
+  using type = T;
+};
+
+// Adapts a handler written for a store whose transaction is a `Handle&` and that takes a
+// `D` (bind_handler<SQLite::Database>(handler) for a Consumer's Handler,
+// bind_handler<SQLite::Database, StoredDelivery>(...) for a StoredHandler). Called with a
 // transaction of another kind (a handler bound for one store run by another: a bug of the
 // library, not of the application) it throws std::logic_error, which fails the attempt.
-template <typename Handle>
-StoreHandler bind_handler(std::function<void(Handle&, const Delivery&)> handler) {
-  return [h = std::move(handler)](const Txn& txn, const Delivery& d) {
+template <typename Handle, typename D = Delivery>
+StoreHandlerOf<D> bind_handler(
+    std::function<void(Handle&, const typename NotDeduced<D>::type&)> handler) {
+  return [h = std::move(handler)](const Txn& txn, const D& d) {
     if (txn.handle_type() != typeid(Handle))
       throw std::logic_error("handler bound for another kind of store");
     h(static_cast<const TypedTxn<Handle>&>(txn).handle(), d);

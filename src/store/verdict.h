@@ -1,7 +1,8 @@
 // Internal: what one run of an application handler means for its message. The one place
 // that reads what a handler may throw (handler.h) and whether it re-entered its inbox
 // (store/reentry.h); used by the Consumer's claim transaction (store/sqlite/claim.cpp) and by
-// the store-then-process workers (stp/workers.cpp), so both modes judge a handler alike.
+// the store-then-process handler transaction (store/sqlite/stp_rows.cpp) and prepare step
+// (stp/workers.cpp), so both modes judge a handler alike.
 // What the store's own exceptions mean (an SQLite result code, a PostgreSQL SQLSTATE) is
 // the store's to say: it passes a StoreErrorClassifier.
 #pragma once

@@ -1,7 +1,9 @@
-// Store-then-process, maintenance: on the consumer's maintenance connection, the reaper
-// (orphaned and expired claims go back to 'pending', the running row charged an attempt),
-// replay (finished rows back to 'pending'), compaction and deletion of old rows, and the
-// row counts of stats(). maintenance_loop() runs the reaper and pruning on a timer.
+// Store-then-process, maintenance: the reaper (orphaned and expired claims go back to
+// 'pending', the running row charged an attempt; which claims, and when, is decided here
+// on the monotonic clock), replay (finished rows back to 'pending'), compaction and
+// deletion of old rows, and the row counts of stats(), each through the consumer's rows
+// in the store (store/stp_rows.h). maintenance_loop() runs the reaper and pruning on a
+// timer.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -12,15 +14,17 @@
 #include <utility>
 #include <vector>
 
-#include "util/log.h"
 #include "store/reentry.h"
+#include "store/stp_rows.h"
 #include "stp/store_then_process_impl.h"
+#include "util/log.h"
 
 namespace mqtt_inbox {
 
 void StoreThenProcess::Impl::maintenance_loop() {
-  const int64_t reap_every =
-      options.reap_interval_ms > 0 ? options.reap_interval_ms : std::max<int64_t>(1, options.lease_ms / 4);
+  const int64_t reap_every = options.reap_interval_ms > 0
+                                 ? options.reap_interval_ms
+                                 : std::max<int64_t>(1, options.lease_ms / 4);
   int64_t next_reap = clock->steady_ms();  // at once: the orphans of a crashed earlier run
   int64_t next_prune = options.prune_interval_ms > 0 ? clock->steady_ms() : INT64_MAX;
   uint64_t seen = 0;
@@ -94,66 +98,44 @@ Status StoreThenProcess::Impl::reap_now(int64_t* reaped) {
   *reaped = 0;
   if (store_unusable()) return unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(maint_mu);
-  SQLite::Database& db = *maint;
-  const bool exclusive = inbox->options().exclusive;
+  const bool exclusive = store->stp_rows().single_process();
   struct Returned {
     std::string claimant;
-    int64_t running_seq;
     bool orphan;
   };
   std::vector<Returned> returned;
   std::map<std::string, Watched> still_watched;
-  const Status s = transaction(db, "reaping expired claims", [&] {
-    returned.clear();
-    still_watched.clear();
-    *reaped = 0;
-    // Read under the write lock: a claim committed before it was made by an instance that
-    // was registered before its workers started.
-    const int64_t now = clock->steady_ms();
-    {
-      SQLite::Statement q(db,
-                          "SELECT coalesce(claimant, ''), min(seq) FROM inbox_messages"
-                          " WHERE consumer_name = ?1 AND status = 'processing' GROUP BY claimant");
-      q.bind(1, name);
-      while (q.executeStep()) {
-        const std::string claimant = q.getColumn(0).getString();
-        const int64_t running = q.getColumn(1).getInt64();
-        if (exclusive && !instance_running(detail::claimant_instance(claimant))) {
-          returned.push_back({claimant, running, true});
-          continue;
+  const Status s = rows->reap(
+      [&](const std::vector<detail::LiveClaim>& claims, std::vector<detail::ReturnedClaim>* back) {
+        returned.clear();
+        still_watched.clear();
+        // Read inside the reaper's transaction: a claim committed before it was made by an
+        // instance that was registered before its workers started.
+        const int64_t now = clock->steady_ms();
+        auto give_back = [&](const detail::LiveClaim& c, bool orphan) {
+          returned.push_back({c.claimant, orphan});
+          back->push_back({c.claimant, c.running_seq,
+                           std::string(detail::kExpiredClaimError) + " (claimant " + c.claimant +
+                               (orphan ? ", whose process is gone)"
+                                       : ", no progress for the lease of " +
+                                             std::to_string(options.lease_ms) + " ms)")});
+        };
+        for (const detail::LiveClaim& c : claims) {
+          if (exclusive && !instance_running(detail::claimant_instance(c.claimant))) {
+            give_back(c, true);
+            continue;
+          }
+          Watched w{c.running_seq, now};
+          if (auto it = watched.find(c.claimant);
+              it != watched.end() && it->second.running_seq == c.running_seq)
+            w.since_ms = it->second.since_ms;
+          if (now - w.since_ms >= options.lease_ms)
+            give_back(c, false);
+          else
+            still_watched.emplace(c.claimant, w);
         }
-        Watched w{running, now};
-        if (auto it = watched.find(claimant);
-            it != watched.end() && it->second.running_seq == running)
-          w.since_ms = it->second.since_ms;
-        if (now - w.since_ms >= options.lease_ms)
-          returned.push_back({claimant, running, false});
-        else
-          still_watched.emplace(claimant, w);
-      }
-    }
-    SQLite::Statement bump(db,
-                           "UPDATE inbox_messages SET attempts = attempts + 1, last_error = ?2"
-                           " WHERE seq = ?1");
-    SQLite::Statement back(db,
-                           "UPDATE inbox_messages SET status = 'pending', claimant = NULL,"
-                           " claimed_at = NULL"
-                           " WHERE consumer_name = ?1 AND status = 'processing'"
-                           "   AND coalesce(claimant, '') = ?2");
-    for (const Returned& r : returned) {
-      bump.tryReset();
-      bump.bind(1, r.running_seq);
-      bump.bind(2, std::string(detail::kExpiredClaimError) + " (claimant " + r.claimant +
-                       (r.orphan ? ", whose process is gone)"
-                                 : ", no progress for the lease of " +
-                                       std::to_string(options.lease_ms) + " ms)"));
-      bump.exec();
-      back.tryReset();
-      back.bind(1, name);
-      back.bind(2, r.claimant);
-      *reaped += back.exec();
-    }
-  });
+      },
+      reaped);
   if (!s.ok()) return s;
   watched.swap(still_watched);
   if (*reaped > 0) {
@@ -172,40 +154,19 @@ Status StoreThenProcess::Impl::prune_now(StoredPruneResult* out) {
   *out = StoredPruneResult{};
   if (store_unusable()) return unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(maint_mu);
-  SQLite::Database& db = *maint;
   const int64_t now = retention_now();
-  constexpr int kChunk = 500;
+  constexpr int kChunk = 500;  // rows per transaction: each one is short
   for (;;) {
-    int changed = 0;
-    const Status s = transaction(db, "compacting done rows", [&] {
-      // Served by the partial index inbox_messages_compact.
-      SQLite::Statement q(db,
-                          "UPDATE inbox_messages SET payload = NULL, properties = NULL"
-                          " WHERE seq IN (SELECT seq FROM inbox_messages"
-                          "   WHERE consumer_name = ?1 AND status = 'done'"
-                          "     AND payload IS NOT NULL AND done_at < ?2 LIMIT ?3)");
-      q.bind(1, name);
-      q.bind(2, now - options.compact_after_ms);
-      q.bind(3, kChunk);
-      changed = q.exec();
-    });
+    int64_t changed = 0;
+    const Status s = rows->compact_done(now - options.compact_after_ms, kChunk, &changed);
     if (!s.ok()) return s;
     out->compacted += changed;
     if (changed < kChunk) break;
   }
   if (Status refused = check_dedup_window(); !refused.ok()) return refused;
   for (;;) {
-    int changed = 0;
-    const Status s = transaction(db, "deleting old rows", [&] {
-      SQLite::Statement q(db,
-                          "DELETE FROM inbox_messages WHERE seq IN (SELECT seq FROM inbox_messages"
-                          "   WHERE received_at < ?2 AND consumer_name = ?1"
-                          "     AND status IN ('done', 'dead') LIMIT ?3)");
-      q.bind(1, name);
-      q.bind(2, now - options.dedup_retention_ms);
-      q.bind(3, kChunk);
-      changed = q.exec();
-    });
+    int64_t changed = 0;
+    const Status s = rows->delete_finished(now - options.dedup_retention_ms, kChunk, &changed);
     if (!s.ok()) return s;
     out->deleted += changed;
     if (changed < kChunk) break;
@@ -232,53 +193,16 @@ Status StoreThenProcess::replay(const ReplayFilter& f, ReplayResult* result) {
   Impl& m = *impl_;
   if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   ReplayResult r;
-  std::string where = " WHERE consumer_name = ?1";
-  if (f.received_since_ms) where += " AND received_at >= ?2";
-  if (f.received_before_ms) where += " AND received_at < ?3";
-  if (f.aggregate_key) where += " AND aggregate_key = ?4";
-  if (f.message_id) where += " AND message_id = ?5";
-  const std::string finished =
-      f.include_dead ? " AND status IN ('done', 'dead')" : " AND status = 'done'";
-  auto bind = [&](SQLite::Statement& q) {
-    q.bind(1, m.name);
-    if (f.received_since_ms) q.bind(2, *f.received_since_ms);
-    if (f.received_before_ms) q.bind(3, *f.received_before_ms);
-    if (f.aggregate_key) q.bind(4, *f.aggregate_key);
-    if (f.message_id) q.bind(5, *f.message_id);
-  };
   Status s;
   {
     std::lock_guard<std::mutex> lock(m.maint_mu);
-    SQLite::Database& db = *m.maint;
-    s = Impl::transaction(db, "replaying rows", [&] {
-      r = ReplayResult{};
-      {
-        SQLite::Statement q(db, "SELECT count(*) FROM inbox_messages" + where +
-                                    " AND status = 'processing'");
-        bind(q);
-        q.executeStep();
-        r.in_flight = q.getColumn(0).getInt64();
-      }
-      {
-        SQLite::Statement q(db, "SELECT count(*) FROM inbox_messages" + where + finished +
-                                    " AND payload IS NULL");
-        bind(q);
-        q.executeStep();
-        r.not_replayable = q.getColumn(0).getInt64();
-      }
-      SQLite::Statement q(db,
-                          "UPDATE inbox_messages SET status = 'pending', attempts = 0,"
-                          " next_attempt_at = 0, last_error = NULL, claimant = NULL,"
-                          " claimed_at = NULL, done_at = NULL" +
-                              where + finished + " AND payload IS NOT NULL");
-      bind(q);
-      r.reset = q.exec();
-    });
+    s = m.rows->replay(f, &r);
   }
   if (!s.ok()) return s;
-  m.log->info("store-then-process '{}': replay reset {} row(s) to pending ({} compacted, {} in "
-              "flight left alone)",
-              m.name, r.reset, r.not_replayable, r.in_flight);
+  m.log->info(
+      "store-then-process '{}': replay reset {} row(s) to pending ({} compacted, {} in "
+      "flight left alone)",
+      m.name, r.reset, r.not_replayable, r.in_flight);
   if (r.reset > 0) m.notify_workers();
   if (result) *result = r;
   return Status::Ok();
@@ -299,24 +223,7 @@ Status StoreThenProcess::stats(StoreThenProcessStats* out) {
   Impl& m = *impl_;
   if (m.store_unusable()) return m.unusable_status();  // never touch a corrupt file
   std::lock_guard<std::mutex> lock(m.maint_mu);
-  try {
-    SQLite::Statement q(*m.maint,
-                        "SELECT status, count(*) FROM inbox_messages WHERE consumer_name = ?1"
-                        " GROUP BY status");
-    q.bind(1, m.name);
-    *out = StoreThenProcessStats{};
-    while (q.executeStep()) {
-      const std::string st = q.getColumn(0).getString();
-      const int64_t n = q.getColumn(1).getInt64();
-      if (st == "pending") out->pending = n;
-      else if (st == "processing") out->processing = n;
-      else if (st == "done") out->done = n;
-      else if (st == "dead") out->dead = n;
-    }
-  } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "counting stored messages");
-  }
-  return Status::Ok();
+  return m.rows->count(out);
 }
 
 // The done rows are what recognises a redelivery: the same rule as the Pruner's
@@ -330,9 +237,11 @@ Status StoreThenProcess::Impl::check_dedup_window() {
   if (!longest || options.dedup_retention_ms >= longest->session_expiry_ms) return Status::Ok();
   const std::string what =
       "store-then-process '" + name + "': dedup_retention_ms " +
-      std::to_string(options.dedup_retention_ms) + " is shorter than the session expiry of "
-      "client '" + detail::printable(longest->client_id) + "' (" +
-      std::to_string(longest->session_expiry_ms) + " ms, " + to_string(longest->expiry_source) +
+      std::to_string(options.dedup_retention_ms) +
+      " is shorter than the session expiry of "
+      "client '" +
+      detail::printable(longest->client_id) + "' (" + std::to_string(longest->session_expiry_ms) +
+      " ms, " + to_string(longest->expiry_source) +
       "): a redelivery after its row was deleted would be processed again. Raise "
       "dedup_retention_ms, lower SubscriberOptions::session_expiry_s, or, for a client id "
       "retired for good, Inbox::forget_session";
@@ -342,9 +251,10 @@ Status StoreThenProcess::Impl::check_dedup_window() {
   }
   if (dedup_override_warned_ms != longest->session_expiry_ms) {
     dedup_override_warned_ms = longest->session_expiry_ms;
-    log->warn("RETENTION OVERRIDE: {}. Accepted because allow_dedup_retention_below_session "
-              "is set.",
-              what);
+    log->warn(
+        "RETENTION OVERRIDE: {}. Accepted because allow_dedup_retention_below_session "
+        "is set.",
+        what);
   }
   return Status::Ok();
 }

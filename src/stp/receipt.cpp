@@ -1,81 +1,22 @@
-// Store-then-process, receipt: a message is stored in inbox_messages (one autocommit
-// INSERT, durable before the transport's callback returns and so before its PUBACK), or
-// recognised as a duplicate, or dead-lettered with a named reason. Nothing here runs the
-// application's handler; the workers (stp/workers.cpp) do.
+// Store-then-process, receipt: a message is stored (the store's store_received(), durable
+// before the transport's callback returns and so before its PUBACK), or recognised as a
+// duplicate, or dead-lettered with a named reason. Nothing here runs the application's
+// handler; the workers (stp/workers.cpp) do.
 #include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
 
-#include "util/log.h"
-#include "util/log_context.h"
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "inbox/retained.h"
 #include "store/reentry.h"
+#include "store/stp_rows.h"
 #include "stp/store_then_process_impl.h"
+#include "util/log.h"
+#include "util/log_context.h"
 
 namespace mqtt_inbox {
-
-namespace {
-
-constexpr const char* kInsertSql =
-    "INSERT INTO inbox_messages (consumer_name, message_id, aggregate_key, topic, payload,"
-    "                            properties, qos, received_at)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-    " ON CONFLICT (consumer_name, message_id) DO NOTHING";
-
-constexpr const char* kExistsSql =
-    "SELECT EXISTS(SELECT 1 FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2)";
-
-}  // namespace
-
-Status StoreThenProcess::Impl::stored_already(const std::string& id, bool* found) {
-  Status st;
-  inbox->with_connection([&](SQLite::Database& db) {
-    try {
-      if (!exists) exists = std::make_unique<SQLite::Statement>(db, kExistsSql);
-      SQLite::Statement& q = *exists;
-      detail::StatementReset reset(q);
-      q.bind(1, name);
-      q.bind(2, id);
-      *found = q.executeStep() && q.getColumn(0).getInt() != 0;
-    } catch (const SQLite::Exception& e) {
-      st = detail::to_status(e, "looking up a stored message");
-    } catch (const std::exception& e) {
-      st = Status::Internal(std::string("looking up a stored message: ") + e.what());
-    }
-  });
-  return st;
-}
-
-Status StoreThenProcess::Impl::store(const Message& m, const std::string& id,
-                                     const std::string& key, const std::string& props,
-                                     bool* inserted) {
-  Status st;
-  inbox->with_connection([&](SQLite::Database& db) {
-    try {
-      if (!insert) insert = std::make_unique<SQLite::Statement>(db, kInsertSql);
-      SQLite::Statement& q = *insert;
-      detail::StatementReset reset(q);
-      q.bind(1, name);
-      q.bind(2, id);
-      q.bind(3, key);
-      q.bind(4, m.topic);
-      q.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
-      q.bind(6, props);
-      q.bind(7, m.qos);
-      q.bind(8, retention_now());
-      // One autocommit INSERT: committed (fsynced with synchronous=FULL) on return.
-      *inserted = q.exec() > 0;
-    } catch (const SQLite::Exception& e) {
-      st = detail::to_status(e, "storing message");
-    } catch (const std::exception& e) {
-      st = Status::Internal(std::string("storing message: ") + e.what());
-    }
-  });
-  return st;
-}
 
 Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
                                                     const std::optional<std::string>& id,
@@ -97,8 +38,8 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
                [&] { return inbox->add_dead_letter(dl, std::nullopt, &row); });
   count(&StoreThenProcessCounters::dead_lettered);
   log->warn("store-then-process '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}",
-            name, id ? detail::printable(*id) : std::string("<no id>"),
-            detail::printable(m.topic), to_string(reason), row, detail::printable(text, 300));
+            name, id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
+            to_string(reason), row, detail::printable(text, 300));
   return Outcome::kDeadLettered;
 }
 
@@ -113,7 +54,7 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
       if (detail::validate_message_id(*v, o.message_id.max_id_bytes).empty()) id = *v;
     if (id) {
       bool found = false;
-      until_stored("looking up a message", [&] { return stored_already(*id, &found); });
+      until_stored("looking up a message", [&] { return rows->is_stored(*id, &found); });
       if (found) {
         count(&StoreThenProcessCounters::duplicates);
         return Outcome::kDuplicate;
@@ -146,7 +87,7 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
 
   const std::string props = detail::properties_json(m);
   bool inserted = false;
-  until_stored("storing", [&] { return store(m, id, key, props, &inserted); });
+  until_stored("storing", [&] { return rows->store_received(id, key, m, props, &inserted); });
   if (!inserted) {
     count(&StoreThenProcessCounters::duplicates);
     return Outcome::kDuplicate;
@@ -178,8 +119,8 @@ Outcome StoreThenProcess::handle(const Message& message) {
   } catch (const std::exception& e) {
     // Only a bug (or std::bad_alloc) gets here. Never let it cross into the transport's
     // callback; the message was not stored, so die rather than ack it.
-    impl_->log->critical("store-then-process '{}': unexpected error at receipt: {}",
-                         impl_->name, e.what());
+    impl_->log->critical("store-then-process '{}': unexpected error at receipt: {}", impl_->name,
+                         e.what());
     std::abort();
   }
   if (impl_->log->should_log(spdlog::level::debug))
@@ -205,7 +146,7 @@ Outcome StoreThenProcess::Impl::receive_retained(const Message& m) {
     return receipt_dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
                                detail::retained_dead_letter_text());
   bool found = false;
-  until_stored("looking up a message", [&] { return stored_already(id, &found); });
+  until_stored("looking up a message", [&] { return rows->is_stored(id, &found); });
   if (found) {
     count(&StoreThenProcessCounters::duplicates);
     return Outcome::kDuplicate;

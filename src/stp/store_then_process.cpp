@@ -2,21 +2,20 @@
 // receipt stores the raw message (the PUBACK follows that commit); workers process stored
 // rows in arrival order per aggregate key. This file: create() and its option checks, the
 // state shared by the parts (stp/store_then_process_impl.h), counters and health, and the
-// aggregate-key helpers. The parts, each with the SQL it runs on inbox_messages:
-// stp/receipt.cpp, stp/workers.cpp and
-// stp/maintenance.cpp.
+// aggregate-key helpers. The parts: stp/receipt.cpp, stp/workers.cpp and
+// stp/maintenance.cpp; the rows they read and write are the store's (store/stp_rows.h).
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
-#include "util/log.h"
-#include "store/sqlite/store.h"
 #include "store/reentry.h"
+#include "store/store.h"
+#include "store/stp_rows.h"
 #include "stp/store_then_process_impl.h"
+#include "util/log.h"
 #include "util/text.h"
 
 namespace mqtt_inbox {
@@ -32,13 +31,6 @@ std::string instance_token() {
 }
 
 }  // namespace
-
-StoredHandler stored_handler(Handler handler) {
-  return [h = std::move(handler)](SQLite::Database& db, const StoredDelivery& d) {
-    const Delivery delivery{d.message, d.message_id, d.attempt};
-    h(db, delivery);
-  };
-}
 
 std::function<std::string(const Message&)> aggregate_key_from_topic_level(size_t index) {
   return [index](const Message& m) {
@@ -77,24 +69,11 @@ void StoreThenProcess::Impl::worker_error(const Status& s) {
     counters.last_worker_error = s.to_string();
   }
   if (s.is_fatal_store_error()) {
-    // Not on the Inbox's connection: its mutex is not held and not needed (the latch
-    // only switches the Inbox's closing checkpoint off).
-    (void)detail::sqlite_store(inbox).store_error(s, /*holding_connection=*/false);
+    // Not holding the store's shared connection: it is not needed (the latch only stops
+    // every use of the store).
+    (void)store->store_error(s, /*holding_connection=*/false);
     retry->set_fatal(s);
   }
-}
-
-bool StoreThenProcess::Impl::store_unusable() const {
-  return detail::sqlite_store(inbox).fatal.load();
-}
-
-Status StoreThenProcess::Impl::unusable_status() const {
-  return detail::sqlite_store(inbox).fatal_status();
-}
-
-void StoreThenProcess::Impl::close_quietly_if_unusable(SQLite::Database* db) const {
-  if (db && store_unusable())
-    sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
 }
 
 void StoreThenProcess::Impl::notify_workers() {
@@ -114,37 +93,10 @@ bool StoreThenProcess::Impl::idle(int64_t ms, uint64_t* seen_gen) {
   return !stopping.load();
 }
 
-std::unique_ptr<SQLite::Database> StoreThenProcess::Impl::open_connection(
-    std::optional<Synchronous> sync) {
-  const InboxOptions& io = inbox->options();
-  auto db = std::make_unique<SQLite::Database>(
-      inbox->path(), SQLite::OPEN_READWRITE | SQLite::OPEN_URI, io.busy_timeout_ms, io.vfs);
-  const Synchronous s = sync ? *sync : io.synchronous;
-  db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
-  db->exec("PRAGMA foreign_keys = ON");
-  db->exec("PRAGMA cache_size = -" + std::to_string(io.cache_size_kib));
-  return db;
-}
-
-std::unique_ptr<detail::WalGuard> StoreThenProcess::Impl::guard_connection(SQLite::Database& db) {
-  auto& in = detail::sqlite_store(inbox);
-  const int page_size = db.execAndGet("PRAGMA page_size").getInt();
-  return std::make_unique<detail::WalGuard>(db.getHandle(), inbox->path(), page_size,
-                                            in.options.wal_autocheckpoint_pages, log,
-                                            in.commit_wake);
-}
-
 StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-StoreThenProcess::~StoreThenProcess() {
-  (void)stop();
-  Impl& m = *impl_;
-  m.close_quietly_if_unusable(m.maint.get());
-  m.inbox->with_connection([&](SQLite::Database&) {
-    m.insert.reset();
-    m.exists.reset();
-  });
-}
+// The store's rows (and their connections) close with impl_, after the threads are gone.
+StoreThenProcess::~StoreThenProcess() { (void)stop(); }
 
 Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHandler handler,
                                 const StoreThenProcessOptions& options,
@@ -173,32 +125,25 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
       options.slow_handler_warn_ms < 0)
     return Status::InvalidArgument("intervals and retention durations must be >= 0");
 
+  detail::Store& store = inbox->store();
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
+  impl->store = &store;
   impl->name = name;
-  impl->handler = std::move(handler);
+  // The public handler takes the SQLite store's transaction: the store binds it.
+  impl->handler = detail::bind_stored_handler(std::move(handler));
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
-  impl->retry = std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'",
-                                                     inbox->path(), options.consumer, impl->clock,
-                                                     impl->log);
+  impl->retry =
+      std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'", store.location(),
+                                           options.consumer, impl->clock, impl->log);
   impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();
-  const Status opened = detail::sqlite_store(inbox).wait_at_startup(
-      "opening the store-then-process maintenance connection", [m](int) -> Status {
-        try {
-          m->maint = m->open_connection(std::nullopt);
-        } catch (const SQLite::Exception& e) {
-          m->maint.reset();
-          return detail::to_status(e, "opening the maintenance connection to " + m->inbox->path());
-        } catch (const std::exception& e) {
-          m->maint.reset();
-          return Status::Internal(std::string("opening the maintenance connection: ") + e.what());
-        }
-        return Status::Ok();
-      });
+  const Status opened = store.wait_at_startup(
+      "opening the store-then-process maintenance connection",
+      [m, &store](int) -> Status { return store.stp_rows().open(m->name, &m->rows); });
   if (!opened.ok()) return opened;
   out->reset(new StoreThenProcess(std::move(impl)));
   return Status::Ok();

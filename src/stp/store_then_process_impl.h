@@ -1,13 +1,14 @@
 // StoreThenProcess::Impl: the state that the receipt, the worker pool and the maintenance
 // thread of one store-then-process consumer share, and the declarations of each part's
-// code. Each part is in its own file, with the SQL it runs on inbox_messages:
+// code. The parts are policy only: every read and write of the stored rows goes through
+// the store's interface (store/stp_rows.h), whose SQLite implementation is
+// store/sqlite/stp_rows.cpp.
 //   stp/receipt.cpp      receipt: store before PUBACK, or dead-letter
 //   stp/workers.cpp      the worker pool: claim, lease, run, retry
 //   stp/maintenance.cpp  reaper, replay, compaction and stats
 //   stp/store_then_process.cpp              create, options checks, counters, health
 #pragma once
 
-#include <SQLiteCpp/SQLiteCpp.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -23,9 +24,9 @@
 #include <vector>
 
 #include "mqtt_inbox/store_then_process.h"
-#include "store/sqlite/util.h"
 #include "store/retry.h"
-#include "store/sqlite/wal_guard.h"
+#include "store/store.h"
+#include "store/stp_rows.h"
 
 namespace mqtt_inbox {
 
@@ -44,26 +45,24 @@ inline std::string claimant_instance(const std::string& claimant) {
 
 struct StoreThenProcess::Impl {
   Inbox* inbox = nullptr;
+  detail::Store* store = nullptr;  // inbox->store()
   std::string name;
-  StoredHandler handler;
+  detail::StoredStoreHandler handler;
   StoreThenProcessOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
-  std::string token;     // random, per object
-  uint64_t runs = 0;     // start() calls, under run_mu
+  std::string token;  // random, per object
+  uint64_t runs = 0;  // start() calls, under run_mu
   // "<token>.<run>", set by start() before the workers exist: the first part of every
   // claimant. A new one per run, so claims left by an earlier run of this object (stop()
   // could not release them) are orphans too.
   std::string instance;
   std::atomic<uint64_t> next_claim{0};
 
-  // Receipt statements live on the Inbox's connection and are used under its mutex
-  // (Inbox::with_connection).
-  std::unique_ptr<SQLite::Statement> insert, exists;
-
-  // The maintenance connection: reaper, replay, prune, stats.
+  // This consumer's rows in the store. Receipt calls are safe from any thread; its
+  // maintenance calls (reaper, replay, prune, stats) are made under maint_mu.
+  std::unique_ptr<detail::StpConsumerRows> rows;
   std::mutex maint_mu;
-  std::unique_ptr<SQLite::Database> maint;
 
   mutable std::mutex state_mu;  // guards counters; never held across I/O
   StoreThenProcessCounters counters;
@@ -79,53 +78,23 @@ struct StoreThenProcess::Impl {
   // ---------------------------------------------------------------- shared
   // (stp/store_then_process.cpp)
 
-  // The retention clock (received_at, done_at): the Inbox's, which wall-clock jumps
+  // The retention clock (received_at, done_at): the store's, which wall-clock jumps
   // cannot move, so retention and replay ranges are measured like inbox_processed's.
-  int64_t retention_now() { return inbox->retention_clock_ms(); }
+  int64_t retention_now() { return store->retention_clock(); }
 
   void count(int64_t StoreThenProcessCounters::*field, int64_t n = 1);
-  // Counts a worker or maintenance failure. A fatal one (the file is corrupt) latches
-  // the Inbox (store/sqlite/store.h latch_fatal: nothing reads or writes the file again, receipt
-  // acks nothing) and turns health() red.
+  // Counts a worker or maintenance failure. A fatal one (the store is unusable: a
+  // corrupt file) latches the store (Store::latch_fatal: nothing reads or writes it
+  // again, receipt acks nothing) and turns health() red.
   void worker_error(const Status& s);
-  // The Inbox has latched a fatal store error (found by any part on the file): workers
-  // and maintenance neither claim nor write again.
-  bool store_unusable() const;
-  Status unusable_status() const;  // the Inbox's kCorruption status, naming the file
-  // Once the file is unusable, closing `db` must not checkpoint the WAL into it.
-  void close_quietly_if_unusable(SQLite::Database* db) const;
+  // The store has latched a fatal error (found by any part using it): workers and
+  // maintenance neither claim nor write again.
+  bool store_unusable() const { return store->unusable(); }
+  Status unusable_status() const { return store->fatal_status(); }  // kCorruption, naming it
   void notify_workers();
 
   // Sleeps up to `ms`, or until stop() or a wake-up. Returns false when stopping.
   bool idle(int64_t ms, uint64_t* seen_gen);
-
-  // A connection to the Inbox's file with its settings; `sync` overrides synchronous.
-  std::unique_ptr<SQLite::Database> open_connection(std::optional<Synchronous> sync);
-  // The WAL guard of a worker's connection `db` (wal_guard.h), as the Inbox's own has: a
-  // handler's commit that enqueued wakes the outbox relays, and checkpoints keep to the
-  // Inbox's wal_autocheckpoint_pages and the free space. Destroy it before `db`.
-  std::unique_ptr<detail::WalGuard> guard_connection(SQLite::Database& db);
-
-  // Runs `fn` in BEGIN IMMEDIATE ... COMMIT on `db`. Store errors come back as Status.
-  template <typename Fn>
-  static Status transaction(SQLite::Database& db, const char* what, Fn&& fn) {
-    try {
-      db.exec("BEGIN IMMEDIATE");
-    } catch (const SQLite::Exception& e) {
-      return detail::to_status(e, std::string(what) + ": BEGIN IMMEDIATE");
-    }
-    try {
-      fn();
-      db.exec("COMMIT");
-    } catch (const SQLite::Exception& e) {
-      detail::rollback_quietly(db);
-      return detail::to_status(e, what);
-    } catch (const std::exception& e) {
-      detail::rollback_quietly(db);
-      return Status::Internal(std::string(what) + ": " + e.what());
-    }
-    return Status::Ok();
-  }
 
   // ---------------------------------------------------------------- receipt
   // (stp/receipt.cpp)
@@ -137,9 +106,6 @@ struct StoreThenProcess::Impl {
     retry->until_stored(what, std::forward<Op>(op));
   }
 
-  Status stored_already(const std::string& id, bool* found);
-  Status store(const Message& m, const std::string& id, const std::string& key,
-               const std::string& props, bool* inserted);
   Outcome receipt_dead_letter(const Message& m, const std::optional<std::string>& id,
                               DeadLetterReason reason, const std::string& text);
   Outcome receive(const Message& m);
@@ -157,48 +123,28 @@ struct StoreThenProcess::Impl {
     int64_t received_at = 0;
     int attempts = 0;
     std::string last_error;
+    detail::RowClaim claim() const { return {seq, claim_token}; }
   };
 
-  // One worker's connection, its cached statements and its current batch.
+  // One worker's session with the store and its current batch.
   struct Worker {
     int index = 0;
-    std::unique_ptr<SQLite::Database> db;
-    std::unique_ptr<detail::WalGuard> wal_guard;  // after db: removed before it closes
-    std::unique_ptr<SQLite::Statement> first_agg, next_agg, busy_aggs, agg_head, claim_row, owned, done, close_dl, renew,
-        failed, release, dead;
+    std::unique_ptr<detail::StpWorkerSession> session;
     std::vector<Row> batch;  // the rows of the current claim, in seq order
-    Synchronous handler_sync = Synchronous::kFull;
-    std::optional<Synchronous> current_sync;
-
-    // Bookkeeping commits (claim, failure, release) skip the fsync: losing one on power
-    // loss only repeats a claim or undercounts one attempt; the row itself is durable.
-    void set_sync(Synchronous s) {
-      if (current_sync == s) return;
-      try {
-        db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL"
-                                         : "PRAGMA synchronous = NORMAL");
-        current_sync = s;
-      } catch (const SQLite::Exception&) {
-        // Outside a transaction this does no I/O; if it fails the connection is broken
-        // and the next statement reports it.
-      }
-    }
   };
 
   enum class RunResult { kDone, kFailed, kDead, kLost, kStopped };
 
   template <typename Op>
   bool worker_retry(const char* what, Op&& op);
-  void prepare_worker(Worker& w);
-  std::vector<std::pair<int64_t, std::string>> candidates(Worker& w, int64_t now);
+  // Inside the claim's transaction: which of the offered rows to claim, in claim order
+  // (the ordering rule; see workers.cpp).
+  void choose_claim(int64_t now, const std::vector<detail::ClaimCandidate>& offered,
+                    std::vector<int64_t>* take) const;
   // Claims a batch into w.batch.
   Status claim(Worker& w, const std::string& claimant);
-  // Whether the row is still claimed with r.claim_token (in or outside a transaction).
-  bool still_owned(Worker& w, const Row& r);
-  // Puts the rows of w.batch that this claim still holds back to 'pending' (no attempt
-  // counted); with `aggregate`, only that aggregate's. Inside the caller's transaction.
-  void release_rows(Worker& w, const std::string* aggregate);
-  Status release(Worker& w, const std::string* aggregate);
+  // The claims of w.batch's rows; with `aggregate`, only that aggregate's.
+  static std::vector<detail::RowClaim> claims_of(const Worker& w, const std::string* aggregate);
   // Each writes the row only while it still carries r.claim_token (kLost otherwise).
   RunResult dead_letter_row(Worker& w, const Row& r, DeadLetterReason reason,
                             const std::string& text, int attempts);

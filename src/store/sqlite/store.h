@@ -3,8 +3,10 @@
 // per-message path, the attempt marker, the WAL guard and the retention clock. Its code is
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
 // (the per-message path), dead_letters.cpp, sessions.cpp, retention_rows.cpp (the
-// Pruner's deletes and checkpoints) and inbox.cpp (the public Inbox over it). Parts whose SQL has not yet moved into this folder reach it through
-// sqlite_store() (the layout table in cmake/layout_rules.cmake lists them).
+// Pruner's deletes and checkpoints), stp_rows.cpp (store-then-process's rows and its
+// workers' connections) and inbox.cpp (the public Inbox over it). Parts whose SQL has not
+// yet moved into this folder reach it through sqlite_store() (the layout table in
+// cmake/layout_rules.cmake lists them).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -28,6 +30,7 @@
 #include "store/sqlite/util.h"
 #include "store/retry.h"
 #include "store/store.h"
+#include "store/stp_rows.h"
 #include "store/sqlite/wal_guard.h"
 
 namespace mqtt_inbox::detail {
@@ -35,6 +38,8 @@ namespace mqtt_inbox::detail {
 struct SqliteStore;
 // The SQLite store's retention (store/sqlite/retention_rows.cpp).
 std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
+// The SQLite store's store-then-process rows (store/sqlite/stp_rows.cpp).
+std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store);
 
 struct SqliteStore final : Store {
   std::string path;
@@ -112,6 +117,8 @@ struct SqliteStore final : Store {
 
   std::unique_ptr<RetentionRows> retention = make_sqlite_retention_rows(*this);
   RetentionRows& retention_rows() override { return *retention; }
+  std::unique_ptr<StpRows> stp = make_sqlite_stp_rows(*this);
+  StpRows& stp_rows() override { return *stp; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
