@@ -6,7 +6,7 @@
 #   dev      libmqtt-inbox-dev  headers, static + shared libraries, CMake and pkg-config files
 #   service  mqtt-inbox         the admin tool, the example consumers, their systemd units,
 #                               the sysusers.d file of the service user, example settings
-# Files of the service package (README "Running as a service"), under /usr:
+# Files of the service package (docs/operations.md#installing-and-starting-a-unit), under /usr:
 #   bin/mqtt-inbox                                        the admin tool (tools/CMakeLists.txt)
 #   libexec/mqtt-inbox/ledger_consumer, sensor_gateway    the example consumers
 #   lib/systemd/system/mqtt-inbox-ledger-consumer.service, mqtt-inbox-sensor-gateway.service

@@ -10,7 +10,8 @@
 //   2  the MQTT subscriber could not be created or started: a bad connection flag, a
 //      CA, certificate, key or password file missing or unreadable. Restart: no
 //   3  stopped while a message was still waiting for the store: it was not acked and
-//      the broker redelivers it to the next run (README "Stopping while the store is stuck");
+//      the broker redelivers it to the next run
+//      (docs/operations.md#stopping-while-the-store-is-stuck);
 //      or while the outbox relay was: the rows it had not marked sent are published by the
 //      next run
 //   4  something another process holds was not available at start-up: the store still
@@ -18,14 +19,17 @@
 //      process holding the database, or another process on this host holding the MQTT
 //      client id. Nothing was connected; restarting later is safe
 //   5  the database is corrupt (or not a database): nothing was acked, the file was left
-//      untouched; recover it by hand (README "Recovering a corrupt database"). Restart: no
-//   6  a file of the database belongs to another user and cannot be written (README
-//      "Files created under another user"); fix the owner, then restart. Restart: no
+//      untouched; recover it by hand (docs/operations.md#recovering-a-corrupt-database).
+//      Restart: no
+//   6  a file of the database belongs to another user and cannot be written
+//      (docs/operations.md#files-created-under-another-user); fix the owner, then
+//      restart. Restart: no
 //   7  the broker refused this client for longer than --refused-limit-ms (10 min by
 //      default) without a single successful connection: bad user name or password, not
 //      authorized, client id refused, banned, or the broker's certificate failed
-//      verification against --cafile. Restart: no (fix the credentials or the CA; README
-//      "Running as a service" shows how a device that must heal by itself keeps retrying)
+//      verification against --cafile. Restart: no (fix the credentials or the CA;
+//      docs/operations.md#installing-and-starting-a-unit shows how a device that must
+//      heal by itself keeps retrying)
 #pragma once
 
 #include <mqtt_inbox/status.h>

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Footprint of mqtt-inbox (issue 7 part 5): stripped sizes for x86-64 and aarch64, peak
 # RSS of examples/ledger_consumer idle and while draining N queued messages, and the
-# measured effect of the knobs that shrink it. Prints the tables the README shows.
+# measured effect of the knobs that shrink it. Prints the tables docs/packaging.md#footprint
+# shows.
 #
 #   scripts/footprint.sh [--no-cross] [--no-build] [--only-sizes]
 #

@@ -4,7 +4,8 @@
 // stop taking messages (no PUBACK), say what to do, and never delete, recreate or write
 // the file. What the broker still holds is checked by putting a good copy in place and
 // starting again: every credit published meanwhile must arrive and apply once.
-// README "Recovering a corrupt database" is followed to the letter on the corrupt file.
+// docs/operations.md#recovering-a-corrupt-database is followed to the letter on the
+// corrupt file.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -88,7 +89,8 @@ class CorruptionTest : public ExampleProgramTest {
 
 // A page of the application's table is damaged: the inbox opens, and the first credit's
 // handler runs into it. Nothing is acked, the log says what to do, the file stays as dd
-// left it, and the recovery procedure of the README works on it.
+// left it, and the recovery procedure of docs/operations.md#recovering-a-corrupt-database
+// works on it.
 TEST_F(CorruptionTest, CorruptPageOnTheMessagePathStopsTakingMessagesAndLeavesTheFile) {
   make_database_with_credits(5);
   const int64_t total_before = q("SELECT sum(amount) FROM ledger_entries");
@@ -119,7 +121,7 @@ TEST_F(CorruptionTest, CorruptPageOnTheMessagePathStopsTakingMessagesAndLeavesTh
   EXPECT_EQ(inode_of(db_), inode) << "the file was deleted or recreated";
   EXPECT_TRUE(read_text(db_) == corrupt_bytes) << "the corrupt file was written to";
 
-  // README "Recovering a corrupt database", word for word: Debian 12's sqlite3 has no
+  // docs/operations.md#recovering-a-corrupt-database, word for word: Debian 12's sqlite3 has no
   // .recover (built without the sqlite_dbpage table), so .dump into a new file.
   const std::string recovered = dir_.file("recovered.db");
   const std::string script =

@@ -24,7 +24,7 @@ namespace mi = mqtt_inbox;
 
 namespace {
 
-// README "Recovering a corrupt database", in one line for the output.
+// docs/operations.md#recovering-a-corrupt-database, in one line for the output.
 std::string recovery_hint(const std::string& path) {
   return "the file is corrupt: stop the application, keep the file, and recover a copy: `sqlite3 " + path +
          " .recover` where your sqlite3 has it (Debian 12's lacks it), otherwise `sqlite3 " + path +
@@ -147,7 +147,8 @@ int cmd_check(const std::string& path) {
     j["freelist_count"] = db.execAndGet("PRAGMA freelist_count").getInt64();
     j["auto_vacuum"] = db.execAndGet("PRAGMA auto_vacuum").getInt();
     if (j["auto_vacuum"].get<int>() != 2) warnings.push_back("auto_vacuum is not INCREMENTAL: pruning cannot give pages back");
-    // The inbox recovers from a full disk by itself only with this much free (README "Disk space").
+    // The inbox recovers from a full disk by itself only with this much free
+    // (docs/operations.md#disk-space).
     const int64_t free_space = mi::detail::free_bytes(path);
     const int64_t need = mi::min_free_bytes(static_cast<int>(j["page_size"].get<int64_t>()));
     j["free_bytes"] = free_space;

@@ -41,9 +41,9 @@ void require_file(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);
   if (!S_ISREG(st.st_mode)) fail(kStoreError, "not a regular file: " + path);
   // SQLite creates -wal and -shm as the user that opens the file, and a consumer running
-  // as the database's owner cannot write them afterwards (README "Files created under
-  // another user"). As root SQLite hands them to the owner itself; anyone else is refused
-  // before a file is created.
+  // as the database's owner cannot write them afterwards
+  // (docs/operations.md#files-created-under-another-user). As root SQLite hands them to
+  // the owner itself; anyone else is refused before a file is created.
   const uid_t me = ::geteuid();
   if (me != 0 && me != st.st_uid) {
     const std::string owner = mi::detail::describe_user(st.st_uid);

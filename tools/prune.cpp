@@ -93,7 +93,7 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
         od.executeStep();
         out_dead = od.getColumn(0).getInt64();
       }
-      // The Pruner deletes sent outbox rows with the same window (README "Outbox").
+      // The Pruner deletes sent outbox rows with the same window (docs/outbox.md#limits).
       SQLite::Statement os(db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
       os.bind(1, cutoff);
       os.executeStep();

@@ -106,11 +106,12 @@ struct ConnectionOptions {
   // at start(): $RUNTIME_DIRECTORY (systemd sets it for a unit with RuntimeDirectory=; the
   // first folder if it lists several), else /run/mqtt-inbox if this process can write it,
   // else /tmp. Processes that pick different folders cannot see each other's lock, so run
-  // a second instance beside a service as the service's user (README "Running as a
-  // service"). "" disables the lock. A clean stop() (and the destructor after one)
-  // removes the file; start() checks that the file it locked is still the one at the
-  // path, so removing it can never let two processes hold the lock at once. After a
-  // crash the file stays, unlocked, and the next start() takes it.
+  // a second instance beside a service as the service's user
+  // (docs/operations.md#the-admin-tool-beside-the-running-service). "" disables the lock.
+  // A clean stop() (and the destructor after one) removes the file; start() checks that
+  // the file it locked is still the one at the path, so removing it can never let two
+  // processes hold the lock at once. After a crash the file stays, unlocked, and the next
+  // start() takes it.
   std::string client_id_lock_dir = "auto";
   // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
   std::shared_ptr<spdlog::logger> logger;

@@ -73,7 +73,7 @@ class Consumer final : public MessageSink {
 
   // Processes one delivery; see the header comment. Never throws. Blocks while the store
   // fails, for as long as it fails: a message that has not reached a durable outcome is
-  // never reported as done (see README "Stopping while the store is stuck").
+  // never reported as done (docs/operations.md#stopping-while-the-store-is-stuck).
   Outcome handle(const Message& message) override;
   Outcome reject(const Message& message, const std::string& why) override;
 

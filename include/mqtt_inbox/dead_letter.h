@@ -34,7 +34,7 @@ enum class DeadLetterReason {
                         // OutboxFullPolicy::kReject class (OutboxFull). The Consumer parks
                         // the message here with status 'requeued' and no attempt counted,
                         // and its requeue thread replays it once the relay has made room
-                        // (README "Outbox: publishing exactly once", "Backpressure")
+                        // (docs/outbox.md#backpressure)
   kOutboxRefused,       // the handler's Outbox::enqueue_or_throw refused its outgoing
                         // message for good (OutboxRefused, outbox.h: an id too long or
                         // malformed, a topic or property MQTT does not allow, a message

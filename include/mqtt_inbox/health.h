@@ -9,8 +9,9 @@
 //          connected to the broker yet. It clears by itself when the store recovers.
 //   red    `fatal`: the store is unusable (SQLITE_CORRUPT, SQLITE_NOTADB). No message is
 //          taken or acknowledged any more, and the library never writes, deletes or
-//          recreates the file. Stop the application and recover the file (README
-//          "Recovering a corrupt database"); a restart on the same file does not help.
+//          recreates the file. Stop the application and recover the file
+//          (docs/operations.md#recovering-a-corrupt-database); a restart on the same file
+//          does not help.
 //
 // Where it comes from: Consumer::health() and StoreThenProcess::health() (their message
 // path), Inbox::health() (the inbox's own start-up and maintenance waits, and the fatal

@@ -55,7 +55,7 @@ const char* schema_sql();
 
 // The free space, in bytes, that the file system holding the database must keep so the
 // inbox can always recover from a full disk by itself once the outside cause is gone
-// (README "Disk space"): room for its smallest WAL (32 pages) and for the database growth
+// (docs/operations.md#disk-space): room for its smallest WAL (32 pages) and for the database growth
 // that checkpointing it needs, twice over, plus the -shm file (32 KiB): 544 KiB with 4 KiB
 // pages. The growth of your own data comes on top. `mqtt-inbox check` warns below it.
 int64_t min_free_bytes(int page_size_bytes);
@@ -124,11 +124,11 @@ class Inbox {
   // write the database, its -wal, -shm and .lock files and their folder.
   // Errors: kInvalidArgument for bad options; kBusy if another consumer process holds
   // the database (InboxOptions::exclusive); kPermissionDenied for a file this process
-  // cannot write (the message names it, its owner and the fix: README "Files created
-  // under another user"); kCorruption for a file that is not a database, is corrupt, or
-  // has a newer schema (the file is left untouched: README "Recovering a corrupt
-  // database"); the last transient store error (kBusy, kFull, kIoError, kReadOnly) when
-  // startup_deadline_ms ran out.
+  // cannot write (the message names it, its owner and the fix:
+  // docs/operations.md#files-created-under-another-user); kCorruption for a file that is
+  // not a database, is corrupt, or has a newer schema (the file is left untouched:
+  // docs/operations.md#recovering-a-corrupt-database); the last transient store error
+  // (kBusy, kFull, kIoError, kReadOnly) when startup_deadline_ms ran out.
   static Status open(const std::string& path, const InboxOptions& options,
                      std::unique_ptr<Inbox>* out);
 
@@ -222,8 +222,9 @@ class Inbox {
   // Deletes rows matching `filter` (its limit is ignored); *removed gets the row count.
   Status purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed);
   // Marks dead letter `id` 'requeued': the running Consumer of its consumer name replays
-  // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms; README "Replaying
-  // a dead letter while the service runs"), through the handler in its own transaction;
+  // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms;
+  // docs/api-guide.md#replaying-a-dead-letter-while-the-service-runs), through the handler
+  // in its own transaction;
   // it ends 'replayed' (committed once, like Consumer::replay_dead_letter) or 'dead' again
   // with the new reason; if the replay kills the process, the next Inbox::open makes it
   // 'dead' again as handler_crashed (one more attempt), so it is not replayed at every
@@ -270,7 +271,7 @@ class Inbox {
   // The retention clock, ms: received_at of new claims. Starts at the wall clock when the
   // database is created, then advances only with the monotonic clock while an Inbox is
   // open, and continues from its persisted value after a restart, so wall-clock jumps
-  // never move it (README "Clock safety"). Cheap; any thread.
+  // never move it (docs/operations.md#clock-safety). Cheap; any thread.
   int64_t retention_clock_ms() const;
   // Stores the retention clock in inbox_meta (the Pruner does this every pass, and the
   // destructor once). Errors: store codes.

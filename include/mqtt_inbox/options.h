@@ -28,7 +28,7 @@ enum class Synchronous {
   kFull,
   // No fsync at commit: survives a process crash, but the last commits can roll back on
   // power loss or OS crash, after their PUBACK went out, i.e. lost messages. An explicit,
-  // documented trade-off (README "The guarantee, and its limits").
+  // documented trade-off (docs/guarantees.md#the-limits-of-the-promise).
   kNormal,
 };
 
@@ -49,7 +49,7 @@ struct InboxOptions {
   int page_size_bytes = 4096;
 
   // PRAGMA cache_size in KiB of page cache per connection. Default 2048 (2 MiB).
-  // Lower it on small devices; see README "Footprint".
+  // Lower it on small devices; see docs/packaging.md#footprint.
   int cache_size_kib = 2048;
 
   // PRAGMA journal_size_limit in bytes: the WAL file is truncated to this size after a
@@ -63,7 +63,7 @@ struct InboxOptions {
   // wal_autocheckpoint). An upper bound: the inbox checkpoints as soon as the WAL holds a
   // quarter of the file system's free space (at least 32 pages), so on a small or nearly
   // full file system the WAL never takes the last free space, and on SQLITE_FULL it
-  // checkpoints and truncates the WAL at once (README "Disk space"). 0 turns automatic
+  // checkpoints and truncates the WAL at once (docs/operations.md#disk-space). 0 turns automatic
   // checkpoints off. Default 1000 (SQLite's default).
   int wal_autocheckpoint_pages = 1000;
 
@@ -72,7 +72,7 @@ struct InboxOptions {
   // shows them). Default false: the claim row is then the key and received_at only,
   // which is all deduplication and retention read. On, a row takes about 155 bytes of
   // the file instead of 130 (with 36-byte UUID ids) and a commit writes 4 % more WAL
-  // bytes and CPU (README "Design decisions": what the claim row keeps).
+  // bytes and CPU (docs/design.md#design-decisions: what the claim row keeps).
   bool record_metadata = false;
 
   // Hold an exclusive advisory lock (flock(2) on "<path>.lock") while the Inbox is open,
@@ -183,7 +183,7 @@ struct MessageIdOptions {
 };
 
 // What a consumer does with a retained message (Message::retain set: the broker sent a
-// stored message because of a SUBSCRIBE). README "Retained messages".
+// stored message because of a SUBSCRIBE). docs/api-guide.md#retained-messages.
 enum class RetainedPolicy {
   // Ack it without running the handler and without writing anything; count it
   // (ConsumerCounters::retained_skipped) and log it at info level. The default: a

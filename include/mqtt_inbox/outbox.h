@@ -75,7 +75,7 @@ struct OutboxClass {
   // Default kReject.
   OutboxFullPolicy policy = OutboxFullPolicy::kReject;
   // Oldest a pending row of the class may be, ms; 0 = no age limit. Default 0. Counted on
-  // the inbox's retention clock (README "Clock safety"), which a wall-clock jump does not
+  // the inbox's retention clock (docs/operations.md#clock-safety), which a wall-clock jump does not
   // move and which does not run while the process is down, so a row is never taken for
   // older than it is. When the class's oldest pending row is older: kReject refuses new
   // rows ("outbox full: ... old") until the relay has sent it (the link has been down too

@@ -32,7 +32,7 @@
 // 1970 and stepping forward at NTP sync, an operator setting the clock back) therefore
 // never make a row look older than it is: a row is pruned only after at least `window`
 // of real running time. Downtime does not count, so rows can live longer than the
-// window in wall-clock terms, which is the safe direction. README "Clock safety".
+// window in wall-clock terms, which is the safe direction. docs/operations.md#clock-safety.
 //
 // Logging: to the Inbox's logger (InboxOptions::logger; default the "mqtt_inbox" logger):
 // one info line per pass that deleted something, the stats summary every

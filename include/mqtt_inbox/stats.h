@@ -59,7 +59,7 @@ struct InboxStats {
   int64_t wal_bytes = 0;
 
   int schema_version = 0;
-  int64_t retention_clock_ms = 0;  // see README "Clock safety"
+  int64_t retention_clock_ms = 0;  // see docs/operations.md#clock-safety
 
   // As measured by the last retention pass, Pruner::start() (which measures at once, on
   // its thread) or refresh_row_stats(); rows_measured_at is the retention clock then,

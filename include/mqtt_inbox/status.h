@@ -26,7 +26,7 @@ class [[nodiscard]] Status {
     kIoError,          // SQLITE_IOERR*, SQLITE_CANTOPEN*, PROTOCOL: the file system failed
     kReadOnly,         // SQLITE_READONLY*, PERM: the database cannot be written
     kCorruption,       // SQLITE_CORRUPT*/NOTADB, or a schema newer than this library: the
-                       // store is unusable (README "Recovering a corrupt database")
+                       // store is unusable (docs/operations.md#recovering-a-corrupt-database)
     kAborted,          // the operation was stopped on request (SQLITE_INTERRUPT/ABORT)
     kInternal,         // anything else (a bug, an unexpected SQLite code)
     kRejected,         // SQLite refused the change of one message: a constraint (CHECK,
@@ -35,7 +35,7 @@ class [[nodiscard]] Status {
     kPermissionDenied, // a file the inbox must write (the database, its -wal, -shm or
                        // .lock, or their folder) belongs to another user or cannot be
                        // written by this process; the message names the file, its owner
-                       // and the fix (README "Files created under another user")
+                       // and the fix (docs/operations.md#files-created-under-another-user)
   };
 
   Status() = default;  // OK

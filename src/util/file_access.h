@@ -2,8 +2,9 @@
 // read-only, without a word, when it cannot write the file or its -wal/-shm; every write
 // then fails with "attempt to write a readonly database", which looks transient and is
 // not. The usual cause is a -wal/-shm left by a tool (mqtt-inbox, sqlite3) run as
-// another user while the consumer was stopped (README "Files created under another
-// user"). Checked before SQLite opens anything, so the refusal names the file and owner.
+// another user while the consumer was stopped
+// (docs/operations.md#files-created-under-another-user). Checked before SQLite opens
+// anything, so the refusal names the file and owner.
 #pragma once
 
 #include <sys/types.h>

@@ -2,8 +2,9 @@
 #  - libmqtt-inbox-dev, unpacked with dpkg -x into a scratch root: the find_package consumer
 #    and a pkg-config compile against that root.
 #  - mqtt-inbox, unpacked into another scratch root (service_deb_test.cmake): the files
-#    where the README says, the programs run, systemd-analyze verify on its units, its
-#    postinst creating the service user in the scratch root.
+#    where docs/operations.md#installing-and-starting-a-unit says, the programs run,
+#    systemd-analyze verify on its units, its postinst creating the service user in the
+#    scratch root.
 #   cmake -DBUILD=<build> -DWORK=<scratch> -DSRC=<tests/package> [-DGENERATOR=..] -P deb_test.cmake
 cmake_minimum_required(VERSION 3.16)
 include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)

@@ -1,4 +1,4 @@
-# The README's "Install the library into a prefix" configure: tests, examples, tools and
+# The configure of docs/packaging.md#install-the-library-into-a-prefix: tests, examples, tools and
 # benchmarks off. It must not need GoogleTest (a test-only dependency) nor CLI11 (the
 # programs'), so both are made unfindable: a find_package(GTest REQUIRED) reached with
 # tests off fails the configure. Configure only; package_install covers the install.

@@ -2,7 +2,8 @@
 # the build's own architecture, and by service_deb_arch_test.cmake for a cross build's).
 #
 # mqtt_inbox_check_service_deb(<deb> <work dir> [EMULATOR <command>...]):
-#  1. dpkg -x into <work>/root: exactly the files README "Running as a service" lists;
+#  1. dpkg -x into <work>/root: exactly the files
+#     docs/operations.md#installing-and-starting-a-unit lists;
 #  2. its control data: the package name, maintainer scripts that enable and start nothing,
 #     and Depends: adduser plus, for every library a packaged program needs (its NEEDED
 #     entries), the package that ships that library for the package's architecture (dpkg -S

@@ -3,7 +3,7 @@
 // "<path>.lock", which it holds with flock, so no other process writes it.
 //
 // Why a file and not a row: a handler that kills the process must still be counted, or a
-// poison message loops forever (README "Dead letters"). Committing an attempt row before
+// poison message loops forever (docs/api-guide.md#dead-letters). Committing an attempt row before
 // every handler run costs a second write transaction per message, and its page goes to
 // flash with the next fsync. The marker costs two pwrite(2) calls, no fsync, nothing in
 // the WAL, and it survives what it must survive: the death of the process (the kernel

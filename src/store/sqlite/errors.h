@@ -15,8 +15,8 @@
 //               authorizer refusal). It counts as a handler attempt and ends as a dead
 //               letter after max_attempts.
 //   kFatal      the store is unusable: CORRUPT, NOTADB. Stop taking messages, never
-//               acknowledge, never write the file again (README "Recovering a corrupt
-//               database").
+//               acknowledge, never write the file again
+//               (docs/operations.md#recovering-a-corrupt-database).
 //
 // The table is data (store/sqlite/errors.cpp), one row per code defined by sqlite3.h of
 // SQLite 3.40; tests/sqlite_errors_test.cpp checks every row against sqlite3.h and the

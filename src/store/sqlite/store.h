@@ -101,8 +101,8 @@ struct SqliteStore final : Store {
   // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
   void close_connection();
 
-  // Retention clock (README "Clock safety"): clock_base_ms at steady time steady_base_ms;
-  // advances only with the monotonic clock. Both are fixed after open.
+  // Retention clock (docs/operations.md#clock-safety): clock_base_ms at steady time
+  // steady_base_ms; advances only with the monotonic clock. Both are fixed after open.
   int64_t clock_base_ms = 0;
   int64_t steady_base_ms = 0;
   mutable std::atomic<int64_t> clock_high{0};  // never report less than before
