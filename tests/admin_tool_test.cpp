@@ -424,7 +424,7 @@ TEST(AdminTool, PruneRespectsTheHorizonAndUsesThePruner) {
     rec.client_id = "gw-30d";
     rec.session_expiry_ms = 30 * 24 * kHour;
     rec.expiry_source = SessionExpirySource::kDeclared;
-    ASSERT_TRUE(inbox->record_session(rec).ok());
+    ASSERT_TRUE(inbox->sessions().record(rec).ok());
   }
   r = tool({"prune", db, "--older-than", "11d"});
   EXPECT_EQ(r.code, 4) << r.out;

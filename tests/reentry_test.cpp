@@ -123,10 +123,12 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       {"Inbox::purge_dead_letters", [&] { return inbox_->purge_dead_letters({}, &n); }},
       // Inbox: set-up and the transport's session records (main's calls on the connection)
       {"Inbox::setup", [&] { return inbox_->setup([](SQLite::Database&) {}); }},
-      {"Inbox::record_session", [&] { return inbox_->record_session(SessionRecord{}); }},
-      {"Inbox::load_session", [&] { SessionRecord r; return inbox_->load_session("c", &r); }},
-      {"Inbox::list_sessions", [&] { std::vector<SessionRecord> v; return inbox_->list_sessions(&v); }},
-      {"Inbox::forget_session", [&] { bool gone = false; return inbox_->forget_session("c", &gone); }},
+      {"SessionRecords::record", [&] { return inbox_->sessions().record(SessionRecord{}); }},
+      {"SessionRecords::load", [&] { SessionRecord r; return inbox_->sessions().load("c", &r); }},
+      {"SessionRecords::list",
+       [&] { std::vector<SessionRecord> v; return inbox_->sessions().list(&v); }},
+      {"SessionRecords::forget",
+       [&] { bool gone = false; return inbox_->sessions().forget("c", &gone); }},
       // Inbox: the plain connection (throws instead of returning a Status)
       {"Inbox::with_connection",
        [&] {
@@ -218,6 +220,9 @@ TEST_F(ReentryTest, CallsThatNeverWaitStayAllowed) {
     (void)inbox_->stats();
     (void)inbox_->retention_clock_ms();
     (void)inbox_->path();
+    (void)inbox_->options();
+    (void)inbox_->health();
+    inbox_->sessions().note_lost("gw-reentry");
     (void)consumer_->health();
     (void)consumer_->counters();
     (void)other_->name();

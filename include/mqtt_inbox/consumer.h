@@ -69,7 +69,7 @@ class Consumer final : public MessageSink {
   ~Consumer() override;
 
   const std::string& name() const override;
-  Inbox* inbox() const override;  // the Inbox given to create()
+  SessionRecords* sessions() const override;  // the Inbox's (Inbox::sessions())
 
   // Processes one delivery; see the header comment. Never throws. Blocks while the store
   // fails, for as long as it fails: a message that has not reached a durable outcome is

@@ -284,30 +284,10 @@ class Inbox {
   // connection instead, after each pass.
   Status refresh_row_stats();
 
-  // --- the transport's sessions (session_record.h) ---
-
-  // Records what the persistent session of record.client_id holds: replaces that client
-  // id's topic filters and session expiry, in one committed transaction (fsynced with
-  // synchronous=FULL), and sets updated_at to the wall clock. The MQTT Subscriber calls it
-  // before each CONNECT whose session expiry differs from the record, and after each
-  // change of subscriptions. Errors: kInvalidArgument for an empty client id, an empty
-  // topic filter or a negative expiry; store codes.
-  Status record_session(const SessionRecord& record);
-  // Reads the record of `client_id` (filters sorted). kNotFound if there is none.
-  Status load_session(const std::string& client_id, SessionRecord* out);
-  // Every record, ordered by client id.
-  Status list_sessions(std::vector<SessionRecord>* out);
-  // Deletes the record of `client_id` (a client id that is retired for good: its session
-  // expiry no longer binds the Pruner). *removed is set to whether one existed. Do not
-  // call it for a client id that may still connect: the Pruner would then check against
-  // the other records only. Errors: store codes.
-  Status forget_session(const std::string& client_id, bool* removed);
-  // Counts a session lost at the broker (InboxStats::sessions_lost): the transport calls
-  // it when the broker answers a CONNECT of `client_id` without a session (session
-  // present = 0) although this inbox recorded one holding topic filters. Messages sent
-  // to that session while the client was away are gone, and no redelivery will bring
-  // them. Cheap, any thread; never waits for the store and writes nothing.
-  void note_session_lost(const std::string& client_id);
+  // The transport's session records in this inbox (session_record.h): what the MQTT
+  // Subscriber's persistent sessions hold, which the Pruner checks its retention window
+  // against. Lives as long as the Inbox; thread-safe.
+  SessionRecords& sessions() const;
 
   // The store behind this inbox, for the library's own parts made on it (Consumer,
   // Outbox, Pruner, StoreThenProcess); an incomplete type to applications.

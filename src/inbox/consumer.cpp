@@ -499,6 +499,6 @@ Outcome Consumer::Impl::retained(const Message& m) {
                      0, std::nullopt);
 }
 
-Inbox* Consumer::inbox() const { return impl_->inbox; }
+SessionRecords* Consumer::sessions() const { return &impl_->inbox->sessions(); }
 
 }  // namespace mqtt_inbox

@@ -38,9 +38,15 @@ class Inbox;
 
 namespace detail {
 
+class SessionStore;
+
 class Store {
  public:
   virtual ~Store() = default;
+
+  // The store's parts, one per concept; each lives as long as the store: the session
+  // records (store/sessions.h).
+  virtual SessionStore& sessions() = 0;
 
   // Where the data lives, for messages and Health::database: a file path, or a URI
   // without its password.

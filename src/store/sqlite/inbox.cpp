@@ -50,6 +50,8 @@ Inbox::~Inbox() {
 
 detail::Store& Inbox::store() const { return *impl_; }
 
+SessionRecords& Inbox::sessions() const { return impl_->sessions(); }
+
 int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
 
 Status Inbox::persist_retention_clock() {

@@ -27,12 +27,34 @@
 #include "mqtt_inbox/stats.h"
 #include "store/sqlite/util.h"
 #include "store/retry.h"
+#include "store/sessions.h"
 #include "store/store.h"
 #include "store/sqlite/wal_guard.h"
 
 namespace mqtt_inbox::detail {
 
+struct SqliteStore;
+
+// The session records' rows (store/sessions.h) on the SQLite store
+// (store/sqlite/sessions.cpp).
+class SqliteSessions final : public SessionStore {
+ public:
+  explicit SqliteSessions(SqliteStore& store);
+
+ protected:
+  Status write(const SessionRecord& record) override;
+  Status read(const std::string* client_id, std::vector<SessionRecord>* out) override;
+  Status remove(const std::string& client_id, bool* removed) override;
+
+ private:
+  SqliteStore& s_;
+};
+
 struct SqliteStore final : Store {
+  SqliteStore() : sessions_(*this) {}
+
+  SessionStore& sessions() override { return sessions_; }
+
   std::string path;
   InboxOptions options;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
@@ -201,7 +223,12 @@ struct SqliteStore final : Store {
       }
     }
   };
+
+ private:
+  SqliteSessions sessions_;
 };
+
+inline SqliteSessions::SqliteSessions(SqliteStore& store) : SessionStore(store), s_(store) {}
 
 // The SQLite store behind `inbox`, for the parts whose SQL has not yet moved into this
 // folder (the layout table in cmake/layout_rules.cmake names them).
