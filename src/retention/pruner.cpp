@@ -406,7 +406,7 @@ Status Pruner::prune_once(PruneResult* result) {
     return m.store->store_error(detail::to_status(e, "retention pass"));
   }
   // Writes first, checkpoint last, so a TRUNCATE leaves an empty WAL.
-  Status s = m.inbox->persist_retention_clock();
+  Status s = m.store->persist_retention_clock();
   // The row count scans the whole table: on the second connection it blocks no commit.
   if (s.ok()) s = m.store->measure_rows(m.side_db.get());
   try {

@@ -21,6 +21,7 @@
 #include "util/log.h"
 #include "util/log_context.h"
 #include "inbox/properties_json.h"
+#include "store/dead_letters.h"
 #include "store/reentry.h"
 #include "stp/store_then_process_impl.h"
 
@@ -286,7 +287,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(Worker
   dl.last_attempt_at_ms = clock->wall_ms();
   int64_t id = 0;
   if (!worker_retry("writing a dead letter",
-                    [&] { return inbox->add_dead_letter(dl, std::nullopt, &id); }))
+                    [&] { return inbox->store().dead_letters().add(dl, std::nullopt, &id); }))
     return RunResult::kStopped;
   w.set_sync(w.handler_sync);
   if (!worker_retry("marking a row dead", [&] {
