@@ -48,8 +48,8 @@ struct InboxStats {
   // duplicates / (processed + duplicates); 0 when nothing was seen.
   double duplicate_ratio = 0;
 
-  // Latency of the claim transaction, BEGIN IMMEDIATE to COMMIT returned (the handler
-  // and the fsync included), in microseconds, over the last 4096 claims.
+  // Latency of the claim transaction, from its start to its commit returned (the handler
+  // and the durable commit included), in microseconds, over the last 4096 claims.
   int64_t commit_p50_us = 0;
   int64_t commit_p99_us = 0;
   int64_t commit_max_us = 0;   // since open

@@ -1,6 +1,7 @@
 // SqliteClaims (store/claims.h): the claim transaction with the handler inside it, and the
 // attempt counting that stops crash loops, on the SQLite store. All of their SQL is in this
-// file; docs/design.md#the-claim-transaction and #attempts-and-crash-loops say how it works.
+// file; how it works: docs/design.md#the-claim-transaction and
+// docs/design.md#attempts-and-crash-loops.
 //
 // A first delivery costs one write transaction (BEGIN IMMEDIATE, claim, what is recorded
 // for the id, handler, COMMIT): one fsync with synchronous=FULL, and in the WAL only the
