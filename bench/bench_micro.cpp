@@ -2,8 +2,9 @@
 //   BM_HandleNewId        Consumer::handle, ledger handler, a new id each time
 //   BM_HandleDuplicate    Consumer::handle of an id already processed (claim conflicts,
 //                         rollback)
-//   BM_ClaimNewId         Inbox::claim alone (no state read, no attempt), same handler
-//   BM_ClaimDuplicate     Inbox::claim of an id already claimed (insert conflicts, rollback)
+//   BM_ClaimNewId         ClaimStore::claim alone (no state read, no attempt), same handler
+//   BM_ClaimDuplicate     ClaimStore::claim of an id already claimed (insert conflicts,
+//                         rollback)
 // The handler is ledger::CreditHandler, as in ledger_consumer.
 // Argument: 1 = synchronous FULL, 0 = NORMAL.
 // (A prune batch benchmark belongs here once include/mqtt_inbox exposes a prune API.)
@@ -22,6 +23,9 @@
 
 #include "../examples/ledger.h"
 #include "bench_util.h"
+#include "store/claims.h"
+#include "store/store.h"
+#include "store/txn.h"
 
 namespace {
 
@@ -30,6 +34,7 @@ struct Fixture {
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   ledger::CreditHandler handler;
+  mqtt_inbox::detail::StoreHandler bound;  // `handler` as the store's claim calls it
   std::mt19937_64 rng{1};
 
   explicit Fixture(bool full) {
@@ -46,9 +51,12 @@ struct Fixture {
     if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, {}, &consumer)
              .ok())
       std::abort();
+    bound = mqtt_inbox::detail::bind_sqlite_handler(std::ref(handler));
   }
+  mqtt_inbox::detail::ClaimStore& claims() { return inbox->store().claims(); }
   ~Fixture() {
     consumer.reset();
+    bound = nullptr;
     handler = ledger::CreditHandler{};  // its statements belong to the inbox's connection
     inbox.reset();
     cleanup();
@@ -91,10 +99,10 @@ void BM_ClaimNewId(benchmark::State& state) {
     const std::string id = bench::uuid_like(f.rng);
     const auto m = f.message(id);
     state.ResumeTiming();
-    mqtt_inbox::ClaimResult r;
+    mqtt_inbox::detail::ClaimResult r;
     std::string err;
-    if (!f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err).ok() ||
-        r != mqtt_inbox::ClaimResult::kProcessed)
+    if (!f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err).ok() ||
+        r != mqtt_inbox::detail::ClaimResult::kProcessed)
       state.SkipWithError("claim failed");
   }
   state.SetItemsProcessed(state.iterations());
@@ -104,12 +112,12 @@ void BM_ClaimDuplicate(benchmark::State& state) {
   Fixture f(state.range(0) != 0);
   const std::string id = "the-same-id";
   const auto m = f.message(id);
-  mqtt_inbox::ClaimResult r;
+  mqtt_inbox::detail::ClaimResult r;
   std::string err;
-  (void)f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err);
+  (void)f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err);
   for (auto _ : state) {
-    if (!f.inbox->claim("ledger", m, id, 1, f.handler, std::nullopt, &r, &err).ok() ||
-        r != mqtt_inbox::ClaimResult::kDuplicate)
+    if (!f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err).ok() ||
+        r != mqtt_inbox::detail::ClaimResult::kDuplicate)
       state.SkipWithError("not a duplicate");
   }
   state.SetItemsProcessed(state.iterations());

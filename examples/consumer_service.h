@@ -137,7 +137,7 @@ class Service {
 
     // Retention: forget ids once the broker can no longer redeliver them. The window
     // must cover the session expiry the subscriber asks for. The subscriber records that
-    // expiry in the inbox when it connects (Inbox::record_session), and the Pruner checks
+    // expiry in the inbox when it connects (SessionRecords::record), and the Pruner checks
     // the window against it at create (the record of the last run) and again before
     // every pass (this run's): a window that does not cover it deletes nothing.
     mqtt_inbox::RetentionOptions retention;

@@ -18,6 +18,7 @@
 
 #include <mqtt_inbox/clock.h>
 #include <mqtt_inbox/outbox.h>
+#include <mqtt_inbox/retention.h>
 #include <mqtt_inbox/store_then_process.h>
 
 #include "support/ledger_fixture.h"
@@ -346,9 +347,13 @@ TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
     o.clock = &clock;
     auto inbox = open_ledger_inbox(db, o);
     std::unique_ptr<Consumer> c;
-    if (!inbox || !Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &c).ok()) _exit(2);
+    std::unique_ptr<Pruner> pruner;
+    if (!inbox || !Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &c).ok() ||
+        !Pruner::create(inbox.get(), {}, &pruner).ok())
+      _exit(2);
+    PruneResult pass;
     bool ok = c->handle(credit_message("c-0", "a", 1)) == Outcome::kProcessed &&
-              inbox->persist_retention_clock().ok();  // as a Pruner pass does
+              pruner->prune_once(&pass).ok();  // a Pruner pass persists the clock
     clock.shift += kHour;  // an hour of running time, then one more credit
     ok = ok && c->handle(credit_message("c-1", "a", 1)) == Outcome::kProcessed;
     clock.shift += kHour;  // another hour, never persisted
@@ -426,7 +431,7 @@ TEST(AdminTool, PruneRespectsTheHorizonAndUsesThePruner) {
     rec.client_id = "gw-30d";
     rec.session_expiry_ms = 30 * 24 * kHour;
     rec.expiry_source = SessionExpirySource::kDeclared;
-    ASSERT_TRUE(inbox->record_session(rec).ok());
+    ASSERT_TRUE(inbox->sessions().record(rec).ok());
   }
   r = tool({"prune", db, "--older-than", "11d"});
   EXPECT_EQ(r.code, 4) << r.out;

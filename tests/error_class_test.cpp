@@ -415,9 +415,9 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         SessionRecord mine;
         mine.client_id = "gateway-1";
         std::vector<DeadLetter> dead;
-        if (!corrupt(inbox_->load_session("gateway-1", &rec)) ||
-            !corrupt(inbox_->list_sessions(&records)) || !corrupt(inbox_->record_session(mine)) ||
-            !corrupt(inbox_->forget_session("gateway-1", &removed)) ||
+        if (!corrupt(inbox_->sessions().load("gateway-1", &rec)) ||
+            !corrupt(inbox_->sessions().list(&records)) || !corrupt(inbox_->sessions().record(mine)) ||
+            !corrupt(inbox_->sessions().forget("gateway-1", &removed)) ||
             !corrupt(inbox_->list_dead_letters({}, &dead)))
           _exit(6);
         // The outbox lives in the same file: every call but enqueue (which runs in the

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include "store/claims.h"
+#include "store/store.h"
 #include "store/sqlite/schema.h"
 #include "support/ledger_fixture.h"
 
@@ -333,7 +335,8 @@ TEST_F(InboxTest, AttemptsFromCrashedRunsLeadToHandlerCrashed) {
   ConsumerOptions o;
   o.max_attempts = 2;
   int attempt = 0;
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(inbox_->begin_attempt("ledger", "crashy-1", &attempt).ok());
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(inbox_->store().claims().begin_attempt("ledger", "crashy-1", &attempt).ok());
   EXPECT_EQ(attempt, 2);
   int calls = 0;
   auto c = make_consumer(

@@ -14,6 +14,8 @@
 #include <set>
 
 #include "outbox/outbox_wake.h"
+#include "store/dead_letters.h"
+#include "store/store.h"
 #include "store/sqlite/schema.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
@@ -399,7 +401,7 @@ TEST_F(OutboxTest, ReparkingAPurgedRowWritesItAgain) {
   dl.reason_text = "outbox full";
   dl.requeued = true;
   int64_t id = 0;
-  ASSERT_TRUE(inbox_->add_dead_letter(dl, /*replace_id=*/4242, &id).ok());
+  ASSERT_TRUE(inbox_->store().dead_letters().add(dl, /*replace_id=*/4242, &id).ok());
   EXPECT_NE(id, 4242);
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
                                 "'c-9' AND status = 'requeued' AND payload_size = " +

@@ -1,10 +1,11 @@
 // Handler re-entry (issue 18 section 2): a handler that calls back into its own inbox,
 // which used to wait forever for the connection its own thread holds, gets a refusal at
 // once, its message is dead-lettered as handler_reentered naming the call, and the next
-// message is processed. One case per kind of call: the Inbox's reads, writes, dead-letter
-// administration and plain connection; a Consumer, a Pruner and a StoreThenProcess on the
-// same inbox. Every handle() runs under a watchdog: a hang fails the test instead of
-// stalling the suite.
+// message is processed. One case per kind of call: the Inbox's reads, dead-letter
+// administration, session records and plain connection, the store's interfaces behind it
+// (claims, dead letters, the retention clock); a Consumer, a Pruner and a StoreThenProcess
+// on the same inbox. Every handle() runs under a watchdog: a hang fails the test instead
+// of stalling the suite.
 #include <mqtt_inbox/outbox.h>
 #include <mqtt_inbox/retention.h>
 #include <mqtt_inbox/store_then_process.h>
@@ -16,6 +17,10 @@
 #include <future>
 #include <thread>
 
+#include "store/claims.h"
+#include "store/dead_letters.h"
+#include "store/store.h"
+#include "store/txn.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -87,7 +92,12 @@ class ReentryTest : public ::testing::Test {
 
 TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   int64_t rows = 0;
-  MessageState state;
+  detail::MessageState state;
+  detail::ClaimResult claim_result = detail::ClaimResult::kProcessed;
+  std::string claim_error;
+  std::vector<int64_t> ids;
+  detail::Store& store = inbox_->store();
+  const detail::StoreHandler bound = detail::bind_sqlite_handler(ledger::apply_credit);
   DeadLetter dl;
   std::vector<DeadLetter> dls;
   int64_t n = 0;
@@ -98,35 +108,49 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   std::unique_ptr<Pruner> pruner2;
   std::unique_ptr<StoreThenProcess> stp2;
   Message other_msg = credit_message("audit-1", "zed", 1);
-  ProcessReport report;
+  detail::ProcessReport report;
   std::vector<OutboxRow> outbox_rows;
   std::vector<OutboxClassUsage> outbox_usage;
   OutboxSummary outbox_summary;
   OutboxRow outbox_row;
   const std::vector<Case> cases = {
       // Inbox: reads and inspection
-      {"Inbox::count_processed", [&] { return inbox_->count_processed("ledger", &rows); }},
-      {"Inbox::lookup", [&] { return inbox_->lookup("ledger", "x", &state); }},
       {"Inbox::refresh_row_stats", [&] { return inbox_->refresh_row_stats(); }},
-      {"Inbox::persist_retention_clock", [&] { return inbox_->persist_retention_clock(); }},
-      // Inbox: the per-message path
-      {"Inbox::process",
+      {"ClaimStore::count_claims", [&] { return store.claims().count_claims("ledger", &rows); }},
+      {"ClaimStore::lookup", [&] { return store.claims().lookup("ledger", "x", &state); }},
+      {"Store::persist_retention_clock", [&] { return store.persist_retention_clock(); }},
+      // The store's per-message path
+      {"ClaimStore::process",
        [&] {
-         return inbox_->process("audit", other_msg, "audit-1", ledger::apply_credit, 5,
-                                std::nullopt, &report);
+         return store.claims().process("audit", other_msg, "audit-1", bound, 5, std::nullopt,
+                                       nullptr, &report);
        }},
-      {"Inbox::begin_attempt", [&] { int a = 0; return inbox_->begin_attempt("ledger", "x", &a); }},
-      // Inbox: dead letters
+      {"ClaimStore::claim",
+       [&] {
+         return store.claims().claim("audit", other_msg, "audit-1", 1, bound, std::nullopt,
+                                     &claim_result, &claim_error);
+       }},
+      {"ClaimStore::begin_attempt",
+       [&] { int a = 0; return store.claims().begin_attempt("ledger", "x", &a); }},
+      {"ClaimStore::record_attempt_failure",
+       [&] { return store.claims().record_attempt_failure("ledger", "x", "failed"); }},
+      // Inbox: dead-letter administration, and the store's dead letters behind it
       {"Inbox::list_dead_letters", [&] { return inbox_->list_dead_letters({}, &dls); }},
       {"Inbox::get_dead_letter", [&] { return inbox_->get_dead_letter(1, &dl); }},
-      {"Inbox::add_dead_letter", [&] { return inbox_->add_dead_letter(DeadLetter{}, std::nullopt, &n); }},
       {"Inbox::purge_dead_letters", [&] { return inbox_->purge_dead_letters({}, &n); }},
+      {"Inbox::requeue_dead_letter", [&] { return inbox_->requeue_dead_letter(1); }},
+      {"DeadLetterStore::add",
+       [&] { return store.dead_letters().add(DeadLetter{}, std::nullopt, &n); }},
+      {"DeadLetterStore::requeued",
+       [&] { return store.dead_letters().requeued("ledger", 10, &ids); }},
       // Inbox: set-up and the transport's session records (main's calls on the connection)
       {"Inbox::setup", [&] { return inbox_->setup([](SQLite::Database&) {}); }},
-      {"Inbox::record_session", [&] { return inbox_->record_session(SessionRecord{}); }},
-      {"Inbox::load_session", [&] { SessionRecord r; return inbox_->load_session("c", &r); }},
-      {"Inbox::list_sessions", [&] { std::vector<SessionRecord> v; return inbox_->list_sessions(&v); }},
-      {"Inbox::forget_session", [&] { bool gone = false; return inbox_->forget_session("c", &gone); }},
+      {"SessionRecords::record", [&] { return inbox_->sessions().record(SessionRecord{}); }},
+      {"SessionRecords::load", [&] { SessionRecord r; return inbox_->sessions().load("c", &r); }},
+      {"SessionRecords::list",
+       [&] { std::vector<SessionRecord> v; return inbox_->sessions().list(&v); }},
+      {"SessionRecords::forget",
+       [&] { bool gone = false; return inbox_->sessions().forget("c", &gone); }},
       // Inbox: the plain connection (throws instead of returning a Status)
       {"Inbox::with_connection",
        [&] {
@@ -207,7 +231,7 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   EXPECT_FALSE(pruner2);
   EXPECT_FALSE(stp2);
   // Outside a handler the same calls work again.
-  EXPECT_TRUE(inbox_->count_processed("ledger", &rows).ok());
+  EXPECT_TRUE(store.claims().count_claims("ledger", &rows).ok());
   EXPECT_EQ(rows, static_cast<int64_t>(cases.size()));
   EXPECT_EQ(other_->handle(other_msg), Outcome::kProcessed);
 }
@@ -218,6 +242,9 @@ TEST_F(ReentryTest, CallsThatNeverWaitStayAllowed) {
     (void)inbox_->stats();
     (void)inbox_->retention_clock_ms();
     (void)inbox_->path();
+    (void)inbox_->options();
+    (void)inbox_->health();
+    inbox_->sessions().note_lost("gw-reentry");
     (void)consumer_->health();
     (void)consumer_->counters();
     (void)other_->name();
@@ -276,7 +303,8 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
                       DeadLetter dl;
                       dl.consumer_name = "worker";
                       dl.topic = "t";
-                      if (!inbox_->add_dead_letter(dl, std::nullopt, &n).ok()) ++refused;
+                      if (!inbox_->store().dead_letters().add(dl, std::nullopt, &n).ok())
+                        ++refused;
                     }
                     Delivery del{d.message, d.message_id, d.attempt};
                     ledger::apply_credit(db, del);
@@ -296,7 +324,8 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'dee'"), 3);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'w-reenter' AND status = 'dead'"), 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'w-reenter'"
-              " AND reason = 'handler_reentered' AND instr(reason_text, 'Inbox::add_dead_letter') > 0"),
+              " AND reason = 'handler_reentered'"
+              " AND instr(reason_text, 'DeadLetterStore::add') > 0"),
             1);
 }
 

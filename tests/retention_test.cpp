@@ -663,7 +663,7 @@ TEST_F(RetentionTest, ThirtyDaySessionWithDefaultRetentionIsRefused) {
   p.reset();
   for (const SessionExpirySource source :
        {SessionExpirySource::kRequested, SessionExpirySource::kDeclared}) {
-    ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay, source)).ok());
+    ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 30 * kDay, source)).ok());
     const Status s = Pruner::create(inbox_.get(), RetentionOptions{}, &p);
     EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << to_string(source);
     EXPECT_FALSE(p);
@@ -680,21 +680,21 @@ TEST_F(RetentionTest, ThirtyDaySessionWithDefaultRetentionIsRefused) {
   RetentionOptions covering;
   covering.window = std::chrono::hours(31 * 24);
   EXPECT_TRUE(Pruner::create(inbox_.get(), covering, &p).ok());
-  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 7 * kDay)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 7 * kDay)).ok());
   EXPECT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
 
   // The longest record binds, whichever client id it belongs to; forgetting a retired
   // client id releases it.
-  ASSERT_TRUE(inbox_->record_session(session_of("old-gw", 30 * kDay)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("old-gw", 30 * kDay)).ok());
   EXPECT_EQ(Pruner::create(inbox_.get(), RetentionOptions{}, &p).code(),
             Status::Code::kInvalidArgument);
   bool removed = false;
-  ASSERT_TRUE(inbox_->forget_session("old-gw", &removed).ok());
+  ASSERT_TRUE(inbox_->sessions().forget("old-gw", &removed).ok());
   EXPECT_TRUE(removed);
   EXPECT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
 
   // "Never expires" (MQTT 5 0xFFFFFFFF s) is covered by no finite window.
-  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 0xFFFFFFFFLL * 1000)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 0xFFFFFFFFLL * 1000)).ok());
   RetentionOptions year;
   year.window = std::chrono::hours(366 * 24);
   EXPECT_EQ(Pruner::create(inbox_.get(), year, &p).code(), Status::Code::kInvalidArgument);
@@ -717,7 +717,7 @@ TEST_F(RetentionTest, SessionRecordedAfterThePrunerWasMadeStopsEveryPass) {
 
   std::unique_ptr<Pruner> p;
   ASSERT_TRUE(Pruner::create(inbox_.get(), RetentionOptions{}, &p).ok());
-  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 30 * kDay)).ok());
   for (int pass = 0; pass < 2; ++pass) {
     PruneResult r;
     const Status s = p->prune_once(&r);
@@ -736,14 +736,14 @@ TEST_F(RetentionTest, SessionRecordedAfterThePrunerWasMadeStopsEveryPass) {
   EXPECT_EQ(q("SELECT count(*) FROM accounts"), 0);
 
   // Back to a 7-day session: the default window covers it again.
-  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 7 * kDay)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 7 * kDay)).ok());
   PruneResult r;
   ASSERT_TRUE(p->prune_once(&r).ok());
   EXPECT_EQ(r.processed_deleted, 50);
 
   // The override prunes below the record, warning once per requirement.
   insert_processed(10, old_id, 0);
-  ASSERT_TRUE(inbox_->record_session(session_of("gw-17", 30 * kDay)).ok());
+  ASSERT_TRUE(inbox_->sessions().record(session_of("gw-17", 30 * kDay)).ok());
   RetentionOptions overridden;
   overridden.allow_window_below_horizon = true;
   overridden.stats_log_period_ms = 0;

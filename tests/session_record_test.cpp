@@ -25,39 +25,39 @@ TEST_F(SessionRecordTest, RecordReplacesFiltersAndExpiryAndSurvivesReopening) {
   r.topic_filters = {"credits/#", "alerts/+", "credits/#"};  // a set: the repeat is one row
   r.session_expiry_ms = 7LL * 24 * 3600 * 1000;
   r.expiry_source = SessionExpirySource::kRequested;
-  ASSERT_TRUE(inbox_->record_session(r).ok());
+  ASSERT_TRUE(inbox_->sessions().record(r).ok());
   EXPECT_EQ(q("SELECT count(*) FROM inbox_session_filters WHERE client_id = 'gw-17'"), 2);
 
   r.topic_filters = {"credits/#", "$share/g/orders/+"};
   r.session_expiry_ms = 3600 * 1000;
   r.expiry_source = SessionExpirySource::kGranted;
-  ASSERT_TRUE(inbox_->record_session(r).ok());
+  ASSERT_TRUE(inbox_->sessions().record(r).ok());
   SessionRecord other;
   other.client_id = "gw-18";
   other.session_expiry_ms = 60 * 1000;
   other.expiry_source = SessionExpirySource::kDeclared;
-  ASSERT_TRUE(inbox_->record_session(other).ok());
+  ASSERT_TRUE(inbox_->sessions().record(other).ok());
 
   inbox_.reset();  // what the next process sees
   inbox_ = open_ledger_inbox(db_path_);
   SessionRecord got;
-  ASSERT_TRUE(inbox_->load_session("gw-17", &got).ok());
+  ASSERT_TRUE(inbox_->sessions().load("gw-17", &got).ok());
   EXPECT_EQ(got.topic_filters, (std::vector<std::string>{"$share/g/orders/+", "credits/#"}));
   EXPECT_EQ(got.session_expiry_ms, 3600 * 1000);
   EXPECT_EQ(got.expiry_source, SessionExpirySource::kGranted);
   EXPECT_GT(got.updated_at_ms, 0);
   std::vector<SessionRecord> all;
-  ASSERT_TRUE(inbox_->list_sessions(&all).ok());
+  ASSERT_TRUE(inbox_->sessions().list(&all).ok());
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[1].client_id, "gw-18");
   EXPECT_TRUE(all[1].topic_filters.empty());
   EXPECT_EQ(all[1].expiry_source, SessionExpirySource::kDeclared);
 
-  EXPECT_EQ(inbox_->load_session("gw-99", &got).code(), Status::Code::kNotFound);
+  EXPECT_EQ(inbox_->sessions().load("gw-99", &got).code(), Status::Code::kNotFound);
   bool removed = false;
-  ASSERT_TRUE(inbox_->forget_session("gw-17", &removed).ok());
+  ASSERT_TRUE(inbox_->sessions().forget("gw-17", &removed).ok());
   EXPECT_TRUE(removed);
-  ASSERT_TRUE(inbox_->forget_session("gw-17", &removed).ok());
+  ASSERT_TRUE(inbox_->sessions().forget("gw-17", &removed).ok());
   EXPECT_FALSE(removed);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_session_filters"), 0);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_sessions"), 1);
@@ -65,13 +65,13 @@ TEST_F(SessionRecordTest, RecordReplacesFiltersAndExpiryAndSurvivesReopening) {
 
 TEST_F(SessionRecordTest, RefusesRecordsThatCannotBeRight) {
   SessionRecord r;
-  EXPECT_EQ(inbox_->record_session(r).code(), Status::Code::kInvalidArgument);  // no client id
+  EXPECT_EQ(inbox_->sessions().record(r).code(), Status::Code::kInvalidArgument);  // no client id
   r.client_id = "c";
   r.session_expiry_ms = -1;
-  EXPECT_EQ(inbox_->record_session(r).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(inbox_->sessions().record(r).code(), Status::Code::kInvalidArgument);
   r.session_expiry_ms = 0;
   r.topic_filters = {"a", ""};
-  EXPECT_EQ(inbox_->record_session(r).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(inbox_->sessions().record(r).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_sessions"), 0);
 }
 

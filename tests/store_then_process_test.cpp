@@ -370,7 +370,7 @@ TEST_F(StoreThenProcessTest, PruneKeepsRowsARecordedSessionCanStillRedeliver) {
   SessionRecord rec;
   rec.client_id = "gw-30d";
   rec.session_expiry_ms = 30LL * 24 * 3600 * 1000;
-  ASSERT_TRUE(inbox_->record_session(rec).ok());
+  ASSERT_TRUE(inbox_->sessions().record(rec).ok());
   std::this_thread::sleep_for(5ms);
   StoredPruneResult pr;
   const Status s = stp->prune(&pr);

@@ -165,7 +165,7 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
     EXPECT_EQ(log_count(spdlog::level::info, "a first connection"), 1u);  // the first run's
 
     SessionRecord rec;  // the filter is held again, and recorded so
-    ASSERT_TRUE(inbox_->load_session(o.client_id, &rec).ok());
+    ASSERT_TRUE(inbox_->sessions().load(o.client_id, &rec).ok());
     EXPECT_EQ(rec.topic_filters, std::vector<std::string>{"credits/#"});
     {
       TestPublisher pub(broker.uri(), mqtt5());
@@ -300,7 +300,7 @@ TEST_P(SubscriptionsTest, ThirtyDaySessionIsRecordedAndRefusesDefaultRetention) 
   o.session_expiry_s = 30 * 24 * 3600;
   auto sub = start(o);
   SessionRecord rec;
-  ASSERT_TRUE(inbox_->load_session("gw-30d", &rec).ok());
+  ASSERT_TRUE(inbox_->sessions().load("gw-30d", &rec).ok());
   EXPECT_EQ(rec.session_expiry_ms, 30LL * 24 * 3600 * 1000);
   EXPECT_EQ(rec.expiry_source,
             mqtt5() ? SessionExpirySource::kRequested : SessionExpirySource::kDeclared);

@@ -42,7 +42,7 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
       source = declared_any ? "declared on the command line" : "library defaults (nothing recorded)";
     }
   }
-  // The session expiries the subscriber recorded (Inbox::record_session), plus the margin
+  // The session expiries the subscriber recorded (SessionRecords::record), plus the margin
   // and replay window above: the same requirement as the application's Pruner.
   {
     mi::RetentionOptions sessions_only = declared;

@@ -10,13 +10,18 @@
 //  1. refuses payloads over max_payload_bytes           -> dead letter payload_too_large
 //  2. extracts the producer-assigned id (options.h)     -> dead letter missing_id,
 //                                                          invalid_id, undecodable_payload
-//  3. looks the id up: processed -> kDuplicate; dead-lettered -> kAlreadyDeadLettered
-//  4. if max_attempts are already used (earlier processes died in the handler)
-//                                                       -> dead letter handler_crashed
-//  5. records the attempt durably, then runs the claim transaction (inbox.h); a handler
-//     that throws is retried with backoff up to max_attempts -> dead letter
-//     handler_failed (or undecodable_payload at once for UndecodablePayload)
-//  6. while the store itself fails (locked, full, I/O error, read-only) it retries with
+//  3. in one transaction with the handler (docs/design.md#the-claim-transaction): claims
+//     the id, or finds it processed -> kDuplicate, or dead-lettered ->
+//     kAlreadyDeadLettered, or with max_attempts already used by earlier processes
+//     -> dead letter handler_crashed (the last one died in the handler) or
+//     handler_failed
+//  4. runs the handler inside that transaction and commits its effect with the claim; a
+//     handler that throws is retried with backoff up to max_attempts -> dead letter
+//     handler_failed, and one that throws a permanent failure (handler.h) is
+//     dead-lettered at once (undecodable_payload, invalid_payload, outbox_refused).
+//     Every attempt is counted, also one that kills the process
+//     (docs/design.md#attempts-and-crash-loops)
+//  5. while the store itself fails (locked, full, I/O error, read-only) it retries with
 //     capped backoff for as long as it takes, never reporting an outcome it has not
 //     committed. health() shows this state to other threads.
 //
@@ -28,10 +33,10 @@
 // one thread that replays dead letters the admin tool marked 'requeued' while the service
 // runs (see replay_requeued()); ~Consumer stops and joins it.
 //
-// Thread safety: handle() may be called from several threads at once (each call blocks
-// on the Inbox's mutex for its transactions); health() and counters() are safe from any
-// thread and never wait for a running handle() (they take no lock that handle() holds
-// while it waits for the store or runs the handler).
+// Thread safety: handle() may be called from several threads at once (each call waits
+// for the Inbox's connection for its transactions); health() and counters() are safe
+// from any thread and never wait for a running handle() (they take no lock that handle()
+// holds while it waits for the store or runs the handler).
 #pragma once
 
 #include <cstdint>
@@ -69,7 +74,7 @@ class Consumer final : public MessageSink {
   ~Consumer() override;
 
   const std::string& name() const override;
-  Inbox* inbox() const override;  // the Inbox given to create()
+  SessionRecords* sessions() const override;  // the Inbox's (Inbox::sessions())
 
   // Processes one delivery; see the header comment. Never throws. Blocks while the store
   // fails, for as long as it fails: a message that has not reached a durable outcome is

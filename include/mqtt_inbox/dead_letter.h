@@ -73,9 +73,7 @@ struct DeadLetter {
   int redeliveries = 0;  // deliveries of the same (consumer, id) seen after dead-lettering
   bool replayed = false;   // status 'replayed': a replay committed its effect
   bool requeued = false;   // status 'requeued': waiting for the running Consumer to replay
-                           // it (Inbox::requeue_dead_letter, or parked as kOutboxFull).
-                           // Inbox::add_dead_letter writes the row with this status when
-                           // set (a parked message), 'dead' otherwise
+                           // it (Inbox::requeue_dead_letter, or parked as kOutboxFull)
   std::optional<int64_t> replayed_at_ms;
 };
 

@@ -33,15 +33,16 @@
 //    handler holds that inbox's connection (its mutex in Consumer mode, SQLite's write
 //    lock in a store-then-process worker), so such a call would wait for its own thread:
 //    on Paho's callback thread a silent hang, no PUBACK, no log. The library detects the
-//    call on the handler's thread and refuses it: every method of that Inbox, and of a
-//    Consumer, Pruner or StoreThenProcess made on it, that takes the connection returns
-//    kInvalidArgument naming the call (Inbox::with_connection throws std::logic_error;
-//    Consumer/StoreThenProcess::handle and reject return kDeadLettered without recording
-//    anything; Pruner::stop only asks its thread to stop, ~Pruner joins it). The
-//    handler's own message is then dead-lettered at once as handler_reentered, with the
-//    call in the reason text, whatever the handler did with the refusal; the stream goes
-//    on with the next message. Calls that never wait stay allowed: Inbox::path, options,
-//    retention_clock_ms, stats; Consumer::name, health, counters, extract_message_id;
+//    call on the handler's thread and refuses it: every method of that Inbox, of its
+//    SessionRecords, and of a Consumer, Pruner or StoreThenProcess made on it, that takes
+//    the connection returns kInvalidArgument naming the call (Inbox::with_connection
+//    throws std::logic_error; Consumer/StoreThenProcess::handle and reject return
+//    kDeadLettered without recording anything; Pruner::stop only asks its thread to
+//    stop, ~Pruner joins it). The handler's own message is then dead-lettered at once as
+//    handler_reentered, with the call in the reason text, whatever the handler did with
+//    the refusal; the stream goes on with the next message. Calls that never wait stay
+//    allowed: Inbox::path, options, retention_clock_ms, stats, health;
+//    SessionRecords::note_lost; Consumer::name, health, counters, extract_message_id;
 //    StoreThenProcess::name, health, counters; Pruner::required_window_ms. Instead of
 //    the inbox's calls, read or write through the `db` the handler is given: it sees the
 //    inbox's tables (inbox_processed, inbox_dead_letters, ...) inside the same

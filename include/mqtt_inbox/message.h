@@ -28,7 +28,7 @@ static_assert(NLOHMANN_JSON_VERSION_MAJOR == MQTT_INBOX_NLOHMANN_JSON_VERSION_MA
 
 namespace mqtt_inbox {
 
-class Inbox;
+class SessionRecords;
 
 // The MQTT 5 PUBLISH properties a message carries (MQTT 5.0 section 3.3.2.3), shared by
 // what arrives (Message) and what the outbox sends (OutgoingMessage, outbox.h). With MQTT
@@ -99,12 +99,13 @@ class MessageSink {
   virtual Outcome reject(const Message& message, const std::string& why) = 0;
   // The consumer name recorded with every row (used in logs).
   virtual const std::string& name() const = 0;
-  // The Inbox this sink records into. A transport with a persistent session records that
-  // session there (the MQTT Subscriber: its topic filters and session expiry,
-  // Inbox::record_session), and that Inbox's Pruner checks its retention window against
-  // it. Part of the interface, not an option, so that no sink can be attached without it.
-  // Never null: Subscriber::subscribe refuses a sink without an Inbox.
-  virtual Inbox* inbox() const = 0;
+  // The session records of the inbox this sink records into (Inbox::sessions(),
+  // session_record.h). A transport with a persistent session records that session there
+  // (the MQTT Subscriber: its topic filters and session expiry), and that inbox's Pruner
+  // checks its retention window against it. Part of the interface, not an option, so
+  // that no sink can be attached without it. Never null: Subscriber::subscribe refuses a
+  // sink without them.
+  virtual SessionRecords* sessions() const = 0;
 };
 
 // A Message together with the producer-assigned id the consumer extracted from it.

@@ -10,7 +10,7 @@
 //
 // The broker session expiry in that formula has one source of truth: the session the
 // subscriber actually asks for. The MQTT Subscriber records it in the inbox database
-// (Inbox::record_session, session_record.h) before it connects: the Session Expiry
+// (SessionRecords::record, session_record.h) before it connects: the Session Expiry
 // Interval it sends with MQTT 5, or the one the user declares in
 // SubscriberOptions::session_expiry_s for MQTT 3.1.1, where the broker sets it. The
 // Pruner checks the window against the longer of the declared broker_session_expiry and

@@ -1,6 +1,7 @@
 // SessionRecord: what a transport's persistent session at the broker holds for one client
-// id, as the transport records it in the inbox database (Inbox::record_session). The MQTT
-// Subscriber writes it; the core only stores it and reads it back. Two rules rest on it:
+// id, as the transport records it in the inbox database through SessionRecords
+// (Inbox::sessions()). The MQTT Subscriber writes it; the core only stores it and reads it
+// back. Two rules rest on it:
 //  - the subscriber UNSUBSCRIBEs recorded topic filters that are no longer configured
 //    (a persistent session keeps every subscription it was ever given), and on MQTT
 //    3.1.1 does not SUBSCRIBE again while the session holds exactly the configured
@@ -10,12 +11,14 @@
 //    expiry plus its margin (retention.h): the broker can redeliver a message until the
 //    session expires, and its id must be remembered that long.
 //
-// Thread safety: a value type; no shared state.
+// Thread safety: SessionRecord is a value type; SessionRecords is thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
 
@@ -37,19 +40,57 @@ struct SessionRecord {
   // The client id the broker keeps the session under. Non-empty.
   std::string client_id;
   // The topic filters the session holds, as subscribed (exact strings, "$share/..."
-  // included). record_session stores them as a set: order and repeats do not matter, and
-  // load_session returns them sorted.
+  // included). SessionRecords::record stores them as a set: order and repeats do not
+  // matter, and load returns them sorted.
   std::vector<std::string> topic_filters;
   // How long the broker keeps the session after a disconnect, ms. >= 0. An MQTT 5
   // Session Expiry Interval of 0xFFFFFFFF ("never expires") is recorded as
   // 0xFFFFFFFF * 1000 ms (136 years): no finite retention window covers it.
   int64_t session_expiry_ms = 0;
   SessionExpirySource expiry_source = SessionExpirySource::kRequested;
-  // Wall-clock Unix ms of the last record_session for this client id. Set by
-  // record_session (ignored on input). The Subscriber records at every connection, so
+  // Wall-clock Unix ms of the last SessionRecords::record for this client id. Set by
+  // record (ignored on input). The Subscriber records at every connection, so
   // this is also about when the broker last held the session: its warning when a
   // session is lost says since when (subscriber.h).
   int64_t updated_at_ms = 0;
+};
+
+// The session records of one inbox (Inbox::sessions()): what the transport writes its
+// persistent sessions through, without knowing the inbox or its store. An MQTT sink
+// (MessageSink::sessions(), message.h) hands them to the Subscriber.
+//
+// Thread safety: thread-safe. Called from inside a handler of the same inbox, every call
+// but note_lost is refused with kInvalidArgument naming it (handler.h).
+class SessionRecords {
+ public:
+  virtual ~SessionRecords() = default;
+
+  // Records what the persistent session of record.client_id holds: replaces that client
+  // id's topic filters and session expiry, committed and synced like a message's claim,
+  // and sets updated_at to the wall clock. The MQTT Subscriber calls it before each
+  // CONNECT whose session expiry differs from the record, and after each change of
+  // subscriptions. Errors: kInvalidArgument for an empty client id, an empty topic filter
+  // or a negative expiry; store codes.
+  virtual Status record(const SessionRecord& record) = 0;
+
+  // Reads the record of `client_id` (filters sorted). kNotFound if there is none.
+  virtual Status load(const std::string& client_id, SessionRecord* out) = 0;
+
+  // Every record, ordered by client id.
+  virtual Status list(std::vector<SessionRecord>* out) = 0;
+
+  // Deletes the record of `client_id` (a client id that is retired for good: its session
+  // expiry no longer binds the Pruner). *removed is set to whether one existed. Do not
+  // call it for a client id that may still connect: the Pruner would then check against
+  // the other records only. Errors: store codes.
+  virtual Status forget(const std::string& client_id, bool* removed) = 0;
+
+  // Counts a session lost at the broker (InboxStats::sessions_lost): the transport calls
+  // it when the broker answers a CONNECT of `client_id` without a session (session
+  // present = 0) although a recorded one held topic filters. Messages sent to that
+  // session while the client was away are gone, and no redelivery will bring them.
+  // Cheap; never waits for the store and writes nothing.
+  virtual void note_lost(const std::string& client_id) = 0;
 };
 
 }  // namespace mqtt_inbox

@@ -40,7 +40,7 @@ struct InboxStats {
   int64_t store_errors = 0;     // store operations that failed (and were retried)
   int64_t pruned = 0;           // inbox_processed rows deleted by retention passes
   int64_t dead_letters_pruned = 0;
-  // Sessions the broker lost while the inbox recorded them (Inbox::note_session_lost):
+  // Sessions the broker lost while the inbox recorded them (SessionRecords::note_lost):
   // CONNACK said session present = 0 although the recorded session held topic filters,
   // so what was queued for it while the client was away is gone (session expiry, a
   // broker restart without persistence, a clean-session CONNECT with this client id).
@@ -48,8 +48,8 @@ struct InboxStats {
   // duplicates / (processed + duplicates); 0 when nothing was seen.
   double duplicate_ratio = 0;
 
-  // Latency of the claim transaction, BEGIN IMMEDIATE to COMMIT returned (the handler
-  // and the fsync included), in microseconds, over the last 4096 claims.
+  // Latency of the claim transaction, from its start to its commit returned (the handler
+  // and the durable commit included), in microseconds, over the last 4096 claims.
   int64_t commit_p50_us = 0;
   int64_t commit_p99_us = 0;
   int64_t commit_max_us = 0;   // since open

@@ -246,7 +246,7 @@ class StoreThenProcess final : public MessageSink {
   ~StoreThenProcess() override;
 
   const std::string& name() const override;
-  Inbox* inbox() const override;  // the Inbox given to create()
+  SessionRecords* sessions() const override;  // the Inbox's (Inbox::sessions())
 
   // Receipt; see the header comment. Never throws. Returns only once the message has a
   // durable outcome, blocking (with capped backoff) while the store fails. Safe to call
@@ -293,7 +293,7 @@ class StoreThenProcess final : public MessageSink {
   // 'done'/'dead' rows older than dedup_retention_ms (by received_at), in short
   // transactions of at most 500 rows. Runs periodically while started (prune_interval_ms);
   // callable at any time. Errors: kInvalidArgument when dedup_retention_ms is shorter than
-  // the longest session expiry recorded in the Inbox (Inbox::record_session) and
+  // the longest session expiry recorded in the Inbox (SessionRecords::record) and
   // allow_dedup_retention_below_session is not set: compaction has run, no row is deleted,
   // an error is logged (the periodic run also counts it in worker_store_errors); store
   // codes otherwise.

@@ -79,7 +79,7 @@ struct SubscriberOptions : ConnectionOptions {
   // MQTT 3.1.1: declared, not sent: the broker alone sets it (mosquitto:
   // persistent_client_expiration, which never expires by default), so declare here what
   // the broker is configured to keep. Either way it is recorded in the Inbox behind each
-  // sink (Inbox::record_session) and the Pruner refuses a retention window shorter than
+  // sink (SessionRecords::record) and the Pruner refuses a retention window shorter than
   // it plus its margin (retention.h): the one source of truth for how long ids must be
   // kept. Size it to the longest time a device may stay offline. Default 7 days.
   uint32_t session_expiry_s = 7 * 24 * 3600;
@@ -173,9 +173,9 @@ class Subscriber {
   // prefix is allowed) to `sink` (a Consumer, or a store-then-process receiver),
   // subscribed at QoS 1. One sink per filter; call before start(). A message matching
   // several filters goes to the first one added. `sink` must outlive the Subscriber, and
-  // so must its Inbox (MessageSink::inbox()), where the session is recorded. Errors:
-  // kInvalidArgument for a null sink, a sink without an Inbox, an empty or repeated
-  // filter, or a call after start().
+  // so must its session records (MessageSink::sessions(): its Inbox's), where the
+  // session is recorded. Errors: kInvalidArgument for a null sink, a sink without session
+  // records, an empty or repeated filter, or a call after start().
   Status subscribe(const std::string& topic_filter, MessageSink* sink);
 
   // Takes the client-id lock, then starts connecting in the background and returns at

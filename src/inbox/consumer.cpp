@@ -1,5 +1,7 @@
 // The per-message policy: what happens to one delivery between "arrived" and "may be
-// acked". Every path out of run() has a durable record behind it.
+// acked". Every path out of run() has a durable record behind it. It holds the store's
+// interfaces (store/claims.h, store/dead_letters.h) and the handler bound for the store's
+// transaction (store/txn.h), never a store's own type.
 #include "mqtt_inbox/consumer.h"
 
 #include <algorithm>
@@ -13,17 +15,26 @@
 
 #include <nlohmann/json.hpp>
 
-#include "util/log.h"
-#include "util/log_context.h"
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
-#include "store/reentry.h"
 #include "inbox/retained.h"
-#include "store/retry.h"
 #include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/inbox.h"
+#include "store/claims.h"
+#include "store/dead_letters.h"
+#include "store/reentry.h"
+#include "store/retry.h"
+#include "store/store.h"
+#include "store/txn.h"
+#include "util/log.h"
+#include "util/log_context.h"
 #include "util/text.h"
 
 namespace mqtt_inbox {
+
+using detail::ClaimResult;
+using detail::MessageState;
+using detail::ProcessReport;
 
 const char* to_string(Outcome outcome) {
   switch (outcome) {
@@ -64,9 +75,12 @@ bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
 }
 
 struct Consumer::Impl {
-  Inbox* inbox = nullptr;
+  detail::Store* store = nullptr;
+  detail::ClaimStore* claims = nullptr;  // store->claims(), once: one virtual call a message
+  detail::DeadLetterStore* dead_letters = nullptr;
+  SessionRecords* sessions = nullptr;  // the Inbox's (MessageSink::sessions())
   std::string name;
-  Handler handler;
+  detail::StoreHandler handler;  // the application's, bound for the store's transaction
   ConsumerOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
@@ -120,7 +134,7 @@ struct Consumer::Impl {
     dl.requeued = parked;
     int64_t row = 0;
     until_stored(parked ? "parking a message" : "writing a dead letter",
-                 [&] { return inbox->add_dead_letter(dl, replace_id, &row); }, stop);
+                 [&] { return dead_letters->add(dl, replace_id, &row); }, stop);
     if (parked) {
       // Once at info; a replay that finds the outbox still full (every poll, for as long
       // as the uplink is down) at debug.
@@ -156,7 +170,7 @@ struct Consumer::Impl {
     bump.consumer_name = name;
     bump.message_id = id;
     until_stored("counting a redelivery",
-                 [&] { return inbox->add_dead_letter(bump, std::nullopt, &row); }, stop);
+                 [&] { return dead_letters->add(bump, std::nullopt, &row); }, stop);
     count(&ConsumerCounters::already_dead_lettered);
     return Outcome::kAlreadyDeadLettered;
   }
@@ -176,7 +190,7 @@ struct Consumer::Impl {
         if (detail::validate_message_id(*v, options.message_id.max_id_bytes).empty()) id = *v;
       if (id && !replay_of) {
         MessageState st;
-        until_stored("looking up a message", [&] { return inbox->lookup(name, *id, &st); },
+        until_stored("looking up a message", [&] { return claims->lookup(name, *id, &st); },
                      stop);
         if (st.processed) return duplicate();
       }
@@ -199,13 +213,13 @@ struct Consumer::Impl {
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
       // One transaction decides and applies: duplicate, dead-lettered, out of attempts,
-      // or the handler's outcome (inbox.h, Inbox::process).
+      // or the handler's outcome (store/claims.h, ClaimStore::process).
       ProcessReport r;
       until_stored(
           "committing",
           [&] {
-            return inbox->process(name, m, id, handler, options.max_attempts, replay_of, &r,
-                                  payload_json);
+            return claims->process(name, m, id, handler, options.max_attempts, replay_of,
+                                   payload_json, &r);
           },
           stop);
       const MessageState& st = r.state;
@@ -270,7 +284,7 @@ struct Consumer::Impl {
   Status replay(int64_t id, Outcome* outcome, const std::atomic<bool>* stop,
                 bool requeued_only = false) {
     DeadLetter dl;
-    Status s = inbox->get_dead_letter(id, &dl);
+    Status s = dead_letters->get(id, &dl);
     if (!s.ok()) return s;
     if (requeued_only && !dl.requeued)
       return Status::InvalidArgument("dead letter " + std::to_string(id) + " is no longer requeued");
@@ -291,7 +305,7 @@ struct Consumer::Impl {
     std::vector<int64_t> ids;
     std::set<int64_t> refused;  // ids replay() refused in this pass
     for (;;) {
-      Status s = inbox->requeued_dead_letters(name, 16, &ids);
+      Status s = dead_letters->requeued(name, 16, &ids);
       if (s.ok()) ids.erase(std::remove_if(ids.begin(), ids.end(),
                                            [&](int64_t id) { return refused.count(id) > 0; }),
                             ids.end());
@@ -384,14 +398,18 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
     return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
   if (options.requeue_poll_ms < 0) return Status::InvalidArgument("requeue_poll_ms must be >= 0");
 
+  detail::Store& store = inbox->store();
   auto impl = std::make_unique<Impl>();
-  impl->inbox = inbox;
+  impl->store = &store;
+  impl->claims = &store.claims();
+  impl->dead_letters = &store.dead_letters();
+  impl->sessions = &inbox->sessions();
   impl->name = name;
-  impl->handler = std::move(handler);
+  impl->handler = detail::bind_sqlite_handler(std::move(handler));
   impl->options = options;
-  impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
-  impl->log = detail::logger_or_default(inbox->options().logger);
-  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", inbox->path(),
+  impl->clock = store.clock;
+  impl->log = store.log;
+  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", store.location(),
                                                      options, impl->clock, impl->log);
   Impl* self = impl.get();
   out->reset(new Consumer(std::move(impl)));
@@ -404,7 +422,7 @@ const std::string& Consumer::name() const { return impl_->name; }
 Outcome Consumer::handle(const Message& message) {
   // From inside a handler of the same inbox: refused (store/reentry.h). The running handler's
   // message is dead-lettered as handler_reentered, which covers this one too.
-  if (!detail::refuse_if_in_handler(impl_->inbox, "Consumer::handle").ok())
+  if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::handle").ok())
     return Outcome::kDeadLettered;
   const Outcome o = impl_->run(message, std::nullopt);
   if (impl_->log->should_log(spdlog::level::debug))
@@ -414,7 +432,7 @@ Outcome Consumer::handle(const Message& message) {
 }
 
 Outcome Consumer::reject(const Message& message, const std::string& why) {
-  if (!detail::refuse_if_in_handler(impl_->inbox, "Consumer::reject").ok())
+  if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::reject").ok())
     return Outcome::kDeadLettered;
   try {
     return impl_->dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why, 0, 0,
@@ -425,14 +443,15 @@ Outcome Consumer::reject(const Message& message, const std::string& why) {
 }
 
 Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
-  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Consumer::replay_dead_letter");
+  if (Status r = detail::refuse_if_in_handler(impl_->store->owner, "Consumer::replay_dead_letter");
       !r.ok())
     return r;
   return impl_->replay(id, outcome, nullptr);
 }
 
 Status Consumer::replay_requeued(int64_t* replayed) {
-  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Consumer::replay_requeued"); !r.ok())
+  if (Status r = detail::refuse_if_in_handler(impl_->store->owner, "Consumer::replay_requeued");
+      !r.ok())
     return r;
   return impl_->replay_requeued(replayed);
 }
@@ -447,10 +466,10 @@ Health Consumer::health() const {
   // Corruption found by anyone on this file (the pruner, another consumer) is red here
   // too: the next message will not be taken.
   if (!h.fatal) {
-    const Health inbox = impl_->inbox->health();
-    if (inbox.fatal) {
+    const Health store = impl_->store->health();
+    if (store.fatal) {
       h.fatal = true;
-      h.last_error = inbox.last_error;
+      h.last_error = store.last_error;
     }
   }
   return h;
@@ -492,13 +511,13 @@ Outcome Consumer::Impl::retained(const Message& m) {
     return dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
                        detail::retained_dead_letter_text(), 0, 0, std::nullopt);
   MessageState st;
-  until_stored("looking up a message", [&] { return inbox->lookup(name, id, &st); });
+  until_stored("looking up a message", [&] { return claims->lookup(name, id, &st); });
   if (st.processed) return duplicate();
   if (st.dead_letter_id) return already_dead_lettered(id);
   return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0,
                      0, std::nullopt);
 }
 
-Inbox* Consumer::inbox() const { return impl_->inbox; }
+SessionRecords* Consumer::sessions() const { return impl_->sessions; }
 
 }  // namespace mqtt_inbox

@@ -80,11 +80,11 @@ std::string lost_session_warning(const std::string& broker_uri, const std::strin
          causes + ". Subscribing again.";
 }
 
-SessionKeeper::SessionKeeper(std::string client_id, std::vector<Inbox*> inboxes,
+SessionKeeper::SessionKeeper(std::string client_id, std::vector<SessionRecords*> records,
                              std::vector<std::string> configured, int64_t expiry_ms,
                              SessionExpirySource source, std::shared_ptr<spdlog::logger> log)
     : client_id_(std::move(client_id)),
-      inboxes_(std::move(inboxes)),
+      records_(std::move(records)),
       configured_(configured.begin(), configured.end()),
       expiry_ms_(expiry_ms),
       source_(source),
@@ -96,9 +96,9 @@ Status SessionKeeper::before_connect() {
     records_agree_ = true;
     recorded_expiry_ms_ = -1;
     bool first = true, missing = false;
-    for (Inbox* inbox : inboxes_) {
+    for (SessionRecords* records : records_) {
       SessionRecord r;
-      const Status s = inbox->load_session(client_id_, &r);
+      const Status s = records->load(client_id_, &r);
       if (s.code() == Status::Code::kNotFound) {
         missing = true;
         continue;
@@ -137,7 +137,7 @@ std::optional<SessionKeeper::LostSession> SessionKeeper::after_connack(
     // The records say the broker held a session with these filters; it has none now.
     lost = LostSession{std::vector<std::string>(held_.begin(), held_.end()), seen_at_ms_,
                        lost_expiry_ms_, lost_source_};
-    for (Inbox* inbox : inboxes_) inbox->note_session_lost(client_id_);
+    for (SessionRecords* records : records_) records->note_lost(client_id_);
   }
   if (!session_present) held_.clear();  // a new session holds no subscription yet
   // Wall clock, as updated_at: only to say when the broker last held the session.
@@ -189,8 +189,8 @@ Status SessionKeeper::write(int64_t expiry_ms, SessionExpirySource source, const
   r.topic_filters.assign(held_.begin(), held_.end());
   r.session_expiry_ms = expiry_ms;
   r.expiry_source = source;
-  for (Inbox* inbox : inboxes_)
-    if (Status s = inbox->record_session(r); !s.ok()) return s;
+  for (SessionRecords* records : records_)
+    if (Status s = records->record(r); !s.ok()) return s;
   const bool changed = !records_agree_ || held_ != recorded_ || expiry_ms != recorded_expiry_ms_ ||
                        source != recorded_source_;
   recorded_ = held_;

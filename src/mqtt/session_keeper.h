@@ -1,8 +1,8 @@
 // The subscriber's record of its persistent session (session_record.h), kept in the
-// Inbox behind each of its sinks: what the session holds at the broker (topic filters,
-// session expiry), and from that what to UNSUBSCRIBE and whether to SUBSCRIBE on each
-// CONNACK. Part of the MQTT layer, but without Paho and without SQL: it decides, and
-// writes through Inbox::record_session; mqtt/subscriber.cpp sends the packets.
+// session records of the Inbox behind each of its sinks: what the session holds at the
+// broker (topic filters, session expiry), and from that what to UNSUBSCRIBE and whether
+// to SUBSCRIBE on each CONNACK. Part of the MQTT layer, but without Paho and without SQL:
+// it decides, and writes through SessionRecords; mqtt/subscriber.cpp sends the packets.
 //
 // Thread safety: none; used only by the subscriber's connection thread.
 #pragma once
@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/status.h"
 
@@ -26,11 +25,11 @@ namespace mqtt_inbox::detail {
 
 class SessionKeeper {
  public:
-  // `inboxes`: the distinct Inboxes behind the subscriber's sinks (each gets the same
-  // record). `configured`: the topic filters of the subscriber. `expiry_ms`: the session
-  // expiry the next CONNECT asks for (MQTT 5) or the user declares (MQTT 3.1.1, `source`
-  // kDeclared).
-  SessionKeeper(std::string client_id, std::vector<Inbox*> inboxes,
+  // `records`: the distinct session records behind the subscriber's sinks (one per
+  // Inbox; each gets the same record). `configured`: the topic filters of the
+  // subscriber. `expiry_ms`: the session expiry the next CONNECT asks for (MQTT 5) or the
+  // user declares (MQTT 3.1.1, `source` kDeclared).
+  SessionKeeper(std::string client_id, std::vector<SessionRecords*> records,
                 std::vector<std::string> configured, int64_t expiry_ms,
                 SessionExpirySource source, std::shared_ptr<spdlog::logger> log);
 
@@ -57,7 +56,7 @@ class SessionKeeper {
   // recorded if it differs (a lowered expiry takes effect here). With session present =
   // 0 while the records (of an earlier process, or of this one's last connection) hold
   // topic filters, the broker lost the session: returns what it held, and counts the
-  // loss in every Inbox (Inbox::note_session_lost). A first connection (no record, or
+  // loss in every Inbox (SessionRecords::note_lost). A first connection (no record, or
   // one without filters) returns nothing.
   std::optional<LostSession> after_connack(bool session_present, const int64_t* granted_ms);
 
@@ -87,7 +86,7 @@ class SessionKeeper {
   Status write(int64_t expiry_ms, SessionExpirySource source, const char* when);
 
   std::string client_id_;
-  std::vector<Inbox*> inboxes_;
+  std::vector<SessionRecords*> records_;
   std::set<std::string> configured_;
   int64_t expiry_ms_;
   SessionExpirySource source_;

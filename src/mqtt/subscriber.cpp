@@ -44,7 +44,7 @@
 #include "mqtt/probe.h"
 #include "mqtt/tls.h"
 #include "mqtt_inbox/clock.h"
-#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/session_record.h"
 #include "mqtt/session_keeper.h"
 
 namespace mqtt_inbox {
@@ -483,10 +483,10 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
 
 Status Subscriber::subscribe(const std::string& topic_filter, MessageSink* consumer) {
   if (!consumer) return Status::InvalidArgument("sink is null");
-  if (!consumer->inbox())
+  if (!consumer->sessions())
     return Status::InvalidArgument("sink '" + consumer->name() +
-                                   "' names no Inbox: the subscriber records its session "
-                                   "there (MessageSink::inbox())");
+                                   "' has no session records: the subscriber records its "
+                                   "session there (MessageSink::sessions())");
   if (topic_filter.empty()) return Status::InvalidArgument("topic filter is empty");
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->started) return Status::InvalidArgument("subscribe() must be called before start()");
@@ -525,15 +525,15 @@ Status Subscriber::start() {
     m.conn_opts.set_properties(props);
   }
   {
-    std::vector<Inbox*> inboxes;
+    std::vector<SessionRecords*> records;  // one per Inbox behind the sinks
     std::vector<std::string> filters;
     for (const auto& r : m.routes) {
       filters.push_back(r.first);
-      if (std::find(inboxes.begin(), inboxes.end(), r.second->inbox()) == inboxes.end())
-        inboxes.push_back(r.second->inbox());
+      if (std::find(records.begin(), records.end(), r.second->sessions()) == records.end())
+        records.push_back(r.second->sessions());
     }
     m.session = std::make_unique<detail::SessionKeeper>(
-        m.options.client_id, std::move(inboxes), std::move(filters),
+        m.options.client_id, std::move(records), std::move(filters),
         1000LL * m.options.session_expiry_s,
         m.options.mqtt_version == MqttVersion::kV5 ? SessionExpirySource::kRequested
                                                    : SessionExpirySource::kDeclared,

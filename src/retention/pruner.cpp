@@ -317,7 +317,7 @@ Status Pruner::required_window_ms(Inbox* inbox, const RetentionOptions& o, int64
       "the declared horizon (max(broker_session_expiry, max_offline) + "
       "replay_window + margin)";
   std::vector<SessionRecord> sessions;
-  if (Status s = inbox->list_sessions(&sessions); !s.ok()) return s;
+  if (Status s = inbox->sessions().list(&sessions); !s.ok()) return s;
   for (const SessionRecord& r : sessions) {
     const int64_t need = std::max(r.session_expiry_ms, o.max_offline.count()) +
                          o.replay_window.count() + o.margin.count();
@@ -346,7 +346,7 @@ Status Pruner::Impl::check_recorded_sessions(bool at_create) {
       ": the broker can redeliver a message until the session expires, and a redelivery "
       "after its id was pruned would be processed again. Raise RetentionOptions::window, "
       "lower SubscriberOptions::session_expiry_s, or, for a client id retired for good, "
-      "Inbox::forget_session";
+      "SessionRecords::forget";
   if (!options.allow_window_below_horizon) {
     if (!at_create) store->log->error("RETENTION REFUSED, nothing deleted: {}", what);
     return Status::InvalidArgument(what);

@@ -31,7 +31,7 @@ class HandlerScope {
   HandlerScope& operator=(const HandlerScope&) = delete;
 
   // The first refused call the handler made back into its inbox, e.g.
-  // "Inbox::count_processed"; empty if none.
+  // "Inbox::list_dead_letters"; empty if none.
   const std::string& reentered_call() const { return call_; }
   // The dead letter's reason text for such a handler.
   std::string reentry_text() const;

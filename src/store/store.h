@@ -7,7 +7,9 @@
 //
 // store/sqlite/ is the SQLite implementation (SqliteStore, behind the public Inbox).
 // What the base class holds is what any store has: a clock, a logger, the counters, the
-// fatal latch and the start-up wait; what a store does with its database is virtual.
+// fatal latch and the start-up wait; what a store does with its database is virtual, one
+// interface per concept: the claims and attempts (store/claims.h), the dead letters
+// (store/dead_letters.h) and the session records (store/sessions.h).
 //
 // Thread safety: the counters, the latch and health() are safe from any thread without
 // waiting for the store; the rest is each implementation's to say.
@@ -40,10 +42,18 @@ class Inbox;
 namespace detail {
 
 class StpRows;
+class ClaimStore;
+class DeadLetterStore;
+class SessionStore;
 
 class Store {
  public:
   virtual ~Store() = default;
+
+  // The store's parts, one per concept; each lives as long as the store.
+  virtual ClaimStore& claims() = 0;
+  virtual DeadLetterStore& dead_letters() = 0;
+  virtual SessionStore& sessions() = 0;
 
   // Where the data lives, for messages and Health::database: a file path, or a URI
   // without its password.
@@ -52,6 +62,16 @@ class Store {
   // The retention clock, ms: received_at of new claims and everything retention compares
   // with it (docs/design.md). Never goes back while the store is open.
   virtual int64_t retention_clock() const = 0;
+  // Stores the retention clock, so that the next open continues from it (the Pruner does
+  // it every pass, and the store once as it closes). Errors: store codes.
+  virtual Status persist_retention_clock() = 0;
+
+  // Measures rows per consumer (and the outbox's) now, on the store's connection, for
+  // InboxStats (consumer_rows, outbox_rows, rows_measured_at). Errors: store codes.
+  virtual Status refresh_row_stats() = 0;
+  // Sets what InboxStats says of the store's files: db_bytes, wal_bytes (0 for a file the
+  // store does not have) and schema_version. Cheap; any thread; never waits for the store.
+  virtual void file_stats(InboxStats* out) const = 0;
 
   // Counts a failed store operation and passes the Status through. A fatal one (the
   // store is unusable) latches it: see latch_fatal(). `holding_connection`: the caller

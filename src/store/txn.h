@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <typeinfo>
 
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/message.h"
 
 namespace mqtt_inbox::detail {
@@ -61,5 +62,10 @@ StoreHandlerOf<D> bind_handler(
     h(static_cast<const TypedTxn<Handle>&>(txn).handle(), d);
   };
 }
+
+// The public Handler (handler.h), a handler of the SQLite store, bound as above:
+// bind_handler<SQLite::Database>, made in store/sqlite/claim.cpp where SQLite::Database is
+// a complete type, so that the policy binds a handler without an SQLite header.
+StoreHandler bind_sqlite_handler(Handler handler);
 
 }  // namespace mqtt_inbox::detail

@@ -230,7 +230,7 @@ Status StoreThenProcess::stats(StoreThenProcessStats* out) {
 // (retention.h), without its margin so that the defaults (7 days each) agree.
 Status StoreThenProcess::Impl::check_dedup_window() {
   std::vector<SessionRecord> sessions;
-  if (Status s = inbox->list_sessions(&sessions); !s.ok()) return s;
+  if (Status s = inbox->sessions().list(&sessions); !s.ok()) return s;
   const SessionRecord* longest = nullptr;
   for (const SessionRecord& r : sessions)
     if (!longest || r.session_expiry_ms > longest->session_expiry_ms) longest = &r;
@@ -244,7 +244,7 @@ Status StoreThenProcess::Impl::check_dedup_window() {
       " ms, " + to_string(longest->expiry_source) +
       "): a redelivery after its row was deleted would be processed again. Raise "
       "dedup_retention_ms, lower SubscriberOptions::session_expiry_s, or, for a client id "
-      "retired for good, Inbox::forget_session";
+      "retired for good, SessionRecords::forget";
   if (!options.allow_dedup_retention_below_session) {
     log->error("RETENTION REFUSED, no stored row deleted: {}", what);
     return Status::InvalidArgument(what);

@@ -10,8 +10,10 @@
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "inbox/retained.h"
+#include "store/dead_letters.h"
 #include "store/reentry.h"
 #include "store/stp_rows.h"
+#include "store/store.h"
 #include "stp/store_then_process_impl.h"
 #include "util/log.h"
 #include "util/log_context.h"
@@ -35,7 +37,7 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
   dl.last_attempt_at_ms = clock->wall_ms();
   int64_t row = 0;
   until_stored("writing a dead letter",
-               [&] { return inbox->add_dead_letter(dl, std::nullopt, &row); });
+               [&] { return inbox->store().dead_letters().add(dl, std::nullopt, &row); });
   count(&StoreThenProcessCounters::dead_lettered);
   log->warn("store-then-process '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}",
             name, id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),

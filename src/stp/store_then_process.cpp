@@ -163,6 +163,6 @@ StoreThenProcessCounters StoreThenProcess::counters() const {
   return c;
 }
 
-Inbox* StoreThenProcess::inbox() const { return impl_->inbox; }
+SessionRecords* StoreThenProcess::sessions() const { return &impl_->inbox->sessions(); }
 
 }  // namespace mqtt_inbox

@@ -1,11 +1,13 @@
-// The per-message path of the store: the claim transaction with the handler inside it, and
-// the attempt counting that stops crash loops. All of its SQL is in this file.
+// SqliteClaims (store/claims.h): the claim transaction with the handler inside it, and the
+// attempt counting that stops crash loops, on the SQLite store. All of their SQL is in this
+// file; how it works: docs/design.md#the-claim-transaction and
+// docs/design.md#attempts-and-crash-loops.
 //
 // A first delivery costs one write transaction (BEGIN IMMEDIATE, claim, what is recorded
 // for the id, handler, COMMIT): one fsync with synchronous=FULL, and in the WAL only the
 // pages the claim and the handler changed. The attempt is counted outside the database
-// while the handler runs (store/sqlite/attempt_marker.h) and written to inbox_attempts only when it
-// failed, or at the next open when the process died inside it.
+// while the handler runs (store/sqlite/attempt_marker.h) and written to inbox_attempts
+// only when it failed, or at the next open when the process died inside it.
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <sqlite3.h>
 
@@ -13,16 +15,20 @@
 #include <exception>
 #include <mutex>
 
-#include "store/verdict.h"
-#include "store/sqlite/store.h"
-#include "store/reentry.h"
 #include "mqtt_inbox/clock.h"
-#include "mqtt_inbox/inbox.h"
+#include "store/reentry.h"
 #include "store/sqlite/errors.h"
+#include "store/sqlite/store.h"
 #include "store/sqlite/util.h"
+#include "store/txn.h"
+#include "store/verdict.h"
 #include "util/text.h"
 
-namespace mqtt_inbox {
+namespace mqtt_inbox::detail {
+
+StoreHandler bind_sqlite_handler(Handler handler) {
+  return bind_handler<SQLite::Database>(std::move(handler));
+}
 
 namespace {
 
@@ -119,7 +125,7 @@ ClaimResult claim_result_for(DeadLetterReason reason) {
 // retried forever. True (and the result set) if `e` is one; else the caller reports a
 // store error (transient: retried; fatal: latched).
 bool refused_message(const SQLite::Exception& e, ClaimResult* result, std::string* error) {
-  if (detail::error_class(e.getErrorCode()) != detail::ErrorClass::kMessage) return false;
+  if (error_class(e.getErrorCode()) != ErrorClass::kMessage) return false;
   *result = ClaimResult::kHandlerFailed;
   *error = std::string("the store refused this message's transaction: ") + e.what();
   return true;
@@ -127,13 +133,13 @@ bool refused_message(const SQLite::Exception& e, ClaimResult* result, std::strin
 
 // Runs a cached statement that returns no rows, once.
 void run(SQLite::Statement& q) {
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   q.exec();
 }
 
 }  // namespace
 
-int detail::SqliteStore::authorize(void* self, int action, const char*, const char*, const char*,
+int SqliteStore::authorize(void* self, int action, const char*, const char*, const char*,
                            const char*) {
   // While the handler runs, BEGIN/COMMIT/ROLLBACK are refused at prepare time: a handler
   // that ended the inbox's transaction would commit its effect apart from the claim.
@@ -141,7 +147,7 @@ int detail::SqliteStore::authorize(void* self, int action, const char*, const ch
   return handler && action == SQLITE_TRANSACTION ? SQLITE_DENY : SQLITE_OK;
 }
 
-void detail::SqliteStore::prepare_statements() {
+void SqliteStore::prepare_statements() {
   SQLite::Database& d = *db;
   begin_immediate = std::make_unique<SQLite::Statement>(d, "BEGIN IMMEDIATE");
   commit = std::make_unique<SQLite::Statement>(d, "COMMIT");
@@ -155,8 +161,8 @@ void detail::SqliteStore::prepare_statements() {
   mark_replayed = std::make_unique<SQLite::Statement>(d, kMarkReplayedSql);
 }
 
-void detail::SqliteStore::recover_marked_attempt() {
-  detail::AttemptMarker::Entry e;
+void SqliteStore::recover_marked_attempt() {
+  AttemptMarker::Entry e;
   if (!marker->read(&e)) return;
   enum class Recovery { kNothing, kCounted, kRequeuedIsDeadAgain } outcome = Recovery::kNothing;
   write_transaction([&] {
@@ -197,7 +203,7 @@ void detail::SqliteStore::recover_marked_attempt() {
       outcome = Recovery::kRequeuedIsDeadAgain;
     } else {
       SQLite::Statement& a = *begin_attempt;
-      detail::StatementReset reset(a);
+      StatementReset reset(a);
       a.bind(1, e.consumer);
       a.bind(2, e.message_id);
       a.bind(3, clock->wall_ms());
@@ -216,21 +222,21 @@ void detail::SqliteStore::recover_marked_attempt() {
     log->warn(
         "{}: the last process died inside the handler of message '{}' (consumer '{}'); "
         "that attempt is counted",
-        path, detail::printable(e.message_id), detail::printable(e.consumer));
+        path, printable(e.message_id), printable(e.consumer));
   else if (outcome == Recovery::kRequeuedIsDeadAgain)
     log->error(
         "{}: the last process died inside the handler while replaying the requeued dead "
         "letter of message '{}' (consumer '{}'); it is dead again (handler_crashed) and "
         "is not replayed until it is requeued again",
-        path, detail::printable(e.message_id), detail::printable(e.consumer));
+        path, printable(e.message_id), printable(e.consumer));
 }
 
-int detail::SqliteStore::count_attempt(const std::string& consumer, const std::string& id,
+int SqliteStore::count_attempt(const std::string& consumer, const std::string& id,
                                const std::string* error) {
   RelaxedSync relaxed(*this);
   const bool failed = error != nullptr;
   SQLite::Statement& q = failed ? *attempt_failed_counted : *begin_attempt;
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   q.bind(1, consumer);
   q.bind(2, id);
   q.bind(3, clock->wall_ms());
@@ -243,58 +249,75 @@ int detail::SqliteStore::count_attempt(const std::string& consumer, const std::s
   return attempts;
 }
 
-Status Inbox::lookup(const std::string& consumer, const std::string& message_id,
-                     MessageState* out) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::lookup"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteClaims::lookup(const std::string& consumer, const std::string& message_id,
+                            MessageState* out) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::lookup"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    if (impl_->read_lookup(consumer, message_id, out))
-      ++impl_->duplicates;  // the caller skips it as a duplicate
+    if (s_.read_lookup(consumer, message_id, out))
+      ++s_.duplicates;  // the caller skips it as a duplicate
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "looking up message"));
+    return s_.store_error(to_status(e, "looking up message"));
   }
   return Status::Ok();
 }
 
-Status Inbox::begin_attempt(const std::string& consumer, const std::string& message_id,
-                            int* attempt) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::begin_attempt"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteClaims::begin_attempt(const std::string& consumer, const std::string& message_id,
+                                   int* attempt) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::begin_attempt"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    *attempt = impl_->count_attempt(consumer, message_id, nullptr);
+    *attempt = s_.count_attempt(consumer, message_id, nullptr);
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "recording attempt"));
+    return s_.store_error(to_status(e, "recording attempt"));
   }
   return Status::Ok();
 }
 
-Status Inbox::record_attempt_failure(const std::string& consumer, const std::string& message_id,
-                                     const std::string& error) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::record_attempt_failure"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteClaims::record_attempt_failure(const std::string& consumer,
+                                            const std::string& message_id,
+                                            const std::string& error) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::record_attempt_failure"); !r.ok())
+    return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    detail::SqliteStore::RelaxedSync relaxed(*impl_);
-    SQLite::Statement& q = *impl_->attempt_failed;
-    detail::StatementReset reset(q);
+    SqliteStore::RelaxedSync relaxed(s_);
+    SQLite::Statement& q = *s_.attempt_failed;
+    StatementReset reset(q);
     q.bind(1, consumer);
     q.bind(2, message_id);
     q.bind(3, error);
     q.exec();
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "recording attempt failure"));
+    return s_.store_error(to_status(e, "recording attempt failure"));
   }
-  ++impl_->retries;
+  ++s_.retries;
   return Status::Ok();
 }
 
-bool detail::SqliteStore::insert_claim(const std::string& consumer, const Message& message,
+Status SqliteClaims::count_claims(const std::string& consumer, int64_t* rows) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::count_claims"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
+  try {
+    SQLite::Statement q(*s_.db, "SELECT count(*) FROM inbox_processed WHERE consumer_name = ?1");
+    q.bind(1, consumer);
+    q.executeStep();
+    *rows = q.getColumn(0).getInt64();
+  } catch (const SQLite::Exception& e) {
+    return s_.store_error(to_status(e, "counting processed rows"));
+  }
+  return Status::Ok();
+}
+
+bool SqliteStore::insert_claim(const std::string& consumer, const Message& message,
                                const std::string& message_id, bool only_if_nothing_recorded) {
   SqliteStore& m = *this;
   SQLite::Statement& q = only_if_nothing_recorded ? *m.claim_if_nothing_recorded : *m.claim;
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   // No copies: the strings outlive the statement's step (StatementReset clears them).
   q.bindNoCopy(1, consumer);
   q.bindNoCopy(2, message_id);
@@ -302,7 +325,7 @@ bool detail::SqliteStore::insert_claim(const std::string& consumer, const Messag
   if (m.options.record_metadata) {
     q.bindNoCopy(4, message.topic);
     if (message.content_type) q.bindNoCopy(5, *message.content_type);
-    if (message.correlation_data && detail::is_valid_utf8(*message.correlation_data))
+    if (message.correlation_data && is_valid_utf8(*message.correlation_data))
       q.bindNoCopy(6, *message.correlation_data);
     q.bind(7, payload_hash(message.payload));
   }
@@ -310,10 +333,10 @@ bool detail::SqliteStore::insert_claim(const std::string& consumer, const Messag
   return m.db->getChanges() > 0;
 }
 
-bool detail::SqliteStore::read_lookup(const std::string& consumer, const std::string& message_id,
+bool SqliteStore::read_lookup(const std::string& consumer, const std::string& message_id,
                               MessageState* out) {
   SQLite::Statement& q = *lookup;
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   q.bindNoCopy(1, consumer);
   q.bindNoCopy(2, message_id);
   *out = MessageState{};
@@ -329,24 +352,25 @@ bool detail::SqliteStore::read_lookup(const std::string& consumer, const std::st
   return out->processed;
 }
 
-void detail::SqliteStore::delete_attempt_row(const std::string& consumer, const std::string& id) {
+void SqliteStore::delete_attempt_row(const std::string& consumer, const std::string& id) {
   SQLite::Statement& q = *delete_attempts;
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   q.bind(1, consumer);
   q.bind(2, id);
   q.exec();
 }
 
-void detail::SqliteStore::mark_replayed_row(int64_t dead_letter_id) {
+void SqliteStore::mark_replayed_row(int64_t dead_letter_id) {
   SQLite::Statement& q = *mark_replayed;
-  detail::StatementReset reset(q);
+  StatementReset reset(q);
   q.bind(1, dead_letter_id);
   q.bind(2, clock->wall_ms());
   q.exec();
 }
 
-Status detail::SqliteStore::claim_locked(const std::string& consumer, const Message& message,
-                                 const std::string& message_id, int attempt, const Handler& handler,
+Status SqliteStore::claim_locked(const std::string& consumer, const Message& message,
+                                 const std::string& message_id, int attempt,
+                                 const StoreHandler& handler,
                                  bool delete_attempt_row_after,
                                  std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                                  std::string* handler_error, const nlohmann::json* payload_json) {
@@ -355,21 +379,23 @@ Status detail::SqliteStore::claim_locked(const std::string& consumer, const Mess
   SQLite::Database& d = *db;
   try {
     const Delivery delivery{message, message_id, attempt, payload_json};
+    const TypedTxn<SQLite::Database> txn(d);
     handler_running = true;
-    const detail::HandlerVerdict v = detail::run_handler(owner, &detail::classify_sqlite_exception, [&] { handler(d, delivery); });
+    const HandlerVerdict v =
+        run_handler(owner, &classify_sqlite_exception, [&] { handler(txn, delivery); });
     handler_running = false;
     switch (v.kind) {
-      case detail::HandlerVerdict::Kind::kOk:
+      case HandlerVerdict::Kind::kOk:
         break;
-      case detail::HandlerVerdict::Kind::kStoreError:
-        detail::rollback_quietly(d);
+      case HandlerVerdict::Kind::kStoreError:
+        rollback_quietly(d);
         return store_error(v.store);
-      case detail::HandlerVerdict::Kind::kFailed:
-      case detail::HandlerVerdict::Kind::kDeadLetter:
-      case detail::HandlerVerdict::Kind::kOutboxFull:
-        detail::rollback_quietly(d);
-        *result = v.kind == detail::HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
-                  : v.kind == detail::HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
+      case HandlerVerdict::Kind::kFailed:
+      case HandlerVerdict::Kind::kDeadLetter:
+      case HandlerVerdict::Kind::kOutboxFull:
+        rollback_quietly(d);
+        *result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
+                  : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
                                                                         : claim_result_for(v.reason);
         *handler_error = v.text;
         return Status::Ok();
@@ -378,8 +404,8 @@ Status detail::SqliteStore::claim_locked(const std::string& consumer, const Mess
       // The handler ran COMMIT or ROLLBACK itself: the claim and its effect may be split.
       *result = ClaimResult::kHandlerFailed;
       *handler_error = "handler ended the inbox transaction (COMMIT/ROLLBACK is not allowed)";
-      log->error("consumer '{}', message '{}': {}", detail::printable(consumer),
-                 detail::printable(message_id), *handler_error);
+      log->error("consumer '{}', message '{}': {}", printable(consumer),
+                 printable(message_id), *handler_error);
       return Status::Ok();
     }
     if (delete_attempt_row_after) delete_attempt_row(consumer, message_id);
@@ -387,12 +413,12 @@ Status detail::SqliteStore::claim_locked(const std::string& consumer, const Mess
     run(*commit);
   } catch (const SQLite::Exception& e) {
     handler_running = false;
-    detail::rollback_quietly(d);
+    rollback_quietly(d);
     if (refused_message(e, result, handler_error)) return Status::Ok();
-    return store_error(detail::to_status(e, "claim transaction"));
+    return store_error(to_status(e, "claim transaction"));
   } catch (const std::exception& e) {
     handler_running = false;
-    detail::rollback_quietly(d);
+    rollback_quietly(d);
     return Status::Internal(std::string("claim transaction: ") + e.what());
   }
   *result = ClaimResult::kProcessed;
@@ -401,20 +427,20 @@ Status detail::SqliteStore::claim_locked(const std::string& consumer, const Mess
   return Status::Ok();
 }
 
-Status Inbox::claim(const std::string& consumer, const Message& message,
-                    const std::string& message_id, int attempt, const Handler& handler,
-                    std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
-                    std::string* handler_error) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::claim"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  detail::SqliteStore& m = *impl_;
+Status SqliteClaims::claim(const std::string& consumer, const Message& message,
+                           const std::string& message_id, int attempt, const StoreHandler& handler,
+                           std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
+                           std::string* handler_error) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::claim"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  SqliteStore& m = s_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
   const auto started = std::chrono::steady_clock::now();
   try {
     run(*m.begin_immediate);
   } catch (const SQLite::Exception& e) {
-    return m.store_error(detail::to_status(e, "BEGIN IMMEDIATE"));
+    return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
   try {
     if (!m.insert_claim(consumer, message, message_id, false)) {
@@ -424,15 +450,15 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
       if (m.db->getChanges() > 0)
         run(*m.commit);
       else
-        detail::rollback_quietly(*m.db);
+        rollback_quietly(*m.db);
       *result = ClaimResult::kDuplicate;
       ++m.duplicates;
       return Status::Ok();
     }
   } catch (const SQLite::Exception& e) {
-    detail::rollback_quietly(*m.db);
+    rollback_quietly(*m.db);
     if (refused_message(e, result, handler_error)) return Status::Ok();
-    return m.store_error(detail::to_status(e, "claim transaction"));
+    return m.store_error(to_status(e, "claim transaction"));
   }
   const Status s = m.claim_locked(consumer, message, message_id, attempt, handler, true,
                                   replayed_dead_letter, result, handler_error);
@@ -445,13 +471,13 @@ Status Inbox::claim(const std::string& consumer, const Message& message,
   return s;
 }
 
-Status Inbox::process(const std::string& consumer, const Message& message,
-                      const std::string& message_id, const Handler& handler, int max_attempts,
-                      std::optional<int64_t> replayed_dead_letter, ProcessReport* report,
-                      const nlohmann::json* payload_json) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::process"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  detail::SqliteStore& m = *impl_;
+Status SqliteClaims::process(const std::string& consumer, const Message& message,
+                             const std::string& message_id, const StoreHandler& handler,
+                             int max_attempts, std::optional<int64_t> replayed_dead_letter,
+                             const nlohmann::json* payload_json, ProcessReport* report) {
+  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::process"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  SqliteStore& m = s_;
   if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
   std::lock_guard<std::mutex> lock(m.mu);
   SQLite::Database& db = *m.db;
@@ -460,7 +486,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
   try {
     run(*m.begin_immediate);
   } catch (const SQLite::Exception& e) {
-    return m.store_error(detail::to_status(e, "BEGIN IMMEDIATE"));
+    return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
   bool marked = false;       // the marker counts this attempt while the handler runs
   bool attempt_row = false;  // inbox_attempts has a row for the id
@@ -476,19 +502,19 @@ Status Inbox::process(const std::string& consumer, const Message& message,
           m.mark_replayed_row(*replayed_dead_letter);
           run(*m.commit);
         } else {
-          detail::rollback_quietly(db);
+          rollback_quietly(db);
         }
         report->result = ClaimResult::kDuplicate;
         ++m.duplicates;
         return Status::Ok();
       }
       if (report->state.dead_letter_id && !replayed_dead_letter) {
-        detail::rollback_quietly(db);
+        rollback_quietly(db);
         report->result = ClaimResult::kDeadLettered;
         return Status::Ok();
       }
       if (report->state.attempts >= max_attempts) {
-        detail::rollback_quietly(db);
+        rollback_quietly(db);
         report->result = ClaimResult::kAttemptsExhausted;
         return Status::Ok();
       }
@@ -503,7 +529,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
     if (!marked) {
       // No marker (a non-exclusive Inbox, or its write failed): the attempt goes into the
       // database, committed before the handler runs, and the claim is made again.
-      detail::rollback_quietly(db);
+      rollback_quietly(db);
       report->attempt = m.count_attempt(consumer, message_id, nullptr);
       attempt_row = counted = true;
       run(*m.begin_immediate);
@@ -517,10 +543,10 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       }
     }
   } catch (const SQLite::Exception& e) {
-    detail::rollback_quietly(db);
+    rollback_quietly(db);
     if (!refused_message(e, &report->result, &report->handler_error)) {
       if (marked) m.marker->clear();
-      return m.store_error(detail::to_status(e, "claim transaction"));
+      return m.store_error(to_status(e, "claim transaction"));
     }
     refused = true;
   }
@@ -536,9 +562,9 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       if (!counted) {
         report->attempt = m.count_attempt(consumer, message_id, &report->handler_error);
       } else {
-        detail::SqliteStore::RelaxedSync relaxed(m);
+        SqliteStore::RelaxedSync relaxed(m);
         SQLite::Statement& q = *m.attempt_failed;
-        detail::StatementReset reset(q);
+        StatementReset reset(q);
         q.bind(1, consumer);
         q.bind(2, message_id);
         q.bind(3, report->handler_error);
@@ -546,7 +572,7 @@ Status Inbox::process(const std::string& consumer, const Message& message,
       }
       ++m.retries;
     } catch (const SQLite::Exception& e) {
-      s = m.store_error(detail::to_status(e, "recording attempt failure"));
+      s = m.store_error(to_status(e, "recording attempt failure"));
     }
   }
   const bool committed = s.ok() && report->result == ClaimResult::kProcessed;
@@ -562,4 +588,4 @@ Status Inbox::process(const std::string& consumer, const Message& message,
   return s;
 }
 
-}  // namespace mqtt_inbox
+}  // namespace mqtt_inbox::detail

@@ -1,6 +1,6 @@
-// The dead letters: what could not be processed, written by the per-message path and
-// read, replayed and purged by the application and the admin tool. All of their SQL is in
-// this file.
+// SqliteDeadLetters (store/dead_letters.h): what could not be processed, written by the
+// per-message path and read, replayed and purged by the application and the admin tool,
+// on the SQLite store. All of their SQL is in this file.
 #include <sqlite3.h>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -9,12 +9,11 @@
 #include <mutex>
 #include <vector>
 
-#include "store/sqlite/store.h"
 #include "store/reentry.h"
-#include "mqtt_inbox/inbox.h"
+#include "store/sqlite/store.h"
 #include "store/sqlite/util.h"
 
-namespace mqtt_inbox {
+namespace mqtt_inbox::detail {
 
 namespace {
 
@@ -89,12 +88,12 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
 
 }  // namespace
 
-Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> replace_id,
+Status SqliteDeadLetters::add(const DeadLetter& dl, std::optional<int64_t> replace_id,
                               int64_t* id) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::add_dead_letter"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  detail::SqliteStore& m = *impl_;
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::add"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
+  SqliteStore& m = s_;
   SQLite::Database& db = *m.db;
   const int64_t now = m.clock->wall_ms();
   bool counted = false;  // a new or replaced dead letter, not a redelivery bump
@@ -166,7 +165,7 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
       }
       if (dl.message_id) {
         SQLite::Statement& q = *m.delete_attempts;
-        detail::StatementReset reset(q);
+        StatementReset reset(q);
         q.bind(1, dl.consumer_name);
         q.bind(2, *dl.message_id);
         q.exec();
@@ -174,73 +173,73 @@ Status Inbox::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
       *id = row;
     });
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "writing dead letter"));
+    return s_.store_error(to_status(e, "writing dead letter"));
   }
   if (counted && !dl.requeued) ++m.dead_lettered;  // a parked message is not dead
   return Status::Ok();
 }
 
-Status Inbox::list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::list_dead_letters"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteDeadLetters::list(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::list"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   out->clear();
   try {
     FilterSql f = filter_sql(filter);
     std::string sql = std::string("SELECT ") + kDeadLetterColumns + " FROM inbox_dead_letters" +
                       f.where + " ORDER BY id DESC";
     if (filter.limit > 0) sql += " LIMIT " + std::to_string(filter.limit);
-    SQLite::Statement q(*impl_->db, sql);
+    SQLite::Statement q(*s_.db, sql);
     for (size_t i = 0; i < f.binds.size(); ++i) f.binds[i](q, static_cast<int>(i + 1));
     while (q.executeStep()) out->push_back(read_dead_letter(q));
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "listing dead letters"));
+    return s_.store_error(to_status(e, "listing dead letters"));
   }
   return Status::Ok();
 }
 
-Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::get_dead_letter"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteDeadLetters::get(int64_t id, DeadLetter* out) {
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::get"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    SQLite::Statement q(*impl_->db, std::string("SELECT ") + kDeadLetterColumns +
+    SQLite::Statement q(*s_.db, std::string("SELECT ") + kDeadLetterColumns +
                                         " FROM inbox_dead_letters WHERE id = ?1");
     q.bind(1, id);
     if (!q.executeStep()) return Status::NotFound("dead letter " + std::to_string(id) + " not found");
     *out = read_dead_letter(q);
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "reading dead letter"));
+    return s_.store_error(to_status(e, "reading dead letter"));
   }
   return Status::Ok();
 }
 
-Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::purge_dead_letters"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteDeadLetters::purge(const DeadLetterFilter& filter, int64_t* removed) {
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::purge"); !r.ok()) return r;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
     FilterSql f = filter_sql(filter);
-    impl_->write_transaction([&] {
-      SQLite::Statement q(*impl_->db, "DELETE FROM inbox_dead_letters" + f.where);
+    s_.write_transaction([&] {
+      SQLite::Statement q(*s_.db, "DELETE FROM inbox_dead_letters" + f.where);
       for (size_t i = 0; i < f.binds.size(); ++i) f.binds[i](q, static_cast<int>(i + 1));
       *removed = q.exec();
     });
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "purging dead letters"));
+    return s_.store_error(to_status(e, "purging dead letters"));
   }
   return Status::Ok();
 }
 
-Status Inbox::requeue_dead_letter(int64_t id) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::requeue_dead_letter"); !r.ok())
+Status SqliteDeadLetters::requeue(int64_t id) {
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeue"); !r.ok())
     return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  SQLite::Database& db = *impl_->db;
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
+  SQLite::Database& db = *s_.db;
   Status refusal;
   try {
-    impl_->write_transaction([&] {
+    s_.write_transaction([&] {
       SQLite::Statement q(db,
                           "SELECT d.status, length(d.payload) < d.payload_size,"
                           "       EXISTS(SELECT 1 FROM inbox_messages m WHERE"
@@ -268,30 +267,30 @@ Status Inbox::requeue_dead_letter(int64_t id) {
       u.exec();
     });
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "requeuing dead letter"));
+    return s_.store_error(to_status(e, "requeuing dead letter"));
   }
   return refusal;
 }
 
-Status Inbox::requeued_dead_letters(const std::string& consumer, int64_t limit,
-                                    std::vector<int64_t>* ids) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::requeued_dead_letters"); !r.ok())
+Status SqliteDeadLetters::requeued(const std::string& consumer, int64_t limit,
+                                   std::vector<int64_t>* ids) {
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeued"); !r.ok())
     return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (s_.fatal.load()) return s_.fatal_status();
+  std::lock_guard<std::mutex> lock(s_.mu);
   ids->clear();
   try {
     // Served by the partial index inbox_dead_letters_requeued (schema.sql).
-    SQLite::Statement q(*impl_->db,
+    SQLite::Statement q(*s_.db,
                         "SELECT id FROM inbox_dead_letters WHERE consumer_name = ?1"
                         " AND status = 'requeued' ORDER BY id LIMIT ?2");
     q.bind(1, consumer);
     q.bind(2, limit);
     while (q.executeStep()) ids->push_back(q.getColumn(0).getInt64());
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "listing requeued dead letters"));
+    return s_.store_error(to_status(e, "listing requeued dead letters"));
   }
   return Status::Ok();
 }
 
-}  // namespace mqtt_inbox
+}  // namespace mqtt_inbox::detail

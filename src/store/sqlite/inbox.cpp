@@ -1,60 +1,49 @@
-// The SQLite store: opening a database (file lock, schema, pragmas), its retention clock,
-// stats and inspection. The per-message path is in store/sqlite/claim.cpp, the dead letters in
-// store/sqlite/dead_letters.cpp.
+// The SQLite store's side of the public Inbox: the calls typed with SQLite (with_connection;
+// setup and open are in store/sqlite/open.cpp) and the options, and what SqliteStore does
+// for the Store interface beyond the per-concept parts: closing, the retention clock,
+// row measurement and file sizes. The Inbox's store-agnostic calls are in inbox/inbox.cpp.
 #include "mqtt_inbox/inbox.h"
 
 #include <sqlite3.h>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include <chrono>
-#include <exception>
-#include <stdexcept>
+#include <algorithm>
 #include <mutex>
-#include <vector>
+#include <stdexcept>
 
-#include "util/log.h"
-#include "mqtt_inbox/clock.h"
-#include "store/sqlite/store.h"
 #include "store/reentry.h"
-#include "store/sqlite/schema.h"
+#include "store/sqlite/store.h"
 #include "store/sqlite/util.h"
-#include "util/text.h"
 
 namespace mqtt_inbox {
 
-Inbox::Inbox(std::unique_ptr<detail::SqliteStore> impl) : impl_(std::move(impl)) { impl_->owner = this; }
+namespace detail {
 
-Inbox::~Inbox() {
+SqliteStore::~SqliteStore() {
   // Best effort: a clock that restarts from an older value only keeps rows longer. So
   // it waits for another process's lock only briefly: an application that exits
-  // because the store is locked (a start-up deadline) must not hang here.
-  if (impl_->db) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    sqlite3_busy_timeout(impl_->db->getHandle(), std::min(impl_->options.busy_timeout_ms, 200));
+  // because the store is locked (a start-up deadline) must not hang here. Nothing to do
+  // after a failed open, which closed everything itself.
+  if (db) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      sqlite3_busy_timeout(db->getHandle(), std::min(options.busy_timeout_ms, 200));
+    }
+    (void)persist_retention_clock();
   }
-  (void)persist_retention_clock();
-  if (impl_->marker) impl_->marker->clear();  // a clean close leaves no marker behind
-  const int fd = impl_->lock_fd;
-  impl_.reset();  // close the database before giving up the lock
-  if (fd >= 0) ::close(fd);
+  if (marker) marker->clear();  // a clean close leaves no marker behind
+  close_connection();           // the database closes before the lock is given up
+  marker.reset();
+  if (lock_fd >= 0) ::close(lock_fd);
 }
 
-detail::Store& Inbox::store() const { return *impl_; }
-
-int64_t Inbox::retention_clock_ms() const { return impl_->retention_clock(); }
-
-Status Inbox::persist_retention_clock() {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::persist_retention_clock"); !r.ok()) return r;
-  return impl_->retention_rows().persist_clock();
+Status SqliteStore::persist_retention_clock() {
+  if (Status r = refuse_if_in_handler(owner, "Store::persist_retention_clock"); !r.ok()) return r;
+  return retention_rows().persist_clock();
 }
 
 namespace {
@@ -64,49 +53,13 @@ int64_t file_size(const std::string& path) {
 }
 }  // namespace
 
-InboxStats Inbox::stats() const {
-  const detail::SqliteStore& m = *impl_;
-  InboxStats s;
-  s.processed = m.processed.load();
-  s.duplicates = m.duplicates.load();
-  s.dead_lettered = m.dead_lettered.load();
-  s.retries = m.retries.load();
-  s.store_errors = m.store_errors.load();
-  s.pruned = m.pruned.load();
-  s.dead_letters_pruned = m.dead_letters_pruned.load();
-  s.sessions_lost = m.sessions_lost.load();
-  const int64_t seen = s.processed + s.duplicates;
-  s.duplicate_ratio = seen ? static_cast<double>(s.duplicates) / static_cast<double>(seen) : 0.0;
-
-  const uint64_t n = std::min<uint64_t>(m.latency_next.load(), detail::Store::kLatencySamples);
-  std::vector<int32_t> lat;
-  lat.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) lat.push_back(m.latency_us[i].load(std::memory_order_relaxed));
-  if (!lat.empty()) {
-    std::sort(lat.begin(), lat.end());
-    s.commit_p50_us = lat[lat.size() / 2];
-    s.commit_p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
-  }
-  s.commit_max_us = m.commit_max_us.load();
-  s.db_bytes = file_size(m.path);
-  s.wal_bytes = file_size(m.path + "-wal");
-  s.schema_version = kSchemaVersion;
-  s.retention_clock_ms = m.retention_clock();
-  {
-    std::lock_guard<std::mutex> lock(m.stats_mu);
-    s.consumers = m.consumer_rows;
-    s.outbox = m.outbox_rows;
-    s.rows_measured_at = m.rows_measured_at;
-  }
-  return s;
+void SqliteStore::file_stats(InboxStats* out) const {
+  out->db_bytes = file_size(path);
+  out->wal_bytes = file_size(path + "-wal");
+  out->schema_version = kSchemaVersion;
 }
 
-Status Inbox::refresh_row_stats() {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::refresh_row_stats"); !r.ok()) return r;
-  return impl_->measure_rows(nullptr);
-}
-
-Status detail::SqliteStore::measure_rows(SQLite::Database* reader) {
+Status SqliteStore::measure_rows(SQLite::Database* reader) {
   if (fatal.load()) return fatal_status();
   std::map<std::string, ConsumerRows> rows;
   OutboxRows outbox;
@@ -149,7 +102,7 @@ Status detail::SqliteStore::measure_rows(SQLite::Database* reader) {
       run(*db);
     }
   } catch (const SQLite::Exception& e) {
-    return store_error(detail::to_status(e, "measuring rows"), /*holding_connection=*/reader == nullptr);
+    return store_error(to_status(e, "measuring rows"), /*holding_connection=*/reader == nullptr);
   }
   std::lock_guard<std::mutex> lock(stats_mu);
   consumer_rows = std::move(rows);
@@ -158,31 +111,19 @@ Status detail::SqliteStore::measure_rows(SQLite::Database* reader) {
   return Status::Ok();
 }
 
-const std::string& Inbox::path() const { return impl_->path; }
-const InboxOptions& Inbox::options() const { return impl_->options; }
+}  // namespace detail
 
-Status Inbox::count_processed(const std::string& consumer, int64_t* rows) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::count_processed"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  try {
-    SQLite::Statement q(*impl_->db,
-                        "SELECT count(*) FROM inbox_processed WHERE consumer_name = ?1");
-    q.bind(1, consumer);
-    q.executeStep();
-    *rows = q.getColumn(0).getInt64();
-  } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "counting processed rows"));
-  }
-  return Status::Ok();
+const InboxOptions& Inbox::options() const {
+  return static_cast<const detail::SqliteStore&>(*store_).options;
 }
 
 void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::with_connection"); !r.ok())
     throw std::logic_error(r.message());
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->fatal.load()) throw SQLite::Exception(impl_->fatal_status().message(), SQLITE_CORRUPT);
-  fn(*impl_->db);
+  detail::SqliteStore& m = static_cast<detail::SqliteStore&>(*store_);
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (m.fatal.load()) throw SQLite::Exception(m.fatal_status().message(), SQLITE_CORRUPT);
+  fn(*m.db);
 }
 
 }  // namespace mqtt_inbox

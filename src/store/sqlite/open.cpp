@@ -100,9 +100,12 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
                                       [m](int busy_ms) { return m->open_connection(busy_ms); });
   if (impl->db) sqlite3_busy_timeout(impl->db->getHandle(), options.busy_timeout_ms);
   if (!s.ok()) {
+    // Closed here, without what ~SqliteStore does after a successful open (persisting the
+    // clock, clearing a marker that may hold an attempt not yet counted).
     impl->close_connection();
     impl->marker.reset();
     if (impl->lock_fd >= 0) ::close(impl->lock_fd);
+    impl->lock_fd = -1;
     return s;
   }
   out->reset(new Inbox(std::move(impl)));
@@ -261,7 +264,7 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
 
 Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
-  detail::SqliteStore& m = *impl_;
+  detail::SqliteStore& m = static_cast<detail::SqliteStore&>(*store_);
   return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.fatal.load()) return m.fatal_status();
@@ -278,8 +281,6 @@ Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
     return Status::Ok();
   });
 }
-
-Health Inbox::health() const { return impl_->health(); }
 
 void detail::SqliteStore::latch_fatal(const Status& s) {
   {

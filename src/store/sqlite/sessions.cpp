@@ -1,36 +1,14 @@
-// The session records (session_record.h): what each client id's persistent session holds
-// at the broker, as the transport recorded it. All SQL on inbox_sessions and
-// inbox_session_filters lives in this file.
-#include <algorithm>
+// SqliteSessions (store/sessions.h): the rows of the session records, what each client
+// id's persistent session holds at the broker as the transport recorded it. All SQL on
+// inbox_sessions and inbox_session_filters lives in this file; the checks are
+// SessionStore's (store/sessions.cpp).
 #include <mutex>
-#include <set>
 
-#include "store/sqlite/store.h"
-#include "store/reentry.h"
-#include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/session_record.h"
+#include "store/sqlite/store.h"
+#include "util/log.h"
 
-namespace mqtt_inbox {
-
-const char* to_string(SessionExpirySource source) {
-  switch (source) {
-    case SessionExpirySource::kRequested: return "requested";
-    case SessionExpirySource::kGranted: return "granted";
-    case SessionExpirySource::kDeclared: return "declared";
-  }
-  return "unknown";
-}
-
-bool parse_session_expiry_source(const std::string& text, SessionExpirySource* out) {
-  for (auto s : {SessionExpirySource::kRequested, SessionExpirySource::kGranted,
-                 SessionExpirySource::kDeclared}) {
-    if (text == to_string(s)) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
+namespace mqtt_inbox::detail {
 
 namespace {
 
@@ -72,32 +50,23 @@ std::vector<SessionRecord> read_sessions(SQLite::Database& db, const std::string
 
 }  // namespace
 
-Status Inbox::record_session(const SessionRecord& record) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::record_session"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
-  if (record.client_id.empty()) return Status::InvalidArgument("session record: client id is empty");
-  if (record.session_expiry_ms < 0)
-    return Status::InvalidArgument("session record: session expiry must be >= 0 ms");
-  const std::set<std::string> filters(record.topic_filters.begin(), record.topic_filters.end());
-  if (filters.count(""))
-    return Status::InvalidArgument("session record: a topic filter is empty");
-  detail::SqliteStore& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
+Status SqliteSessions::write(const SessionRecord& record) {
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    m.write_transaction([&] {
-      SQLite::Statement up(*m.db, kUpsertSessionSql);
+    s_.write_transaction([&] {
+      SQLite::Statement up(*s_.db, kUpsertSessionSql);
       up.bind(1, record.client_id);
       up.bind(2, record.session_expiry_ms);
       up.bind(3, to_string(record.expiry_source));
-      up.bind(4, m.clock->wall_ms());
+      up.bind(4, record.updated_at_ms);
       up.exec();
-      SQLite::Statement del(*m.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
+      SQLite::Statement del(*s_.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
       del.bind(1, record.client_id);
       del.exec();
-      SQLite::Statement ins(*m.db,
+      SQLite::Statement ins(*s_.db,
                             "INSERT INTO inbox_session_filters (client_id, topic_filter)"
                             " VALUES (?1, ?2)");
-      for (const std::string& f : filters) {
+      for (const std::string& f : record.topic_filters) {
         ins.bind(1, record.client_id);
         ins.bind(2, f);
         ins.exec();
@@ -105,68 +74,39 @@ Status Inbox::record_session(const SessionRecord& record) {
       }
     });
   } catch (const SQLite::Exception& e) {
-    return m.store_error(detail::to_status(e, "recording the session of client '" +
-                                                  detail::printable(record.client_id) + "'"));
+    return s_.store_error(to_status(e, "recording the session of client '" +
+                                           printable(record.client_id) + "'"));
   }
   return Status::Ok();
 }
 
-Status Inbox::load_session(const std::string& client_id, SessionRecord* out) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::load_session"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteSessions::read(const std::string* client_id, std::vector<SessionRecord>* out) {
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    std::vector<SessionRecord> found = read_sessions(*impl_->db, &client_id);
-    if (found.empty())
-      return Status::NotFound("no session recorded for client '" + detail::printable(client_id) +
-                              "'");
-    *out = std::move(found.front());
+    *out = read_sessions(*s_.db, client_id);
   } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "reading a session record"));
+    return s_.store_error(to_status(
+        e, client_id ? "reading a session record" : "reading the session records"));
   }
   return Status::Ok();
 }
 
-Status Inbox::list_sessions(std::vector<SessionRecord>* out) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::list_sessions"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
-  std::lock_guard<std::mutex> lock(impl_->mu);
+Status SqliteSessions::remove(const std::string& client_id, bool* removed) {
+  std::lock_guard<std::mutex> lock(s_.mu);
   try {
-    *out = read_sessions(*impl_->db, nullptr);
-  } catch (const SQLite::Exception& e) {
-    return impl_->store_error(detail::to_status(e, "reading the session records"));
-  }
-  return Status::Ok();
-}
-
-Status Inbox::forget_session(const std::string& client_id, bool* removed) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::forget_session"); !r.ok()) return r;
-  if (impl_->fatal.load()) return impl_->fatal_status();  // the file is corrupt
-  detail::SqliteStore& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
-  try {
-    m.write_transaction([&] {
-      SQLite::Statement f(*m.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
+    s_.write_transaction([&] {
+      SQLite::Statement f(*s_.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
       f.bind(1, client_id);
       f.exec();
-      SQLite::Statement s(*m.db, "DELETE FROM inbox_sessions WHERE client_id = ?1");
+      SQLite::Statement s(*s_.db, "DELETE FROM inbox_sessions WHERE client_id = ?1");
       s.bind(1, client_id);
       *removed = s.exec() > 0;
     });
   } catch (const SQLite::Exception& e) {
-    return m.store_error(detail::to_status(e, "forgetting the session of client '" +
-                                                  detail::printable(client_id) + "'"));
+    return s_.store_error(to_status(e, "forgetting the session of client '" +
+                                           printable(client_id) + "'"));
   }
-  if (*removed)
-    m.log->warn("inbox {}: forgot the session record of client '{}'; the Pruner no longer "
-                "checks the retention window against its session expiry",
-                m.path, detail::printable(client_id));
   return Status::Ok();
 }
 
-void Inbox::note_session_lost(const std::string& client_id) {
-  (void)client_id;  // one counter for every client id: the transport's log names it
-  impl_->sessions_lost.fetch_add(1);
-}
-
-}  // namespace mqtt_inbox
+}  // namespace mqtt_inbox::detail

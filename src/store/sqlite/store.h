@@ -2,10 +2,11 @@
 // one database file in WAL mode, its mutex, the lock file, the cached statements of the
 // per-message path, the attempt marker, the WAL guard and the retention clock. Its code is
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
-// (the per-message path), dead_letters.cpp, sessions.cpp, retention_rows.cpp (the
-// Pruner's deletes and checkpoints), stp_rows.cpp (store-then-process's rows and its
-// workers' connections) and inbox.cpp (the public Inbox over it). Parts whose SQL has not
-// yet moved into this folder reach it through sqlite_store() (the layout table in
+// (SqliteClaims: the per-message path), dead_letters.cpp (SqliteDeadLetters), sessions.cpp
+// (SqliteSessions), retention_rows.cpp (the Pruner's deletes and checkpoints), stp_rows.cpp
+// (store-then-process's rows and its workers' connections) and inbox.cpp (the SQLite-typed
+// calls of the public Inbox, stats and the retention clock). Parts whose SQL has not yet
+// moved into this folder reach it through sqlite_store() (the layout table in
 // cmake/layout_rules.cmake lists them).
 #pragma once
 
@@ -28,7 +29,10 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/stats.h"
 #include "store/sqlite/util.h"
+#include "store/claims.h"
+#include "store/dead_letters.h"
 #include "store/retry.h"
+#include "store/sessions.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
 #include "store/sqlite/wal_guard.h"
@@ -41,7 +45,75 @@ std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
 // The SQLite store's store-then-process rows (store/sqlite/stp_rows.cpp).
 std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store);
 
+// The claim transaction and the attempts (store/claims.h) on the SQLite store
+// (store/sqlite/claim.cpp).
+class SqliteClaims final : public ClaimStore {
+ public:
+  explicit SqliteClaims(SqliteStore& store) : s_(store) {}
+  Status process(const std::string& consumer, const Message& message,
+                 const std::string& message_id, const StoreHandler& handler, int max_attempts,
+                 std::optional<int64_t> replayed_dead_letter, const nlohmann::json* payload_json,
+                 ProcessReport* report) override;
+  Status lookup(const std::string& consumer, const std::string& message_id,
+                MessageState* out) override;
+  Status claim(const std::string& consumer, const Message& message,
+               const std::string& message_id, int attempt, const StoreHandler& handler,
+               std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
+               std::string* handler_error) override;
+  Status begin_attempt(const std::string& consumer, const std::string& message_id,
+                       int* attempt) override;
+  Status record_attempt_failure(const std::string& consumer, const std::string& message_id,
+                                const std::string& error) override;
+  Status count_claims(const std::string& consumer, int64_t* rows) override;
+
+ private:
+  SqliteStore& s_;
+};
+
+// The dead letters (store/dead_letters.h) on the SQLite store (store/sqlite/dead_letters.cpp).
+class SqliteDeadLetters final : public DeadLetterStore {
+ public:
+  explicit SqliteDeadLetters(SqliteStore& store) : s_(store) {}
+  Status add(const DeadLetter& dl, std::optional<int64_t> replace_id, int64_t* id) override;
+  Status list(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) override;
+  Status get(int64_t id, DeadLetter* out) override;
+  Status purge(const DeadLetterFilter& filter, int64_t* removed) override;
+  Status requeue(int64_t id) override;
+  Status requeued(const std::string& consumer, int64_t limit,
+                  std::vector<int64_t>* ids) override;
+
+ private:
+  SqliteStore& s_;
+};
+
+// The session records' rows (store/sessions.h) on the SQLite store
+// (store/sqlite/sessions.cpp).
+class SqliteSessions final : public SessionStore {
+ public:
+  explicit SqliteSessions(SqliteStore& store);
+
+ protected:
+  Status write(const SessionRecord& record) override;
+  Status read(const std::string* client_id, std::vector<SessionRecord>* out) override;
+  Status remove(const std::string& client_id, bool* removed) override;
+
+ private:
+  SqliteStore& s_;
+};
+
 struct SqliteStore final : Store {
+  SqliteStore() : claims_(*this), dead_letters_(*this), sessions_(*this) {}
+  // Persists the retention clock, clears the attempt marker and closes the connection,
+  // then the lock file (store/sqlite/inbox.cpp).
+  ~SqliteStore() override;
+
+  ClaimStore& claims() override { return claims_; }
+  DeadLetterStore& dead_letters() override { return dead_letters_; }
+  SessionStore& sessions() override { return sessions_; }
+  Status persist_retention_clock() override;
+  Status refresh_row_stats() override { return measure_rows(nullptr); }
+  void file_stats(InboxStats* out) const override;
+
   std::string path;
   InboxOptions options;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
@@ -85,7 +157,7 @@ struct SqliteStore final : Store {
   // The rest of the claim transaction, with the claim inserted: the handler, then COMMIT,
   // or ROLLBACK on any failure (store/sqlite/claim.cpp). Under `mu`.
   Status claim_locked(const std::string& consumer, const Message& message,
-                      const std::string& message_id, int attempt, const Handler& handler,
+                      const std::string& message_id, int attempt, const StoreHandler& handler,
                       bool delete_attempt_row, std::optional<int64_t> replayed_dead_letter,
                       ClaimResult* result, std::string* handler_error,
                       const nlohmann::json* payload_json = nullptr);
@@ -198,8 +270,8 @@ struct SqliteStore final : Store {
     }
   }
 
-  // Commits the next autocommit statement without fsync, when the inbox runs FULL.
-  // See Inbox::begin_attempt for why that is enough for attempt counting.
+  // Commits the next autocommit statement without fsync, when the inbox runs FULL: enough
+  // for attempt counting (docs/design.md#attempts-and-crash-loops).
   struct RelaxedSync {
     SqliteStore& impl;
     explicit RelaxedSync(SqliteStore& i) : impl(i) {
@@ -217,7 +289,14 @@ struct SqliteStore final : Store {
       }
     }
   };
+
+ private:
+  SqliteClaims claims_;
+  SqliteDeadLetters dead_letters_;
+  SqliteSessions sessions_;
 };
+
+inline SqliteSessions::SqliteSessions(SqliteStore& store) : SessionStore(store), s_(store) {}
 
 // The SQLite store behind `inbox`, for the parts whose SQL has not yet moved into this
 // folder (the layout table in cmake/layout_rules.cmake names them).

@@ -1,0 +1,88 @@
+// The session records' checks and normal form, shared by every store (store/sessions.h),
+// and the text forms of SessionExpirySource (session_record.h).
+#include "store/sessions.h"
+
+#include <set>
+#include <utility>
+
+#include "store/reentry.h"
+#include "store/store.h"
+#include "util/log.h"
+
+namespace mqtt_inbox {
+
+const char* to_string(SessionExpirySource source) {
+  switch (source) {
+    case SessionExpirySource::kRequested: return "requested";
+    case SessionExpirySource::kGranted: return "granted";
+    case SessionExpirySource::kDeclared: return "declared";
+  }
+  return "unknown";
+}
+
+bool parse_session_expiry_source(const std::string& text, SessionExpirySource* out) {
+  for (auto s : {SessionExpirySource::kRequested, SessionExpirySource::kGranted,
+                 SessionExpirySource::kDeclared}) {
+    if (text == to_string(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace detail {
+
+Status SessionStore::record(const SessionRecord& record) {
+  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::record"); !r.ok()) return r;
+  if (store_.unusable()) return store_.fatal_status();
+  if (record.client_id.empty()) return Status::InvalidArgument("session record: client id is empty");
+  if (record.session_expiry_ms < 0)
+    return Status::InvalidArgument("session record: session expiry must be >= 0 ms");
+  const std::set<std::string> filters(record.topic_filters.begin(), record.topic_filters.end());
+  if (filters.count(""))
+    return Status::InvalidArgument("session record: a topic filter is empty");
+  SessionRecord normal;
+  normal.client_id = record.client_id;
+  normal.topic_filters.assign(filters.begin(), filters.end());
+  normal.session_expiry_ms = record.session_expiry_ms;
+  normal.expiry_source = record.expiry_source;
+  normal.updated_at_ms = store_.clock->wall_ms();
+  return write(normal);
+}
+
+Status SessionStore::load(const std::string& client_id, SessionRecord* out) {
+  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::load"); !r.ok()) return r;
+  if (store_.unusable()) return store_.fatal_status();
+  std::vector<SessionRecord> found;
+  if (Status s = read(&client_id, &found); !s.ok()) return s;
+  if (found.empty())
+    return Status::NotFound("no session recorded for client '" + printable(client_id) + "'");
+  *out = std::move(found.front());
+  return Status::Ok();
+}
+
+Status SessionStore::list(std::vector<SessionRecord>* out) {
+  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::list"); !r.ok()) return r;
+  if (store_.unusable()) return store_.fatal_status();
+  return read(nullptr, out);
+}
+
+Status SessionStore::forget(const std::string& client_id, bool* removed) {
+  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::forget"); !r.ok()) return r;
+  if (store_.unusable()) return store_.fatal_status();
+  if (Status s = remove(client_id, removed); !s.ok()) return s;
+  if (*removed)
+    store_.log->warn("inbox {}: forgot the session record of client '{}'; the Pruner no longer "
+                     "checks the retention window against its session expiry",
+                     store_.location(), printable(client_id));
+  return Status::Ok();
+}
+
+void SessionStore::note_lost(const std::string& client_id) {
+  (void)client_id;  // one counter for every client id: the transport's log names it
+  store_.sessions_lost.fetch_add(1);
+}
+
+}  // namespace detail
+}  // namespace mqtt_inbox
