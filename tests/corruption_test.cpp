@@ -111,7 +111,7 @@ TEST_F(CorruptionTest, CorruptPageOnTheMessagePathStopsTakingMessagesAndLeavesTh
       << read_text(dir_.file("corrupt.log"));
   const std::string log = read_text(dir_.file("corrupt.log"));
   EXPECT_NE(log.find(db_), std::string::npos) << "the log does not name the file";
-  EXPECT_NE(log.find("Recovering a corrupt database"), std::string::npos);
+  EXPECT_NE(log.find("docs/operations.md#recovering-a-corrupt-database"), std::string::npos);
   EXPECT_NE(log.find(".dump"), std::string::npos);
   EXPECT_EQ(broker_connections(), connections_before + 1);
   std::this_thread::sleep_for(milliseconds(500));
@@ -162,7 +162,7 @@ TEST_F(CorruptionTest, CorruptSchemaAtOpenExitsWithCode5BeforeConnecting) {
   const int st = c->wait(seconds(20));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 5) << "status " << st << "\n"
                                                      << read_text(dir_.file("corrupt-open.log"));
-  EXPECT_NE(read_text(dir_.file("corrupt-open.log")).find("Recovering a corrupt database"),
+  EXPECT_NE(read_text(dir_.file("corrupt-open.log")).find("docs/operations.md#recovering-a-corrupt-database"),
             std::string::npos);
   EXPECT_EQ(broker_connections(), connections_before) << "connected with a corrupt store";
   EXPECT_TRUE(read_text(db_) == corrupt_bytes) << "the corrupt file was written to";

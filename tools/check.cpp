@@ -29,7 +29,7 @@ std::string recovery_hint(const std::string& path) {
   return "the file is corrupt: stop the application, keep the file, and recover a copy: `sqlite3 " + path +
          " .recover` where your sqlite3 has it (Debian 12's lacks it), otherwise `sqlite3 " + path +
          " .dump` with its final ROLLBACK turned into COMMIT, into a new file; then check that file "
-         "(README \"Recovering a corrupt database\" has the commands and what can be lost)";
+         "(docs/operations.md#recovering-a-corrupt-database has the commands and what can be lost)";
 }
 
 }  // namespace
@@ -155,7 +155,7 @@ int cmd_check(const std::string& path) {
     j["min_free_bytes"] = need;
     if (free_space >= 0 && free_space < need)
       warnings.push_back("only " + human_bytes(free_space) + " free on the file system of " + path + "; the inbox needs at least " +
-                         human_bytes(need) + " to recover from a full disk by itself (README \"Disk space\")");
+                         human_bytes(need) + " to recover from a full disk by itself (docs/operations.md#disk-space)");
   } catch (const SQLite::Exception& e) {
     // One classification of SQLite errors (src/store/sqlite/errors.h): a corrupt file is a
     // problem the check found (exit 2), a locked or failing store an error (exit 3).

@@ -65,7 +65,6 @@ namespace mqtt_inbox {
 
 class Consumer;
 class StoreThenProcess;
-class Subscriber;
 
 // One part of the application as the service manager should see it. Unset optionals are
 // left out of STATUS (a Consumer knows nothing of the connection). No field may hold a
@@ -91,14 +90,9 @@ using HealthSource = std::function<ServiceHealth()>;
 //   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
 //                      processed (rows done by the workers) and dead_lettered from
 //                      counters(); note "N worker store errors" once there were any.
-//   Subscriber:        connected from health(); while disconnected, a note with the
-//                      last failed attempt's reason (health().last_error: TLS, CONNACK
-//                      refusal, network); a note when the broker lost the session.
-//                      Defined in mqtt_inbox::mqtt_inbox (the MQTT layer); the other two
-//                      in mqtt_inbox::core.
+// The Subscriber's (the MQTT layer) is declared beside it, in subscriber.h.
 HealthSource health_source(const Consumer& consumer);
 HealthSource health_source(const StoreThenProcess& store_then_process);
-HealthSource health_source(const Subscriber& subscriber);
 
 // The store's start-up waits (Inbox::open, Inbox::setup, Pruner::create,
 // StoreThenProcess::create and start(): a locked store, a full disk, failing I/O), which

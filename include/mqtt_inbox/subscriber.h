@@ -56,6 +56,7 @@
 
 #include "mqtt_inbox/connection.h"  // ConnectionOptions, MqttVersion, PasswordProvider
 #include "mqtt_inbox/message.h"
+#include "mqtt_inbox/service_notifier.h"  // HealthSource
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/tls.h"
 
@@ -226,6 +227,12 @@ class Subscriber {
   explicit Subscriber(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// A ServiceNotifier source (service_notifier.h) for a Subscriber: connected from health();
+// while disconnected, a note with the last failed attempt's reason (health().last_error:
+// TLS, CONNACK refusal, network); a note when the broker lost the session. Keeps a
+// reference: the subscriber must outlive the notifier.
+HealthSource health_source(const Subscriber& subscriber);
 
 // MQTT topic filter matching (MQTT 3.1.1 section 4.7): '+' one level, '#' the rest.
 // Topics starting with '$' do not match filters starting with a wildcard.

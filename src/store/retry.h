@@ -212,8 +212,8 @@ class StoreRetry {
         "any more, and the file is left as it is (never deleted or rewritten). Stop the "
         "application, copy what can be read into a new file (`sqlite3 {} .recover`, or "
         "`.dump` where sqlite3 lacks .recover), verify it with `mqtt-inbox check`, then put "
-        "it in place of the original (README \"Recovering a corrupt database\" has the "
-        "commands and says what can be lost).",
+        "it in place of the original (docs/operations.md#recovering-a-corrupt-database has "
+        "the commands and says what can be lost).",
         who_, db, s.to_string(), what, db);
   }
 

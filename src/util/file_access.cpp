@@ -51,7 +51,7 @@ Status check_one(const std::string& path, int how, const char* role) {
                     " (mqtt-inbox, sqlite3) probably left it. Fix: stop every process using "
                     "the database, `chown` the file to the user of this process (or run this "
                     "process as its owner), and run tools as the database's owner or as root "
-                    "(README \"Files created under another user\")");
+                    "(docs/operations.md#files-created-under-another-user)");
 }
 
 }  // namespace

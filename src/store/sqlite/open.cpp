@@ -299,7 +299,7 @@ void detail::SqliteStore::latch_fatal(const Status& s) {
       "it). Stop the application, copy what can be read into a new file (`sqlite3 {} "
       ".recover`, or `.dump` where sqlite3 lacks .recover, piped into `sqlite3 "
       "{}.recovered`), verify it with `mqtt-inbox check`, and put it in place of the "
-      "original: README \"Recovering a corrupt database\" has the exact commands.",
+      "original: docs/operations.md#recovering-a-corrupt-database has the exact commands.",
       path, s.to_string(), path, path);
 }
 
@@ -307,8 +307,8 @@ Status detail::SqliteStore::fatal_status() const {
   std::lock_guard<std::mutex> lock(stats_mu);
   return Status(Status::Code::kCorruption,
                 "the database " + path + " is unusable (" + fatal_error +
-                    "); the inbox no longer reads or writes it (README \"Recovering a corrupt "
-                    "database\")");
+                    "); the inbox no longer reads or writes it "
+                    "(docs/operations.md#recovering-a-corrupt-database)");
 }
 
 }  // namespace mqtt_inbox
