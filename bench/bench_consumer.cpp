@@ -57,7 +57,7 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
-#include "../examples/ledger.h"
+#include "ledger.h"
 #include "bench_util.h"
 
 namespace {

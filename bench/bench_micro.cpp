@@ -21,7 +21,7 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
-#include "../examples/ledger.h"
+#include "ledger.h"
 #include "bench_util.h"
 #include "store/claims.h"
 #include "store/store.h"
