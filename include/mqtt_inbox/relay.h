@@ -126,9 +126,9 @@
 #include <memory>
 #include <string>
 
+#include "mqtt_inbox/connection.h"
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/status.h"
-#include "mqtt_inbox/connection.h"
 #include "mqtt_inbox/subscriber.h"  // Subscriber, SubscriberHealth
 #include "mqtt_inbox/tls.h"
 
