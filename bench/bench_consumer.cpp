@@ -37,10 +37,10 @@
 //                   transactions per credit (RelayOptions::before_mark_hook) over the run.
 //   --relay-poll-only  with --emit-topic: RelayOptions::wake_on_commit = false (the relay
 //                   finds the events at a 200 ms poll only, its default before the wake-up).
-#include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -57,8 +57,8 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
-#include "../examples/ledger.h"
 #include "bench_util.h"
+#include "ledger.h"
 
 namespace {
 
@@ -157,8 +157,8 @@ int main(int argc, char** argv) {
   if (!work.empty()) {
     const size_t colon = work.find(':');
     work_kind = work.substr(0, colon);
-    if (colon == std::string::npos || (work_kind != "spin" && work_kind != "sleep" &&
-                                       work_kind != "fsync")) {
+    if (colon == std::string::npos ||
+        (work_kind != "spin" && work_kind != "sleep" && work_kind != "fsync")) {
       std::fprintf(stderr, "--work: spin:US, sleep:US or fsync:BYTES\n");
       return 2;
     }
@@ -166,8 +166,8 @@ int main(int argc, char** argv) {
   }
   int work_fd = -1;
   std::string work_buf;
-  mqtt_inbox::RelayCounters relayed;  // --emit-topic: the relay's figures at the end
-  bench::WriteSnapshot relay_stopped;  // --emit-topic: the write counters after its stop
+  mqtt_inbox::RelayCounters relayed;    // --emit-topic: the relay's figures at the end
+  bench::WriteSnapshot relay_stopped;   // --emit-topic: the write counters after its stop
   std::atomic<int64_t> relay_marks{0};  // --emit-topic: mark_sent transactions
   std::vector<double> gaps_us, work_us;
   int64_t last_return = 0;
@@ -231,10 +231,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_path + suffix);
-    auto log = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
+    auto log =
+        std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
     mqtt_inbox::InboxOptions io;
     io.logger = log;
-    io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
+    io.synchronous =
+        sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
     io.record_metadata = metadata;
     bench::register_counting_vfs();  // the WAL figures; forwards everything to the default
     io.vfs = "counting";
@@ -332,8 +334,8 @@ int main(int argc, char** argv) {
     }
     if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
     if (!done.wait(timeout_s)) {
-      std::fprintf(stderr, "inbox: timeout after %lld of %d\n",
-                   static_cast<long long>(done.done()), count);
+      std::fprintf(stderr, "inbox: timeout after %lld of %d\n", static_cast<long long>(done.done()),
+                   count);
       std::_Exit(1);
     }
     if (relay) {

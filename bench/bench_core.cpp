@@ -10,10 +10,10 @@
 //     --id, --metadata, --autocheckpoint.
 //
 //   bench_core --db /tmp/c.db --sync full --count 20000 [--prefill 10000000 --reuse]
-#include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -21,8 +21,8 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
-#include "../examples/ledger.h"
 #include "bench_util.h"
+#include "ledger.h"
 
 namespace {
 
@@ -50,9 +50,9 @@ void create_db(const std::string& path, int page_size, int64_t prefill) {
       // UUID-shaped ids whose 64-bit head grows with k: key order = insertion order, and
       // the measured (random) ids land uniformly between them.
       const uint64_t a = static_cast<uint64_t>(k) * step, b = rng();
-      std::snprintf(id, sizeof id, "%08x-%04x-%04x-%04x-%012llx",
-                    static_cast<unsigned>(a >> 32), static_cast<unsigned>((a >> 16) & 0xffff),
-                    static_cast<unsigned>(a & 0xffff), static_cast<unsigned>(b >> 48),
+      std::snprintf(id, sizeof id, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
+                    static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xffff),
+                    static_cast<unsigned>(b >> 48),
                     static_cast<unsigned long long>(b & 0xffffffffffffULL));
       ins.bind(1, id);
       ins.bind(2, t_base + k / 100);  // ~100 messages per ms of history
@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
   mqtt_inbox::InboxOptions io;
   io.logger = log;
   io.vfs = "counting";
-  io.synchronous = sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
+  io.synchronous =
+      sync == "full" ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
   io.record_metadata = metadata;
   io.wal_autocheckpoint_pages = autocheckpoint;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
@@ -132,9 +133,8 @@ int main(int argc, char** argv) {
     const std::string id =
         id_kind == "uuid" ? bench::uuid_like(rng) : "credit-" + std::to_string(i);
     msgs[i].topic = "bench/credits";
-    msgs[i].payload = R"({"message_id":")" + id + R"(","account":"acct-)" +
-                      std::to_string(i % 10) + R"(","amount":)" + std::to_string(i % 1000 + 1) +
-                      "}";
+    msgs[i].payload = R"({"message_id":")" + id + R"(","account":"acct-)" + std::to_string(i % 10) +
+                      R"(","amount":)" + std::to_string(i % 1000 + 1) + "}";
   }
 
   bench::vfs_counters().reset();
@@ -148,9 +148,8 @@ int main(int argc, char** argv) {
   const auto& c = bench::vfs_counters();
   const double secs = (t1 - t0) / 1e9;
   int actual_page_size = 0;
-  inbox->with_connection([&](SQLite::Database& db) {
-    actual_page_size = db.execAndGet("PRAGMA page_size").getInt();
-  });
+  inbox->with_connection(
+      [&](SQLite::Database& db) { actual_page_size = db.execAndGet("PRAGMA page_size").getInt(); });
   const double n = count;
   bench::Json()
       .add("bench", "core")
@@ -178,10 +177,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "core[%s] sync=%s retained=%lld page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
                "write_bytes/msg=%.0f (WAL %.0f B = %.2f frames, db %.0f B, %.2f fsync)\n",
-               label.c_str(), sync.c_str(), static_cast<long long>(rows_before),
-               actual_page_size, id_kind.c_str(), count, secs, n / secs, (wb1 - wb0) / n,
-               c.wal_write_bytes / n, c.wal_write_bytes / n / (actual_page_size + 24),
-               c.db_write_bytes / n, (c.wal_syncs + c.db_syncs) / n);
+               label.c_str(), sync.c_str(), static_cast<long long>(rows_before), actual_page_size,
+               id_kind.c_str(), count, secs, n / secs, (wb1 - wb0) / n, c.wal_write_bytes / n,
+               c.wal_write_bytes / n / (actual_page_size + 24), c.db_write_bytes / n,
+               (c.wal_syncs + c.db_syncs) / n);
   consumer.reset();  // its handler's statements belong to the inbox's connection
   inbox.reset();
   if (!keep)

@@ -21,8 +21,8 @@
 
 #include <mqtt_inbox/mqtt_inbox.h>
 
-#include "../examples/ledger.h"
 #include "bench_util.h"
+#include "ledger.h"
 #include "store/claims.h"
 #include "store/store.h"
 #include "store/txn.h"
@@ -43,13 +43,12 @@ struct Fixture {
                .string();
     cleanup();
     mqtt_inbox::InboxOptions io;
-    io.logger = std::make_shared<spdlog::logger>(
-        "micro", std::make_shared<spdlog::sinks::null_sink_mt>());
+    io.logger =
+        std::make_shared<spdlog::logger>("micro", std::make_shared<spdlog::sinks::null_sink_mt>());
     io.synchronous = full ? mqtt_inbox::Synchronous::kFull : mqtt_inbox::Synchronous::kNormal;
     if (!mqtt_inbox::Inbox::open(path, io, &inbox).ok()) std::abort();
     inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
-    if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, {}, &consumer)
-             .ok())
+    if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, {}, &consumer).ok())
       std::abort();
     bound = mqtt_inbox::detail::bind_sqlite_handler(std::ref(handler));
   }
@@ -78,7 +77,8 @@ void BM_HandleNewId(benchmark::State& state) {
     state.PauseTiming();
     const auto m = f.message(bench::uuid_like(f.rng));
     state.ResumeTiming();
-    if (f.consumer->handle(m) != mqtt_inbox::Outcome::kProcessed) state.SkipWithError("not processed");
+    if (f.consumer->handle(m) != mqtt_inbox::Outcome::kProcessed)
+      state.SkipWithError("not processed");
   }
   state.SetItemsProcessed(state.iterations());
 }

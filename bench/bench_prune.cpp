@@ -60,8 +60,9 @@ int main(int argc, char** argv) {
     ledger::create_tables(db);
     db.exec("PRAGMA synchronous = OFF");
     db.exec("BEGIN");
-    SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id, received_at,"
-                              " topic, payload_hash) VALUES ('ledger', ?1, ?2, 'credits/bench', ?3)");
+    SQLite::Statement ins(db,
+                          "INSERT INTO inbox_processed (consumer_name, message_id, received_at,"
+                          " topic, payload_hash) VALUES ('ledger', ?1, ?2, 'credits/bench', ?3)");
     const int64_t now = inbox->retention_clock_ms();
     for (int64_t i = 0; i < rows + fresh; ++i) {
       ins.bind(1, bench::uuid_like(rng));
@@ -129,7 +130,8 @@ int main(int argc, char** argv) {
 
   const double p50a = bench::percentile(base, 50), p99a = bench::percentile(base, 99);
   const double p50b = bench::percentile(during, 50), p99b = bench::percentile(during, 99);
-  const double rows_per_s = static_cast<double>(pr.processed_deleted) / (static_cast<double>(prune_ns) / 1e9);
+  const double rows_per_s =
+      static_cast<double>(pr.processed_deleted) / (static_cast<double>(prune_ns) / 1e9);
   bench::Json()
       .add("bench", "prune")
       .add("synchronous", normal ? "NORMAL" : "FULL")
@@ -158,14 +160,16 @@ int main(int argc, char** argv) {
                "  commit latency during prune:  p50 %.0f us, p99 %.0f us (%zu msgs)\n"
                "  p99 ratio %.2f (goal <= 2); prune deleted %lld rows in %.1f s = %.0f rows/s, "
                "%lld pages freed\n"
-               "  reproduce: bench_prune --dir %s --rows %lld --fresh %lld --rate %.0f --batch %d --max-batch-ms %d"
+               "  reproduce: bench_prune --dir %s --rows %lld --fresh %lld --rate %.0f --batch %d "
+               "--max-batch-ms %d"
                " --pause-factor %g --autocheckpoint %d%s\n",
-               static_cast<long long>(rows), static_cast<long long>(fresh), fill_s, rate, normal ? "NORMAL" : "FULL", p50a, p99a,
-               base.size(), p50b, p99b, during.size(), p99a > 0 ? p99b / p99a : 0.0,
-               static_cast<long long>(pr.processed_deleted), static_cast<double>(prune_ns) / 1e9,
-               rows_per_s, static_cast<long long>(pr.pages_freed), dir.c_str(),
-               static_cast<long long>(rows), static_cast<long long>(fresh), rate, batch, max_batch_ms, pause_factor, autocheckpoint,
-               normal ? " --normal" : "");
+               static_cast<long long>(rows), static_cast<long long>(fresh), fill_s, rate,
+               normal ? "NORMAL" : "FULL", p50a, p99a, base.size(), p50b, p99b, during.size(),
+               p99a > 0 ? p99b / p99a : 0.0, static_cast<long long>(pr.processed_deleted),
+               static_cast<double>(prune_ns) / 1e9, rows_per_s,
+               static_cast<long long>(pr.pages_freed), dir.c_str(), static_cast<long long>(rows),
+               static_cast<long long>(fresh), rate, batch, max_batch_ms, pause_factor,
+               autocheckpoint, normal ? " --normal" : "");
   for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
   return 0;
 }

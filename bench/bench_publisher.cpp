@@ -5,8 +5,8 @@
 //
 //   bench_publisher --broker tcp://127.0.0.1:PORT --topic bench/credits --count 20000
 //                   [--rate 200] [--window 100]
-#include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <deque>

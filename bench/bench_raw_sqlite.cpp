@@ -15,8 +15,8 @@
 // --id, --autocheckpoint. Prints one JSON line and a human summary.
 //
 //   bench_raw_sqlite --db /var/tmp/x.db --shape minimal --sync full --count 20000
-#include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -26,8 +26,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Raw SQLite loop with the ledger transaction shape (mqtt-inbox benchmark)"};
-  std::string db_path, sync = "full", id_kind = "uuid", label = "raw", shape = "inbox",
-              auto_vacuum;
+  std::string db_path, sync = "full", id_kind = "uuid", label = "raw", shape = "inbox", auto_vacuum;
   int count = 20000, page_size = 4096, accounts = 10, autocheckpoint = 1000;
   bool metadata = true, rowid = false, keep = false, index = true, received_at = true;
   app.add_option("--db", db_path, "Database file (deleted first)")->required();
@@ -70,8 +69,8 @@ int main(int argc, char** argv) {
   db.exec("PRAGMA journal_size_limit = 4194304");
   db.exec("PRAGMA cache_size = -2048");
   const char* id_type = id_kind == "blob16" ? "BLOB" : "TEXT";
-  std::string columns = std::string("consumer_name TEXT NOT NULL, message_id ") + id_type +
-                        " NOT NULL";
+  std::string columns =
+      std::string("consumer_name TEXT NOT NULL, message_id ") + id_type + " NOT NULL";
   std::string insert = "consumer_name, message_id", values = "?1, ?2";
   if (received_at) {
     columns += ", received_at INTEGER NOT NULL";
@@ -88,8 +87,9 @@ int main(int argc, char** argv) {
                  : std::string(", PRIMARY KEY (consumer_name, message_id)) WITHOUT ROWID")));
   if (index) db.exec("CREATE INDEX inbox_processed_received_at ON inbox_processed (received_at)");
   db.exec("CREATE TABLE accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)");
-  db.exec("CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
-          " account TEXT NOT NULL, amount INTEGER NOT NULL)");
+  db.exec(
+      "CREATE TABLE ledger_entries (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
+      " account TEXT NOT NULL, amount INTEGER NOT NULL)");
 
   SQLite::Statement claim(db, "INSERT INTO inbox_processed (" + insert + ") VALUES (" + values +
                                   ") ON CONFLICT (consumer_name, message_id) DO NOTHING");
@@ -191,8 +191,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "raw_sqlite[%s] shape=%s sync=%s page=%d id=%s: %d msgs in %.2f s = %.0f msg/s; "
                "write_bytes/msg=%.0f (WAL %.0f B = %.2f frames, db %.0f B, %.2f fsync)\n",
-               label.c_str(), shape.c_str(), sync.c_str(), page_size, id_kind.c_str(), count, secs, rate,
-               static_cast<double>(wb1 - wb0) / count,
+               label.c_str(), shape.c_str(), sync.c_str(), page_size, id_kind.c_str(), count, secs,
+               rate, static_cast<double>(wb1 - wb0) / count,
                static_cast<double>(c.wal_write_bytes) / count,
                static_cast<double>(c.wal_write_bytes) / (page_size + 24) / count,
                static_cast<double>(c.db_write_bytes) / count,

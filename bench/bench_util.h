@@ -161,9 +161,17 @@ inline int x_read(sqlite3_file* f, void* p, int n, sqlite3_int64 off) {
 inline int x_write(sqlite3_file* f, const void* p, int n, sqlite3_int64 off) {
   auto& c = vfs_counters();
   switch (reinterpret_cast<CFile*>(f)->kind) {
-    case kDb: c.db_write_bytes += n; ++c.db_writes; break;
-    case kWal: c.wal_write_bytes += n; ++c.wal_writes; break;
-    default: c.other_write_bytes += n; break;
+    case kDb:
+      c.db_write_bytes += n;
+      ++c.db_writes;
+      break;
+    case kWal:
+      c.wal_write_bytes += n;
+      ++c.wal_writes;
+      break;
+    default:
+      c.other_write_bytes += n;
+      break;
   }
   return R(f)->pMethods->xWrite(R(f), p, n, off);
 }
@@ -173,17 +181,27 @@ inline int x_truncate(sqlite3_file* f, sqlite3_int64 size) {
 inline int x_sync(sqlite3_file* f, int flags) {
   auto& c = vfs_counters();
   switch (reinterpret_cast<CFile*>(f)->kind) {
-    case kDb: ++c.db_syncs; break;
-    case kWal: ++c.wal_syncs; break;
-    default: ++c.other_syncs; break;
+    case kDb:
+      ++c.db_syncs;
+      break;
+    case kWal:
+      ++c.wal_syncs;
+      break;
+    default:
+      ++c.other_syncs;
+      break;
   }
   return R(f)->pMethods->xSync(R(f), flags);
 }
-inline int x_file_size(sqlite3_file* f, sqlite3_int64* s) { return R(f)->pMethods->xFileSize(R(f), s); }
+inline int x_file_size(sqlite3_file* f, sqlite3_int64* s) {
+  return R(f)->pMethods->xFileSize(R(f), s);
+}
 inline int x_lock(sqlite3_file* f, int l) { return R(f)->pMethods->xLock(R(f), l); }
 inline int x_unlock(sqlite3_file* f, int l) { return R(f)->pMethods->xUnlock(R(f), l); }
 inline int x_check(sqlite3_file* f, int* o) { return R(f)->pMethods->xCheckReservedLock(R(f), o); }
-inline int x_fcntl(sqlite3_file* f, int op, void* a) { return R(f)->pMethods->xFileControl(R(f), op, a); }
+inline int x_fcntl(sqlite3_file* f, int op, void* a) {
+  return R(f)->pMethods->xFileControl(R(f), op, a);
+}
 inline int x_sector(sqlite3_file* f) { return R(f)->pMethods->xSectorSize(R(f)); }
 inline int x_dev(sqlite3_file* f) { return R(f)->pMethods->xDeviceCharacteristics(R(f)); }
 inline int x_shm_map(sqlite3_file* f, int i, int sz, int ext, void volatile** pp) {
@@ -207,10 +225,10 @@ inline const sqlite3_io_methods* methods_for(const sqlite3_io_methods* real) {
   static bool init = false;
   if (!init) {
     for (int v = 1; v <= 3; ++v) {
-      m[v] = sqlite3_io_methods{v,        x_close,  x_read,       x_write,        x_truncate,
-                                x_sync,   x_file_size, x_lock,    x_unlock,       x_check,
-                                x_fcntl,  x_sector, x_dev,        x_shm_map,      x_shm_lock,
-                                x_shm_barrier, x_shm_unmap, x_fetch, x_unfetch};
+      m[v] = sqlite3_io_methods{
+          v,          x_close,       x_read,      x_write, x_truncate, x_sync, x_file_size,
+          x_lock,     x_unlock,      x_check,     x_fcntl, x_sector,   x_dev,  x_shm_map,
+          x_shm_lock, x_shm_barrier, x_shm_unmap, x_fetch, x_unfetch};
     }
     init = true;
   }
@@ -224,8 +242,8 @@ inline int x_open(sqlite3_vfs* vfs, const char* name, sqlite3_file* f, int flags
   cf->kind = (flags & SQLITE_OPEN_MAIN_DB) ? kDb : (flags & SQLITE_OPEN_WAL) ? kWal : kOther;
   sqlite3_vfs* rv = static_cast<sqlite3_vfs*>(vfs->pAppData);
   int rc = rv->xOpen(rv, name, cf->real, flags, out);
-  cf->base.pMethods = (rc == SQLITE_OK && cf->real->pMethods) ? methods_for(cf->real->pMethods)
-                                                              : nullptr;
+  cf->base.pMethods =
+      (rc == SQLITE_OK && cf->real->pMethods) ? methods_for(cf->real->pMethods) : nullptr;
   return rc;
 }
 
@@ -284,8 +302,8 @@ class Drain {
  public:
   explicit Drain(int64_t target, double warm_fraction = 0.05)
       : target_(target),
-        warm_(std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(target) *
-                                                       warm_fraction))) {}
+        warm_(std::max<int64_t>(
+            1, static_cast<int64_t>(static_cast<double>(target) * warm_fraction))) {}
   void one() {
     const int64_t k = ++n_;
     if (k == warm_) {

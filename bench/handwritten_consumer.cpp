@@ -13,7 +13,7 @@
 // Its claim table is the minimal raw transaction's (bench_raw_sqlite --shape minimal):
 // PRIMARY KEY (consumer, message_id) WITHOUT ROWID, nothing else.
 //
-// It is exactly-once under SIGKILL like the library (tests/handwritten_peer_test.cpp kills
+// It is exactly-once under SIGKILL like the library (tests/crash/handwritten_peer_test.cpp kills
 // it mid-stream and between commit and PUBACK), so the comparison is between equals.
 //
 //   handwritten_consumer --broker URI --topic T --client-id C --db F --count N

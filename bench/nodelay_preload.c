@@ -12,7 +12,8 @@
 
 int connect(int fd, const struct sockaddr* addr, socklen_t len) {
   static int (*real_connect)(int, const struct sockaddr*, socklen_t) = 0;
-  if (!real_connect) real_connect = (int (*)(int, const struct sockaddr*, socklen_t))dlsym(RTLD_NEXT, "connect");
+  if (!real_connect)
+    real_connect = (int (*)(int, const struct sockaddr*, socklen_t))dlsym(RTLD_NEXT, "connect");
   if (addr && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6)) {
     int type = 0;
     socklen_t tl = sizeof type;

@@ -1,8 +1,9 @@
 # ctest `layout_check` (label unit): fails if the house loses its shape (the folder table and
 # the rules are in cmake/layout_rules.cmake).
 #   cmake -DROOT=<source dir> -DINPUTS=<file setting CORE_SOURCES, MQTT_SOURCES> -P check_layout.cmake
-# INPUTS is written at generate time from the targets' SOURCES (tests/CMakeLists.txt), so
-# a file added to either library is checked without editing this script.
+# INPUTS is written at generate time from the targets' SOURCES
+# (tests/build/CMakeLists.txt), so a file added to either library is checked without
+# editing this script.
 cmake_minimum_required(VERSION 3.16)
 include("${CMAKE_CURRENT_LIST_DIR}/layout_rules.cmake")
 include("${INPUTS}")

@@ -1,6 +1,6 @@
 # Citations of the manual must land: a comment that says "docs/operations.md#disk-space"
 # sends a reader to a heading that exists. Used by cmake/check_doc_anchors.cmake (the ctest
-# `doc_anchors`) and by tests/doc_anchors_selftest.cmake, which proves each check fires.
+# `doc_anchors`) and by tests/build/doc_anchors_selftest.cmake, which proves each check fires.
 #
 # mqtt_inbox_doc_anchor_violations(OUT ROOT <dir>)
 #   ROOT  the source tree. Read: every text file under src/, include/, examples/, tools/,

@@ -1,6 +1,7 @@
 # The house's shape: the folders of src/ are its layers, and this table says what each may
 # use. Used by cmake/check_layout.cmake (the ctest `layout_check`) and by
-# tests/layout_check_selftest.cmake, which proves each rule fires on a tree that breaks it.
+# tests/build/layout_check_selftest.cmake, which proves each rule fires on a tree that
+# breaks it.
 # docs/design.md#the-house says what each folder owns.
 #
 # mqtt_inbox_layout_violations(OUT ROOT <dir> CORE <files...> MQTT <files...>)

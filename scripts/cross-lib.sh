@@ -205,7 +205,8 @@ default_exclude() {
     return
   fi
   local files suites
-  files="$(grep -lE 'child_consumer\.h|\bChild\b|built_program' "$SOURCE_DIR"/tests/*.cpp 2>/dev/null || true)"
+  files="$(grep -rlE --include='*.cpp' 'child_consumer\.h|\bChild\b|built_program' \
+             "$SOURCE_DIR/tests" 2>/dev/null || true)"
   [ -n "$files" ] || return 0
   # shellcheck disable=SC2086
   suites="$(grep -ohE '^(TYPED_)?TEST(_F|_P)?\( *[A-Za-z0-9_]+' $files \

@@ -18,7 +18,7 @@
 # Environment: COUNT (unique credits, default 2500), DUPLICATES (fraction, default 0.25),
 # MALFORMED (default 12), RATE (msgs/s, default 800), MQTT_VERSION (3.1.1, the
 # programs' default, or 5; default 3.1.1: the outbox relay then carries each event's id in
-# its JSON, tests/two_hop_test.cpp runs both).
+# its JSON, tests/crash/two_hop_test.cpp runs both).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"

@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets with clang and runs each for a bounded time on a copy of
 # its seed corpus (tests/fuzz/corpus/<target>). A crash fails the run and leaves the
 # input in $FUZZ_ARTIFACTS; add it to the corpus folder so it becomes a regression test
-# (tests/CMakeLists.txt replays every corpus file in the ordinary build).
+# (tests/fuzz/CMakeLists.txt replays every corpus file in the ordinary build).
 #
 #   scripts/fuzz.sh            FUZZ_SECONDS (default 20) per target
 set -euo pipefail

@@ -5,6 +5,7 @@
 # systemd-sysusers for the unit and package tests (nothing is started). postgresql-15 and
 # libpqxx-dev: the tests' private PostgreSQL clusters (tests/support/postgres.h; they use
 # no TCP port, so the cluster the package may start on 5432 does not matter to them).
+# clang-format: the ctest format_check (.clang-format; Debian 12's is clang-format 14).
 MQTT_INBOX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libsqlite3-dev sqlite3 libsqlitecpp-dev
@@ -15,6 +16,7 @@ MQTT_INBOX_PACKAGES=(
   rabbitmq-server
   postgresql-15 libpqxx-dev
   libsystemd-dev systemd
+  clang-format
 )
 
 as_root() {

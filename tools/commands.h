@@ -10,7 +10,7 @@
 
 #include <mqtt_inbox/dead_letter.h>
 
-#include "connection_flags.h"  // examples/: the flags every program that connects shares
+#include "connection_flags.h"  // examples/common/: the flags every program that connects shares
 
 namespace mqtt_inbox::cli {
 

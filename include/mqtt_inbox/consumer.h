@@ -54,15 +54,15 @@ namespace mqtt_inbox {
 
 // Monotonic counters since the Consumer was created (this process only).
 struct ConsumerCounters {
-  int64_t processed = 0;        // effects committed
-  int64_t duplicates = 0;       // deliveries skipped as already processed
-  int64_t dead_lettered = 0;    // messages written to the dead letters
+  int64_t processed = 0;              // effects committed
+  int64_t duplicates = 0;             // deliveries skipped as already processed
+  int64_t dead_lettered = 0;          // messages written to the dead letters
   int64_t already_dead_lettered = 0;  // redeliveries of dead-lettered messages
-  int64_t handler_failures = 0; // handler attempts that threw
-  int64_t store_retries = 0;    // store operations retried after a failure
-  int64_t retained_skipped = 0; // retained messages acked unprocessed (RetainedPolicy::kSkip)
-  int64_t outbox_full_parked = 0;  // deliveries and replays parked because a kReject
-                                   // outbox class was full (dead_letter.h kOutboxFull)
+  int64_t handler_failures = 0;       // handler attempts that threw
+  int64_t store_retries = 0;          // store operations retried after a failure
+  int64_t retained_skipped = 0;       // retained messages acked unprocessed (RetainedPolicy::kSkip)
+  int64_t outbox_full_parked = 0;     // deliveries and replays parked because a kReject
+                                      // outbox class was full (dead_letter.h kOutboxFull)
 };
 
 class Consumer final : public MessageSink {
@@ -99,15 +99,15 @@ class Consumer final : public MessageSink {
   // turn for the next pass. The Consumer's own thread calls this every
   // ConsumerOptions::requeue_poll_ms; call it yourself with requeue_poll_ms = 0 (then
   // parked messages wait for your call). *replayed (may be null) gets the number of rows
-  // handled (not counting the one parked again). While the store fails it waits like handle(), but gives up at
-  // ~Consumer (the row stays 'requeued' for the next run). Errors: store codes from
+  // handled (not counting the one parked again). While the store fails it waits like handle(), but
+  // gives up at ~Consumer (the row stays 'requeued' for the next run). Errors: store codes from
   // listing the rows; kAborted if the Consumer is being destroyed.
   Status replay_requeued(int64_t* replayed);
 
   // Extracts and validates the message id the way handle() does. On failure returns
   // false and sets *reason and *why. Exposed for tools and fuzzing.
-  bool extract_message_id(const Message& message, std::string* id,
-                          DeadLetterReason* reason, std::string* why) const;
+  bool extract_message_id(const Message& message, std::string* id, DeadLetterReason* reason,
+                          std::string* why) const;
 
   Health health() const;
   ConsumerCounters counters() const;

@@ -44,11 +44,11 @@ enum class DeadLetterReason {
 
 // Every reason, in declaration order (for parsing, listing and help texts).
 inline constexpr DeadLetterReason kDeadLetterReasons[] = {
-    DeadLetterReason::kMissingId,         DeadLetterReason::kInvalidId,
-    DeadLetterReason::kPayloadTooLarge,   DeadLetterReason::kUndecodablePayload,
-    DeadLetterReason::kInvalidPayload,    DeadLetterReason::kHandlerFailed,
-    DeadLetterReason::kHandlerCrashed,    DeadLetterReason::kRetained,
-    DeadLetterReason::kHandlerReentered,  DeadLetterReason::kOutboxFull,
+    DeadLetterReason::kMissingId,        DeadLetterReason::kInvalidId,
+    DeadLetterReason::kPayloadTooLarge,  DeadLetterReason::kUndecodablePayload,
+    DeadLetterReason::kInvalidPayload,   DeadLetterReason::kHandlerFailed,
+    DeadLetterReason::kHandlerCrashed,   DeadLetterReason::kRetained,
+    DeadLetterReason::kHandlerReentered, DeadLetterReason::kOutboxFull,
     DeadLetterReason::kOutboxRefused};
 
 const char* to_string(DeadLetterReason reason);
@@ -60,8 +60,8 @@ struct DeadLetter {
   std::string consumer_name;
   std::optional<std::string> message_id;  // empty when the message had no usable id
   std::string topic;
-  std::string payload;       // raw bytes, possibly cut (see payload_size)
-  int64_t payload_size = 0;  // bytes received; larger than payload.size() if cut
+  std::string payload;          // raw bytes, possibly cut (see payload_size)
+  int64_t payload_size = 0;     // bytes received; larger than payload.size() if cut
   std::string properties_json;  // MQTT 5 properties as a JSON object, "{}" if none
   int qos = 1;
   DeadLetterReason reason = DeadLetterReason::kHandlerFailed;
@@ -70,10 +70,10 @@ struct DeadLetter {
   int64_t first_attempt_at_ms = 0;  // Unix time, ms
   int64_t last_attempt_at_ms = 0;
   int64_t dead_lettered_at_ms = 0;
-  int redeliveries = 0;  // deliveries of the same (consumer, id) seen after dead-lettering
-  bool replayed = false;   // status 'replayed': a replay committed its effect
-  bool requeued = false;   // status 'requeued': waiting for the running Consumer to replay
-                           // it (Inbox::requeue_dead_letter, or parked as kOutboxFull)
+  int redeliveries = 0;   // deliveries of the same (consumer, id) seen after dead-lettering
+  bool replayed = false;  // status 'replayed': a replay committed its effect
+  bool requeued = false;  // status 'requeued': waiting for the running Consumer to replay
+                          // it (Inbox::requeue_dead_letter, or parked as kOutboxFull)
   std::optional<int64_t> replayed_at_ms;
 };
 

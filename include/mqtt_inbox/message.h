@@ -37,10 +37,10 @@ struct MessageProperties {
   // User properties in order (section 3.3.2.3.7). Names and values are raw bytes; the
   // same name may repeat.
   std::vector<std::pair<std::string, std::string>> user_properties;
-  std::optional<std::string> content_type;      // section 3.3.2.3.9
-  std::optional<std::string> response_topic;    // section 3.3.2.3.5
-  std::optional<std::string> correlation_data;  // section 3.3.2.3.6, binary
-  std::optional<uint8_t> payload_format_indicator;   // section 3.3.2.3.2: 0 bytes, 1 UTF-8
+  std::optional<std::string> content_type;            // section 3.3.2.3.9
+  std::optional<std::string> response_topic;          // section 3.3.2.3.5
+  std::optional<std::string> correlation_data;        // section 3.3.2.3.6, binary
+  std::optional<uint8_t> payload_format_indicator;    // section 3.3.2.3.2: 0 bytes, 1 UTF-8
   std::optional<uint32_t> message_expiry_interval_s;  // section 3.3.2.3.3, seconds
 
   // Returns the first user property named `name`, if any.

@@ -132,14 +132,12 @@ struct InboxOptions {
   // Test hook: called just before the claim transaction begins (after the duplicate
   // pre-check), with the consumer name and message id. Lets a test hold two connections
   // at a barrier right before the claim. Default empty.
-  std::function<void(const std::string& consumer, const std::string& message_id)>
-      before_claim_hook;
+  std::function<void(const std::string& consumer, const std::string& message_id)> before_claim_hook;
 
   // Test hook: called right after the claim transaction committed, before the consumer
   // returns (and so before the PUBACK). Lets a test kill the process in exactly the window
   // "committed but not acked". Default empty.
-  std::function<void(const std::string& consumer, const std::string& message_id)>
-      after_commit_hook;
+  std::function<void(const std::string& consumer, const std::string& message_id)> after_commit_hook;
 };
 
 // What to do when the user property and the JSON field both hold an id and the ids
@@ -240,9 +238,10 @@ struct ConsumerOptions {
 
   // Consumer mode only: how often the Consumer's own thread looks for dead letters the
   // admin tool marked 'requeued' (Inbox::requeue_dead_letter), and messages a full outbox
-  // parked (outbox.h OutboxFull), and replays them through the handler, in ms. One index probe per poll; the replay runs on that thread, never
-  // on the transport's callback thread, taking the connection for one message at a time.
-  // 0 = no thread (call Consumer::replay_requeued() yourself). Default 2000, >= 0.
+  // parked (outbox.h OutboxFull), and replays them through the handler, in ms. One index probe per
+  // poll; the replay runs on that thread, never on the transport's callback thread, taking the
+  // connection for one message at a time. 0 = no thread (call Consumer::replay_requeued()
+  // yourself). Default 2000, >= 0.
   int64_t requeue_poll_ms = 2000;
 };
 

@@ -17,7 +17,7 @@
 //        as the relay's own connection does: nothing Paho kept of the last connection's
 //        publishes is sent again by Paho, and the relay's republish from the first pending
 //        row, in enqueue order, on the one connection, keeps per-key order at any window,
-//        whether or not the broker kept the session (tests/relay_lent_test.cpp: 64 in
+//        whether or not the broker kept the session (tests/broker/relay_lent_test.cpp: 64 in
 //        flight at a broker outage, session kept). Publishes made while disconnected
 //        fail (send-while-disconnected is off) instead of waiting in Paho. (A reused
 //        client was the cause of two faults found here: Paho C 1.3.12 resent its
@@ -126,9 +126,9 @@
 #include <memory>
 #include <string>
 
+#include "mqtt_inbox/connection.h"
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/status.h"
-#include "mqtt_inbox/connection.h"
 #include "mqtt_inbox/subscriber.h"  // Subscriber, SubscriberHealth
 #include "mqtt_inbox/tls.h"
 

@@ -122,15 +122,15 @@ struct RetentionOptions {
 
 // Outcome of one pass.
 struct PruneResult {
-  int64_t processed_deleted = 0;     // processed message ids (inbox_processed rows)
+  int64_t processed_deleted = 0;  // processed message ids (inbox_processed rows)
   int64_t dead_letters_deleted = 0;
-  int64_t outbox_sent_deleted = 0;   // outbox rows sent before the window (outbox.h)
-  int64_t outbox_dead_deleted = 0;   // outbox dead letters older than dead_letter_window
+  int64_t outbox_sent_deleted = 0;  // outbox rows sent before the window (outbox.h)
+  int64_t outbox_dead_deleted = 0;  // outbox dead letters older than dead_letter_window
   int64_t batches = 0;
-  bool budget_exhausted = false;     // rows were left for the next pass
-  int64_t pages_freed = 0;           // by incremental_vacuum
+  bool budget_exhausted = false;  // rows were left for the next pass
+  int64_t pages_freed = 0;        // by incremental_vacuum
   int64_t duration_ms = 0;
-  int64_t cutoff = 0;                // rows with received_at < cutoff were eligible
+  int64_t cutoff = 0;  // rows with received_at < cutoff were eligible
 };
 
 class Pruner {
@@ -171,8 +171,8 @@ class Pruner {
   // required_window_ms(options) and the longest session expiry recorded in `inbox` +
   // replay_window + margin. *why (optional) says which one set it, e.g. "the session of
   // client 'gw-17' (30.0 d, requested)". Errors: store codes.
-  static Status required_window_ms(Inbox* inbox, const RetentionOptions& options,
-                                   int64_t* out, std::string* why);
+  static Status required_window_ms(Inbox* inbox, const RetentionOptions& options, int64_t* out,
+                                   std::string* why);
 
  private:
   struct Impl;

@@ -74,9 +74,9 @@ struct ServiceHealth {
   std::optional<bool> connected;        // a transport's connection; nullopt = not a transport
   std::optional<int64_t> processed;     // effects committed by this part, this process
   std::optional<int64_t> dead_letters;  // dead letters written by this part, this process
-  bool stuck = false;       // cannot make progress now (a message waits for the store)
-  std::string stuck_reason; // why, one line (e.g. Health::last_error); "" if not stuck
-  std::string note;         // other state worth a word in STATUS; "" if none
+  bool stuck = false;                   // cannot make progress now (a message waits for the store)
+  std::string stuck_reason;             // why, one line (e.g. Health::last_error); "" if not stuck
+  std::string note;                     // other state worth a word in STATUS; "" if none
 };
 
 // A snapshot function. Called on the notifier's thread every tick; see the thread-safety

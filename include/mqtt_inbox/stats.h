@@ -32,13 +32,13 @@ struct OutboxRows {
 
 struct InboxStats {
   // Counters since this Inbox was opened (this process).
-  int64_t processed = 0;        // claims committed with their effect
-  int64_t duplicates = 0;       // deliveries skipped because the claim existed
-  int64_t dead_lettered = 0;    // dead letters written (redeliveries of one not counted,
-                                // nor messages parked by a full outbox)
-  int64_t retries = 0;          // handler attempts that failed and were retried or gave up
-  int64_t store_errors = 0;     // store operations that failed (and were retried)
-  int64_t pruned = 0;           // inbox_processed rows deleted by retention passes
+  int64_t processed = 0;      // claims committed with their effect
+  int64_t duplicates = 0;     // deliveries skipped because the claim existed
+  int64_t dead_lettered = 0;  // dead letters written (redeliveries of one not counted,
+                              // nor messages parked by a full outbox)
+  int64_t retries = 0;        // handler attempts that failed and were retried or gave up
+  int64_t store_errors = 0;   // store operations that failed (and were retried)
+  int64_t pruned = 0;         // inbox_processed rows deleted by retention passes
   int64_t dead_letters_pruned = 0;
   // Sessions the broker lost while the inbox recorded them (SessionRecords::note_lost):
   // CONNACK said session present = 0 although the recorded session held topic filters,
@@ -52,7 +52,7 @@ struct InboxStats {
   // and the durable commit included), in microseconds, over the last 4096 claims.
   int64_t commit_p50_us = 0;
   int64_t commit_p99_us = 0;
-  int64_t commit_max_us = 0;   // since open
+  int64_t commit_max_us = 0;  // since open
 
   // Files, bytes (0 if absent).
   int64_t db_bytes = 0;

@@ -19,23 +19,23 @@ class [[nodiscard]] Status {
  public:
   enum class Code {
     kOk = 0,
-    kInvalidArgument,  // an option or argument is malformed or refused (see message)
-    kNotFound,         // the named row does not exist
-    kBusy,             // SQLITE_BUSY/LOCKED (another connection holds the lock), SCHEMA
-    kFull,             // SQLITE_FULL (disk or max_page_count reached), NOMEM, NOLFS
-    kIoError,          // SQLITE_IOERR*, SQLITE_CANTOPEN*, PROTOCOL: the file system failed
-    kReadOnly,         // SQLITE_READONLY*, PERM: the database cannot be written
-    kCorruption,       // SQLITE_CORRUPT*/NOTADB, or a schema newer than this library: the
-                       // store is unusable (docs/operations.md#recovering-a-corrupt-database)
-    kAborted,          // the operation was stopped on request (SQLITE_INTERRUPT/ABORT)
-    kInternal,         // anything else (a bug, an unexpected SQLite code)
-    kRejected,         // SQLite refused the change of one message: a constraint (CHECK,
-                       // FOREIGN KEY at COMMIT, NOT NULL, UNIQUE, a commit hook's veto),
-                       // TOOBIG, MISMATCH, RANGE. The message's fault, not the store's
-    kPermissionDenied, // a file the inbox must write (the database, its -wal, -shm or
-                       // .lock, or their folder) belongs to another user or cannot be
-                       // written by this process; the message names the file, its owner
-                       // and the fix (docs/operations.md#files-created-under-another-user)
+    kInvalidArgument,   // an option or argument is malformed or refused (see message)
+    kNotFound,          // the named row does not exist
+    kBusy,              // SQLITE_BUSY/LOCKED (another connection holds the lock), SCHEMA
+    kFull,              // SQLITE_FULL (disk or max_page_count reached), NOMEM, NOLFS
+    kIoError,           // SQLITE_IOERR*, SQLITE_CANTOPEN*, PROTOCOL: the file system failed
+    kReadOnly,          // SQLITE_READONLY*, PERM: the database cannot be written
+    kCorruption,        // SQLITE_CORRUPT*/NOTADB, or a schema newer than this library: the
+                        // store is unusable (docs/operations.md#recovering-a-corrupt-database)
+    kAborted,           // the operation was stopped on request (SQLITE_INTERRUPT/ABORT)
+    kInternal,          // anything else (a bug, an unexpected SQLite code)
+    kRejected,          // SQLite refused the change of one message: a constraint (CHECK,
+                        // FOREIGN KEY at COMMIT, NOT NULL, UNIQUE, a commit hook's veto),
+                        // TOOBIG, MISMATCH, RANGE. The message's fault, not the store's
+    kPermissionDenied,  // a file the inbox must write (the database, its -wal, -shm or
+                        // .lock, or their folder) belongs to another user or cannot be
+                        // written by this process; the message names the file, its owner
+                        // and the fix (docs/operations.md#files-created-under-another-user)
   };
 
   Status() = default;  // OK

@@ -71,12 +71,12 @@ namespace mqtt_inbox {
 
 // One stored message as a worker hands it to the application.
 struct StoredDelivery {
-  const Message& message;           // topic, payload, qos, MQTT 5 properties as received
-  const std::string& message_id;    // the producer's id
-  const std::string& aggregate_key; // "" unless an extractor is configured
-  int64_t seq;                      // arrival order (inbox_messages.seq)
-  int64_t received_at_ms;           // when it was stored (retention clock, ms)
-  int attempt;                      // 1-based; counts failures and expired claims
+  const Message& message;            // topic, payload, qos, MQTT 5 properties as received
+  const std::string& message_id;     // the producer's id
+  const std::string& aggregate_key;  // "" unless an extractor is configured
+  int64_t seq;                       // arrival order (inbox_messages.seq)
+  int64_t received_at_ms;            // when it was stored (retention clock, ms)
+  int attempt;                       // 1-based; counts failures and expired claims
   // What the prepare function returned for this attempt; empty without one.
   const std::any& prepared;
 };
@@ -198,9 +198,9 @@ struct ReplayFilter {
 };
 
 struct ReplayResult {
-  int64_t reset = 0;            // rows set back to 'pending'
-  int64_t not_replayable = 0;   // matching rows whose payload was already compacted
-  int64_t in_flight = 0;        // matching rows 'processing' now: left alone
+  int64_t reset = 0;           // rows set back to 'pending'
+  int64_t not_replayable = 0;  // matching rows whose payload was already compacted
+  int64_t in_flight = 0;       // matching rows 'processing' now: left alone
 };
 
 struct StoredPruneResult {
@@ -210,21 +210,21 @@ struct StoredPruneResult {
 
 // Counters since the object was created (this process only).
 struct StoreThenProcessCounters {
-  int64_t stored = 0;            // messages stored at receipt
-  int64_t duplicates = 0;        // deliveries dropped at receipt (id already stored)
-  int64_t dead_lettered = 0;     // receipt and worker dead letters written
-  int64_t processed = 0;         // rows marked done by this process's workers
-  int64_t handler_failures = 0;  // prepare/handler attempts that threw
-  int64_t claims_lost = 0;       // rows a worker dropped because its claim was reaped
-  int64_t reaped = 0;            // claimed rows returned to pending by the reaper (orphans
-                                 // and claims without progress for lease_ms)
-  int64_t store_retries = 0;     // receipt store operations retried
+  int64_t stored = 0;               // messages stored at receipt
+  int64_t duplicates = 0;           // deliveries dropped at receipt (id already stored)
+  int64_t dead_lettered = 0;        // receipt and worker dead letters written
+  int64_t processed = 0;            // rows marked done by this process's workers
+  int64_t handler_failures = 0;     // prepare/handler attempts that threw
+  int64_t claims_lost = 0;          // rows a worker dropped because its claim was reaped
+  int64_t reaped = 0;               // claimed rows returned to pending by the reaper (orphans
+                                    // and claims without progress for lease_ms)
+  int64_t store_retries = 0;        // receipt store operations retried
   int64_t worker_store_errors = 0;  // worker/reaper/pruner SQLite failures (retried) and
                                     // refused periodic prunes (see prune())
   std::string last_worker_error;    // text of the latest of those ("" if none)
-  int64_t retained_skipped = 0;  // retained messages acked unstored (RetainedPolicy::kSkip)
-  int64_t outbox_full_waits = 0; // handler runs a full kReject outbox class refused
-                                 // (OutboxFull): the row waits, no attempt counted
+  int64_t retained_skipped = 0;     // retained messages acked unstored (RetainedPolicy::kSkip)
+  int64_t outbox_full_waits = 0;    // handler runs a full kReject outbox class refused
+                                    // (OutboxFull): the row waits, no attempt counted
 };
 
 // Row counts by status for this consumer (inspection, tests, the admin tool).

@@ -124,8 +124,8 @@ struct SubscriberHealth {
     kSubscribe,    // connected, but a SUBSCRIBE was refused or timed out
     kOther,        // anything else Paho reported
   };
-  bool connected = false;   // connected and subscribed now
-  int64_t since_ms = 0;     // when `connected` last changed (start() counts as a change)
+  bool connected = false;            // connected and subscribed now
+  int64_t since_ms = 0;              // when `connected` last changed (start() counts as a change)
   int64_t connect_attempts = 0;      // attempts started, this process
   int64_t connects = 0;              // attempts that connected and subscribed
   int64_t consecutive_failures = 0;  // failed attempts since the last success

@@ -122,7 +122,8 @@ bool is_tls_uri(const std::string& broker_uri);
 // in MQTT, or has passed). Blocks up to `timeout_ms` (name resolution excepted). The
 // Subscriber runs it after each failed attempt on its own. Thread safety: safe from any
 // thread.
-std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls, int timeout_ms);
+std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls,
+                                int timeout_ms);
 
 // For another Paho MQTT C++ client of the application (an outbox publisher, a tool):
 // sets `*out` to `tls` exactly as the Subscriber configures its own connection: the chain

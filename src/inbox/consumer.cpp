@@ -38,28 +38,44 @@ using detail::ProcessReport;
 
 const char* to_string(Outcome outcome) {
   switch (outcome) {
-    case Outcome::kProcessed: return "processed";
-    case Outcome::kDuplicate: return "duplicate";
-    case Outcome::kDeadLettered: return "dead_lettered";
-    case Outcome::kAlreadyDeadLettered: return "already_dead_lettered";
-    case Outcome::kSkipped: return "skipped";
+    case Outcome::kProcessed:
+      return "processed";
+    case Outcome::kDuplicate:
+      return "duplicate";
+    case Outcome::kDeadLettered:
+      return "dead_lettered";
+    case Outcome::kAlreadyDeadLettered:
+      return "already_dead_lettered";
+    case Outcome::kSkipped:
+      return "skipped";
   }
   return "unknown";
 }
 
 const char* to_string(DeadLetterReason reason) {
   switch (reason) {
-    case DeadLetterReason::kMissingId: return "missing_id";
-    case DeadLetterReason::kInvalidId: return "invalid_id";
-    case DeadLetterReason::kPayloadTooLarge: return "payload_too_large";
-    case DeadLetterReason::kUndecodablePayload: return "undecodable_payload";
-    case DeadLetterReason::kInvalidPayload: return "invalid_payload";
-    case DeadLetterReason::kHandlerFailed: return "handler_failed";
-    case DeadLetterReason::kHandlerCrashed: return "handler_crashed";
-    case DeadLetterReason::kRetained: return "retained";
-    case DeadLetterReason::kHandlerReentered: return "handler_reentered";
-    case DeadLetterReason::kOutboxFull: return "outbox_full";
-    case DeadLetterReason::kOutboxRefused: return "outbox_refused";
+    case DeadLetterReason::kMissingId:
+      return "missing_id";
+    case DeadLetterReason::kInvalidId:
+      return "invalid_id";
+    case DeadLetterReason::kPayloadTooLarge:
+      return "payload_too_large";
+    case DeadLetterReason::kUndecodablePayload:
+      return "undecodable_payload";
+    case DeadLetterReason::kInvalidPayload:
+      return "invalid_payload";
+    case DeadLetterReason::kHandlerFailed:
+      return "handler_failed";
+    case DeadLetterReason::kHandlerCrashed:
+      return "handler_crashed";
+    case DeadLetterReason::kRetained:
+      return "retained";
+    case DeadLetterReason::kHandlerReentered:
+      return "handler_reentered";
+    case DeadLetterReason::kOutboxFull:
+      return "outbox_full";
+    case DeadLetterReason::kOutboxRefused:
+      return "outbox_refused";
   }
   return "unknown";
 }
@@ -109,7 +125,6 @@ struct Consumer::Impl {
     return parked;
   }
 
-
   // `parked`: the row is written 'requeued' (reason outbox_full): the requeue thread
   // replays it, with nobody asking (dead_letter.h kOutboxFull).
   Outcome dead_letter(const Message& m, const std::optional<std::string>& id,
@@ -133,16 +148,17 @@ struct Consumer::Impl {
     dl.last_attempt_at_ms = clock->wall_ms();
     dl.requeued = parked;
     int64_t row = 0;
-    until_stored(parked ? "parking a message" : "writing a dead letter",
-                 [&] { return dead_letters->add(dl, replace_id, &row); }, stop);
+    until_stored(
+        parked ? "parking a message" : "writing a dead letter",
+        [&] { return dead_letters->add(dl, replace_id, &row); }, stop);
     if (parked) {
       // Once at info; a replay that finds the outbox still full (every poll, for as long
       // as the uplink is down) at debug.
       count(&ConsumerCounters::outbox_full_parked);
       parked_by_this_thread() = true;
       log->log(replace_id ? spdlog::level::debug : spdlog::level::info,
-               "consumer '{}': parked message '{}' (row {}) until the relay makes room: {}",
-               name, id ? detail::printable(*id) : std::string("<no id>"), row,
+               "consumer '{}': parked message '{}' (row {}) until the relay makes room: {}", name,
+               id ? detail::printable(*id) : std::string("<no id>"), row,
                detail::printable(text, 300));
       return Outcome::kDeadLettered;
     }
@@ -169,8 +185,8 @@ struct Consumer::Impl {
     DeadLetter bump;
     bump.consumer_name = name;
     bump.message_id = id;
-    until_stored("counting a redelivery",
-                 [&] { return dead_letters->add(bump, std::nullopt, &row); }, stop);
+    until_stored(
+        "counting a redelivery", [&] { return dead_letters->add(bump, std::nullopt, &row); }, stop);
     count(&ConsumerCounters::already_dead_lettered);
     return Outcome::kAlreadyDeadLettered;
   }
@@ -180,8 +196,7 @@ struct Consumer::Impl {
   Outcome run(const Message& m, std::optional<int64_t> replay_of,
               const std::atomic<bool>* stop = nullptr) {
     detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
-    if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess)
-      return retained(m);
+    if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess) return retained(m);
     if (m.payload.size() > options.max_payload_bytes) {
       // Only the user property is consulted: parsing an oversized payload is what the
       // limit exists to avoid. With an id, a redelivery finds this dead letter again.
@@ -190,13 +205,13 @@ struct Consumer::Impl {
         if (detail::validate_message_id(*v, options.message_id.max_id_bytes).empty()) id = *v;
       if (id && !replay_of) {
         MessageState st;
-        until_stored("looking up a message", [&] { return claims->lookup(name, *id, &st); },
-                     stop);
+        until_stored(
+            "looking up a message", [&] { return claims->lookup(name, *id, &st); }, stop);
         if (st.processed) return duplicate();
       }
       return dead_letter(m, id, DeadLetterReason::kPayloadTooLarge,
-                         "payload is " + std::to_string(m.payload.size()) +
-                             " bytes, limit is " + std::to_string(options.max_payload_bytes),
+                         "payload is " + std::to_string(m.payload.size()) + " bytes, limit is " +
+                             std::to_string(options.max_payload_bytes),
                          0, 0, replay_of, stop);
     }
 
@@ -234,17 +249,15 @@ struct Consumer::Impl {
         case ClaimResult::kAttemptsExhausted: {
           // Attempts were used up without a recorded outcome. A 'running' last attempt
           // means the process died inside the handler: do not run it again.
-          const DeadLetterReason cause = st.last_attempt_running
-                                             ? DeadLetterReason::kHandlerCrashed
-                                             : DeadLetterReason::kHandlerFailed;
-          const std::string text =
-              st.last_attempt_running
-                  ? "the process died inside the handler on " + std::to_string(st.attempts) +
-                        " attempt(s)"
-                  : "handler failed " + std::to_string(st.attempts) +
-                        " time(s); last error: " + st.last_error;
-          return dead_letter(m, id, cause, text, st.attempts, st.first_attempt_at_ms,
-                             replay_of, stop);
+          const DeadLetterReason cause = st.last_attempt_running ? DeadLetterReason::kHandlerCrashed
+                                                                 : DeadLetterReason::kHandlerFailed;
+          const std::string text = st.last_attempt_running
+                                       ? "the process died inside the handler on " +
+                                             std::to_string(st.attempts) + " attempt(s)"
+                                       : "handler failed " + std::to_string(st.attempts) +
+                                             " time(s); last error: " + st.last_error;
+          return dead_letter(m, id, cause, text, st.attempts, st.first_attempt_at_ms, replay_of,
+                             stop);
         }
         case ClaimResult::kUndecodable:
         case ClaimResult::kRejected:
@@ -256,8 +269,8 @@ struct Consumer::Impl {
               : r.result == ClaimResult::kReentered     ? DeadLetterReason::kHandlerReentered
               : r.result == ClaimResult::kOutboxRefused ? DeadLetterReason::kOutboxRefused
                                                         : DeadLetterReason::kUndecodablePayload;
-          return dead_letter(m, id, permanent, r.handler_error, r.attempt,
-                             st.first_attempt_at_ms, replay_of, stop);
+          return dead_letter(m, id, permanent, r.handler_error, r.attempt, st.first_attempt_at_ms,
+                             replay_of, stop);
         }
         case ClaimResult::kOutboxFull:
           // Backpressure, not a failure: parked with no attempt counted, replayed by the
@@ -287,10 +300,12 @@ struct Consumer::Impl {
     Status s = dead_letters->get(id, &dl);
     if (!s.ok()) return s;
     if (requeued_only && !dl.requeued)
-      return Status::InvalidArgument("dead letter " + std::to_string(id) + " is no longer requeued");
+      return Status::InvalidArgument("dead letter " + std::to_string(id) +
+                                     " is no longer requeued");
     if (dl.consumer_name != name)
-      return Status::InvalidArgument("dead letter " + std::to_string(id) + " belongs to consumer '" +
-                                     dl.consumer_name + "', not '" + name + "'");
+      return Status::InvalidArgument("dead letter " + std::to_string(id) +
+                                     " belongs to consumer '" + dl.consumer_name + "', not '" +
+                                     name + "'");
     if (dl.replayed)
       return Status::InvalidArgument("dead letter " + std::to_string(id) + " was already replayed");
     if (dl.payload_size > static_cast<int64_t>(dl.payload.size()))
@@ -306,9 +321,10 @@ struct Consumer::Impl {
     std::set<int64_t> refused;  // ids replay() refused in this pass
     for (;;) {
       Status s = dead_letters->requeued(name, 16, &ids);
-      if (s.ok()) ids.erase(std::remove_if(ids.begin(), ids.end(),
-                                           [&](int64_t id) { return refused.count(id) > 0; }),
-                            ids.end());
+      if (s.ok())
+        ids.erase(std::remove_if(ids.begin(), ids.end(),
+                                 [&](int64_t id) { return refused.count(id) > 0; }),
+                  ids.end());
       if (!s.ok() || ids.empty()) {
         if (replayed) *replayed = n;
         return s;
@@ -456,8 +472,8 @@ Status Consumer::replay_requeued(int64_t* replayed) {
   return impl_->replay_requeued(replayed);
 }
 
-bool Consumer::extract_message_id(const Message& message, std::string* id,
-                                  DeadLetterReason* reason, std::string* why) const {
+bool Consumer::extract_message_id(const Message& message, std::string* id, DeadLetterReason* reason,
+                                  std::string* why) const {
   return detail::extract_message_id(message, impl_->options.message_id, id, reason, why);
 }
 
@@ -487,9 +503,12 @@ ConsumerCounters Consumer::counters() const {
 
 const char* to_string(RetainedPolicy policy) {
   switch (policy) {
-    case RetainedPolicy::kSkip: return "skip";
-    case RetainedPolicy::kDeadLetter: return "dead_letter";
-    case RetainedPolicy::kProcess: return "process";
+    case RetainedPolicy::kSkip:
+      return "skip";
+    case RetainedPolicy::kDeadLetter:
+      return "dead_letter";
+    case RetainedPolicy::kProcess:
+      return "process";
   }
   return "unknown";
 }
@@ -514,8 +533,8 @@ Outcome Consumer::Impl::retained(const Message& m) {
   until_stored("looking up a message", [&] { return claims->lookup(name, id, &st); });
   if (st.processed) return duplicate();
   if (st.dead_letter_id) return already_dead_lettered(id);
-  return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0,
-                     0, std::nullopt);
+  return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0, 0,
+                     std::nullopt);
 }
 
 SessionRecords* Consumer::sessions() const { return impl_->sessions; }

@@ -80,8 +80,7 @@ Status Inbox::get_dead_letter(int64_t id, DeadLetter* out) {
 }
 
 Status Inbox::purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::purge_dead_letters"); !r.ok())
-    return r;
+  if (Status r = detail::refuse_if_in_handler(this, "Inbox::purge_dead_letters"); !r.ok()) return r;
   return store_->dead_letters().purge(filter, removed);
 }
 

@@ -33,9 +33,7 @@ class TopLevelField final : public nlohmann::json_sax<nlohmann::json> {
   bool boolean(bool v) override { return scalar("a boolean", v); }
   bool number_integer(number_integer_t v) override { return scalar("a number", v); }
   bool number_unsigned(number_unsigned_t v) override { return scalar("a number", v); }
-  bool number_float(number_float_t v, const string_t&) override {
-    return scalar("a number", v);
-  }
+  bool number_float(number_float_t v, const string_t&) override { return scalar("a number", v); }
   bool string(string_t& s) override {
     if (at_field()) record(Found::kString, s);
     if (document_) add(std::move(s));
@@ -120,7 +118,7 @@ class TopLevelField final : public nlohmann::json_sax<nlohmann::json> {
   int depth_ = 0;
   bool expecting_value_ = false;
   std::vector<nlohmann::json*> containers_;  // the open objects and arrays, innermost last
-  nlohmann::json* slot_ = nullptr;            // the innermost object's value for the last key
+  nlohmann::json* slot_ = nullptr;           // the innermost object's value for the last key
 };
 
 // What the JSON source says: the payload parsed or not, and the top-level field.
@@ -136,8 +134,7 @@ struct JsonFieldId {
 JsonFieldId read_json_field(const std::string& payload, const MessageIdOptions& options,
                             nlohmann::json* document) {
   const std::string& field = options.json_field;
-  TopLevelField sax(field,
-                    payload.size() <= options.json_document_max_bytes ? document : nullptr);
+  TopLevelField sax(field, payload.size() <= options.json_document_max_bytes ? document : nullptr);
   JsonFieldId out;
   out.parsed = nlohmann::json::sax_parse(payload, &sax, nlohmann::json::input_format_t::json,
                                          /*strict=*/true, /*ignore_comments=*/false);
@@ -175,9 +172,15 @@ bool agrees_with_json_field(const Message& message, const MessageIdOptions& opti
   if (json.found == TopLevelField::Found::kString && json.value == property_id) return true;
   std::string other;
   switch (json.found) {
-    case TopLevelField::Found::kString: other = "'" + printable(json.value) + "'"; break;
-    case TopLevelField::Found::kTwice: other = "present more than once"; break;
-    default: other = json.value + ", not a string"; break;
+    case TopLevelField::Found::kString:
+      other = "'" + printable(json.value) + "'";
+      break;
+    case TopLevelField::Found::kTwice:
+      other = "present more than once";
+      break;
+    default:
+      other = json.value + ", not a string";
+      break;
   }
   return fail(DeadLetterReason::kInvalidId,
               "message ids disagree: user property '" + options.user_property + "' is '" +
@@ -211,9 +214,8 @@ std::string validate_message_id(const std::string& id, size_t max_bytes) {
   return "";
 }
 
-bool extract_message_id(const Message& message, const MessageIdOptions& options,
-                        std::string* id, DeadLetterReason* reason, std::string* why,
-                        nlohmann::json* document) {
+bool extract_message_id(const Message& message, const MessageIdOptions& options, std::string* id,
+                        DeadLetterReason* reason, std::string* why, nlohmann::json* document) {
   if (document) *document = nlohmann::json(nlohmann::json::value_t::discarded);
   // 1. MQTT 5 user property: present means it decides.
   if (!options.user_property.empty()) {
@@ -260,14 +262,13 @@ bool extract_message_id(const Message& message, const MessageIdOptions& options,
       return fail(DeadLetterReason::kUndecodablePayload,
                   std::string("message id extractor threw: ") + e.what(), reason, why);
     } catch (...) {
-      return fail(DeadLetterReason::kUndecodablePayload, "message id extractor threw", reason,
-                  why);
+      return fail(DeadLetterReason::kUndecodablePayload, "message id extractor threw", reason, why);
     }
   }
 
   if (!json_problem.empty())
-    return fail(DeadLetterReason::kUndecodablePayload,
-                "no message id: " + json_problem, reason, why);
+    return fail(DeadLetterReason::kUndecodablePayload, "no message id: " + json_problem, reason,
+                why);
   std::string sources;
   auto add = [&](const std::string& source) { sources += (sources.empty() ? "" : ", ") + source; };
   if (!options.user_property.empty()) add("user property '" + options.user_property + "'");

@@ -26,10 +26,10 @@ std::string validate_message_id(const std::string& id, size_t max_bytes);
 // discarded (value_t::discarded). The JSON source is read in one SAX pass either way;
 // without a document it builds none (memory bounded by the nesting depth); a document
 // takes a few times the payload's size, up to about 32 times for pathological nesting,
-// hence the limit. The outcome is the same with or without (tests/message_id_test.cpp
+// hence the limit. The outcome is the same with or without (tests/unit/message_id_test.cpp
 // runs every case both ways; the fuzzer compares them and the document with parse()).
-bool extract_message_id(const Message& message, const MessageIdOptions& options,
-                        std::string* id, DeadLetterReason* reason, std::string* why,
+bool extract_message_id(const Message& message, const MessageIdOptions& options, std::string* id,
+                        DeadLetterReason* reason, std::string* why,
                         nlohmann::json* document = nullptr);
 
 }  // namespace mqtt_inbox::detail

@@ -1,6 +1,6 @@
-// MQTT 5 properties (MessageProperties) of a Message or an outbox row to and from the JSON kept in a dead letter
-// or an outbox row. Raw bytes
-// that are not UTF-8 are kept as {"hex": "..."} so that nothing is lost or replaced.
+// MQTT 5 properties (MessageProperties) of a Message or an outbox row to and from the JSON kept in
+// a dead letter or an outbox row. Raw bytes that are not UTF-8 are kept as {"hex": "..."} so that
+// nothing is lost or replaced.
 #pragma once
 
 #include <string>

@@ -34,18 +34,22 @@ namespace {
 std::string label(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
 
 void metric(std::ostringstream& o, const char* name, const char* type, const char* help,
             double value) {
-  o << "# HELP mqtt_inbox_" << name << ' ' << help << "\n# TYPE mqtt_inbox_" << name << ' '
-    << type << "\nmqtt_inbox_" << name << ' ' << value << '\n';
+  o << "# HELP mqtt_inbox_" << name << ' ' << help << "\n# TYPE mqtt_inbox_" << name << ' ' << type
+    << "\nmqtt_inbox_" << name << ' ' << value << '\n';
 }
 
 }  // namespace
@@ -53,29 +57,41 @@ void metric(std::ostringstream& o, const char* name, const char* type, const cha
 std::string prometheus_text(const InboxStats& s) {
   std::ostringstream o;
   o.precision(17);
-  metric(o, "processed_total", "counter", "Claims committed with their effect.", static_cast<double>(s.processed));
-  metric(o, "duplicates_total", "counter", "Deliveries skipped as already processed.", static_cast<double>(s.duplicates));
-  metric(o, "dead_lettered_total", "counter", "Messages written to the dead letters.", static_cast<double>(s.dead_lettered));
-  metric(o, "retries_total", "counter", "Handler attempts that failed.", static_cast<double>(s.retries));
-  metric(o, "store_errors_total", "counter", "Store operations that failed and were retried.", static_cast<double>(s.store_errors));
-  metric(o, "pruned_total", "counter", "Processed ids deleted by retention.", static_cast<double>(s.pruned));
+  metric(o, "processed_total", "counter", "Claims committed with their effect.",
+         static_cast<double>(s.processed));
+  metric(o, "duplicates_total", "counter", "Deliveries skipped as already processed.",
+         static_cast<double>(s.duplicates));
+  metric(o, "dead_lettered_total", "counter", "Messages written to the dead letters.",
+         static_cast<double>(s.dead_lettered));
+  metric(o, "retries_total", "counter", "Handler attempts that failed.",
+         static_cast<double>(s.retries));
+  metric(o, "store_errors_total", "counter", "Store operations that failed and were retried.",
+         static_cast<double>(s.store_errors));
+  metric(o, "pruned_total", "counter", "Processed ids deleted by retention.",
+         static_cast<double>(s.pruned));
   metric(o, "sessions_lost_total", "counter",
          "Broker sessions found gone at CONNACK although the inbox recorded them.",
          static_cast<double>(s.sessions_lost));
-  metric(o, "duplicate_ratio", "gauge", "Duplicates over all deliveries since start.", s.duplicate_ratio);
-  metric(o, "commit_p50_microseconds", "gauge", "Median claim transaction latency.", static_cast<double>(s.commit_p50_us));
-  metric(o, "commit_p99_microseconds", "gauge", "99th percentile claim transaction latency.", static_cast<double>(s.commit_p99_us));
-  metric(o, "commit_max_microseconds", "gauge", "Longest claim transaction since start.", static_cast<double>(s.commit_max_us));
-  metric(o, "db_bytes", "gauge", "Size of the main database file.", static_cast<double>(s.db_bytes));
+  metric(o, "duplicate_ratio", "gauge", "Duplicates over all deliveries since start.",
+         s.duplicate_ratio);
+  metric(o, "commit_p50_microseconds", "gauge", "Median claim transaction latency.",
+         static_cast<double>(s.commit_p50_us));
+  metric(o, "commit_p99_microseconds", "gauge", "99th percentile claim transaction latency.",
+         static_cast<double>(s.commit_p99_us));
+  metric(o, "commit_max_microseconds", "gauge", "Longest claim transaction since start.",
+         static_cast<double>(s.commit_max_us));
+  metric(o, "db_bytes", "gauge", "Size of the main database file.",
+         static_cast<double>(s.db_bytes));
   metric(o, "wal_bytes", "gauge", "Size of the WAL file.", static_cast<double>(s.wal_bytes));
-  o << "# HELP mqtt_inbox_rows Processed ids retained, per consumer.\n# TYPE mqtt_inbox_rows gauge\n";
+  o << "# HELP mqtt_inbox_rows Processed ids retained, per consumer.\n# TYPE mqtt_inbox_rows "
+       "gauge\n";
   for (const auto& c : s.consumers)
     o << "mqtt_inbox_rows{consumer=\"" << label(c.first) << "\"} " << c.second.rows << '\n';
   if (s.rows_measured_at == 0) return o.str();
   const auto per_class = [&](const char* name, const char* type, const char* help,
                              int64_t OutboxClassRows::*field) {
-    o << "# HELP mqtt_inbox_outbox_" << name << ' ' << help << "\n# TYPE mqtt_inbox_outbox_"
-      << name << ' ' << type << '\n';
+    o << "# HELP mqtt_inbox_outbox_" << name << ' ' << help << "\n# TYPE mqtt_inbox_outbox_" << name
+      << ' ' << type << '\n';
     for (const auto& c : s.outbox.classes)
       o << "mqtt_inbox_outbox_" << name << "{class=\"" << label(c.first) << "\"} "
         << c.second.*field << '\n';

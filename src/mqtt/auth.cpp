@@ -13,13 +13,20 @@ namespace mqtt_inbox {
 
 const char* to_string(SubscriberHealth::Failure failure) {
   switch (failure) {
-    case SubscriberHealth::Failure::kNone: return "none";
-    case SubscriberHealth::Failure::kNetwork: return "network";
-    case SubscriberHealth::Failure::kTls: return "tls";
-    case SubscriberHealth::Failure::kRefused: return "refused";
-    case SubscriberHealth::Failure::kCredentials: return "credentials";
-    case SubscriberHealth::Failure::kSubscribe: return "subscribe";
-    case SubscriberHealth::Failure::kOther: return "other";
+    case SubscriberHealth::Failure::kNone:
+      return "none";
+    case SubscriberHealth::Failure::kNetwork:
+      return "network";
+    case SubscriberHealth::Failure::kTls:
+      return "tls";
+    case SubscriberHealth::Failure::kRefused:
+      return "refused";
+    case SubscriberHealth::Failure::kCredentials:
+      return "credentials";
+    case SubscriberHealth::Failure::kSubscribe:
+      return "subscribe";
+    case SubscriberHealth::Failure::kOther:
+      return "other";
   }
   return "unknown";
 }
@@ -81,8 +88,8 @@ constexpr Refusal kV5[] = {
 std::string connack_meaning(MqttVersion version, int code) {
   const bool v5 = version == MqttVersion::kV5;
   char code_text[48];
-  std::snprintf(code_text, sizeof code_text, v5 ? "MQTT 5 CONNACK reason code 0x%02X"
-                                                : "MQTT 3.1.1 CONNACK return code %d",
+  std::snprintf(code_text, sizeof code_text,
+                v5 ? "MQTT 5 CONNACK reason code 0x%02X" : "MQTT 3.1.1 CONNACK return code %d",
                 code);
   auto find = [&](const auto& table) -> const Refusal* {
     for (const auto& r : table)

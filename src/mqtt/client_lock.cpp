@@ -34,12 +34,14 @@ std::string client_id_lock_dir(const std::string& configured) {
 Status lock_client_id(const std::string& path, const std::string& client_id, int* fd_out) {
   for (int tries = 0; tries < 10; ++tries) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
+    if (fd < 0)
+      return Status(Status::Code::kIoError, "cannot open " + path + ": " + std::strerror(errno));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       ::close(fd);
       return Status(Status::Code::kBusy,
                     "client id '" + client_id + "' is in use by another process on this host (" +
-                        path + " is locked); two clients with one id take the session from "
+                        path +
+                        " is locked); two clients with one id take the session from "
                         "each other");
     }
     struct stat locked, named;
@@ -53,8 +55,8 @@ Status lock_client_id(const std::string& path, const std::string& client_id, int
   return Status(Status::Code::kBusy, "client-id lock " + path + " keeps being replaced");
 }
 
-Status take_client_id_lock(const std::string& configured, const std::string& client_id,
-                           int* fd_out, std::string* path_out) {
+Status take_client_id_lock(const std::string& configured, const std::string& client_id, int* fd_out,
+                           std::string* path_out) {
   *fd_out = -1;
   if (configured.empty()) return Status::Ok();
   std::string name;  // the client id, made safe for a file name

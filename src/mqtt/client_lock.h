@@ -1,6 +1,6 @@
 // Internal (MQTT layer): the per-host lock on a client id (SubscriberOptions::
-// client_id_lock_dir, RelayOptions::client_id_lock_dir), so that two processes on one host never take one MQTT session
-// from each other. Defined in mqtt/client_lock.cpp.
+// client_id_lock_dir, RelayOptions::client_id_lock_dir), so that two processes on one host never
+// take one MQTT session from each other. Defined in mqtt/client_lock.cpp.
 #pragma once
 
 #include <string>
@@ -24,8 +24,8 @@ Status lock_client_id(const std::string& path, const std::string& client_id, int
 // %xx), locked with lock_client_id(). `configured` "" takes no lock (OK, *fd_out -1).
 // On success *fd_out holds the descriptor and *path_out the file. Errors: as
 // lock_client_id().
-Status take_client_id_lock(const std::string& configured, const std::string& client_id,
-                           int* fd_out, std::string* path_out);
+Status take_client_id_lock(const std::string& configured, const std::string& client_id, int* fd_out,
+                           std::string* path_out);
 
 // A clean stop: removes the lock file while still holding it, then closes it. Does
 // nothing if *fd is -1; sets it to -1.

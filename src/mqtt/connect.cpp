@@ -24,8 +24,7 @@ void quiet_paho_trace() {
   });
 }
 
-std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& o,
-                                                     int max_buffered) {
+std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& o, int max_buffered) {
   quiet_paho_trace();
   mqtt::create_options co(o.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1,
                           max_buffered);

@@ -15,10 +15,10 @@
 #include <memory>
 #include <string>
 
-#include "mqtt_inbox/status.h"
-#include "mqtt_inbox/subscriber.h"
 #include "mqtt/connection_health.h"
 #include "mqtt/tls.h"
+#include "mqtt_inbox/status.h"
+#include "mqtt_inbox/subscriber.h"
 
 namespace spdlog {
 class logger;

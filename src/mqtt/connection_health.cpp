@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "mqtt_inbox/clock.h"
 #include "mqtt/probe.h"
+#include "mqtt_inbox/clock.h"
 
 namespace mqtt_inbox::detail {
 
@@ -74,9 +74,10 @@ void ConnectionHealth::fail(SubscriberHealth::Failure kind, const std::string& w
     health_.last_error_ms = Clock::system()->wall_ms();
     failures = ++health_.consecutive_failures;
   }
-  const auto level = kind == SubscriberHealth::Failure::kRefused || kind == SubscriberHealth::Failure::kTls
-                         ? spdlog::level::err
-                         : spdlog::level::warn;
+  const auto level =
+      kind == SubscriberHealth::Failure::kRefused || kind == SubscriberHealth::Failure::kTls
+          ? spdlog::level::err
+          : spdlog::level::warn;
   log_->log(level, "connect to {} failed ({}, attempt {} in a row): {}", options_.broker_uri,
             to_string(kind), failures, reason);
 }
@@ -109,8 +110,9 @@ void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
     fail(SubscriberHealth::Failure::kRefused, "the broker refused the connection: " + meaning);
     return;
   }
-  std::string paho = "Paho: " + (paho_message.empty() ? mqtt::exception::error_str(rc) : paho_message) +
-                     " (" + std::to_string(rc) + ")";
+  std::string paho =
+      "Paho: " + (paho_message.empty() ? mqtt::exception::error_str(rc) : paho_message) + " (" +
+      std::to_string(rc) + ")";
   {
     std::lock_guard<std::mutex> g(ssl_errors_mu_);
     for (size_t i = 0; i < ssl_errors_.size(); ++i)
@@ -122,7 +124,8 @@ void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
       rc == MQTTASYNC_SSL_NOT_SUPPORTED || rc == MQTTASYNC_BAD_PROTOCOL ||
       rc == MQTTASYNC_BAD_MQTT_OPTION || rc == MQTTASYNC_WRONG_MQTT_VERSION ||
       rc == MQTTASYNC_BAD_UTF8_STRING) {
-    fail(SubscriberHealth::Failure::kOther, "Paho refused the connect options before connecting: " + paho);
+    fail(SubscriberHealth::Failure::kOther,
+         "Paho refused the connect options before connecting: " + paho);
     return;
   }
   const ProbeResult p = probe(address_, options_.tls, options_.connect_timeout_ms);

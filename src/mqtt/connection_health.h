@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "mqtt_inbox/subscriber.h"
 #include "mqtt/tls.h"
+#include "mqtt_inbox/subscriber.h"
 
 namespace spdlog {
 class logger;

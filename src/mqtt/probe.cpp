@@ -52,10 +52,10 @@ class Fd {
 
 // What the probe's OpenSSL callbacks saw.
 struct ProbeState {
-  bool cert_requested = false;  // the broker sent a CertificateRequest
+  bool cert_requested = false;   // the broker sent a CertificateRequest
   int verify_error = X509_V_OK;  // the first certificate check that failed
   int verify_depth = -1;
-  std::string verify_detail;    // subject, and dates or names as they matter
+  std::string verify_detail;  // subject, and dates or names as they matter
 };
 
 std::string name_text(const X509_NAME* name) {
@@ -81,7 +81,8 @@ std::string time_text(const ASN1_TIME* t) {
 // The names a certificate is valid for: its subjectAltName DNS and IP entries.
 std::string cert_names(X509* cert) {
   std::string out;
-  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  auto* names =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   for (int i = 0; names && i < sk_GENERAL_NAME_num(names); ++i) {
     const GENERAL_NAME* g = sk_GENERAL_NAME_value(names, i);
     std::string n;
@@ -91,7 +92,8 @@ std::string cert_names(X509* cert) {
     } else if (g->type == GEN_IPADD) {
       char buf[INET6_ADDRSTRLEN] = {};
       const int len = ASN1_STRING_length(g->d.iPAddress);
-      inet_ntop(len == 16 ? AF_INET6 : AF_INET, ASN1_STRING_get0_data(g->d.iPAddress), buf, sizeof buf);
+      inet_ntop(len == 16 ? AF_INET6 : AF_INET, ASN1_STRING_get0_data(g->d.iPAddress), buf,
+                sizeof buf);
       n = std::string("IP:") + buf;
     }
     if (n.empty()) continue;
@@ -102,7 +104,8 @@ std::string cert_names(X509* cert) {
 }
 
 int probe_verify_cb(int ok, X509_STORE_CTX* store) {
-  auto* ssl = static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  auto* ssl =
+      static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
   auto* st = ssl ? static_cast<ProbeState*>(SSL_get_app_data(ssl)) : nullptr;
   if (!ok && st && st->verify_error == X509_V_OK) {
     st->verify_error = X509_STORE_CTX_get_error(store);
@@ -133,7 +136,8 @@ int probe_cert_cb(SSL* ssl, void*) {
 using Clock = std::chrono::steady_clock;
 
 int remaining_ms(Clock::time_point deadline) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return ms > 0 ? static_cast<int>(ms) : 0;
 }
 
@@ -194,7 +198,8 @@ ProbeResult tcp_connect(const BrokerAddress& a, Clock::time_point deadline, Fd* 
     why = std::strerror(err);
   }
   ::freeaddrinfo(list);
-  return fail(SubscriberHealth::Failure::kNetwork, "cannot connect to " + a.host_port() + ": " + why);
+  return fail(SubscriberHealth::Failure::kNetwork,
+              "cannot connect to " + a.host_port() + ": " + why);
 }
 
 std::string closed_during_handshake(const BrokerAddress& a) {
@@ -203,7 +208,8 @@ std::string closed_during_handshake(const BrokerAddress& a) {
 }
 
 // What OpenSSL said, with what it most likely means for an MQTT client.
-std::string explain_tls_error(const std::string& openssl, const TlsOptions& t, const BrokerAddress& a) {
+std::string explain_tls_error(const std::string& openssl, const TlsOptions& t,
+                              const BrokerAddress& a) {
   auto has = [&](const char* s) { return openssl.find(s) != std::string::npos; };
   std::string hint;
   if (has("certificate required"))
@@ -219,7 +225,8 @@ std::string explain_tls_error(const std::string& openssl, const TlsOptions& t, c
     hint = "the broker refused our client certificate";
   else if (has("wrong version number") || has("packet length too long") ||
            has("record layer failure"))
-    hint = a.host_port() + " does not answer with TLS (is it a plaintext MQTT port? then use tcp://)";
+    hint =
+        a.host_port() + " does not answer with TLS (is it a plaintext MQTT port? then use tcp://)";
   else if (has("unsupported protocol") || has("alert protocol version"))
     hint = std::string("no TLS version both sides accept") +
            (t.version == TlsVersion::kTls1_3   ? " (tls.version asks for TLS 1.3)"
@@ -236,7 +243,8 @@ std::string explain_tls_error(const std::string& openssl, const TlsOptions& t, c
   return hint.empty() ? s : s + ": " + hint;
 }
 
-std::string explain_verify_error(const ProbeState& st, const TlsOptions& t, const BrokerAddress& a) {
+std::string explain_verify_error(const ProbeState& st, const TlsOptions& t,
+                                 const BrokerAddress& a) {
   std::string s = std::string("certificate verify failed: ") +
                   X509_verify_cert_error_string(st.verify_error) + " (depth " +
                   std::to_string(st.verify_depth) + ", " + st.verify_detail + ")";
@@ -279,7 +287,8 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
   TlsContext ctx;
   if (Status s = make_tls_context(t, &pw, &ctx); !s.ok())
     return fail(SubscriberHealth::Failure::kTls, s.message());
-  SSL_CTX_set_verify(ctx.get(), t.insecure_skip_certificate_check ? SSL_VERIFY_NONE : SSL_VERIFY_PEER,
+  SSL_CTX_set_verify(ctx.get(),
+                     t.insecure_skip_certificate_check ? SSL_VERIFY_NONE : SSL_VERIFY_PEER,
                      probe_verify_cb);
   SSL_CTX_set_cert_cb(ctx.get(), probe_cert_cb, nullptr);
   SslPtr ssl(SSL_new(ctx.get()));
@@ -307,8 +316,8 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
       return fail(SubscriberHealth::Failure::kTls,
                   closed_during_handshake(a) +
                       (errno ? std::string(" (") + std::strerror(errno) + ")" : std::string()));
-    return fail(SubscriberHealth::Failure::kTls, "TLS handshake failed (SSL_get_error " +
-                                                     std::to_string(err) + ")");
+    return fail(SubscriberHealth::Failure::kTls,
+                "TLS handshake failed (SSL_get_error " + std::to_string(err) + ")");
   };
   for (;;) {
     const int rc = SSL_connect(ssl.get());
@@ -316,9 +325,9 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
     const int err = SSL_get_error(ssl.get(), rc);
     if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return failed(rc);
     if (!wait_fd(fd.get(), err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, remaining_ms(deadline)))
-      return fail(SubscriberHealth::Failure::kTls,
-                  "no TLS handshake answer from " + a.host_port() + " within " +
-                      std::to_string(timeout_ms) + " ms");
+      return fail(SubscriberHealth::Failure::kTls, "no TLS handshake answer from " + a.host_port() +
+                                                       " within " + std::to_string(timeout_ms) +
+                                                       " ms");
   }
   // TLS 1.3: the broker checks our certificate (or its absence) after our side of the
   // handshake has completed, and answers with an alert. Wait for that verdict when it
@@ -348,7 +357,8 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
 
 namespace mqtt_inbox {
 
-std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls, int timeout_ms) {
+std::string diagnose_connection(const std::string& broker_uri, const TlsOptions& tls,
+                                int timeout_ms) {
   detail::BrokerAddress a;
   if (Status s = detail::parse_broker_uri(broker_uri, &a); !s.ok()) return s.message();
   const detail::ProbeResult p = detail::probe(a, tls, timeout_ms);

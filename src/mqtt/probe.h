@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "mqtt_inbox/subscriber.h"
 #include "mqtt/tls.h"
+#include "mqtt_inbox/subscriber.h"
 
 namespace mqtt_inbox::detail {
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <ctime>
 
-#include "util/log.h"
 #include "mqtt_inbox/clock.h"
+#include "util/log.h"
 
 namespace mqtt_inbox::detail {
 
@@ -130,8 +130,8 @@ Status SessionKeeper::before_connect() {
   return write(need, need == expiry_ms_ ? source_ : recorded_source_, "before connecting");
 }
 
-std::optional<SessionKeeper::LostSession> SessionKeeper::after_connack(
-    bool session_present, const int64_t* granted_ms) {
+std::optional<SessionKeeper::LostSession> SessionKeeper::after_connack(bool session_present,
+                                                                       const int64_t* granted_ms) {
   std::optional<LostSession> lost;
   if (!session_present && !held_.empty()) {
     // The records say the broker held a session with these filters; it has none now.
@@ -148,14 +148,16 @@ std::optional<SessionKeeper::LostSession> SessionKeeper::after_connack(
   if (effective == recorded_expiry_ms_ && source == recorded_source_ && held_ == recorded_)
     return lost;
   if (granted_ms && *granted_ms != expiry_ms_)
-    log_->warn("broker set the session expiry of client '{}' to {} s instead of the {} s "
-               "asked for; the retention check uses the broker's",
-               printable(client_id_), *granted_ms / 1000, expiry_ms_ / 1000);
+    log_->warn(
+        "broker set the session expiry of client '{}' to {} s instead of the {} s "
+        "asked for; the retention check uses the broker's",
+        printable(client_id_), *granted_ms / 1000, expiry_ms_ / 1000);
   const Status s = write(effective, source, "after CONNACK");
   if (!s.ok())
-    log_->error("cannot record the session of client '{}' after CONNACK ({}); the inbox "
-                "keeps the previous record and the next connection tries again",
-                printable(client_id_), s.to_string());
+    log_->error(
+        "cannot record the session of client '{}' after CONNACK ({}); the inbox "
+        "keeps the previous record and the next connection tries again",
+        printable(client_id_), s.to_string());
   return lost;
 }
 
@@ -178,9 +180,10 @@ void SessionKeeper::save() {
   const Status s = write(recorded_expiry_ms_, recorded_source_,
                          unchanged ? "at connection" : "after (un)subscribing");
   if (!s.ok())
-    log_->error("cannot record the topic filters of client '{}' ({}); the next connection "
-                "tries again",
-                printable(client_id_), s.to_string());
+    log_->error(
+        "cannot record the topic filters of client '{}' ({}); the next connection "
+        "tries again",
+        printable(client_id_), s.to_string());
 }
 
 Status SessionKeeper::write(int64_t expiry_ms, SessionExpirySource source, const char* when) {

@@ -30,8 +30,8 @@ class SessionKeeper {
   // subscriber. `expiry_ms`: the session expiry the next CONNECT asks for (MQTT 5) or the
   // user declares (MQTT 3.1.1, `source` kDeclared).
   SessionKeeper(std::string client_id, std::vector<SessionRecords*> records,
-                std::vector<std::string> configured, int64_t expiry_ms,
-                SessionExpirySource source, std::shared_ptr<spdlog::logger> log);
+                std::vector<std::string> configured, int64_t expiry_ms, SessionExpirySource source,
+                std::shared_ptr<spdlog::logger> log);
 
   // Before each CONNECT: reads the records once (the union of their filters is what the
   // session holds), then makes sure every Inbox records an expiry at least as long as
@@ -93,15 +93,15 @@ class SessionKeeper {
   std::shared_ptr<spdlog::logger> log_;
 
   bool loaded_ = false;
-  std::set<std::string> held_;          // what the broker's session holds, as known
-  std::set<std::string> recorded_;      // filters in the records (the last write)
-  bool records_agree_ = false;          // every Inbox had a record, all with the same filters
-  int64_t recorded_expiry_ms_ = -1;     // the smallest expiry among the records (-1: none)
+  std::set<std::string> held_;       // what the broker's session holds, as known
+  std::set<std::string> recorded_;   // filters in the records (the last write)
+  bool records_agree_ = false;       // every Inbox had a record, all with the same filters
+  int64_t recorded_expiry_ms_ = -1;  // the smallest expiry among the records (-1: none)
   SessionExpirySource recorded_source_ = SessionExpirySource::kRequested;
-  int64_t seen_at_ms_ = 0;              // see LostSession::seen_at_ms
-  int64_t lost_expiry_ms_ = 0;          // the recorded expiry before this CONNECT
+  int64_t seen_at_ms_ = 0;      // see LostSession::seen_at_ms
+  int64_t lost_expiry_ms_ = 0;  // the recorded expiry before this CONNECT
   SessionExpirySource lost_source_ = SessionExpirySource::kRequested;
-  bool connected_since_save_ = false;   // a CONNACK came since the last save()
+  bool connected_since_save_ = false;  // a CONNACK came since the last save()
 };
 
 // The warning for a lost session: the broker, the client id, which filters the session

@@ -25,30 +25,29 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
 
-#include "util/log.h"
-#include "mqtt/connect.h"
 #include "mqtt/client_lock.h"
+#include "mqtt/connect.h"
+#include "mqtt/connection_health.h"
 #include "mqtt/lent_connection.h"
 #include "mqtt/paho_message.h"
-#include "mqtt/connection_health.h"
 #include "mqtt/probe.h"
+#include "mqtt/session_keeper.h"
 #include "mqtt/tls.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/session_record.h"
-#include "mqtt/session_keeper.h"
+#include "util/log.h"
 
 namespace mqtt_inbox {
-
 
 struct Subscriber::Impl {
   SubscriberOptions options;
@@ -71,7 +70,7 @@ struct Subscriber::Impl {
   detail::ConnectionWatcher* watcher = nullptr;  // the Relay sharing the connection, if any
   mqtt::properties last_connack;                 // of the current connection (MQTT 5)
   std::thread supervisor;
-  bool supervisor_done = false;  // set when supervise() returned
+  bool supervisor_done = false;      // set when supervise() returned
   bool supervisor_detached = false;  // stop() gave up waiting for it (see stop())
 
   int client_lock_fd = -1;
@@ -114,14 +113,16 @@ struct Subscriber::Impl {
       // Consumer::handle never throws; reaching here means the library itself failed (e.g.
       // out of memory) before the message had a durable outcome. Returning would send the
       // PUBACK for an unrecorded message, so end the process: the broker redelivers.
-      log->critical("internal failure in the message callback: {}; aborting so the message "
-                    "is not acked",
-                    e.what());
+      log->critical(
+          "internal failure in the message callback: {}; aborting so the message "
+          "is not acked",
+          e.what());
       log->flush();
       std::abort();
     } catch (...) {
-      log->critical("internal failure in the message callback; aborting so the message is "
-                    "not acked");
+      log->critical(
+          "internal failure in the message callback; aborting so the message is "
+          "not acked");
       log->flush();
       std::abort();
     }
@@ -229,28 +230,33 @@ struct Subscriber::Impl {
     for (const std::string& stale : plan.unsubscribe) {
       mqtt::token_ptr ut = client->unsubscribe(stale);
       if (!ut->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
-        log->warn("unsubscribe from stale topic filter '{}' timed out; trying again at the "
-                  "next connection", detail::printable(stale));
+        log->warn(
+            "unsubscribe from stale topic filter '{}' timed out; trying again at the "
+            "next connection",
+            detail::printable(stale));
         continue;
       }
       // MQTT 5 UNSUBACK: 0x00 success, 0x11 no subscription existed; >= 0x80 a refusal.
-      const auto codes = v5 ? ut->get_unsubscribe_response().get_reason_codes()
-                            : std::vector<mqtt::ReasonCode>{};
+      const auto codes =
+          v5 ? ut->get_unsubscribe_response().get_reason_codes() : std::vector<mqtt::ReasonCode>{};
       if (!codes.empty() && codes.front() >= 0x80) {
-        log->warn("broker refused to unsubscribe stale topic filter '{}' (reason code {}); "
-                  "trying again at the next connection",
-                  detail::printable(stale), static_cast<int>(codes.front()));
+        log->warn(
+            "broker refused to unsubscribe stale topic filter '{}' (reason code {}); "
+            "trying again at the next connection",
+            detail::printable(stale), static_cast<int>(codes.front()));
         continue;
       }
       session->unsubscribed(stale);
-      log->warn("unsubscribed topic filter '{}': the persistent session of client '{}' still "
-                "held it, but it is no longer configured",
-                detail::printable(stale), detail::printable(options.client_id));
+      log->warn(
+          "unsubscribed topic filter '{}': the persistent session of client '{}' still "
+          "held it, but it is no longer configured",
+          detail::printable(stale), detail::printable(options.client_id));
     }
     if (!plan.subscribe) {
-      log->info("session of client '{}' holds the configured topic filters: not subscribing "
-                "again (a SUBSCRIBE would resend retained messages)",
-                detail::printable(options.client_id));
+      log->info(
+          "session of client '{}' holds the configured topic filters: not subscribing "
+          "again (a SUBSCRIBE would resend retained messages)",
+          detail::printable(options.client_id));
       return true;
     }
     const mqtt::subscribe_options sub_opts =
@@ -266,9 +272,10 @@ struct Subscriber::Impl {
       // The granted QoS (or a failure code >= 0x80). QoS 0 means no redelivery: as
       // bad as a refusal for an inbox (e.g. a broker max_qos or an ACL).
       if (!codes.empty() && (codes.front() >= 0x80 || codes.front() < 1)) {
-        log->error("broker did not grant QoS 1 for subscription '{}' (reason code {}); "
-                   "without QoS 1 nothing is redelivered",
-                   r.first, static_cast<int>(codes.front()));
+        log->error(
+            "broker did not grant QoS 1 for subscription '{}' (reason code {}); "
+            "without QoS 1 nothing is redelivered",
+            r.first, static_cast<int>(codes.front()));
         if (codes.front() < 0x80) session->subscribed(r.first);  // held, at QoS 0
         return false;
       }
@@ -319,9 +326,10 @@ struct Subscriber::Impl {
           conn->session_lost(why);
           log->warn("{}", why);
         } else if (!session_present) {
-          log->info("broker {} has no session for client '{}' and the inbox records none "
-                    "with topic filters: a first connection; subscribing",
-                    options.broker_uri, options.client_id);
+          log->info(
+              "broker {} has no session for client '{}' and the inbox records none "
+              "with topic filters: a first connection; subscribing",
+              options.broker_uri, options.client_id);
         } else {
           log->info("connected to {} with session present (client '{}')", options.broker_uri,
                     options.client_id);
@@ -391,9 +399,10 @@ struct Subscriber::Impl {
           backoff = options.reconnect_backoff_initial_ms;
           continue;  // a stable connection was lost: reconnect at once
         }
-        log->warn("connection lost {} ms after it was made; backing off {} ms before "
-                  "reconnecting (is another client using client id '{}'?)",
-                  lived, backoff, options.client_id);
+        log->warn(
+            "connection lost {} ms after it was made; backing off {} ms before "
+            "reconnecting (is another client using client id '{}'?)",
+            lived, backoff, options.client_id);
       } else if (!conn->attempt_failed()) {
         conn->fail(SubscriberHealth::Failure::kSubscribe,
                    "connected, but subscribing failed (see the log above)");
@@ -462,7 +471,8 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
         "session_expiry_s=0: declare how long the broker keeps the session (MQTT 3.1.1: its "
         "persistent_client_expiration); the retention check needs it");
   if (options.receive_maximum == 0)
-    return Status::InvalidArgument("receive_maximum must be 1..65535 (MQTT 5.0 section 3.1.2.11.3)");
+    return Status::InvalidArgument(
+        "receive_maximum must be 1..65535 (MQTT 5.0 section 3.1.2.11.3)");
   if (options.stop_timeout_ms < 0) return Status::InvalidArgument("stop_timeout_ms must be >= 0");
   detail::BrokerAddress address;
   if (Status s = detail::check_connection_settings(options, &address); !s.ok()) return s;
@@ -502,7 +512,8 @@ Status Subscriber::start() {
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.started) return Status::InvalidArgument("already started");
-    if (m.routes.empty()) return Status::InvalidArgument("no subscriptions: call subscribe() first");
+    if (m.routes.empty())
+      return Status::InvalidArgument("no subscriptions: call subscribe() first");
     if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
                                                &m.client_lock_fd, &m.client_lock_path);
         !s.ok())
@@ -516,12 +527,12 @@ Status Subscriber::start() {
   m.conn->started();
   if (m.options.mqtt_version == MqttVersion::kV5) {
     // Set on the member itself, not through the builder (see conn_opts).
-    mqtt::properties props{{mqtt::property::SESSION_EXPIRY_INTERVAL,
-                            static_cast<int>(m.options.session_expiry_s)},
-                           {mqtt::property::RECEIVE_MAXIMUM, static_cast<int>(m.options.receive_maximum)}};
+    mqtt::properties props{
+        {mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(m.options.session_expiry_s)},
+        {mqtt::property::RECEIVE_MAXIMUM, static_cast<int>(m.options.receive_maximum)}};
     if (m.options.maximum_packet_size > 0)
-      props.add({mqtt::property::MAXIMUM_PACKET_SIZE,
-                 static_cast<int>(m.options.maximum_packet_size)});
+      props.add(
+          {mqtt::property::MAXIMUM_PACKET_SIZE, static_cast<int>(m.options.maximum_packet_size)});
     m.conn_opts.set_properties(props);
   }
   {
@@ -550,9 +561,9 @@ Status Subscriber::start() {
 
 bool Subscriber::wait_connected(int timeout_ms) {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  return impl_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                            [&] { return impl_->connected.load() || impl_->stopping; }) &&
-         impl_->connected.load();
+  return impl_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    return impl_->connected.load() || impl_->stopping;
+  }) && impl_->connected.load();
 }
 
 bool Subscriber::is_connected() const { return impl_->connected.load(); }
@@ -583,10 +594,11 @@ Status Subscriber::stop() {
     if (!m.supervisor_done) {
       m.supervisor_detached = true;
       lock.unlock();
-      m.log->error("stop: a message is still waiting for the store after {} ms (the connection "
-                   "was still being set up); it will not be acked before it commits. Exit the "
-                   "process; the broker redelivers it.",
-                   m.options.stop_timeout_ms);
+      m.log->error(
+          "stop: a message is still waiting for the store after {} ms (the connection "
+          "was still being set up); it will not be acked before it commits. Exit the "
+          "process; the broker redelivers it.",
+          m.options.stop_timeout_ms);
       m.supervisor.detach();  // blocked in Paho behind the callback; the process exits
       return Status(Status::Code::kBusy, "a message is still waiting for the store");
     }
@@ -597,9 +609,10 @@ Status Subscriber::stop() {
   while (m.in_callback.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (m.in_callback.load() > 0) {
-    m.log->error("stop: a message is still waiting for the store after {} ms; it will not be "
-                 "acked before it commits. Exit the process; the broker redelivers it.",
-                 m.options.stop_timeout_ms);
+    m.log->error(
+        "stop: a message is still waiting for the store after {} ms; it will not be "
+        "acked before it commits. Exit the process; the broker redelivers it.",
+        m.options.stop_timeout_ms);
     return Status(Status::Code::kBusy, "a message is still waiting for the store");
   }
   try {
@@ -619,7 +632,7 @@ SubscriberHealth Subscriber::health() const { return impl_->conn->snapshot(); }
 namespace detail {
 
 Status SubscriberConnection::attach(Subscriber& subscriber,
-                                   std::shared_ptr<ConnectionWatcher> watcher) {
+                                    std::shared_ptr<ConnectionWatcher> watcher) {
   Subscriber::Impl& m = *subscriber.impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   if (m.watcher)

@@ -52,7 +52,8 @@ Status check_readable_file(const std::string& path, const char* field) {
   struct stat st {};
   const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   ::close(fd);
-  if (!regular) return Status::InvalidArgument(std::string(field) + " '" + path + "' is not a file");
+  if (!regular)
+    return Status::InvalidArgument(std::string(field) + " '" + path + "' is not a file");
   return Status::Ok();
 }
 
@@ -61,7 +62,8 @@ Status load_trust(SSL_CTX* ctx, const TlsOptions& t) {
   ERR_clear_error();
   if (t.ca_file.empty() && t.ca_dir.empty()) {
     if (SSL_CTX_set_default_verify_paths(ctx) != 1)
-      return Status::InvalidArgument("cannot load the system trust store: " + take_openssl_errors());
+      return Status::InvalidArgument("cannot load the system trust store: " +
+                                     take_openssl_errors());
     return Status::Ok();
   }
   const char* file = t.ca_file.empty() ? nullptr : t.ca_file.c_str();
@@ -81,18 +83,19 @@ Status load_client_credentials(SSL_CTX* ctx, const TlsOptions& t, KeyPassword* p
   SSL_CTX_set_default_passwd_cb(ctx, key_password_cb);
   SSL_CTX_set_default_passwd_cb_userdata(ctx, pw);
   if (SSL_CTX_use_certificate_chain_file(ctx, t.cert_file.c_str()) != 1)
-    return Status::InvalidArgument("tls.cert_file '" + t.cert_file +
-                                   "': cannot load a PEM certificate (OpenSSL: " +
-                                   take_openssl_errors() + ")");
+    return Status::InvalidArgument(
+        "tls.cert_file '" + t.cert_file +
+        "': cannot load a PEM certificate (OpenSSL: " + take_openssl_errors() + ")");
   const std::string& key = t.key_file.empty() ? t.cert_file : t.key_file;
   const char* key_field = t.key_file.empty() ? "tls.cert_file (holding the key)" : "tls.key_file";
   pw->asked = false;
   const std::string mismatch = std::string(key_field) + " '" + key +
-                               "' does not match the certificate in tls.cert_file '" +
-                               t.cert_file + "'";
+                               "' does not match the certificate in tls.cert_file '" + t.cert_file +
+                               "'";
   if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1) {
     const std::string why = take_openssl_errors();
-    if (why.find("key values mismatch") != std::string::npos) return Status::InvalidArgument(mismatch);
+    if (why.find("key values mismatch") != std::string::npos)
+      return Status::InvalidArgument(mismatch);
     if (pw->asked && pw->password->empty())
       return Status::InvalidArgument(std::string(key_field) + " '" + key +
                                      "': the private key is encrypted; give its password "
@@ -100,7 +103,8 @@ Status load_client_credentials(SSL_CTX* ctx, const TlsOptions& t, KeyPassword* p
     if (pw->asked)
       return Status::InvalidArgument(std::string(key_field) + " '" + key +
                                      "': the key password is wrong, or the key is damaged "
-                                     "(OpenSSL: " + why + ")");
+                                     "(OpenSSL: " +
+                                     why + ")");
     return Status::InvalidArgument(std::string(key_field) + " '" + key +
                                    "': cannot load a PEM private key (OpenSSL: " + why + ")");
   }
@@ -160,9 +164,9 @@ Status make_tls_context(const TlsOptions& t, KeyPassword* pw, TlsContext* out) {
   if (!t.ciphers.empty()) {
     ERR_clear_error();
     if (SSL_CTX_set_cipher_list(ctx.get(), t.ciphers.c_str()) != 1)
-      return Status::InvalidArgument("tls.ciphers '" + t.ciphers +
-                                     "' selects no cipher OpenSSL knows (OpenSSL: " +
-                                     take_openssl_errors() + ")");
+      return Status::InvalidArgument(
+          "tls.ciphers '" + t.ciphers +
+          "' selects no cipher OpenSSL knows (OpenSSL: " + take_openssl_errors() + ")");
   }
   if (!t.alpn.empty()) {
     const std::string wire = alpn_wire(t.alpn);
@@ -241,7 +245,8 @@ std::string describe_tls(const TlsOptions& t) {
            (dir_env ? dir_env : X509_get_default_cert_dir()) + ")";
     } else {
       if (!t.ca_file.empty()) d += "CA file '" + t.ca_file + "'";
-      if (!t.ca_dir.empty()) d += std::string(t.ca_file.empty() ? "" : " and ") + "CA folder '" + t.ca_dir + "'";
+      if (!t.ca_dir.empty())
+        d += std::string(t.ca_file.empty() ? "" : " and ") + "CA folder '" + t.ca_dir + "'";
     }
     d += t.insecure_skip_hostname_check ? "; host name NOT checked (insecure_skip_hostname_check)"
                                         : "; host name checked";
@@ -270,7 +275,8 @@ std::string openssl_reason(const std::string& line) {
     }
     if (p != std::string::npos) {
       const size_t end = line.find(':', p);
-      const std::string reason = line.substr(p, end == std::string::npos ? std::string::npos : end - p);
+      const std::string reason =
+          line.substr(p, end == std::string::npos ? std::string::npos : end - p);
       if (!reason.empty()) return reason;
     }
   }
@@ -321,7 +327,8 @@ Status check_tls_options(const std::string& broker_uri, const TlsOptions& t) {
     return Status::Ok();
   }
   if (!t.key_file.empty() && t.cert_file.empty())
-    return Status::InvalidArgument("tls.key_file '" + t.key_file + "' is set without tls.cert_file");
+    return Status::InvalidArgument("tls.key_file '" + t.key_file +
+                                   "' is set without tls.cert_file");
   if (!t.key_password.empty() && t.cert_file.empty())
     return Status::InvalidArgument("tls.key_password is set without a client certificate and key");
   if (Status s = detail::check_alpn(t.alpn); !s.ok()) return s;
@@ -341,7 +348,8 @@ Status check_tls_options(const std::string& broker_uri, const TlsOptions& t) {
     if (n == 0)
       return Status::InvalidArgument("tls.ca_dir '" + t.ca_dir +
                                      "' holds no certificate under OpenSSL's hashed names "
-                                     "(e.g. a1b2c3d4.0): run `openssl rehash " + t.ca_dir + "`");
+                                     "(e.g. a1b2c3d4.0): run `openssl rehash " +
+                                     t.ca_dir + "`");
   }
   if (!t.cert_file.empty())
     if (Status s = detail::check_readable_file(t.cert_file, "tls.cert_file"); !s.ok()) return s;

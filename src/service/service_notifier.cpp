@@ -22,9 +22,9 @@
 #include <systemd/sd-daemon.h>
 #endif
 
-#include "util/log.h"
 #include "mqtt_inbox/consumer.h"
 #include "mqtt_inbox/store_then_process.h"
+#include "util/log.h"
 
 namespace mqtt_inbox {
 
@@ -198,7 +198,7 @@ struct ServiceNotifier::Impl {
       parts.push_back(connected == transports ? "connected"
                       : connected == 0        ? "not connected"
                                               : std::to_string(connected) + " of " +
-                                                    std::to_string(transports) + " connected");
+                                             std::to_string(transports) + " connected");
     if (any_processed) parts.push_back("processed " + std::to_string(processed));
     if (any_dead) parts.push_back("dead letters " + std::to_string(dead));
 
@@ -215,13 +215,13 @@ struct ServiceNotifier::Impl {
     if (worst) {
       snap.stuck = true;
       snap.over_limit = options.stuck_limit_ms > 0 && snap.stuck_ms >= options.stuck_limit_ms;
-      std::string s = "stuck " + std::to_string(snap.stuck_ms / 1000) + " s: " +
-                      with_name(*worst, worst->stuck_reason.empty() ? "no reason given"
-                                                                    : worst->stuck_reason);
+      std::string s =
+          "stuck " + std::to_string(snap.stuck_ms / 1000) + " s: " +
+          with_name(*worst, worst->stuck_reason.empty() ? "no reason given" : worst->stuck_reason);
       if (snap.over_limit)
         s += " (over the " + std::to_string(options.stuck_limit_ms / 1000) + " s limit: " +
              (for_phase == Phase::kStarting ? "start timeout no longer extended"
-                                        : "watchdog pings stopped") +
+                                            : "watchdog pings stopped") +
              ")";
       parts.push_back(std::move(s));
     }
@@ -272,7 +272,8 @@ struct ServiceNotifier::Impl {
         // From the first tick that sees the wait: TimeoutStartSec= may be close.
         if (snap.stuck && !snap.over_limit)
           msg += "EXTEND_TIMEOUT_USEC=" +
-                 std::to_string(3 * std::chrono::duration_cast<std::chrono::microseconds>(tick).count()) +
+                 std::to_string(
+                     3 * std::chrono::duration_cast<std::chrono::microseconds>(tick).count()) +
                  "\n";
       } else if (watchdog_us > 0) {
         if (!snap.over_limit) msg += "WATCHDOG=1\n";
@@ -288,10 +289,11 @@ struct ServiceNotifier::Impl {
       }
     }
     if (log_withheld)
-      log->error("service watchdog: stuck for {} ms, over the {} ms limit; watchdog pings "
-                 "stop, so the service manager restarts the service. Safe: the stuck message "
-                 "was never acked and the broker redelivers it. ({})",
-                 snap.stuck_ms, options.stuck_limit_ms, snap.status);
+      log->error(
+          "service watchdog: stuck for {} ms, over the {} ms limit; watchdog pings "
+          "stop, so the service manager restarts the service. Safe: the stuck message "
+          "was never acked and the broker redelivers it. ({})",
+          snap.stuck_ms, options.stuck_limit_ms, snap.status);
     if (log_resumed) log->info("service watchdog: no longer stuck; watchdog pings resume");
     send(msg);
   }
@@ -338,18 +340,20 @@ Status ServiceNotifier::create(const ServiceNotifierOptions& options,
 #if MQTT_INBOX_HAVE_LIBSYSTEMD
   impl->enabled = under_manager;
   uint64_t usec = 0;
-  if (impl->enabled && sd_watchdog_enabled(0, &usec) > 0) impl->watchdog_us = static_cast<int64_t>(usec);
+  if (impl->enabled && sd_watchdog_enabled(0, &usec) > 0)
+    impl->watchdog_us = static_cast<int64_t>(usec);
 #else
   if (under_manager)
-    impl->log->error("NOTIFY_SOCKET is set, but this mqtt-inbox was built without libsystemd: "
-                     "no READY=1, watchdog ping or status will be sent, and a Type=notify unit "
-                     "waits for READY=1 until it times out. Rebuild with libsystemd-dev "
-                     "installed, or run it with Type=exec.");
+    impl->log->error(
+        "NOTIFY_SOCKET is set, but this mqtt-inbox was built without libsystemd: "
+        "no READY=1, watchdog ping or status will be sent, and a Type=notify unit "
+        "waits for READY=1 until it times out. Rebuild with libsystemd-dev "
+        "installed, or run it with Type=exec.");
 #endif
   impl->tick = std::chrono::milliseconds(options.status_interval_ms);
   if (impl->watchdog_us > 0)
-    impl->tick = std::min(impl->tick, std::chrono::milliseconds(
-                                          std::max<int64_t>(1, impl->watchdog_us / 3000)));
+    impl->tick = std::min(
+        impl->tick, std::chrono::milliseconds(std::max<int64_t>(1, impl->watchdog_us / 3000)));
   out->reset(new ServiceNotifier(std::move(impl)));
   return Status::Ok();
 }

@@ -124,8 +124,7 @@ class ClaimStore {
 
   // Marks the running attempt of (consumer, message_id) failed with `error`, with the
   // same durability as begin_attempt.
-  virtual Status record_attempt_failure(const std::string& consumer,
-                                        const std::string& message_id,
+  virtual Status record_attempt_failure(const std::string& consumer, const std::string& message_id,
                                         const std::string& error) = 0;
 
   // The number of claims `consumer` holds now (rows not yet pruned) in *rows.

@@ -13,9 +13,12 @@ namespace mqtt_inbox {
 
 const char* to_string(SessionExpirySource source) {
   switch (source) {
-    case SessionExpirySource::kRequested: return "requested";
-    case SessionExpirySource::kGranted: return "granted";
-    case SessionExpirySource::kDeclared: return "declared";
+    case SessionExpirySource::kRequested:
+      return "requested";
+    case SessionExpirySource::kGranted:
+      return "granted";
+    case SessionExpirySource::kDeclared:
+      return "declared";
   }
   return "unknown";
 }
@@ -36,12 +39,12 @@ namespace detail {
 Status SessionStore::record(const SessionRecord& record) {
   if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::record"); !r.ok()) return r;
   if (store_.unusable()) return store_.fatal_status();
-  if (record.client_id.empty()) return Status::InvalidArgument("session record: client id is empty");
+  if (record.client_id.empty())
+    return Status::InvalidArgument("session record: client id is empty");
   if (record.session_expiry_ms < 0)
     return Status::InvalidArgument("session record: session expiry must be >= 0 ms");
   const std::set<std::string> filters(record.topic_filters.begin(), record.topic_filters.end());
-  if (filters.count(""))
-    return Status::InvalidArgument("session record: a topic filter is empty");
+  if (filters.count("")) return Status::InvalidArgument("session record: a topic filter is empty");
   SessionRecord normal;
   normal.client_id = record.client_id;
   normal.topic_filters.assign(filters.begin(), filters.end());
@@ -73,9 +76,10 @@ Status SessionStore::forget(const std::string& client_id, bool* removed) {
   if (store_.unusable()) return store_.fatal_status();
   if (Status s = remove(client_id, removed); !s.ok()) return s;
   if (*removed)
-    store_.log->warn("inbox {}: forgot the session record of client '{}'; the Pruner no longer "
-                     "checks the retention window against its session expiry",
-                     store_.location(), printable(client_id));
+    store_.log->warn(
+        "inbox {}: forgot the session record of client '{}'; the Pruner no longer "
+        "checks the retention window against its session expiry",
+        store_.location(), printable(client_id));
   return Status::Ok();
 }
 

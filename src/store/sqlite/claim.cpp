@@ -112,10 +112,14 @@ constexpr const char* kMarkReplayedSql =
 // The claim result of a handler that asked for (or earned) an immediate dead letter.
 ClaimResult claim_result_for(DeadLetterReason reason) {
   switch (reason) {
-    case DeadLetterReason::kInvalidPayload: return ClaimResult::kRejected;
-    case DeadLetterReason::kHandlerReentered: return ClaimResult::kReentered;
-    case DeadLetterReason::kOutboxRefused: return ClaimResult::kOutboxRefused;
-    default: return ClaimResult::kUndecodable;
+    case DeadLetterReason::kInvalidPayload:
+      return ClaimResult::kRejected;
+    case DeadLetterReason::kHandlerReentered:
+      return ClaimResult::kReentered;
+    case DeadLetterReason::kOutboxRefused:
+      return ClaimResult::kOutboxRefused;
+    default:
+      return ClaimResult::kUndecodable;
   }
 }
 
@@ -196,8 +200,9 @@ void SqliteStore::recover_marked_attempt() {
                              "   AND status = 'requeued'");
       back.bind(1, e.consumer);
       back.bind(2, e.message_id);
-      back.bind(3, "the process died inside the handler while replaying this requeued "
-                   "dead letter");
+      back.bind(3,
+                "the process died inside the handler while replaying this requeued "
+                "dead letter");
       back.bind(4, clock->wall_ms());
       back.exec();
       outcome = Recovery::kRequeuedIsDeadAgain;
@@ -370,8 +375,7 @@ void SqliteStore::mark_replayed_row(int64_t dead_letter_id) {
 
 Status SqliteStore::claim_locked(const std::string& consumer, const Message& message,
                                  const std::string& message_id, int attempt,
-                                 const StoreHandler& handler,
-                                 bool delete_attempt_row_after,
+                                 const StoreHandler& handler, bool delete_attempt_row_after,
                                  std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                                  std::string* handler_error, const nlohmann::json* payload_json) {
   // Called with the transaction open and the claim inserted. From here on, every path
@@ -396,7 +400,7 @@ Status SqliteStore::claim_locked(const std::string& consumer, const Message& mes
         rollback_quietly(d);
         *result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
                   : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
-                                                                        : claim_result_for(v.reason);
+                                                                : claim_result_for(v.reason);
         *handler_error = v.text;
         return Status::Ok();
     }
@@ -404,8 +408,8 @@ Status SqliteStore::claim_locked(const std::string& consumer, const Message& mes
       // The handler ran COMMIT or ROLLBACK itself: the claim and its effect may be split.
       *result = ClaimResult::kHandlerFailed;
       *handler_error = "handler ended the inbox transaction (COMMIT/ROLLBACK is not allowed)";
-      log->error("consumer '{}', message '{}': {}", printable(consumer),
-                 printable(message_id), *handler_error);
+      log->error("consumer '{}', message '{}': {}", printable(consumer), printable(message_id),
+                 *handler_error);
       return Status::Ok();
     }
     if (delete_attempt_row_after) delete_attempt_row(consumer, message_id);

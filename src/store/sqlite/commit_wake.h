@@ -7,8 +7,8 @@
 // process on that file, so a commit on any connection the library opened to the file
 // wakes every relay of it: the Inbox's own (a handler's claim, Inbox::with_connection and
 // setup, Outbox::replay_dead), each StoreThenProcess worker's, another Inbox's opened with
-// exclusive = false. Each such connection has a WalGuard (store/sqlite/wal_guard.h), whose WAL hook,
-// which SQLite calls after each commit on it, calls committed() with its Watch.
+// exclusive = false. Each such connection has a WalGuard (store/sqlite/wal_guard.h), whose WAL
+// hook, which SQLite calls after each commit on it, calls committed() with its Watch.
 // Outbox::enqueue arms the connection it was given inside the open transaction; a
 // connection the library did not open (the application's own sqlite3 handle) is not
 // watched: its commits wake nobody, and the application calls Relay::notify() (a WAL hook

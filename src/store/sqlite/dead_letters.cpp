@@ -85,7 +85,6 @@ FilterSql filter_sql(const DeadLetterFilter& f) {
   return s;
 }
 
-
 }  // namespace
 
 Status SqliteDeadLetters::add(const DeadLetter& dl, std::optional<int64_t> replace_id,
@@ -204,9 +203,10 @@ Status SqliteDeadLetters::get(int64_t id, DeadLetter* out) {
   std::lock_guard<std::mutex> lock(s_.mu);
   try {
     SQLite::Statement q(*s_.db, std::string("SELECT ") + kDeadLetterColumns +
-                                        " FROM inbox_dead_letters WHERE id = ?1");
+                                    " FROM inbox_dead_letters WHERE id = ?1");
     q.bind(1, id);
-    if (!q.executeStep()) return Status::NotFound("dead letter " + std::to_string(id) + " not found");
+    if (!q.executeStep())
+      return Status::NotFound("dead letter " + std::to_string(id) + " not found");
     *out = read_dead_letter(q);
   } catch (const SQLite::Exception& e) {
     return s_.store_error(to_status(e, "reading dead letter"));
@@ -232,8 +232,7 @@ Status SqliteDeadLetters::purge(const DeadLetterFilter& filter, int64_t* removed
 }
 
 Status SqliteDeadLetters::requeue(int64_t id) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeue"); !r.ok())
-    return r;
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeue"); !r.ok()) return r;
   if (s_.fatal.load()) return s_.fatal_status();
   std::lock_guard<std::mutex> lock(s_.mu);
   SQLite::Database& db = *s_.db;
@@ -259,8 +258,8 @@ Status SqliteDeadLetters::requeue(int64_t id) {
       else if (q.getColumn(1).getInt() != 0)
         refusal = Status::InvalidArgument(row + " holds a cut payload; it cannot be replayed");
       else if (q.getColumn(2).getInt() != 0)
-        refusal = Status::InvalidArgument(row + " belongs to a store-then-process consumer: " +
-                                          "use StoreThenProcess::replay");
+        refusal = Status::InvalidArgument(
+            row + " belongs to a store-then-process consumer: " + "use StoreThenProcess::replay");
       if (!refusal.ok()) return;
       SQLite::Statement u(db, "UPDATE inbox_dead_letters SET status = 'requeued' WHERE id = ?1");
       u.bind(1, id);
@@ -274,8 +273,7 @@ Status SqliteDeadLetters::requeue(int64_t id) {
 
 Status SqliteDeadLetters::requeued(const std::string& consumer, int64_t limit,
                                    std::vector<int64_t>* ids) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeued"); !r.ok())
-    return r;
+  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeued"); !r.ok()) return r;
   if (s_.fatal.load()) return s_.fatal_status();
   std::lock_guard<std::mutex> lock(s_.mu);
   ids->clear();

@@ -155,9 +155,12 @@ const SqliteErrorRow kUnknown = {0, "SQLITE_(unknown)", ErrorClass::kMessage,
 
 const char* to_string(ErrorClass c) {
   switch (c) {
-    case ErrorClass::kTransient: return "transient";
-    case ErrorClass::kMessage: return "message";
-    case ErrorClass::kFatal: return "fatal";
+    case ErrorClass::kTransient:
+      return "transient";
+    case ErrorClass::kMessage:
+      return "message";
+    case ErrorClass::kFatal:
+      return "fatal";
   }
   return "unknown";
 }

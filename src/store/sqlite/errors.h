@@ -19,7 +19,7 @@
 //               (docs/operations.md#recovering-a-corrupt-database).
 //
 // The table is data (store/sqlite/errors.cpp), one row per code defined by sqlite3.h of
-// SQLite 3.40; tests/sqlite_errors_test.cpp checks every row against sqlite3.h and the
+// SQLite 3.40; tests/unit/sqlite_errors_test.cpp checks every row against sqlite3.h and the
 // rules above. A code the table does not know (a newer SQLite) falls back to its
 // primary code's row.
 #pragma once

@@ -3,8 +3,8 @@
 // pragmas, schema and migrations and the retention clock, the application's own set-up
 // SQL (Inbox::setup), each attempt waited out while the store is transiently unavailable
 // (detail::StoreRetry::until_ready), and the attempt a process that died inside a handler
-// left in the lock file (store/sqlite/attempt_marker.h). Also the fatal latch: once the file is found
-// corrupt, the inbox never touches it again.
+// left in the lock file (store/sqlite/attempt_marker.h). Also the fatal latch: once the file is
+// found corrupt, the inbox never touches it again.
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -17,14 +17,14 @@
 #include <exception>
 #include <mutex>
 
-#include "util/file_access.h"
-#include "store/sqlite/store.h"
-#include "util/log.h"
-#include "store/reentry.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
+#include "store/reentry.h"
 #include "store/sqlite/schema.h"
+#include "store/sqlite/store.h"
 #include "store/sqlite/util.h"
+#include "util/file_access.h"
+#include "util/log.h"
 
 namespace mqtt_inbox {
 
@@ -114,8 +114,9 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
 
 void detail::SqliteStore::close_connection() {
   wal_guard.reset();
-  for (auto* q : {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt, &attempt_failed,
-                  &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
+  for (auto* q :
+       {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt,
+        &attempt_failed, &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
     q->reset();
   db.reset();
 }
@@ -126,8 +127,8 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
   try {
     const auto connect = [&] {
       db = std::make_unique<SQLite::Database>(
-          path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI,
-          busy_timeout_ms, options.vfs);
+          path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE | SQLite::OPEN_URI, busy_timeout_ms,
+          options.vfs);
     };
     connect();
     {
@@ -140,8 +141,8 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
       }
       const std::string mode = c.execAndGet("PRAGMA journal_mode = WAL").getString();
       if (mode != "wal")
-        return Status::InvalidArgument("cannot use WAL journal mode on " + path + " (got '" +
-                                       mode + "'); the inbox requires WAL");
+        return Status::InvalidArgument("cannot use WAL journal mode on " + path + " (got '" + mode +
+                                       "'); the inbox requires WAL");
 
       const int version = c.execAndGet("PRAGMA user_version").getInt();
       if (version > kSchemaVersion)
@@ -220,8 +221,9 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
     c.exec("PRAGMA foreign_keys = ON");
     c.exec("PRAGMA cache_size = -" + std::to_string(options.cache_size_kib));
     c.exec("PRAGMA wal_autocheckpoint = " + std::to_string(options.wal_autocheckpoint_pages));
-    // Replaces SQLite's autocheckpoint with one that adapts to free space (store/sqlite/wal_guard.h),
-    // and keeps the WAL file no larger than that after a checkpoint either.
+    // Replaces SQLite's autocheckpoint with one that adapts to free space
+    // (store/sqlite/wal_guard.h), and keeps the WAL file no larger than that after a checkpoint
+    // either.
     const int page_size = c.execAndGet("PRAGMA page_size").getInt();
     if (!commit_wake) commit_wake = detail::CommitWake::of_file(path);
     wal_guard = std::make_unique<detail::WalGuard>(
@@ -250,9 +252,10 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
       if (!marker) marker = std::make_unique<detail::AttemptMarker>(lock_fd);
       recover_marked_attempt();
       if (!marker->prepare())
-        log->warn("{}: cannot size the attempt marker in {}.lock ({}); attempts are "
-                  "committed to the database instead",
-                  path, path, std::strerror(errno));
+        log->warn(
+            "{}: cannot size the attempt marker in {}.lock ({}); attempts are "
+            "committed to the database instead",
+            path, path, std::strerror(errno));
     }
   } catch (const SQLite::Exception& e) {
     return store_error(detail::to_status(e, "opening " + path));

@@ -74,8 +74,8 @@ Status SqliteSessions::write(const SessionRecord& record) {
       }
     });
   } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "recording the session of client '" +
-                                           printable(record.client_id) + "'"));
+    return s_.store_error(
+        to_status(e, "recording the session of client '" + printable(record.client_id) + "'"));
   }
   return Status::Ok();
 }
@@ -85,8 +85,8 @@ Status SqliteSessions::read(const std::string* client_id, std::vector<SessionRec
   try {
     *out = read_sessions(*s_.db, client_id);
   } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(
-        e, client_id ? "reading a session record" : "reading the session records"));
+    return s_.store_error(
+        to_status(e, client_id ? "reading a session record" : "reading the session records"));
   }
   return Status::Ok();
 }
@@ -103,8 +103,8 @@ Status SqliteSessions::remove(const std::string& client_id, bool* removed) {
       *removed = s.exec() > 0;
     });
   } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "forgetting the session of client '" +
-                                           printable(client_id) + "'"));
+    return s_.store_error(
+        to_status(e, "forgetting the session of client '" + printable(client_id) + "'"));
   }
   return Status::Ok();
 }

@@ -20,8 +20,8 @@
 
 #include "store/sqlite/errors.h"
 #include "store/sqlite/store.h"
-#include "store/sqlite/wal_guard.h"
 #include "store/sqlite/util.h"
+#include "store/sqlite/wal_guard.h"
 #include "store/txn.h"
 #include "store/verdict.h"
 

@@ -20,8 +20,8 @@
 // min_free_bytes (inbox.h) is the free space these need; `mqtt-inbox check` warns below it.
 //
 // The same hook, which SQLite calls after every commit on the connection, also wakes the
-// outbox relays after a commit that enqueued (store/sqlite/commit_wake.h). Every connection the library
-// opens to write the file has one: the Inbox's, and each StoreThenProcess worker's.
+// outbox relays after a commit that enqueued (store/sqlite/commit_wake.h). Every connection the
+// library opens to write the file has one: the Inbox's, and each StoreThenProcess worker's.
 #pragma once
 
 #include <sqlite3.h>

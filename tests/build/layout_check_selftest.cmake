@@ -3,7 +3,7 @@
 # passing on the real tree means something.
 #   cmake -DWORK=<scratch folder> -P layout_check_selftest.cmake
 cmake_minimum_required(VERSION 3.16)
-include("${CMAKE_CURRENT_LIST_DIR}/../cmake/layout_rules.cmake")
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/layout_rules.cmake")
 
 set(failures 0)
 # The self-test's trees owe nothing unless a case says so.

@@ -5,7 +5,7 @@
 # The citations below are spelled through ${D} so that this file, which doc_anchors reads
 # too, holds none.
 cmake_minimum_required(VERSION 3.16)
-include("${CMAKE_CURRENT_LIST_DIR}/../cmake/doc_anchors.cmake")
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/doc_anchors.cmake")
 
 set(failures 0)
 set(D "docs")
