@@ -162,7 +162,8 @@ TEST_F(CorruptionTest, CorruptSchemaAtOpenExitsWithCode5BeforeConnecting) {
   const int st = c->wait(seconds(20));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 5) << "status " << st << "\n"
                                                      << read_text(dir_.file("corrupt-open.log"));
-  EXPECT_NE(read_text(dir_.file("corrupt-open.log")).find("docs/operations.md#recovering-a-corrupt-database"),
+  EXPECT_NE(read_text(dir_.file("corrupt-open.log"))
+                .find("docs/operations.md#recovering-a-corrupt-database"),
             std::string::npos);
   EXPECT_EQ(broker_connections(), connections_before) << "connected with a corrupt store";
   EXPECT_TRUE(read_text(db_) == corrupt_bytes) << "the corrupt file was written to";
