@@ -4,10 +4,9 @@
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
 // (SqliteClaims: the per-message path), dead_letters.cpp (SqliteDeadLetters), sessions.cpp
 // (SqliteSessions), retention_rows.cpp (the Pruner's deletes and checkpoints), stp_rows.cpp
-// (store-then-process's rows and its workers' connections) and inbox.cpp (the SQLite-typed
-// calls of the public Inbox, stats and the retention clock). Parts whose SQL has not yet
-// moved into this folder reach it through sqlite_store() (the layout table in
-// cmake/layout_rules.cmake lists them).
+// (store-then-process's rows and its workers' connections), outbox_rows.cpp (the outbox's
+// rows) and inbox.cpp (the SQLite-typed calls of the public Inbox, stats and the
+// retention clock).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -31,6 +30,7 @@
 #include "store/sqlite/util.h"
 #include "store/claims.h"
 #include "store/dead_letters.h"
+#include "store/outbox_rows.h"
 #include "store/retry.h"
 #include "store/sessions.h"
 #include "store/store.h"
@@ -44,6 +44,8 @@ struct SqliteStore;
 std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
 // The SQLite store's store-then-process rows (store/sqlite/stp_rows.cpp).
 std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store);
+// The SQLite store's outbox rows (store/sqlite/outbox_rows.cpp).
+std::unique_ptr<OutboxStore> make_sqlite_outbox(SqliteStore& store);
 
 // The claim transaction and the attempts (store/claims.h) on the SQLite store
 // (store/sqlite/claim.cpp).
@@ -191,6 +193,8 @@ struct SqliteStore final : Store {
   RetentionRows& retention_rows() override { return *retention; }
   std::unique_ptr<StpRows> stp = make_sqlite_stp_rows(*this);
   StpRows& stp_rows() override { return *stp; }
+  std::unique_ptr<OutboxStore> outbox_store = make_sqlite_outbox(*this);
+  OutboxStore& outbox() override { return *outbox_store; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
@@ -297,9 +301,5 @@ struct SqliteStore final : Store {
 };
 
 inline SqliteSessions::SqliteSessions(SqliteStore& store) : SessionStore(store), s_(store) {}
-
-// The SQLite store behind `inbox`, for the parts whose SQL has not yet moved into this
-// folder (the layout table in cmake/layout_rules.cmake names them).
-inline SqliteStore& sqlite_store(Inbox* inbox) { return static_cast<SqliteStore&>(inbox->store()); }
 
 }  // namespace mqtt_inbox::detail
