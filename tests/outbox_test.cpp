@@ -13,7 +13,6 @@
 #include <functional>
 #include <set>
 
-#include "outbox/outbox_wake.h"
 #include "store/dead_letters.h"
 #include "store/store.h"
 #include "store/sqlite/schema.h"
@@ -634,7 +633,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   auto outbox = make_outbox();
   int wakes = 0;
   int wakes_in_transaction = -1;
-  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
   inbox_->with_connection([&](SQLite::Database& db) {
     db.exec("BEGIN IMMEDIATE");
     ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "1", "w-1")).ok());
@@ -683,7 +682,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   }
   EXPECT_EQ(wakes, before_other);
   // Removed: never called again.
-  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  outbox->remove_commit_waker(id);
   ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
   EXPECT_EQ(wakes, before_other);
 }
@@ -695,7 +694,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
 TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
   auto outbox = make_outbox();
   std::atomic<int> wakes{0};
-  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
   // A worker's handler enqueues in the transaction that marks its row done.
   StoreThenProcessOptions so;
   so.aggregate_key = aggregate_key_from_topic_level(1);
@@ -745,7 +744,7 @@ TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
     other.exec("COMMIT");
   }
   EXPECT_EQ(wakes.load(), 2);
-  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  outbox->remove_commit_waker(id);
 }
 
 // fetch_pending is a read: it returns the committed rows while another connection holds

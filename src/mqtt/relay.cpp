@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "util/log.h"
-#include "outbox/outbox_wake.h"
 #include "mqtt/relay_impl.h"
 #include "mqtt/client_lock.h"
 
@@ -301,9 +300,9 @@ Status Relay::start() {
     impl_->stopping = false;
     impl_->finished = false;
   }
-  // Woken after each commit on the inbox's connection that enqueued (store/sqlite/commit_wake.h).
+  // Woken after each commit that enqueued (Outbox::add_commit_waker).
   if (m.options.wake_on_commit)
-    m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
+    m.commit_waker = m.outbox->add_commit_waker([&m] {
       std::lock_guard<std::mutex> lock(m.mu);
       m.woken = true;
       m.wake.notify_all();
@@ -315,7 +314,7 @@ Status Relay::start() {
 Status Relay::stop() {
   Impl& m = *impl_;
   if (m.commit_waker) {
-    detail::OutboxAccess::remove_commit_waker(*m.outbox, m.commit_waker);
+    m.outbox->remove_commit_waker(m.commit_waker);
     m.commit_waker = 0;
   }
   {

@@ -140,7 +140,8 @@ struct Relay::Impl {
   detail::DropTracker drops{kConnectionDropsBeforeDeadLetter};
   // The relay thread has returned (stop() waits for it up to stop_timeout_ms); under mu.
   bool finished = false;
-  // The registration of notify() with the outbox's commits (store/sqlite/commit_wake.h); 0 = none.
+  // The registration of notify() with the outbox's commits (Outbox::add_commit_waker); 0 =
+  // none.
   uint64_t commit_waker = 0;
 
   // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one

@@ -20,7 +20,6 @@
 #include "inbox/properties_json.h"
 #include "mqtt_inbox/inbox.h"
 #include "outbox/outbox_impl.h"
-#include "outbox/outbox_wake.h"
 #include "store/outbox_rows.h"
 #include "store/reentry.h"
 #include "util/log.h"
@@ -401,17 +400,11 @@ Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int rea
   return s;
 }
 
-namespace detail {
-
-uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
-  return outbox.impl_->rows->add_commit_waker(std::move(wake));
+uint64_t Outbox::add_commit_waker(std::function<void()> wake) {
+  return impl_->rows->add_commit_waker(std::move(wake));
 }
 
-void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
-  outbox.impl_->rows->remove_commit_waker(id);
-}
-
-}  // namespace detail
+void Outbox::remove_commit_waker(uint64_t id) { impl_->rows->remove_commit_waker(id); }
 
 OutboxCounters Outbox::counters() const {
   OutboxCounters c;
