@@ -6,6 +6,8 @@
 
 #include <mqtt_inbox/store_then_process.h>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include "store/store.h"
 #include "store/sqlite/schema.h"
 #include "support/fake_clock.h"
+#include "util/log.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -473,6 +476,70 @@ TEST_F(OutboxTest, DropOldestKeepsTheNewestAndCountsExactly) {
   });
   EXPECT_EQ(count("class = 'telemetry/'"), 5);
   EXPECT_EQ(query_int(db_path_, "SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 7);
+}
+
+// How many of `ring`'s lines hold `text`.
+int lines_with(spdlog::sinks::ringbuffer_sink_mt& ring, const std::string& text) {
+  int n = 0;
+  for (const auto& line : ring.last_formatted())
+    if (line.find(text) != std::string::npos) ++n;
+  return n;
+}
+
+// An Outbox made without a logger logs where its Inbox does (InboxOptions::logger: a
+// service's journal), never to the default "mqtt_inbox" logger; one given its own logger
+// logs there only. Each kind of outbox log line: a drop (warn), a dead row (warn), a
+// replay and a purge (info).
+TEST_F(OutboxTest, LogsToItsInboxsLoggerUnlessGivenOne) {
+  auto inbox_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto inbox_log = std::make_shared<spdlog::logger>("outbox-test-inbox", inbox_ring);
+  inbox_log->set_level(spdlog::level::info);
+  auto fallback_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto fallback = detail::logger_or_default(nullptr);  // the "mqtt_inbox" logger
+  fallback->sinks().push_back(fallback_ring);
+  InboxOptions io;
+  io.logger = inbox_log;
+  inbox_.reset();
+  inbox_ = open_ledger_inbox(db_path_, io);
+  ASSERT_TRUE(inbox_);
+
+  OutboxOptions options;
+  options.classes.push_back({"telemetry/", 1, 0, OutboxFullPolicy::kDropOldest});
+  auto outbox = make_outbox(options);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", "1", "l-1")).ok());
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", "2", "l-2")).ok());  // drops l-1
+  EXPECT_EQ(outbox->counters().dropped, 1);
+  EXPECT_EQ(count("message_id = 'l-1'"), 0);
+  EXPECT_EQ(lines_with(*inbox_ring, "dropped 1 oldest pending row(s), first id 'l-1'"), 1);
+
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(
+      outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+  EXPECT_EQ(count("message_id = 'l-2' AND state = 'dead'"), 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "is an outbox dead letter: rejected_by_broker"), 1);
+  ASSERT_TRUE(outbox->replay_dead("l-2").ok());
+  EXPECT_EQ(lines_with(*inbox_ring, "dead letter 'l-2' replayed"), 1);
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kExpired, 0, "late").ok());
+  int64_t removed = 0;
+  ASSERT_TRUE(outbox->purge(OutboxPurgeFilter{}, &removed).ok());
+  EXPECT_EQ(removed, 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "1 dead row(s) purged"), 1);
+  EXPECT_EQ(lines_with(*fallback_ring, "outbox:"), 0);
+
+  // An outbox with a logger of its own: its lines go there, not to the inbox's.
+  auto own_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  options.logger = std::make_shared<spdlog::logger>("outbox-test-own", own_ring);
+  auto own = make_outbox(options);
+  ASSERT_TRUE(enqueue_own(*own, out_msg("telemetry/t", "3", "l-3")).ok());  // drops nothing
+  ASSERT_TRUE(enqueue_own(*own, out_msg("telemetry/t", "4", "l-4")).ok());  // drops l-3
+  EXPECT_EQ(lines_with(*own_ring, "first id 'l-3'"), 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "first id 'l-3'"), 0);
+  EXPECT_EQ(lines_with(*fallback_ring, "outbox:"), 0);
+  fallback->sinks().pop_back();
 }
 
 // fetch_pending returns committed rows in enqueue order from a given seq on and keeps the

@@ -88,7 +88,8 @@ struct OutboxOptions {
   // Largest accepted message id, bytes (as MessageIdOptions::max_id_bytes of the next
   // hop). Default 256.
   size_t max_id_bytes = 256;
-  // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
+  // Logger of the outbox's warnings (drops, dead rows) and notes (replays, purges);
+  // default nullptr = the Inbox's (InboxOptions::logger).
   std::shared_ptr<spdlog::logger> logger;
 };
 

@@ -210,7 +210,8 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
   impl->store = &inbox->store();
   impl->rows = &impl->store->outbox();
   impl->options = options;
-  impl->log = detail::logger_or_default(options.logger);
+  // Without a logger of its own, the outbox logs where its Inbox does (docs/outbox.md).
+  impl->log = options.logger ? options.logger : impl->store->log;
   out->reset(new Outbox(std::move(impl)));
   return Status::Ok();
 }
