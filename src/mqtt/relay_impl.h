@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "mqtt/connect.h"
-#include "mqtt_inbox/relay.h"
+#include "mqtt/lent_connection.h"
 #include "mqtt/relay_drops.h"
 #include "mqtt/relay_figures.h"
-#include "mqtt/lent_connection.h"
+#include "mqtt_inbox/relay.h"
 
 namespace mqtt_inbox {
 
@@ -89,7 +89,7 @@ struct Relay::Impl {
   // Publish number -> row, current connection: publishes without PUBACK, and those whose
   // token failed without one (until the connection is started over).
   std::map<uint64_t, InFlight> inflight;
-  std::vector<int64_t> acked;  // seqs PUBACKed, not yet marked
+  std::vector<int64_t> acked;       // seqs PUBACKed, not yet marked
   Clock::time_point acked_since{};  // when the first of `acked` came (mark_linger_ms)
   // After a mark failed, not tried again before this unless forced (relay thread only).
   Clock::time_point marks_retry_at{};

@@ -21,21 +21,21 @@
 #include <mutex>
 #include <string>
 
-#include "store/sqlite/attempt_marker.h"
-#include "util/log.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/stats.h"
-#include "store/sqlite/util.h"
 #include "store/claims.h"
 #include "store/dead_letters.h"
 #include "store/outbox_rows.h"
 #include "store/retry.h"
 #include "store/sessions.h"
+#include "store/sqlite/attempt_marker.h"
+#include "store/sqlite/util.h"
+#include "store/sqlite/wal_guard.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
-#include "store/sqlite/wal_guard.h"
+#include "util/log.h"
 
 namespace mqtt_inbox::detail {
 
@@ -52,14 +52,14 @@ std::unique_ptr<OutboxStore> make_sqlite_outbox(SqliteStore& store);
 class SqliteClaims final : public ClaimStore {
  public:
   explicit SqliteClaims(SqliteStore& store) : s_(store) {}
-  Status process(const std::string& consumer, const Message& message,
-                 const std::string& message_id, const StoreHandler& handler, int max_attempts,
+  Status process(const std::string& consumer, const Message& message, const std::string& message_id,
+                 const StoreHandler& handler, int max_attempts,
                  std::optional<int64_t> replayed_dead_letter, const nlohmann::json* payload_json,
                  ProcessReport* report) override;
   Status lookup(const std::string& consumer, const std::string& message_id,
                 MessageState* out) override;
-  Status claim(const std::string& consumer, const Message& message,
-               const std::string& message_id, int attempt, const StoreHandler& handler,
+  Status claim(const std::string& consumer, const Message& message, const std::string& message_id,
+               int attempt, const StoreHandler& handler,
                std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                std::string* handler_error) override;
   Status begin_attempt(const std::string& consumer, const std::string& message_id,
@@ -81,8 +81,7 @@ class SqliteDeadLetters final : public DeadLetterStore {
   Status get(int64_t id, DeadLetter* out) override;
   Status purge(const DeadLetterFilter& filter, int64_t* removed) override;
   Status requeue(int64_t id) override;
-  Status requeued(const std::string& consumer, int64_t limit,
-                  std::vector<int64_t>* ids) override;
+  Status requeued(const std::string& consumer, int64_t limit, std::vector<int64_t>* ids) override;
 
  private:
   SqliteStore& s_;
@@ -119,21 +118,19 @@ struct SqliteStore final : Store {
   std::string path;
   InboxOptions options;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
-  std::mutex mu;  // serialises use of `db`, the cached statements and the marker
+  std::mutex mu;     // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
   // The per-message path's statements, prepared once (store/sqlite/claim.cpp).
-  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
-      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
-      mark_replayed;
-  // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without the
-  // lock file (exclusive = false): attempts are then committed before each handler run.
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt, attempt_failed,
+      attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts, mark_replayed;
+  // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without
+  // the lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<AttemptMarker> marker;
   // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
   bool handler_running = false;
 
   // sqlite3_set_authorizer callback, installed once at open with `this`.
-  static int authorize(void* self, int action, const char*, const char*, const char*,
-                       const char*);
+  static int authorize(void* self, int action, const char*, const char*, const char*, const char*);
   void prepare_statements();  // on a connection just opened (open_connection)
   // Turns a marker left by a process that died inside a handler into a 'running' attempt
   // (one committed transaction), then clears it. Throws SQLite::Exception.
@@ -141,8 +138,7 @@ struct SqliteStore final : Store {
   // Adds one attempt to (consumer, id) and returns the count: 'running' before a handler
   // run (error null), or 'failed' with *error after one. Commits on its own without fsync
   // (RelaxedSync). Under `mu`. Throws SQLite::Exception.
-  int count_attempt(const std::string& consumer, const std::string& id,
-                    const std::string* error);
+  int count_attempt(const std::string& consumer, const std::string& id, const std::string* error);
   // Inside the open transaction (store/sqlite/claim.cpp), under `mu`; throw SQLite::Exception.
   // The claim insert: true if this delivery claimed the id. With
   // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
@@ -150,8 +146,7 @@ struct SqliteStore final : Store {
                     const std::string& message_id, bool only_if_nothing_recorded);
   // Everything recorded for the id (claim, dead letter, attempts); returns processed.
   // Also outside a transaction.
-  bool read_lookup(const std::string& consumer, const std::string& message_id,
-                   MessageState* out);
+  bool read_lookup(const std::string& consumer, const std::string& message_id, MessageState* out);
   void delete_attempt_row(const std::string& consumer, const std::string& id);
   // Marks a dead letter 'replayed' (its message's effect is committed), in the open
   // transaction.
@@ -164,12 +159,12 @@ struct SqliteStore final : Store {
                       ClaimResult* result, std::string* handler_error,
                       const nlohmann::json* payload_json = nullptr);
   // Wakes the outbox relays after a commit that enqueued on any connection the library
-  // opened to this file in this process (store/sqlite/commit_wake.h): the file's one CommitWake, taken
-  // when the first connection is open and kept across reopened ones, whose WAL guards
-  // watch them.
+  // opened to this file in this process (store/sqlite/commit_wake.h): the file's one CommitWake,
+  // taken when the first connection is open and kept across reopened ones, whose WAL guards watch
+  // them.
   std::shared_ptr<CommitWake> commit_wake;
-  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared after
-  // `db` and the statements: it removes its hook before the connection closes.
+  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared
+  // after `db` and the statements: it removes its hook before the connection closes.
   std::unique_ptr<WalGuard> wal_guard;
   // Drops the connection and everything prepared on it (statements, WAL guard): before
   // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
@@ -234,7 +229,8 @@ struct SqliteStore final : Store {
         [&]() -> Status {
           if (fatal.load()) return fatal_status();
           int64_t busy = options.busy_timeout_ms;
-          if (deadline > 0) busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
+          if (deadline > 0)
+            busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
           return op(static_cast<int>(busy));
         },
         deadline, options.startup_progress);
