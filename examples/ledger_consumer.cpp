@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<mqtt_inbox::Relay> relay;
   mqtt_inbox::Handler handler = ledger::CreditHandler{};
   if (!emit_topic.empty()) {
+    // No logger of its own: the outbox logs where the inbox does, to the program's log.
     if (auto s = mqtt_inbox::Outbox::create(service.inbox(), {}, &outbox); !s.ok())
       return service.fail(examples::startup_exit_code(s), s);
     // The relay connects as the subscriber does: the same flags (TLS, --username,

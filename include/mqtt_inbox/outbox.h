@@ -16,7 +16,7 @@
 //
 // The relay side runs on the Inbox's connection, under the Inbox's mutex: fetch_pending
 // is a read (no write lock, nothing written), mark_sent and mark_dead one short write
-// transaction each.
+// transaction each; add_commit_waker tells a relay that a commit enqueued.
 //
 // Thread safety: an Outbox is thread-safe. enqueue() uses only the connection it is given
 // (the caller serialises its use); the relay-side calls serialise on the Inbox's mutex.
@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -45,9 +46,6 @@ class logger;
 namespace mqtt_inbox {
 
 class Inbox;
-namespace detail {
-struct OutboxAccess;  // the library's own access to an Outbox's internals (outbox/outbox_wake.h)
-}
 
 // What enqueue() does when a class is full.
 enum class OutboxFullPolicy {
@@ -90,7 +88,8 @@ struct OutboxOptions {
   // Largest accepted message id, bytes (as MessageIdOptions::max_id_bytes of the next
   // hop). Default 256.
   size_t max_id_bytes = 256;
-  // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
+  // Logger of the outbox's warnings (drops, dead rows) and notes (replays, purges);
+  // default nullptr = the Inbox's (InboxOptions::logger).
   std::shared_ptr<spdlog::logger> logger;
 };
 
@@ -337,6 +336,22 @@ class Outbox {
   Status mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
                    const std::string& text);
 
+  // Calls `wake` after each commit whose transaction enqueued a row (through this or any
+  // other Outbox of the file) or replayed one (replay_dead), on any connection the library
+  // opened to the Inbox's database file in this process: the Inbox's own, a
+  // StoreThenProcess worker's, another Inbox's on the same file. Commits on a connection
+  // the application opened itself, or by another process, call nothing
+  // (docs/outbox.md#limits). A Relay subscribes with it (RelayOptions::wake_on_commit) so
+  // that a row goes out as soon as it is visible, not at the next poll. `wake` runs on the
+  // committing thread, with a lock held that every commit's wake-up takes: it must only
+  // signal (set a flag, notify a condition variable), never block, throw or call into the
+  // library. The Outbox keeps `wake` until remove_commit_waker(). Returns the id for that
+  // call (never 0). Thread-safe.
+  uint64_t add_commit_waker(std::function<void()> wake);
+  // Ends the subscription `id`: after it returns, its `wake` is not running and is never
+  // called again. An unknown id is ignored. Thread-safe; not from inside a `wake`.
+  void remove_commit_waker(uint64_t id);
+
   // --- inspection ---
 
   // Rows in `state`, oldest first, at most `limit` (> 0).
@@ -369,7 +384,6 @@ class Outbox {
   OutboxCounters counters() const;
 
  private:
-  friend struct detail::OutboxAccess;
   struct Impl;
   explicit Outbox(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,7 +1,8 @@
 // Relay: the MQTT layer of the transactional outbox (outbox.h). Publishes committed outbox
 // rows at QoS 1 from a thread of its own and marks a row sent only after its PUBACK, so a
 // crash anywhere means a resend with the same message id, never a loss. Holds no SQL: it
-// drives the Outbox through fetch_pending, mark_sent and mark_dead.
+// drives the Outbox through its public calls fetch_pending, mark_sent, mark_dead and
+// add_commit_waker.
 //
 // Design:
 //  - Two kinds of connection, chosen by the create() used:
@@ -53,13 +54,14 @@
 //    (a lost mark only causes a resend). It counts its publishes of each row in its
 //    memory and adds them to the row's attempts in the transaction that marks it sent or
 //    dead (OutboxRow::attempts says what is lost with a crash).
-//  - Wake-up: a commit whose transaction enqueued a row wakes the relay after the commit,
-//    so the row goes out at once, on every connection the library opened to the Inbox's
-//    file in this process: the Inbox's (a handler's claim, a transaction in
-//    Inbox::with_connection or setup, Outbox::replay_dead), a StoreThenProcess worker's,
-//    another Inbox's opened on the same file. Rows committed on a connection the
-//    application opened itself, or by another process (mqtt-inbox outbox replay), are
-//    found at the next poll (poll_interval_ms) or after notify().
+//  - Wake-up: a commit whose transaction enqueued a row wakes the relay after the commit
+//    (Outbox::add_commit_waker, with wake_on_commit), so the row goes out at once, on
+//    every connection the library opened to the Inbox's file in this process: the
+//    Inbox's (a handler's claim, a transaction in Inbox::with_connection or setup,
+//    Outbox::replay_dead), a StoreThenProcess worker's, another Inbox's opened on the
+//    same file. Rows committed on a connection the application opened itself, or by
+//    another process (mqtt-inbox outbox replay), are found at the next poll
+//    (poll_interval_ms) or after notify().
 //  - The outcome of each publish (read in Paho C 1.3.12 and Paho C++ 1.2.0): a PUBACK
 //    with a success code (0x00, 0x10 no matching subscribers) marks the row sent. Only an
 //    MQTT 5 PUBACK with a reason code >= 0x80 (not authorized, topic name invalid, quota

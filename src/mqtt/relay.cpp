@@ -6,10 +6,9 @@
 
 #include <algorithm>
 
-#include "util/log.h"
-#include "outbox/outbox_wake.h"
-#include "mqtt/relay_impl.h"
 #include "mqtt/client_lock.h"
+#include "mqtt/relay_impl.h"
+#include "util/log.h"
 
 namespace mqtt_inbox {
 
@@ -132,9 +131,8 @@ void Relay::Impl::run_lent() {
     bool late_end = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      wake.wait_for(lock, std::chrono::milliseconds(options.metrics_period_ms), [&] {
-        return stopping || (lent_up && (lent_epoch != seen || again));
-      });
+      wake.wait_for(lock, std::chrono::milliseconds(options.metrics_period_ms),
+                    [&] { return stopping || (lent_up && (lent_epoch != seen || again)); });
       woken = false;
       if (stopping) break;
       // Down, perhaps during a retry pause: the offline clock runs (a no-op if it does).
@@ -171,15 +169,18 @@ void Relay::Impl::run_lent() {
       again = lent_up && lent_epoch == seen;
     }
     if (again) {
-      log->warn("outbox relay: a publish failed on the subscriber's live connection; "
-                "publishing pending rows again in {} ms", backoff);
+      log->warn(
+          "outbox relay: a publish failed on the subscriber's live connection; "
+          "publishing pending rows again in {} ms",
+          backoff);
       if (!pause_for(backoff)) break;
       backoff = std::min(backoff * 2, options.reconnect_backoff_max_ms);
     } else {
       connected = false;
       figures.disconnected(Clock::now());
-      log->warn("outbox relay: the subscriber's connection is down; publishing pending rows "
-                "again when it is back");
+      log->warn(
+          "outbox relay: the subscriber's connection is down; publishing pending rows "
+          "again when it is back");
       connection_ended(blame());
       ended = true;
     }
@@ -189,7 +190,10 @@ void Relay::Impl::run_lent() {
 }
 
 void Relay::Impl::run() {
-  if (lender) run_lent(); else run_own();
+  if (lender)
+    run_lent();
+  else
+    run_own();
   write_metrics(true);
   std::lock_guard<std::mutex> lock(mu);
   finished = true;
@@ -301,9 +305,9 @@ Status Relay::start() {
     impl_->stopping = false;
     impl_->finished = false;
   }
-  // Woken after each commit on the inbox's connection that enqueued (store/sqlite/commit_wake.h).
+  // Woken after each commit that enqueued (Outbox::add_commit_waker).
   if (m.options.wake_on_commit)
-    m.commit_waker = detail::OutboxAccess::add_commit_waker(*m.outbox, [&m] {
+    m.commit_waker = m.outbox->add_commit_waker([&m] {
       std::lock_guard<std::mutex> lock(m.mu);
       m.woken = true;
       m.wake.notify_all();
@@ -315,7 +319,7 @@ Status Relay::start() {
 Status Relay::stop() {
   Impl& m = *impl_;
   if (m.commit_waker) {
-    detail::OutboxAccess::remove_commit_waker(*m.outbox, m.commit_waker);
+    m.outbox->remove_commit_waker(m.commit_waker);
     m.commit_waker = 0;
   }
   {

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "mqtt/connect.h"
-#include "mqtt_inbox/relay.h"
+#include "mqtt/lent_connection.h"
 #include "mqtt/relay_drops.h"
 #include "mqtt/relay_figures.h"
-#include "mqtt/lent_connection.h"
+#include "mqtt_inbox/relay.h"
 
 namespace mqtt_inbox {
 
@@ -89,7 +89,7 @@ struct Relay::Impl {
   // Publish number -> row, current connection: publishes without PUBACK, and those whose
   // token failed without one (until the connection is started over).
   std::map<uint64_t, InFlight> inflight;
-  std::vector<int64_t> acked;  // seqs PUBACKed, not yet marked
+  std::vector<int64_t> acked;       // seqs PUBACKed, not yet marked
   Clock::time_point acked_since{};  // when the first of `acked` came (mark_linger_ms)
   // After a mark failed, not tried again before this unless forced (relay thread only).
   Clock::time_point marks_retry_at{};
@@ -140,7 +140,8 @@ struct Relay::Impl {
   detail::DropTracker drops{kConnectionDropsBeforeDeadLetter};
   // The relay thread has returned (stop() waits for it up to stop_timeout_ms); under mu.
   bool finished = false;
-  // The registration of notify() with the outbox's commits (store/sqlite/commit_wake.h); 0 = none.
+  // The registration of notify() with the outbox's commits (Outbox::add_commit_waker); 0 =
+  // none.
   uint64_t commit_waker = 0;
 
   // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one

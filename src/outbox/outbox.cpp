@@ -1,10 +1,11 @@
-// The transactional outbox's store (outbox.h): enqueue inside the caller's transaction
-// with the class bounds, and the relay's fetch and marks on the Inbox's connection.
-// Inspection and repair (list, usage, summary, get, replay_dead, purge) are in
-// outbox/outbox_inspect.cpp; the state both share is in outbox/outbox_impl.h.
+// The transactional outbox's policy (outbox.h): what an enqueue refuses, the class a
+// topic belongs to and its bounds, inside the caller's transaction; the relay's fetch,
+// marks and wake-up; the counters and logs. The rows are the store's
+// (store/outbox_rows.h). Inspection and repair (list, usage, summary, get, replay_dead,
+// purge) are in outbox/outbox_inspect.cpp; the state both share is in
+// outbox/outbox_impl.h.
 #include "mqtt_inbox/outbox.h"
 
-#include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,15 +13,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <utility>
 
-#include "store/sqlite/store.h"
-#include "util/log.h"
 #include "inbox/message_id.h"
-#include "outbox/outbox_impl.h"
-#include "outbox/outbox_wake.h"
 #include "inbox/properties_json.h"
+#include "mqtt_inbox/inbox.h"
+#include "outbox/outbox_impl.h"
+#include "store/outbox_rows.h"
 #include "store/reentry.h"
-#include "store/sqlite/util.h"
+#include "util/log.h"
 #include "util/text.h"
 
 namespace mqtt_inbox {
@@ -102,136 +104,92 @@ Status random_message_id(std::string* out) {
 
 namespace detail {
 
-OutboxRow read_outbox_row(SQLite::Statement& q, int64_t clock_now) {
-  OutboxRow r;
-  r.seq = q.getColumn(0).getInt64();
-  r.message_id = q.getColumn(1).getString();
-  r.ordering_key = q.getColumn(2).getString();
-  r.topic = q.getColumn(3).getString();
-  r.payload = q.getColumn(4).getString();
-  detail::read_properties_json(q.getColumn(5).getString(), &r.properties);
+OutboxRow to_outbox_row(StoredOutboxRow&& stored) {
+  OutboxRow r = std::move(stored.row);
+  read_properties_json(stored.properties_json, &r.properties);
   r.properties.topic = r.topic;
   r.properties.payload = r.payload;
   r.properties.ordering_key = r.ordering_key;
   r.properties.message_id = r.message_id;
-  r.size_bytes = q.getColumn(6).getInt64();
-  r.enqueued_at_ms = q.getColumn(7).getInt64();
-  const std::string state = q.getColumn(8).getString();
-  r.state = state == "sent"   ? OutboxState::kSent
-            : state == "dead" ? OutboxState::kDead
-                              : OutboxState::kPending;
-  r.attempts = q.getColumn(9).getInt();
-  r.sent_at_ms = q.getColumn(10).isNull() ? 0 : q.getColumn(10).getInt64();
-  if (!q.getColumn(11).isNull()) {
-    const std::string reason = q.getColumn(11).getString();
-    for (auto c : {OutboxDeadReason::kRejectedByBroker, OutboxDeadReason::kExpired,
-                   OutboxDeadReason::kPayloadTooLarge, OutboxDeadReason::kConnectionDropped})
-      if (reason == to_string(c)) r.dead_reason = c;
-  }
-  r.reason_code = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt();
-  r.reason_text = q.getColumn(13).isNull() ? "" : q.getColumn(13).getString();
-  r.waited_ms = std::max<int64_t>(0, clock_now - q.getColumn(14).getInt64());
   return r;
+}
+
+void to_outbox_rows(std::vector<StoredOutboxRow>&& stored, std::vector<OutboxRow>* out) {
+  out->clear();
+  out->reserve(stored.size());
+  for (auto& s : stored) out->push_back(to_outbox_row(std::move(s)));
 }
 
 }  // namespace detail
 
-void Outbox::Impl::count_drops(SQLite::Database& db, const OutboxClass& c, int64_t n,
+void Outbox::Impl::count_drops(const detail::Txn& txn, const OutboxClass& c, int64_t n,
                                const std::string& first_id, const char* why) {
   if (n == 0) return;
-  SQLite::Statement count(db, "UPDATE outbox_usage SET dropped = dropped + ? WHERE class = ?");
-  count.bind(1, n);
-  count.bind(2, c.topic_prefix);
-  count.exec();
+  rows->count_drops(txn, c.topic_prefix, n);
   dropped += n;
-  log->warn("outbox: class '{}' {}: dropped {} oldest pending row(s), first id '{}' "
-            "(policy drop_oldest)",
-            detail::printable(c.topic_prefix), why, n, detail::printable(first_id));
+  log->warn(
+      "outbox: class '{}' {}: dropped {} oldest pending row(s), first id '{}' "
+      "(policy drop_oldest)",
+      detail::printable(c.topic_prefix), why, n, detail::printable(first_id));
 }
 
-Status Outbox::Impl::enforce_age(SQLite::Database& db, const OutboxClass& c, int64_t new_seq,
+Status Outbox::Impl::enforce_age(const detail::Txn& txn, const OutboxClass& c, int64_t new_seq,
                                  int64_t clock_now) {
   const int64_t cutoff = clock_now - c.max_age_ms;
-  // The class's oldest pending row: the first of the partial index (class, seq).
-  SQLite::Statement oldest(db,
-                           "SELECT enqueued_clock, message_id FROM outbox_messages "
-                           "WHERE class = ? AND state = 'pending' AND seq <> ? "
-                           "ORDER BY seq LIMIT 1");
-  oldest.bind(1, c.topic_prefix);
-  oldest.bind(2, new_seq);
-  if (!oldest.executeStep() || oldest.getColumn(0).getInt64() >= cutoff) return Status::Ok();
-  const int64_t age = clock_now - oldest.getColumn(0).getInt64();
-  const std::string first_id = oldest.getColumn(1).getString();
-  oldest.tryReset();
+  detail::OldestPending oldest;
+  if (!rows->oldest_pending(txn, c.topic_prefix, new_seq, &oldest) ||
+      oldest.enqueued_clock >= cutoff)
+    return Status::Ok();
+  const int64_t age = clock_now - oldest.enqueued_clock;
   if (c.policy == OutboxFullPolicy::kReject) {
     ++rejected;
     return Status(Status::Code::kRejected,
                   "outbox full: class '" + c.topic_prefix + "' has a pending row " +
-                      std::to_string(age) + " ms old (max_age_ms " +
-                      std::to_string(c.max_age_ms) + "): the relay has not sent it");
+                      std::to_string(age) + " ms old (max_age_ms " + std::to_string(c.max_age_ms) +
+                      "): the relay has not sent it");
   }
-  SQLite::Statement drop(db,
-                         "DELETE FROM outbox_messages WHERE class = ? AND state = 'pending' "
-                         "AND seq <> ? AND enqueued_clock < ?");
-  drop.bind(1, c.topic_prefix);
-  drop.bind(2, new_seq);
-  drop.bind(3, cutoff);
-  count_drops(db, c, drop.exec(), first_id, "older than max_age_ms");
+  count_drops(txn, c, rows->remove_pending_before(txn, c.topic_prefix, new_seq, cutoff),
+              oldest.message_id, "older than max_age_ms");
   return Status::Ok();
 }
 
-Status Outbox::Impl::make_room(SQLite::Database& db, const OutboxClass& c, int64_t size,
+Status Outbox::Impl::make_room(const detail::Txn& txn, const OutboxClass& c, int64_t size,
                                int64_t new_seq, int64_t clock_now) {
   if (c.max_age_ms > 0) {
-    Status s = enforce_age(db, c, new_seq, clock_now);
+    Status s = enforce_age(txn, c, new_seq, clock_now);
     if (!s.ok()) return s;
   }
   if (c.max_bytes > 0 && size > c.max_bytes)
     return Status::InvalidArgument("outbox message of " + std::to_string(size) +
                                    " bytes is larger than class '" + c.topic_prefix +
                                    "' allows (max_bytes " + std::to_string(c.max_bytes) + ")");
-  SQLite::Statement usage(db, "SELECT rows, bytes FROM outbox_usage WHERE class = ?");
-  usage.bind(1, c.topic_prefix);
-  int64_t rows = 0, bytes = 0;
-  if (usage.executeStep()) {
-    rows = usage.getColumn(0).getInt64();
-    bytes = usage.getColumn(1).getInt64();
-  }
-  usage.tryReset();
-  auto fits = [&] {  // rows and bytes include the new row
-    return (c.max_rows <= 0 || rows <= c.max_rows) && (c.max_bytes <= 0 || bytes <= c.max_bytes);
+  int64_t n_rows = 0, bytes = 0;
+  rows->class_usage(txn, c.topic_prefix, &n_rows, &bytes);
+  auto fits = [&] {  // n_rows and bytes include the new row
+    return (c.max_rows <= 0 || n_rows <= c.max_rows) && (c.max_bytes <= 0 || bytes <= c.max_bytes);
   };
   if (fits()) return Status::Ok();
   if (c.policy == OutboxFullPolicy::kReject) {
     ++rejected;
     return Status(Status::Code::kRejected, "outbox full: class '" + c.topic_prefix + "' holds " +
-                                               std::to_string(rows) + " rows, " +
+                                               std::to_string(n_rows) + " rows, " +
                                                std::to_string(bytes) + " bytes (max_rows " +
                                                std::to_string(c.max_rows) + ", max_bytes " +
                                                std::to_string(c.max_bytes) + ")");
   }
-  SQLite::Statement oldest(db,
-                           "SELECT seq, size_bytes, message_id FROM outbox_messages "
-                           "WHERE class = ? AND state = 'pending' AND seq <> ? "
-                           "ORDER BY seq LIMIT 1");
-  SQLite::Statement drop(db, "DELETE FROM outbox_messages WHERE seq = ?");
   int64_t n = 0;
   std::string first_id;
+  detail::OldestPending oldest;
   while (!fits()) {
-    oldest.bind(1, c.topic_prefix);
-    oldest.bind(2, new_seq);
-    if (!oldest.executeStep()) break;  // nothing left to drop (cannot happen: size fits)
-    const int64_t seq = oldest.getColumn(0).getInt64();
-    rows -= 1;
-    bytes -= oldest.getColumn(1).getInt64();
-    if (n == 0) first_id = oldest.getColumn(2).getString();
-    oldest.tryReset();
-    drop.bind(1, seq);
-    drop.exec();
-    drop.tryReset();
+    // Nothing left to drop cannot happen: the new row alone fits (checked above).
+    if (!rows->oldest_pending(txn, c.topic_prefix, new_seq, &oldest)) break;
+    n_rows -= 1;
+    bytes -= oldest.size_bytes;
+    if (n == 0) first_id = oldest.message_id;
+    rows->remove(txn, oldest.seq);
     ++n;
   }
-  count_drops(db, c, n, first_id, "full");
+  count_drops(txn, c, n, first_id, "full");
   return Status::Ok();
 }
 
@@ -249,8 +207,11 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
   if (options.max_id_bytes == 0) return Status::InvalidArgument("max_id_bytes must be > 0");
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
+  impl->store = &inbox->store();
+  impl->rows = &impl->store->outbox();
   impl->options = options;
-  impl->log = detail::logger_or_default(options.logger);
+  // Without a logger of its own, the outbox logs where its Inbox does (docs/outbox.md).
+  impl->log = options.logger ? options.logger : impl->store->log;
   out->reset(new Outbox(std::move(impl)));
   return Status::Ok();
 }
@@ -329,62 +290,64 @@ Outbox::~Outbox() = default;
 
 void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
                               std::string* message_id) {
+  // The handler's connection as the store's transaction (store/txn.h). Passed by
+  // reference, so that the std::function holds one pointer and allocates nothing.
+  auto run = [&](const detail::Txn& txn) { impl_->enqueue(txn, m, message_id); };
+  detail::with_sqlite_txn(db, std::ref(run));
+}
+
+void Outbox::Impl::enqueue(const detail::Txn& txn, const OutgoingMessage& m,
+                           std::string* message_id) {
   // Every refusal but a full class is for good (OutboxRefused): the same message is
   // refused on every attempt. The members are listed in outbox.h; all are checked before
   // anything is written, except the class's max_bytes (make_room).
-  if (sqlite3_get_autocommit(db.getHandle()))
+  if (!rows->in_transaction(txn))
     throw OutboxRefused(Status::InvalidArgument("outbox enqueue needs an open transaction"));
-  if (std::string why = refusal(m); !why.empty())
-    throw OutboxRefused(Status::InvalidArgument(why));
+  if (std::string why = refusal(m); !why.empty()) throw OutboxRefused(Status::InvalidArgument(why));
   std::string id = m.message_id;
   if (id.empty()) {
     Status s = random_message_id(&id);
     if (!s.ok()) throw OutboxRejected(s);  // /dev/urandom failed: may work next time
   }
-  if (std::string why = detail::validate_message_id(id, impl_->options.max_id_bytes); !why.empty())
+  if (std::string why = detail::validate_message_id(id, options.max_id_bytes); !why.empty())
     throw OutboxRefused(Status::InvalidArgument("outbox message id refused: " + why));
   const std::string key = m.ordering_key.empty() ? m.topic : m.ordering_key;
   const std::string props = detail::properties_json(m);
   const int64_t size = static_cast<int64_t>(id.size() + key.size() + m.topic.size() +
                                             m.payload.size() + props.size());
-  const OutboxClass* c = impl_->class_of(m.topic);
+  const OutboxClass* c = class_of(m.topic);
+  static const std::string kNoClass;
 
   // Claim the id first (guarantees.md section 3): INSERT ... ON CONFLICT DO NOTHING, and
-  // no change means the id is already present and names this message: nothing to add,
+  // no row added means the id is already present and names this message: nothing to add,
   // and no room to make. A new row is then fitted into its class; a refusal takes it out
   // again, so that enqueue() leaves nothing behind even if the caller commits.
-  SQLite::Statement ins(db,
-                        "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, "
-                        "payload, properties, qos, size_bytes, enqueued_at, enqueued_clock) "
-                        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING");
-  ins.bind(1, id);
-  ins.bind(2, key);
-  ins.bind(3, c ? c->topic_prefix : std::string());
-  ins.bind(4, m.topic);
-  ins.bind(5, m.payload.data(), static_cast<int>(m.payload.size()));
-  ins.bind(6, props);
-  ins.bind(7, size);
-  auto& in = detail::sqlite_store(impl_->inbox);
-  ins.bind(8, in.clock->wall_ms());
-  const int64_t clock_now = in.retention_clock();
-  ins.bind(9, clock_now);
-  if (ins.exec() == 0) {
-    ++impl_->duplicates;
+  detail::NewOutboxRow row;
+  row.message_id = &id;
+  row.ordering_key = &key;
+  row.class_prefix = c ? &c->topic_prefix : &kNoClass;
+  row.topic = &m.topic;
+  row.payload = &m.payload;
+  row.properties_json = &props;
+  row.size_bytes = size;
+  row.enqueued_at_ms = store->clock->wall_ms();
+  const int64_t clock_now = store->retention_clock();
+  row.enqueued_clock = clock_now;
+  int64_t seq = 0;
+  if (!rows->insert(txn, row, &seq)) {
+    ++duplicates;
   } else {
-    const int64_t seq = sqlite3_last_insert_rowid(db.getHandle());
     if (c) {
-      Status s = impl_->make_room(db, *c, size, seq, clock_now);
+      Status s = make_room(txn, *c, size, seq, clock_now);
       if (!s.ok()) {
-        SQLite::Statement undo(db, "DELETE FROM outbox_messages WHERE seq = ?");
-        undo.bind(1, seq);
-        undo.exec();
+        rows->remove(txn, seq);
         if (s.code() == Status::Code::kRejected) throw OutboxFull(s);
         throw OutboxRefused(s);  // larger than its class's max_bytes: it never fits
       }
     }
-    ++impl_->enqueued;
-    // Wake the relays once this transaction commits (a no-op on another connection).
-    in.commit_wake->arm(db.getHandle());
+    ++enqueued;
+    // Wake the relays once this transaction commits.
+    rows->wake_after_commit(txn);
   }
   if (message_id) *message_id = id;
 }
@@ -395,9 +358,9 @@ Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::stri
     return Status::Ok();
   } catch (const OutboxRejected& e) {
     return e.status();
-  } catch (const SQLite::Exception& e) {
-    return detail::to_status(e, "outbox enqueue");
   } catch (const std::exception& e) {
+    Status s;
+    if (impl_->rows->store_error(e, "outbox enqueue", &s)) return s;
     return Status::Internal(std::string("outbox enqueue: ") + e.what());
   }
 }
@@ -405,68 +368,32 @@ Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::stri
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
-  auto& in = detail::sqlite_store(impl_->inbox);
-  auto& db = *in.db;
-  // A read: one statement, so one snapshot, and no write lock. It counted an attempt on
-  // every row it handed out before: a write transaction per fetch, and so about one per
-  // event once commits woke the relay. The relay now counts its publishes and adds them
-  // with the mark (OutboxMark).
-  return impl_->read_on_inbox("Outbox::fetch_pending", [&] {
-    out->clear();
-    const int64_t clock_now = in.retention_clock();
-    SQLite::Statement q(db, std::string("SELECT ") + detail::kOutboxRowColumns +
-                                " FROM outbox_messages WHERE state = 'pending' AND seq > ? "
-                                "ORDER BY seq LIMIT ?");
-    q.bind(1, after_seq);
-    q.bind(2, limit);
-    while (q.executeStep()) out->push_back(detail::read_outbox_row(q, clock_now));
-  });
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::fetch_pending"); !r.ok())
+    return r;
+  // A read (store/outbox_rows.h). It counted an attempt on every row it handed out before:
+  // a write transaction per fetch, and so about one per event once commits woke the
+  // relay. The relay now counts its publishes and adds them with the mark (OutboxMark).
+  std::vector<detail::StoredOutboxRow> stored;
+  Status s = impl_->rows->fetch_pending(after_seq, limit, &stored);
+  if (s.ok()) detail::to_outbox_rows(std::move(stored), out);
+  return s;
 }
 
 Status Outbox::mark_sent(const std::vector<OutboxMark>& rows) {
   if (rows.empty()) return Status::Ok();
-  auto& in = detail::sqlite_store(impl_->inbox);
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::mark_sent"); !r.ok()) return r;
   int64_t changed = 0;
-  Status s = impl_->on_inbox("Outbox::mark_sent", /*relaxed_sync=*/true, [&] {
-    changed = 0;
-    SQLite::Statement up(*in.db,
-                         "UPDATE outbox_messages SET state = 'sent', sent_at = ?, "
-                         "retention_at = ?, attempts = attempts + ? "
-                         "WHERE seq = ? AND state = 'pending'");
-    const int64_t now = in.clock->wall_ms();
-    const int64_t retention_now = in.retention_clock();
-    for (const OutboxMark& r : rows) {
-      up.bind(1, now);
-      up.bind(2, retention_now);
-      up.bind(3, std::max(0, r.publishes));
-      up.bind(4, r.seq);
-      changed += up.exec();
-      up.tryReset();
-    }
-  });
+  Status s = impl_->rows->mark_sent(rows, &changed);
   if (s.ok()) impl_->sent += changed;
   return s;
 }
 
 Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
                          const std::string& text) {
-  auto& in = detail::sqlite_store(impl_->inbox);
-  int changed = 0;
-  Status s = impl_->on_inbox("Outbox::mark_dead", /*relaxed_sync=*/false, [&] {
-    SQLite::Statement up(*in.db,
-                         "UPDATE outbox_messages SET state = 'dead', dead_reason = ?, "
-                         "reason_code = ?, reason_text = ?, dead_at = ?, retention_at = ?, "
-                         "attempts = attempts + ? WHERE seq = ? AND state = 'pending'");
-    up.bind(1, to_string(reason));
-    up.bind(2, reason_code);
-    up.bind(3, text);
-    up.bind(4, in.clock->wall_ms());
-    up.bind(5, in.retention_clock());
-    up.bind(6, std::max(0, row.publishes));
-    up.bind(7, row.seq);
-    changed = up.exec();
-  });
-  if (s.ok() && changed > 0) {
+  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::mark_dead"); !r.ok()) return r;
+  bool changed = false;
+  Status s = impl_->rows->mark_dead(row, reason, reason_code, text, &changed);
+  if (s.ok() && changed) {
     ++impl_->dead;
     impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}",
                      row.seq, to_string(reason), reason_code, detail::printable(text));
@@ -474,17 +401,11 @@ Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int rea
   return s;
 }
 
-namespace detail {
-
-uint64_t OutboxAccess::add_commit_waker(Outbox& outbox, std::function<void()> wake) {
-  return sqlite_store(outbox.impl_->inbox).commit_wake->add(std::move(wake));
+uint64_t Outbox::add_commit_waker(std::function<void()> wake) {
+  return impl_->rows->add_commit_waker(std::move(wake));
 }
 
-void OutboxAccess::remove_commit_waker(Outbox& outbox, uint64_t id) {
-  sqlite_store(outbox.impl_->inbox).commit_wake->remove(id);
-}
-
-}  // namespace detail
+void Outbox::remove_commit_waker(uint64_t id) { impl_->rows->remove_commit_waker(id); }
 
 OutboxCounters Outbox::counters() const {
   OutboxCounters c;

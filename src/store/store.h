@@ -9,7 +9,9 @@
 // What the base class holds is what any store has: a clock, a logger, the counters, the
 // fatal latch and the start-up wait; what a store does with its database is virtual, one
 // interface per concept: the claims and attempts (store/claims.h), the dead letters
-// (store/dead_letters.h) and the session records (store/sessions.h).
+// (store/dead_letters.h), the session records (store/sessions.h), the outbox's rows
+// (store/outbox_rows.h), store-then-process's (store/stp_rows.h) and retention's
+// (store/retention_rows.h).
 //
 // Thread safety: the counters, the latch and health() are safe from any thread without
 // waiting for the store; the rest is each implementation's to say.
@@ -45,6 +47,7 @@ class StpRows;
 class ClaimStore;
 class DeadLetterStore;
 class SessionStore;
+class OutboxStore;
 
 class Store {
  public:
@@ -93,6 +96,10 @@ class Store {
   // Store-then-process's rows: receipt, the workers' claims, maintenance
   // (store/stp_rows.h).
   virtual StpRows& stp_rows() = 0;
+
+  // The outbox's rows: the enqueue in the caller's transaction, the relays' fetch, marks
+  // and wake-up, inspection and repair (store/outbox_rows.h).
+  virtual OutboxStore& outbox() = 0;
 
   // Once the store is found unusable (a corrupt SQLite file), it is never read or written
   // again: every operation returns fatal_status() without touching it, and the error is

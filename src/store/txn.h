@@ -68,4 +68,11 @@ StoreHandlerOf<D> bind_handler(
 // a complete type, so that the policy binds a handler without an SQLite header.
 StoreHandler bind_sqlite_handler(Handler handler);
 
+// Runs `fn` with `db` as the SQLite store's transaction, a TypedTxn<SQLite::Database> on
+// the stack: how the public SQLite-typed calls (Outbox::enqueue, given a handler's
+// connection) reach the store's interfaces (store/outbox_rows.h). Made in
+// store/sqlite/outbox_rows.cpp, where SQLite::Database is complete; what `fn` throws
+// passes through.
+void with_sqlite_txn(SQLite::Database& db, const std::function<void(const Txn&)>& fn);
+
 }  // namespace mqtt_inbox::detail

@@ -6,6 +6,8 @@
 
 #include <mqtt_inbox/store_then_process.h>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
 #include <atomic>
@@ -13,12 +15,12 @@
 #include <functional>
 #include <set>
 
-#include "outbox/outbox_wake.h"
 #include "store/dead_letters.h"
-#include "store/store.h"
 #include "store/sqlite/schema.h"
+#include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "util/log.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -256,7 +258,7 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   auto outbox = make_outbox(options);
   int runs = 0;
   ConsumerOptions co;
-  co.requeue_poll_ms = 0;  // the test calls replay_requeued() itself
+  co.requeue_poll_ms = 0;            // the test calls replay_requeued() itself
   co.dead_letter_payload_bytes = 8;  // dead letters keep 8 bytes; a parked message all
   auto consumer = make_consumer(
       [&](SQLite::Database& db, const Delivery& d) {
@@ -272,12 +274,15 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   EXPECT_EQ(consumer->handle(credit_message("c-4", "a", 8)), Outcome::kDeadLettered);
   EXPECT_EQ(runs, 4);  // one run each: a full outbox is not retried in the callback
   auto parked = [&](const std::string& status) {
-    return query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                               "'outbox_full' AND attempts = 0 AND status = '" + status + "'");
+    return query_int(db_path_,
+                     "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                     "'outbox_full' AND attempts = 0 AND status = '" +
+                         status + "'");
   };
   EXPECT_EQ(parked("requeued"), 2);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason_text "
-                                "LIKE '%outbox full: class ''events/'' holds 3 rows%'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason_text "
+                      "LIKE '%outbox full: class ''events/'' holds 3 rows%'"),
             2);
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_attempts"), 0);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 3);
@@ -298,8 +303,9 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   // A redelivery of a parked message: acked, the handler not run, the row kept.
   EXPECT_EQ(consumer->handle(credit_message("c-3", "a", 4)), Outcome::kAlreadyDeadLettered);
   EXPECT_EQ(runs, 8);
-  EXPECT_EQ(query_int(db_path_, "SELECT redeliveries FROM inbox_dead_letters "
-                                "WHERE message_id = 'c-3'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT redeliveries FROM inbox_dead_letters "
+                      "WHERE message_id = 'c-3'"),
             1);
 
   // The relay frees one row: one more fits, the next pass applies c-3 and parks c-4 again.
@@ -311,8 +317,9 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 7);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
-                                "'c-3' AND status = 'replayed'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
+                      "'c-3' AND status = 'replayed'"),
             1);
   EXPECT_EQ(parked("requeued"), 1);
   // The rest of the room: c-4 applies once, and every credit is in the ledger once.
@@ -324,8 +331,9 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
   EXPECT_EQ(count("state = 'pending'"), 2);
   EXPECT_EQ(count("message_id IN ('c-3/0', 'c-4/0')"), 2);
   EXPECT_EQ(parked("requeued"), 0);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE status <> "
-                                "'replayed'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE status <> "
+                      "'replayed'"),
             0);
 }
 
@@ -350,9 +358,8 @@ TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
                   inbox.get(), "ledger",
                   [&](SQLite::Database& db, const Delivery& d) {
                     ledger::apply_credit(db, d);
-                    outbox->enqueue_or_throw(
-                        db, out_msg("events/c", d.message_id,
-                                    derived_message_id(d.message_id, "0")));
+                    outbox->enqueue_or_throw(db, out_msg("events/c", d.message_id,
+                                                         derived_message_id(d.message_id, "0")));
                   },
                   co, &consumer)
                   .ok());
@@ -371,11 +378,13 @@ TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
   PruneResult pr;
   ASSERT_TRUE(pruner->prune_once(&pr).ok());
   EXPECT_EQ(pr.dead_letters_deleted, 1);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                            "'missing_id'"),
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                      "'missing_id'"),
             0);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                            "'outbox_full' AND status = 'requeued'"),
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                      "'outbox_full' AND status = 'requeued'"),
             1);
   // Room at last: the parked credit applies once.
   std::vector<OutboxRow> rows;
@@ -403,9 +412,10 @@ TEST_F(OutboxTest, ReparkingAPurgedRowWritesItAgain) {
   int64_t id = 0;
   ASSERT_TRUE(inbox_->store().dead_letters().add(dl, /*replace_id=*/4242, &id).ok());
   EXPECT_NE(id, 4242);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
-                                "'c-9' AND status = 'requeued' AND payload_size = " +
-                                    std::to_string(dl.payload_size)),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "
+                      "'c-9' AND status = 'requeued' AND payload_size = " +
+                          std::to_string(dl.payload_size)),
             1);
   EXPECT_EQ(inbox_->stats().dead_lettered, 0);  // parked, not dead
 }
@@ -421,9 +431,10 @@ TEST_F(OutboxTest, MessageLargerThanItsClassIsRefusedInsteadOfParking) {
     outbox->enqueue_or_throw(db, out_msg("events/c", std::string(100, 'x')));
   });
   EXPECT_EQ(consumer->handle(credit_message("big-1", "a", 1)), Outcome::kDeadLettered);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                                "'outbox_refused' AND status = 'dead' AND attempts = 1"
-                                " AND reason_text LIKE '%larger than class ''events/''%'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                      "'outbox_refused' AND status = 'dead' AND attempts = 1"
+                      " AND reason_text LIKE '%larger than class ''events/''%'"),
             1);
   EXPECT_EQ(consumer->counters().outbox_full_parked, 0);
   EXPECT_EQ(consumer->counters().handler_failures, 0);
@@ -474,6 +485,70 @@ TEST_F(OutboxTest, DropOldestKeepsTheNewestAndCountsExactly) {
   });
   EXPECT_EQ(count("class = 'telemetry/'"), 5);
   EXPECT_EQ(query_int(db_path_, "SELECT dropped FROM outbox_usage WHERE class = 'telemetry/'"), 7);
+}
+
+// How many of `ring`'s lines hold `text`.
+int lines_with(spdlog::sinks::ringbuffer_sink_mt& ring, const std::string& text) {
+  int n = 0;
+  for (const auto& line : ring.last_formatted())
+    if (line.find(text) != std::string::npos) ++n;
+  return n;
+}
+
+// An Outbox made without a logger logs where its Inbox does (InboxOptions::logger: a
+// service's journal), never to the default "mqtt_inbox" logger; one given its own logger
+// logs there only. Each kind of outbox log line: a drop (warn), a dead row (warn), a
+// replay and a purge (info).
+TEST_F(OutboxTest, LogsToItsInboxsLoggerUnlessGivenOne) {
+  auto inbox_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto inbox_log = std::make_shared<spdlog::logger>("outbox-test-inbox", inbox_ring);
+  inbox_log->set_level(spdlog::level::info);
+  auto fallback_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto fallback = detail::logger_or_default(nullptr);  // the "mqtt_inbox" logger
+  fallback->sinks().push_back(fallback_ring);
+  InboxOptions io;
+  io.logger = inbox_log;
+  inbox_.reset();
+  inbox_ = open_ledger_inbox(db_path_, io);
+  ASSERT_TRUE(inbox_);
+
+  OutboxOptions options;
+  options.classes.push_back({"telemetry/", 1, 0, OutboxFullPolicy::kDropOldest});
+  auto outbox = make_outbox(options);
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", "1", "l-1")).ok());
+  ASSERT_TRUE(enqueue_own(*outbox, out_msg("telemetry/t", "2", "l-2")).ok());  // drops l-1
+  EXPECT_EQ(outbox->counters().dropped, 1);
+  EXPECT_EQ(count("message_id = 'l-1'"), 0);
+  EXPECT_EQ(lines_with(*inbox_ring, "dropped 1 oldest pending row(s), first id 'l-1'"), 1);
+
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(
+      outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+  EXPECT_EQ(count("message_id = 'l-2' AND state = 'dead'"), 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "is an outbox dead letter: rejected_by_broker"), 1);
+  ASSERT_TRUE(outbox->replay_dead("l-2").ok());
+  EXPECT_EQ(lines_with(*inbox_ring, "dead letter 'l-2' replayed"), 1);
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kExpired, 0, "late").ok());
+  int64_t removed = 0;
+  ASSERT_TRUE(outbox->purge(OutboxPurgeFilter{}, &removed).ok());
+  EXPECT_EQ(removed, 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "1 dead row(s) purged"), 1);
+  EXPECT_EQ(lines_with(*fallback_ring, "outbox:"), 0);
+
+  // An outbox with a logger of its own: its lines go there, not to the inbox's.
+  auto own_ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  options.logger = std::make_shared<spdlog::logger>("outbox-test-own", own_ring);
+  auto own = make_outbox(options);
+  ASSERT_TRUE(enqueue_own(*own, out_msg("telemetry/t", "3", "l-3")).ok());  // drops nothing
+  ASSERT_TRUE(enqueue_own(*own, out_msg("telemetry/t", "4", "l-4")).ok());  // drops l-3
+  EXPECT_EQ(lines_with(*own_ring, "first id 'l-3'"), 1);
+  EXPECT_EQ(lines_with(*inbox_ring, "first id 'l-3'"), 0);
+  EXPECT_EQ(lines_with(*fallback_ring, "outbox:"), 0);
+  fallback->sinks().pop_back();
 }
 
 // fetch_pending returns committed rows in enqueue order from a given seq on and keeps the
@@ -542,7 +617,8 @@ TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
   OutboxOptions options;
   options.classes.push_back({"a/", 100, 0, OutboxFullPolicy::kReject});
   auto outbox = make_outbox(options);
-  for (const char* id : {"r-1", "r-2", "r-3"}) ASSERT_TRUE(enqueue_own(*outbox, out_msg("a/x", id, id)).ok());
+  for (const char* id : {"r-1", "r-2", "r-3"})
+    ASSERT_TRUE(enqueue_own(*outbox, out_msg("a/x", id, id)).ok());
   std::vector<OutboxRow> rows;
   ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 3u);
@@ -627,14 +703,14 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = ''"), 2);
 }
 
-// The relays' wake-up (store/sqlite/commit_wake.h): after the commit of a transaction on the inbox's
-// connection that enqueued (or replayed a dead letter), never before it, and not for a
+// The relays' wake-up (store/sqlite/commit_wake.h): after the commit of a transaction on the
+// inbox's connection that enqueued (or replayed a dead letter), never before it, and not for a
 // transaction that enqueued nothing, nor for one that rolled back... until the next commit.
 TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   auto outbox = make_outbox();
   int wakes = 0;
   int wakes_in_transaction = -1;
-  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
   inbox_->with_connection([&](SQLite::Database& db) {
     db.exec("BEGIN IMMEDIATE");
     ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "1", "w-1")).ok());
@@ -683,7 +759,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   }
   EXPECT_EQ(wakes, before_other);
   // Removed: never called again.
-  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  outbox->remove_commit_waker(id);
   ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
   EXPECT_EQ(wakes, before_other);
 }
@@ -695,7 +771,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
 TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
   auto outbox = make_outbox();
   std::atomic<int> wakes{0};
-  const uint64_t id = detail::OutboxAccess::add_commit_waker(*outbox, [&] { ++wakes; });
+  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
   // A worker's handler enqueues in the transaction that marks its row done.
   StoreThenProcessOptions so;
   so.aggregate_key = aggregate_key_from_topic_level(1);
@@ -745,7 +821,7 @@ TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
     other.exec("COMMIT");
   }
   EXPECT_EQ(wakes.load(), 2);
-  detail::OutboxAccess::remove_commit_waker(*outbox, id);
+  outbox->remove_commit_waker(id);
 }
 
 // fetch_pending is a read: it returns the committed rows while another connection holds
@@ -806,9 +882,10 @@ TEST(OutboxSchema, Step12KeepsRowsSeqCounterAndTriggers) {
       if (step.version <= 9) db.exec(step.sql);
     ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 9);
     for (int i = 1; i <= 5; ++i)
-      db.exec("INSERT INTO outbox_messages (message_id, ordering_key, class, topic, payload, "
-              "properties, size_bytes, enqueued_at) VALUES ('old-" + std::to_string(i) +
-              "', 'k', '', 't', 'p', '{}', 10, 1)");
+      db.exec(
+          "INSERT INTO outbox_messages (message_id, ordering_key, class, topic, payload, "
+          "properties, size_bytes, enqueued_at) VALUES ('old-" +
+          std::to_string(i) + "', 'k', '', 't', 'p', '{}', 10, 1)");
     db.exec("UPDATE outbox_messages SET state = 'dead', dead_reason = 'expired' WHERE seq = 2");
     db.exec("DELETE FROM outbox_messages WHERE seq = 5");  // the last seq, pruned
     ASSERT_EQ(db.execAndGet("SELECT rows FROM outbox_usage WHERE class = ''").getInt(), 3);
@@ -817,8 +894,10 @@ TEST(OutboxSchema, Step12KeepsRowsSeqCounterAndTriggers) {
   ASSERT_TRUE(inbox);
   EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
   EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages"), 4);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM outbox_messages WHERE seq = 2 AND "
-                            "state = 'dead' AND dead_reason = 'expired'"), 1);
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM outbox_messages WHERE seq = 2 AND "
+                      "state = 'dead' AND dead_reason = 'expired'"),
+            1);
   EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 3);
   std::unique_ptr<Outbox> outbox;
   ASSERT_TRUE(Outbox::create(inbox.get(), {}, &outbox).ok());
@@ -890,37 +969,54 @@ std::vector<Member> members() {
   // The field report: a 250-byte credit id, accepted by the inbox (256), derives
   // "<id>/credited", 259 bytes (derived_message_id throws).
   add(std::string(250, 'L'), nullptr, "259 bytes, longer than the outbox's 256");
-  add("id-long", [](OutgoingMessage& m) { m.message_id = std::string(257, 'i'); },
+  add(
+      "id-long", [](OutgoingMessage& m) { m.message_id = std::string(257, 'i'); },
       "message id is 257 bytes, longer than 256");
-  add("id-control", [](OutgoingMessage& m) { m.message_id = "bad\x01id"; }, "control character");
-  add("id-utf8", [](OutgoingMessage& m) { m.message_id = "\xff\xfe"; }, "not valid UTF-8");
-  add("id-blank", [](OutgoingMessage& m) { m.message_id = "   "; }, "only whitespace");
-  add("topic-plus", [](OutgoingMessage& m) { m.topic = "events/+/x"; }, "holds a wildcard");
-  add("topic-hash", [](OutgoingMessage& m) { m.topic = "events/#"; }, "holds a wildcard");
-  add("topic-empty", [](OutgoingMessage& m) { m.topic = ""; }, "outbox topic is empty");
-  add("topic-nul", [](OutgoingMessage& m) { m.topic = std::string("events/a\0b", 10); },
-      "U+0000");
-  add("topic-utf8", [](OutgoingMessage& m) { m.topic = "events/\xc3\x28"; }, "not valid UTF-8");
-  add("topic-long", [](OutgoingMessage& m) { m.topic = "events/" + std::string(65530, 't'); },
+  add(
+      "id-control", [](OutgoingMessage& m) { m.message_id = "bad\x01id"; }, "control character");
+  add(
+      "id-utf8", [](OutgoingMessage& m) { m.message_id = "\xff\xfe"; }, "not valid UTF-8");
+  add(
+      "id-blank", [](OutgoingMessage& m) { m.message_id = "   "; }, "only whitespace");
+  add(
+      "topic-plus", [](OutgoingMessage& m) { m.topic = "events/+/x"; }, "holds a wildcard");
+  add(
+      "topic-hash", [](OutgoingMessage& m) { m.topic = "events/#"; }, "holds a wildcard");
+  add(
+      "topic-empty", [](OutgoingMessage& m) { m.topic = ""; }, "outbox topic is empty");
+  add(
+      "topic-nul", [](OutgoingMessage& m) { m.topic = std::string("events/a\0b", 10); }, "U+0000");
+  add(
+      "topic-utf8", [](OutgoingMessage& m) { m.topic = "events/\xc3\x28"; }, "not valid UTF-8");
+  add(
+      "topic-long", [](OutgoingMessage& m) { m.topic = "events/" + std::string(65530, 't'); },
       "65537 bytes, longer than MQTT's 65535");
-  add("response-topic", [](OutgoingMessage& m) { m.response_topic = "replies/#"; },
+  add(
+      "response-topic", [](OutgoingMessage& m) { m.response_topic = "replies/#"; },
       "response topic 'replies/#' holds a wildcard");
-  add("content-type", [](OutgoingMessage& m) { m.content_type = "text/\xff"; },
-      "content type");
-  add("user-property",
-      [](OutgoingMessage& m) { m.user_properties.push_back({"k", std::string("v\0", 2)}); },
+  add(
+      "content-type", [](OutgoingMessage& m) { m.content_type = "text/\xff"; }, "content type");
+  add(
+      "user-property",
+      [](OutgoingMessage& m) {
+        m.user_properties.push_back({"k", std::string("v\0", 2)});
+      },
       "user property 'k' value");
-  add("correlation", [](OutgoingMessage& m) { m.correlation_data = std::string(65536, 'c'); },
+  add(
+      "correlation", [](OutgoingMessage& m) { m.correlation_data = std::string(65536, 'c'); },
       "correlation data is 65536 bytes");
-  add("format-2", [](OutgoingMessage& m) { m.payload_format_indicator = 2; },
+  add(
+      "format-2", [](OutgoingMessage& m) { m.payload_format_indicator = 2; },
       "payload format indicator 2");
-  add("format-utf8",
+  add(
+      "format-utf8",
       [](OutgoingMessage& m) {
         m.payload_format_indicator = 1;
         m.payload = "\xff\xfe";
       },
       "not valid UTF-8");
-  add("class-bytes",
+  add(
+      "class-bytes",
       [](OutgoingMessage& m) {
         m.topic = "bulk/x";
         m.payload = std::string(200, 'b');
@@ -965,12 +1061,13 @@ TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheInputAtOnceInAConsumer) {
   co.retry_backoff_max = std::chrono::milliseconds(1000);
   std::unique_ptr<Consumer> consumer;
   std::atomic<int> runs{0};
-  ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger",
-                               [&](SQLite::Database& db, const Delivery& d) {
-                                 ++runs;
-                                 refusals::credit_and_event(*outbox, db, d.message, d.message_id);
-                               },
-                               co, &consumer)
+  ASSERT_TRUE(Consumer::create(
+                  inbox_.get(), "ledger",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    ++runs;
+                    refusals::credit_and_event(*outbox, db, d.message, d.message_id);
+                  },
+                  co, &consumer)
                   .ok());
   const auto members = refusals::members();
   int n = 0;
@@ -993,8 +1090,9 @@ TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheInputAtOnceInAConsumer) {
   EXPECT_EQ(inbox_->stats().retries, 0);
   EXPECT_EQ(consumer->counters().processed, k);
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters"), k);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                                "'outbox_refused' AND attempts = 1 AND status = 'dead'"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                      "'outbox_refused' AND attempts = 1 AND status = 'dead'"),
             k);
   for (const auto& member : members)
     EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = '" +
@@ -1024,13 +1122,13 @@ TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheRowAtOnceInStoreThenProcess)
   o.consumer.retry_backoff_max = std::chrono::milliseconds(60000);
   std::atomic<int> runs{0};
   std::unique_ptr<StoreThenProcess> stp;
-  ASSERT_TRUE(StoreThenProcess::create(inbox_.get(), "ledger",
-                                       [&](SQLite::Database& db, const StoredDelivery& d) {
-                                         ++runs;
-                                         refusals::credit_and_event(*outbox, db, d.message,
-                                                                    d.message_id);
-                                       },
-                                       o, &stp)
+  ASSERT_TRUE(StoreThenProcess::create(
+                  inbox_.get(), "ledger",
+                  [&](SQLite::Database& db, const StoredDelivery& d) {
+                    ++runs;
+                    refusals::credit_and_event(*outbox, db, d.message, d.message_id);
+                  },
+                  o, &stp)
                   .ok());
   const auto members = refusals::members();
   int n = 0;
@@ -1043,8 +1141,9 @@ TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheRowAtOnceInStoreThenProcess)
   ASSERT_TRUE(stp->start().ok());
   ASSERT_TRUE(wait_until(
       [&] {
-        return query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status IN "
-                                   "('done', 'dead')") == 2 * k;
+        return query_int(db_path_,
+                         "SELECT count(*) FROM inbox_messages WHERE status IN "
+                         "('done', 'dead')") == 2 * k;
       },
       std::chrono::seconds(10)))
       << query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status = 'pending'");
@@ -1052,11 +1151,13 @@ TEST_F(OutboxTest, EveryRefusalForGoodDeadLettersTheRowAtOnceInStoreThenProcess)
   EXPECT_EQ(runs.load(), 2 * k);
   EXPECT_EQ(stp->counters().handler_failures, 0);
   EXPECT_EQ(stp->counters().dead_lettered, k);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_messages WHERE status = 'dead'"
-                                " AND attempts = 1"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_messages WHERE status = 'dead'"
+                      " AND attempts = 1"),
             k);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
-                                "'outbox_refused' AND attempts = 1"),
+  EXPECT_EQ(query_int(db_path_,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE reason = "
+                      "'outbox_refused' AND attempts = 1"),
             k);
   for (const auto& member : members)
     EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = '" +

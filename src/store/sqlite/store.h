@@ -4,10 +4,9 @@
 // in this folder: open.cpp (open, schema, start-up waits, the fatal latch), claim.cpp
 // (SqliteClaims: the per-message path), dead_letters.cpp (SqliteDeadLetters), sessions.cpp
 // (SqliteSessions), retention_rows.cpp (the Pruner's deletes and checkpoints), stp_rows.cpp
-// (store-then-process's rows and its workers' connections) and inbox.cpp (the SQLite-typed
-// calls of the public Inbox, stats and the retention clock). Parts whose SQL has not yet
-// moved into this folder reach it through sqlite_store() (the layout table in
-// cmake/layout_rules.cmake lists them).
+// (store-then-process's rows and its workers' connections), outbox_rows.cpp (the outbox's
+// rows) and inbox.cpp (the SQLite-typed calls of the public Inbox, stats and the
+// retention clock).
 #pragma once
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -22,20 +21,21 @@
 #include <mutex>
 #include <string>
 
-#include "store/sqlite/attempt_marker.h"
-#include "util/log.h"
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/stats.h"
-#include "store/sqlite/util.h"
 #include "store/claims.h"
 #include "store/dead_letters.h"
+#include "store/outbox_rows.h"
 #include "store/retry.h"
 #include "store/sessions.h"
+#include "store/sqlite/attempt_marker.h"
+#include "store/sqlite/util.h"
+#include "store/sqlite/wal_guard.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
-#include "store/sqlite/wal_guard.h"
+#include "util/log.h"
 
 namespace mqtt_inbox::detail {
 
@@ -44,20 +44,22 @@ struct SqliteStore;
 std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store);
 // The SQLite store's store-then-process rows (store/sqlite/stp_rows.cpp).
 std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store);
+// The SQLite store's outbox rows (store/sqlite/outbox_rows.cpp).
+std::unique_ptr<OutboxStore> make_sqlite_outbox(SqliteStore& store);
 
 // The claim transaction and the attempts (store/claims.h) on the SQLite store
 // (store/sqlite/claim.cpp).
 class SqliteClaims final : public ClaimStore {
  public:
   explicit SqliteClaims(SqliteStore& store) : s_(store) {}
-  Status process(const std::string& consumer, const Message& message,
-                 const std::string& message_id, const StoreHandler& handler, int max_attempts,
+  Status process(const std::string& consumer, const Message& message, const std::string& message_id,
+                 const StoreHandler& handler, int max_attempts,
                  std::optional<int64_t> replayed_dead_letter, const nlohmann::json* payload_json,
                  ProcessReport* report) override;
   Status lookup(const std::string& consumer, const std::string& message_id,
                 MessageState* out) override;
-  Status claim(const std::string& consumer, const Message& message,
-               const std::string& message_id, int attempt, const StoreHandler& handler,
+  Status claim(const std::string& consumer, const Message& message, const std::string& message_id,
+               int attempt, const StoreHandler& handler,
                std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
                std::string* handler_error) override;
   Status begin_attempt(const std::string& consumer, const std::string& message_id,
@@ -79,8 +81,7 @@ class SqliteDeadLetters final : public DeadLetterStore {
   Status get(int64_t id, DeadLetter* out) override;
   Status purge(const DeadLetterFilter& filter, int64_t* removed) override;
   Status requeue(int64_t id) override;
-  Status requeued(const std::string& consumer, int64_t limit,
-                  std::vector<int64_t>* ids) override;
+  Status requeued(const std::string& consumer, int64_t limit, std::vector<int64_t>* ids) override;
 
  private:
   SqliteStore& s_;
@@ -117,21 +118,19 @@ struct SqliteStore final : Store {
   std::string path;
   InboxOptions options;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
-  std::mutex mu;  // serialises use of `db`, the cached statements and the marker
+  std::mutex mu;     // serialises use of `db`, the cached statements and the marker
   std::unique_ptr<SQLite::Database> db;
   // The per-message path's statements, prepared once (store/sqlite/claim.cpp).
-  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt,
-      attempt_failed, attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts,
-      mark_replayed;
-  // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without the
-  // lock file (exclusive = false): attempts are then committed before each handler run.
+  std::unique_ptr<SQLite::Statement> begin_immediate, commit, lookup, begin_attempt, attempt_failed,
+      attempt_failed_counted, claim, claim_if_nothing_recorded, delete_attempts, mark_replayed;
+  // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without
+  // the lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<AttemptMarker> marker;
   // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
   bool handler_running = false;
 
   // sqlite3_set_authorizer callback, installed once at open with `this`.
-  static int authorize(void* self, int action, const char*, const char*, const char*,
-                       const char*);
+  static int authorize(void* self, int action, const char*, const char*, const char*, const char*);
   void prepare_statements();  // on a connection just opened (open_connection)
   // Turns a marker left by a process that died inside a handler into a 'running' attempt
   // (one committed transaction), then clears it. Throws SQLite::Exception.
@@ -139,8 +138,7 @@ struct SqliteStore final : Store {
   // Adds one attempt to (consumer, id) and returns the count: 'running' before a handler
   // run (error null), or 'failed' with *error after one. Commits on its own without fsync
   // (RelaxedSync). Under `mu`. Throws SQLite::Exception.
-  int count_attempt(const std::string& consumer, const std::string& id,
-                    const std::string* error);
+  int count_attempt(const std::string& consumer, const std::string& id, const std::string* error);
   // Inside the open transaction (store/sqlite/claim.cpp), under `mu`; throw SQLite::Exception.
   // The claim insert: true if this delivery claimed the id. With
   // only_if_nothing_recorded, also false when the id has attempts or a dead letter.
@@ -148,8 +146,7 @@ struct SqliteStore final : Store {
                     const std::string& message_id, bool only_if_nothing_recorded);
   // Everything recorded for the id (claim, dead letter, attempts); returns processed.
   // Also outside a transaction.
-  bool read_lookup(const std::string& consumer, const std::string& message_id,
-                   MessageState* out);
+  bool read_lookup(const std::string& consumer, const std::string& message_id, MessageState* out);
   void delete_attempt_row(const std::string& consumer, const std::string& id);
   // Marks a dead letter 'replayed' (its message's effect is committed), in the open
   // transaction.
@@ -162,12 +159,12 @@ struct SqliteStore final : Store {
                       ClaimResult* result, std::string* handler_error,
                       const nlohmann::json* payload_json = nullptr);
   // Wakes the outbox relays after a commit that enqueued on any connection the library
-  // opened to this file in this process (store/sqlite/commit_wake.h): the file's one CommitWake, taken
-  // when the first connection is open and kept across reopened ones, whose WAL guards
-  // watch them.
+  // opened to this file in this process (store/sqlite/commit_wake.h): the file's one CommitWake,
+  // taken when the first connection is open and kept across reopened ones, whose WAL guards watch
+  // them.
   std::shared_ptr<CommitWake> commit_wake;
-  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared after
-  // `db` and the statements: it removes its hook before the connection closes.
+  // Adaptive checkpoints and the checkpoint on SQLITE_FULL (store/sqlite/wal_guard.h). Declared
+  // after `db` and the statements: it removes its hook before the connection closes.
   std::unique_ptr<WalGuard> wal_guard;
   // Drops the connection and everything prepared on it (statements, WAL guard): before
   // each start-up attempt, and when open fails. The marker stays (it is the lock file's).
@@ -191,6 +188,8 @@ struct SqliteStore final : Store {
   RetentionRows& retention_rows() override { return *retention; }
   std::unique_ptr<StpRows> stp = make_sqlite_stp_rows(*this);
   StpRows& stp_rows() override { return *stp; }
+  std::unique_ptr<OutboxStore> outbox_store = make_sqlite_outbox(*this);
+  OutboxStore& outbox() override { return *outbox_store; }
 
   // Measures rows per consumer (a scan of inbox_processed) and stores the result for
   // stats(). On `reader`, a second connection, the scan reads a WAL snapshot and blocks
@@ -230,7 +229,8 @@ struct SqliteStore final : Store {
         [&]() -> Status {
           if (fatal.load()) return fatal_status();
           int64_t busy = options.busy_timeout_ms;
-          if (deadline > 0) busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
+          if (deadline > 0)
+            busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
           return op(static_cast<int>(busy));
         },
         deadline, options.startup_progress);
@@ -297,9 +297,5 @@ struct SqliteStore final : Store {
 };
 
 inline SqliteSessions::SqliteSessions(SqliteStore& store) : SessionStore(store), s_(store) {}
-
-// The SQLite store behind `inbox`, for the parts whose SQL has not yet moved into this
-// folder (the layout table in cmake/layout_rules.cmake names them).
-inline SqliteStore& sqlite_store(Inbox* inbox) { return static_cast<SqliteStore&>(inbox->store()); }
 
 }  // namespace mqtt_inbox::detail
