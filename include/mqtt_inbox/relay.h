@@ -130,6 +130,7 @@
 
 #include "mqtt_inbox/connection.h"
 #include "mqtt_inbox/outbox.h"
+#include "mqtt_inbox/service_notifier.h"  // HealthSource
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/subscriber.h"  // Subscriber, SubscriberHealth
 #include "mqtt_inbox/tls.h"
@@ -333,5 +334,13 @@ class Relay {
   explicit Relay(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// A ServiceNotifier source (service_notifier.h) for a Relay: name "relay", connected from
+// health(); while disconnected, a note with the last failed attempt's reason (TLS, CONNACK
+// refusal, network), so `systemctl status` shows why events are not leaving; processed =
+// PUBACKed events and dead_letters = rows it made dead (counters()). Never stuck: a relay
+// that cannot publish keeps its rows pending and holds no message. Keeps a reference: the
+// relay must outlive the notifier.
+HealthSource health_source(const Relay& relay);
 
 }  // namespace mqtt_inbox

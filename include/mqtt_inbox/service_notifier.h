@@ -90,7 +90,8 @@ using HealthSource = std::function<ServiceHealth()>;
 //   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
 //                      processed (rows done by the workers) and dead_lettered from
 //                      counters(); note "N worker store errors" once there were any.
-// The Subscriber's (the MQTT layer) is declared beside it, in subscriber.h.
+// The Subscriber's and the Relay's (the MQTT layer) are declared beside them, in
+// subscriber.h and relay.h.
 HealthSource health_source(const Consumer& consumer);
 HealthSource health_source(const StoreThenProcess& store_then_process);
 

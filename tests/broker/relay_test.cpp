@@ -113,9 +113,19 @@ TEST_F(RelayTest, BrokerDownThenBackDeliversEverythingInPerKeyOrder) {
   enqueue_events(200, 400, 4);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_FALSE(relay->is_connected());
+  // What systemd's STATUS shows of the relay meanwhile: down, and why.
+  const ServiceHealth down = health_source(*relay)();
+  EXPECT_EQ(down.name, "relay");
+  EXPECT_EQ(down.connected, std::optional<bool>(false));
+  EXPECT_FALSE(down.note.empty());
+  EXPECT_FALSE(down.stuck);
   broker_.start();
   expect_delivered_once(400);
   EXPECT_GE(relay->counters().connects, 2);
+  const ServiceHealth up = health_source(*relay)();
+  EXPECT_EQ(up.connected, std::optional<bool>(true));
+  EXPECT_GE(up.processed.value_or(0), 400);
+  EXPECT_EQ(up.dead_letters.value_or(-1), 0);
   ASSERT_TRUE(relay->stop().ok());
 }
 
@@ -371,6 +381,8 @@ TEST(RelayPoison, DeniedPublishIsDeadLetteredAndTheStreamGoesOn) {
                       "AND reason_code = 135"),
             2);
   EXPECT_EQ(relay->counters().rejected, 2);
+  EXPECT_EQ(health_source(*relay)().dead_letters.value_or(0), 2);
+  EXPECT_GE(health_source(*relay)().processed.value_or(0), 3);
   std::vector<OutboxRow> dead;
   ASSERT_TRUE(outbox->list(OutboxState::kDead, 10, &dead).ok());
   ASSERT_EQ(dead.size(), 2u);
