@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "command_line.h"
 #include "connection_flags.h"
 #include "exit_codes.h"
 #include "service_frame.h"
@@ -64,7 +65,9 @@ inline void add_refused_limit(CLI::App& app, int64_t* ms) {
 // outlive app.parse()). f->consumer_name's initial value is the default of --consumer.
 inline void add(CLI::App& app, Flags* f) {
   connection_flags::add(app, &f->connection, connection_flags::Role::kSubscriber);
-  app.add_option("--topic", f->topic, "Topic filter to consume")->required();
+  app.add_option("--topic", f->topic, "Topic filter to consume")
+      ->required()
+      ->check(command_line::topic_filter());
   app.add_option("--db", f->db_path, "SQLite database file")->required();
   app.add_option("--consumer", f->consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error");

@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "command_line.h"
 #include "connection_flags.h"
 
 namespace {
@@ -52,7 +53,9 @@ int main(int argc, char** argv) {
   int count = 1000, accounts = 10, malformed_count = 0, window = 100;
   double dup_fraction = 0.0, rate = 0.0;
   unsigned seed = 1;
-  app.add_option("--topic", topic, "Topic to publish to")->required();
+  app.add_option("--topic", topic, "Topic to publish to")
+      ->required()
+      ->check(command_line::topic_name());
   app.add_option("--count", count, "Unique credit events")->check(CLI::PositiveNumber);
   app.add_option("--duplicates", dup_fraction, "Fraction of events re-sent as duplicates")
       ->check(CLI::Range(0.0, 10.0));
@@ -62,7 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--id-prefix", prefix, "Prefix of the message ids");
   app.add_option("--rate", rate, "Messages per second (0 = as fast as PUBACKs allow)");
   app.add_option("--window", window, "PUBACKs outstanding at most")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = command_line::parse(app, argc, argv, "publisher"); rc >= 0) return rc;
   const bool v5 = connection.mqtt_version == "5";
 
   std::mt19937_64 rng(seed);

@@ -1,0 +1,180 @@
+// The shipped programs (examples/ledger_consumer, event_consumer, sensor_gateway,
+// publisher and the mqtt-inbox tool) at their edges, run as child processes as a newcomer
+// runs them (issue 27's follow-up):
+//  - a command line they cannot use ends with exit 1 and the reason on stderr, whatever
+//    CLI11's own code for the error would be (105, 106, 109, ...), and --help with 0: the
+//    shipped units list 1 in RestartPreventExitStatus= (docs/operations.md);
+//  - a topic option whose bad value would only show per message (a wildcard in
+//    --emit-topic dead-letters every credit's event) stops the program at start, naming
+//    the option, before it touches the database or the broker;
+//  - the publisher survives a broker restart (or gives up within --ack-timeout-ms, exit 1).
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <mqtt_inbox/topic.h>
+
+#include "support/example_fixture.h"
+
+namespace mqtt_inbox::test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+struct Outcome {
+  int exit_code = -1;  // -1: did not exit normally within the timeout
+  std::string output;  // stdout and stderr
+};
+
+Outcome run_program(const TempDir& dir, const std::vector<std::string>& argv, const std::string& log,
+        seconds timeout = seconds(20)) {
+  Child c(argv, dir.file(log));
+  const int st = c.wait(timeout);
+  Outcome r;
+  if (st != -1 && WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
+  r.output = read_text(dir.file(log));
+  return r;
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+class ProgramsTest : public ExampleProgramTest {
+ protected:
+  int runs_ = 0;  // one log file per run: a Child appends to its log
+  // The smallest command line each program accepts, against the test's broker and file.
+  std::vector<std::string> base(const std::string& program) const {
+    if (program == "ledger_consumer" || program == "event_consumer")
+      return {built_program(program), "--broker", broker_.uri(), "--client-id", client_id_,
+              "--topic", "credits/#", "--db", db_};
+    if (program == "sensor_gateway")
+      return {built_program(program), "--broker", broker_.uri(), "--client-id", client_id_,
+              "--db", db_};
+    if (program == "publisher")
+      return {built_program(program), "--broker", broker_.uri(), "--topic", "credits/x",
+              "--client-id", "pub-" + client_id_};
+    // The admin tool: a command that needs the database (absent: exit 3 if parsed).
+    return {built_program("mqtt-inbox"), "stats", db_};
+  }
+  static std::vector<std::string> with(std::vector<std::string> argv,
+                                       const std::vector<std::string>& extra) {
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  }
+  // Expects exit 1, the program's name and `needle` in the output, and no database made.
+  void expect_usage_error(const std::vector<std::string>& argv, const std::string& needle,
+                          const std::string& what) {
+    SCOPED_TRACE(what);
+    const Outcome r = run_program(dir_, argv, "usage-" + std::to_string(++runs_) + ".log");
+    const std::string program = argv[0].substr(argv[0].rfind('/') + 1);
+    EXPECT_EQ(r.exit_code, 1) << program << " " << what << ":\n" << r.output;
+    EXPECT_NE(r.output.find(program + ": "), std::string::npos) << what << ":\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos)
+        << program << " " << what << ": no '" << needle << "' in:\n" << r.output;
+    EXPECT_FALSE(exists(db_)) << program << " " << what << ": the database was created";
+    EXPECT_EQ(broker_connections(), 0u) << program << " " << what << ": it connected";
+  }
+};
+
+const char* const kPrograms[] = {"ledger_consumer", "event_consumer", "sensor_gateway",
+                                 "publisher", "mqtt-inbox"};
+
+// Each kind of parse error CLI11 has a code of its own for, on every program: an unknown
+// option (109), a value that fails a check (105), a value of the wrong type (105/104), a
+// missing required option (106), an option without its value (114): all exit 1.
+TEST_F(ProgramsTest, EveryUsageErrorOfEveryProgramExits1) {
+  for (const std::string program : kPrograms) {
+    SCOPED_TRACE(program);
+    const auto b = base(program);
+    expect_usage_error(with(b, {"--no-such-option"}), "--no-such-option", "unknown option");
+    if (program == "mqtt-inbox") {
+      expect_usage_error({built_program("mqtt-inbox"), "prune", db_, "--budget-ms", "-5"},
+                         "--budget-ms", "failed check");
+      expect_usage_error({built_program("mqtt-inbox"), "outbox", "list", db_, "--limit", "x"},
+                         "--limit", "wrong type");
+      expect_usage_error({built_program("mqtt-inbox"), "stats"}, "", "missing database");
+      expect_usage_error({built_program("mqtt-inbox")}, "", "missing command");
+      continue;
+    }
+    if (program == "publisher") {
+      expect_usage_error(with(b, {"--count", "0"}), "--count", "failed check");
+      expect_usage_error(with(b, {"--window", "many"}), "--window", "wrong type");
+      expect_usage_error({built_program(program), "--broker", broker_.uri()}, "--topic",
+                         "missing required option");
+    } else {
+      expect_usage_error(with(b, {"--mqtt-version", "4"}), "--mqtt-version", "failed check");
+      expect_usage_error(with(b, {"--startup-deadline-ms", "soon"}), "--startup-deadline-ms",
+                         "wrong type");
+      std::vector<std::string> no_db = {built_program(program), "--broker", broker_.uri(),
+                                        "--client-id", client_id_};
+      if (program != "sensor_gateway") no_db.insert(no_db.end(), {"--topic", "credits/#"});
+      expect_usage_error(no_db, "--db", "missing required option");
+    }
+    expect_usage_error(with(b, {"--broker"}), "--broker", "option without its value");
+  }
+}
+
+TEST_F(ProgramsTest, HelpExits0OnEveryProgram) {
+  for (const std::string program : kPrograms) {
+    const Outcome r = run_program(dir_, {built_program(program), "--help"}, "help-" + program + ".log");
+    EXPECT_EQ(r.exit_code, 0) << program << ":\n" << r.output;
+    EXPECT_NE(r.output.find("--"), std::string::npos) << program << ": no options listed";
+  }
+  const Outcome r = run_program(dir_, {built_program("mqtt-inbox"), "outbox", "list", "--help"}, "help.log");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(exists(db_));
+}
+
+// The class of issue 27's --emit-topic: every option holding a topic is checked at start.
+// A topic name to publish to (--emit-topic, publisher --topic, probe-broker
+// --topic-prefix): no wildcard, not empty, valid UTF-8. A filter to subscribe to (the
+// consumers' --topic, sensor_gateway's): '+' and '#' only as whole levels.
+TEST_F(ProgramsTest, EveryTopicOptionIsCheckedAtStart) {
+  const std::vector<std::string> bad_names = {"events/+", "events/#", "", "events/\xff\xfe"};
+  for (const auto& bad : bad_names) {
+    SCOPED_TRACE("name '" + bad + "'");
+    expect_usage_error(with(base("ledger_consumer"), {"--emit-topic", bad}), "--emit-topic",
+                       "--emit-topic");
+    expect_usage_error({built_program("publisher"), "--broker", broker_.uri(), "--topic", bad},
+                       "--topic", "publisher --topic");
+    expect_usage_error({built_program("mqtt-inbox"), "probe-broker", "--broker", broker_.uri(),
+                        "--topic-prefix", bad},
+                       "--topic-prefix", "probe-broker --topic-prefix");
+  }
+  const std::vector<std::string> bad_filters = {"credits/#/x", "credits/a+", "", "#x",
+                                                "$share//credits", "credits/\xc0\xaf"};
+  for (const auto& bad : bad_filters) {
+    SCOPED_TRACE("filter '" + bad + "'");
+    for (const std::string program : {"ledger_consumer", "event_consumer"})
+      expect_usage_error({built_program(program), "--broker", broker_.uri(), "--client-id",
+                          client_id_, "--db", db_, "--topic", bad},
+                         "--topic", program + " --topic");
+    expect_usage_error(with(base("sensor_gateway"), {"--topic", bad}), "--topic",
+                       "sensor_gateway --topic");
+  }
+}
+
+// The checks themselves, members of both classes, good and bad.
+TEST(TopicChecks, NamesAndFilters) {
+  for (const char* ok : {"a", "a/b", "/", "a//b", "$SYS/x", "é/ü"})
+    EXPECT_TRUE(check_topic_name(ok).ok()) << ok;
+  for (const std::string& bad : {std::string(), std::string("a/+"), std::string("#"),
+                                std::string("a\0b", 3), std::string("\xed\xa0\x80"),
+                                std::string(65536, 'a')})
+    EXPECT_EQ(check_topic_name(bad, "--x").code(), Status::Code::kInvalidArgument)
+        << bad.size() << " bytes";
+  EXPECT_NE(check_topic_name("a/+", "--emit-topic").message().find("--emit-topic"),
+            std::string::npos);
+  for (const char* ok : {"#", "+", "a/#", "a/+/b", "+/+", "/#", "$share/g/a/#", "$share/g/+"})
+    EXPECT_TRUE(check_topic_filter(ok).ok()) << ok;
+  for (const std::string& bad :
+       {std::string(), std::string("a/#/b"), std::string("a#"), std::string("a/b+"),
+        std::string("+a"), std::string("$share/g"), std::string("$share//a"),
+        std::string("$share/g+/a"), std::string("$share/g/"), std::string("a\0", 2)})
+    EXPECT_EQ(check_topic_filter(bad).code(), Status::Code::kInvalidArgument) << bad;
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test
