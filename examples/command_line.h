@@ -4,8 +4,8 @@
 // CLI11 ends a parse error with codes of its own (105 for a failed check, 106 for a
 // missing option, 109 for an unknown one, ...), which collide with nothing documented and
 // mean nothing to a supervisor. A usage error is a configuration error: exit 1, which the
-// shipped units list in RestartPreventExitStatus= (docs/operations.md#installing-and-
-// starting-a-unit). --help exits 0.
+// shipped units list in RestartPreventExitStatus=
+// (docs/operations.md#installing-and-starting-a-unit). --help exits 0.
 #pragma once
 
 #include <mqtt_inbox/topic.h>
