@@ -156,6 +156,82 @@ TEST_F(ProgramsTest, EveryTopicOptionIsCheckedAtStart) {
   }
 }
 
+// examples/publisher across a broker restart, on both MQTT versions: it used to wait for
+// ever on a PUBACK the lost connection would never bring. It reconnects, Paho sends the
+// publishes still in flight again (a persistent session), and it exits 0; every credit
+// arrives exactly once at the ledger.
+class PublisherRestartTest : public ProgramsTest,
+                             public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(PublisherRestartTest, PublisherRidesOutABrokerRestart) {
+  {
+    const std::string version = GetParam();
+    create_session([&](const std::string& log) { return start_ledger(log); });
+    constexpr int kCredits = 3000;
+    const std::string log = "publisher-" + version + ".log";
+    Child pub({built_program("publisher"), "--broker", broker_.uri(), "--topic", "credits/r",
+               "--count", std::to_string(kCredits), "--accounts", "7", "--id-prefix",
+               "r" + version, "--client-id", "pub-" + client_id_, "--mqtt-version", version,
+               "--rate", "1000"},
+              dir_.file(log));
+    std::this_thread::sleep_for(milliseconds(1000));
+    ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
+    broker_.stop();
+    std::this_thread::sleep_for(milliseconds(1500));
+    broker_.start();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int st = pub.wait(seconds(60));
+    ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "status " << st << " after "
+        << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
+        << " ms\n"
+        << read_text(dir_.file(log));
+    const std::string out = read_text(dir_.file(log));
+    const size_t at = out.rfind("total_amount=");
+    ASSERT_NE(at, std::string::npos) << out;
+    const int64_t total = std::stoll(out.substr(at + 13));
+
+    auto ledger = start_ledger("ledger-" + version + ".log");
+    EXPECT_TRUE(wait_until(
+        [&] { return q("SELECT count(*) FROM ledger_entries") == kCredits; }, seconds(60)))
+        << q("SELECT count(*) FROM ledger_entries") << " of " << kCredits << " credits applied";
+    EXPECT_EQ(q("SELECT count(DISTINCT message_id) FROM ledger_entries"), kCredits);
+    EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), total);
+    ledger->signal(SIGTERM);
+    EXPECT_EQ(ledger->wait(seconds(20)), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mqtt, PublisherRestartTest, ::testing::Values("3.1.1", "5"),
+                         [](const auto& p) { return p.param == "5" ? "v5" : "v311"; });
+
+// A broker that does not come back: the publisher gives up within --ack-timeout-ms of the
+// last PUBACK, exit 1, saying how many were acked, instead of hanging.
+TEST_F(ProgramsTest, PublisherGivesUpWhenTheBrokerStaysAway) {
+  for (const std::string version : {"3.1.1", "5"}) {
+    SCOPED_TRACE("MQTT " + version);
+    const std::string log = "publisher-away-" + version + ".log";
+    Child pub({built_program("publisher"), "--broker", broker_.uri(), "--topic", "credits/a",
+               "--count", "5000", "--client-id", "pub-" + client_id_, "--mqtt-version",
+               version, "--rate", "500", "--ack-timeout-ms", "3000"},
+              dir_.file(log));
+    std::this_thread::sleep_for(milliseconds(1000));
+    ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
+    broker_.stop();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int st = pub.wait(seconds(20));
+    const auto took =
+        std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0);
+    broker_.start();
+    const std::string out = read_text(dir_.file(log));
+    ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st << "\n"
+                                                                    << out;
+    EXPECT_LT(took, seconds(10)) << out;
+    EXPECT_NE(out.find("publisher: no PUBACK for 3000 ms"), std::string::npos) << out;
+    EXPECT_EQ(out.find("total_amount="), std::string::npos) << out;
+  }
+}
+
 // The checks themselves, members of both classes, good and bad.
 TEST(TopicChecks, NamesAndFilters) {
   for (const char* ok : {"a", "a/b", "/", "a//b", "$SYS/x", "é/ü"})
