@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <mqtt_inbox/topic.h>
+#include <nlohmann/json.hpp>
 
 #include "support/example_fixture.h"
 
@@ -230,6 +231,53 @@ TEST_F(ProgramsTest, PublisherGivesUpWhenTheBrokerStaysAway) {
     EXPECT_NE(out.find("publisher: no PUBACK for 3000 ms"), std::string::npos) << out;
     EXPECT_EQ(out.find("total_amount="), std::string::npos) << out;
   }
+}
+
+// A session the broker lost while the consumer was stopped (another client connected with
+// its client id and a clean session: mosquitto #3551) is visible after the fact: the
+// restarted consumer counts it in the session record, `mqtt-inbox stats` shows it once
+// that process is gone, and --prometheus-textfile is written.
+TEST_F(ProgramsTest, ALostSessionIsSeenAfterTheFact) {
+  const std::string prom = dir_.file("inbox.prom");
+  create_session([&](const std::string& log) {
+    return start_ledger(log, {"--prometheus-textfile", prom});
+  });
+  ASSERT_TRUE(wait_until([&] { return exists(prom); }, seconds(5)))
+      << "no Prometheus textfile written at start";
+  EXPECT_NE(read_text(prom).find("mqtt_inbox_sessions_lost_total"), std::string::npos)
+      << read_text(prom);
+  // The takeover with a clean session: the broker deletes the consumer's session.
+  ASSERT_EQ(::system(("mosquitto_pub -h 127.0.0.1 -p " + std::to_string(broker_.port()) +
+                      " -i '" + client_id_ + "' -t takeover/x -m x -q 0")
+                         .c_str()),
+            0);
+  auto again = start_ledger("again.log", {"--prometheus-textfile", prom});
+  ASSERT_TRUE(wait_until(
+      [&] { return read_text(dir_.file("again.log")).find("consuming: ") != std::string::npos; },
+      seconds(15)))
+      << read_text(dir_.file("again.log"));
+  EXPECT_NE(read_text(dir_.file("again.log")).find("SESSION LOST"), std::string::npos)
+      << read_text(dir_.file("again.log"));
+  again->signal(SIGTERM);
+  ASSERT_EQ(again->wait(seconds(20)), 0);
+
+  // After the fact: the process that saw it is gone.
+  EXPECT_EQ(q("SELECT sessions_lost FROM inbox_sessions WHERE client_id = '" + client_id_ + "'"),
+            1);
+  const Outcome json_run =
+      run_program(dir_, {built_program("mqtt-inbox"), "--json", "stats", db_}, "stats.json");
+  ASSERT_EQ(json_run.exit_code, 0) << json_run.output;
+  const auto j = nlohmann::json::parse(json_run.output.substr(json_run.output.find('{')),
+                                       nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << json_run.output;
+  EXPECT_EQ(j["sessions_lost"], 1) << json_run.output;
+  ASSERT_EQ(j["sessions"].size(), 1u) << json_run.output;
+  EXPECT_EQ(j["sessions"][0]["client_id"], client_id_);
+  EXPECT_EQ(j["sessions"][0]["sessions_lost"], 1);
+  EXPECT_TRUE(j["sessions"][0]["last_lost_at"].is_number()) << json_run.output;
+  const Outcome table = run_program(dir_, {built_program("mqtt-inbox"), "stats", db_}, "stats.txt");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("The broker lost 1 session"), std::string::npos) << table.output;
 }
 
 // The checks themselves, members of both classes, good and bad.

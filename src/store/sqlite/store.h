@@ -96,6 +96,7 @@ class SqliteSessions final : public SessionStore {
   Status write(const SessionRecord& record) override;
   Status read(const std::string* client_id, std::vector<SessionRecord>* out) override;
   Status remove(const std::string& client_id, bool* removed) override;
+  Status add_lost(const std::string& client_id, int64_t at_ms) override;
 
  private:
   SqliteStore& s_;
