@@ -97,8 +97,9 @@ class SessionRecords {
   // (InboxStats::sessions_lost) and in the record itself (SessionRecord::sessions_lost,
   // last_lost_at_ms), so that it is seen after a restart (`mqtt-inbox stats`): one short
   // write transaction, which waits for the store up to the busy timeout; call it from
-  // the transport's connect path, never from a message callback. A failed write is
-  // logged; the in-memory count stays.
+  // the transport's connect path, never from a message callback. Called from inside a
+  // handler of this inbox it only counts in memory (the write would wait for the
+  // handler's own connection). A failed write is logged; the in-memory count stays.
   virtual void note_lost(const std::string& client_id) = 0;
 };
 
