@@ -540,3 +540,16 @@ WHEN OLD.state = 'pending' BEGIN
 END;
 
 PRAGMA user_version = 12;
+
+-- @version 13
+-- A session the broker lost is recorded where the session is (issue 27's follow-up): per
+-- client id, how many times a CONNACK came without a session although this record held
+-- topic filters (SessionRecords::note_lost, subscriber.h), and when the last time was
+-- (wall clock, ms; NULL never). The count lived only in the memory of the process that
+-- saw it, so after a restart neither `mqtt-inbox stats` nor anyone else could tell that
+-- queued messages had been lost. ADD COLUMN keeps every row; the old ones start at 0.
+ALTER TABLE inbox_sessions ADD COLUMN sessions_lost INTEGER NOT NULL DEFAULT 0
+    CHECK (sessions_lost >= 0);
+ALTER TABLE inbox_sessions ADD COLUMN last_lost_at INTEGER;
+
+PRAGMA user_version = 13;

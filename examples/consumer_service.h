@@ -15,6 +15,8 @@
 //   --startup-deadline-ms MS  give up (exit 4) if the store is not ready; 0 = wait
 //   --stop-timeout-ms MS      on SIGTERM, how long a message may still wait for the store
 //   --refused-limit-ms MS     exit 7 once the broker has refused this client this long
+//   --prometheus-textfile PATH  the Pruner writes InboxStats there after every pass
+//                             (node_exporter's textfile collector; sessions lost included)
 #pragma once
 
 #include <mqtt_inbox/mqtt_inbox.h>
@@ -27,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "command_line.h"
 #include "connection_flags.h"
 #include "exit_codes.h"
 #include "service_frame.h"
@@ -35,7 +38,7 @@ namespace consumer_service {
 
 struct Flags {
   connection_flags::Flags connection;
-  std::string topic, db_path, consumer_name, log_level = "info";
+  std::string topic, db_path, consumer_name, log_level = "info", prometheus_textfile;
   bool normal_sync = false;
   int64_t startup_deadline_ms = 0;
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
@@ -64,7 +67,9 @@ inline void add_refused_limit(CLI::App& app, int64_t* ms) {
 // outlive app.parse()). f->consumer_name's initial value is the default of --consumer.
 inline void add(CLI::App& app, Flags* f) {
   connection_flags::add(app, &f->connection, connection_flags::Role::kSubscriber);
-  app.add_option("--topic", f->topic, "Topic filter to consume")->required();
+  app.add_option("--topic", f->topic, "Topic filter to consume")
+      ->required()
+      ->check(command_line::topic_filter());
   app.add_option("--db", f->db_path, "SQLite database file")->required();
   app.add_option("--consumer", f->consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error");
@@ -77,6 +82,9 @@ inline void add(CLI::App& app, Flags* f) {
   app.add_option("--stop-timeout-ms", f->stop_timeout_ms,
                  "On SIGTERM, how long a message may still wait for the store (then exit 3)");
   add_refused_limit(app, &f->refused_limit_ms);
+  app.add_option("--prometheus-textfile", f->prometheus_textfile,
+                 "Write the inbox's stats in Prometheus text format to this file after every "
+                 "prune pass (node_exporter's textfile collector)");
 }
 
 class Service {
@@ -143,6 +151,7 @@ class Service {
     mqtt_inbox::RetentionOptions retention;
     retention.broker_session_expiry = std::chrono::seconds(mqtt_.session_expiry_s);
     retention.window = retention.broker_session_expiry + std::chrono::hours(24);
+    retention.prometheus_textfile = flags_.prometheus_textfile;
     std::unique_ptr<mqtt_inbox::Pruner> pruner;
     if (auto s = mqtt_inbox::Pruner::create(inbox_.get(), retention, &pruner); !s.ok())
       return frame_.fail(examples::startup_exit_code(s), s);

@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
 #include "consumer_service.h"
 #include "exit_codes.h"
 
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   consumer_service::Flags flags;
   flags.consumer_name = "events";
   consumer_service::add(app, &flags);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = command_line::parse(app, argc, argv, "event_consumer"); rc >= 0) return rc;
 
   consumer_service::Service service("event_consumer", "events");
   if (int rc = service.open(flags, create_tables); rc != examples::kExitOk) return rc;

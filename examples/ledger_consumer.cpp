@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "command_line.h"
 #include "consumer_service.h"
 #include "exit_codes.h"
 #include "ledger.h"
@@ -32,13 +33,14 @@ int main(int argc, char** argv) {
   consumer_service::add(app, &flags);
   std::string emit_topic;
   app.add_option("--emit-topic", emit_topic,
-                 "Enqueue one event per applied credit to this topic (transactional outbox)");
+                 "Enqueue one event per applied credit to this topic (transactional outbox)")
+      ->check(command_line::topic_name());
   int64_t max_packet_size = 0;
   app.add_option("--max-packet-size", max_packet_size,
                  "With --emit-topic: largest PUBLISH the relay sends, bytes (the broker's "
                  "max_packet_size; MQTT 3.1.1 cannot announce it); 0 = none")
       ->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = command_line::parse(app, argc, argv, "ledger_consumer"); rc >= 0) return rc;
 
   // 1. The store, with the business tables, before anything connects.
   consumer_service::Service service("ledger_consumer", "ledger");

@@ -8,6 +8,17 @@
 //
 // TLS and credentials: the flags of connection_flags.h, as for the consumers.
 //
+// A connection lost on the way (a broker restart) is retried every 1..5 s; the session is
+// persistent (clean session off; MQTT 5: session expiry --session-expiry-s), so Paho
+// sends the messages still waiting for their PUBACK again once it is back (one Paho gave
+// up on without a PUBACK is published again by the publisher itself). If no PUBACK
+// arrives for --ack-timeout-ms (30 s), it gives up with exit 1, saying how many were
+// acked: running it again is safe, the ids are the producer's and the inbox drops the
+// duplicates.
+//
+// Exit codes: 0 every message acked; 1 a usage error, the broker unreachable or refusing,
+// or no PUBACK for --ack-timeout-ms; 2 a connection flag or file that cannot be used.
+//
 // Last line: "publisher: unique=N duplicates=D malformed=M total_amount=T".
 #include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
@@ -15,10 +26,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <mutex>
 #include <random>
 #include <thread>
 
+#include "command_line.h"
 #include "connection_flags.h"
 
 namespace {
@@ -52,7 +66,9 @@ int main(int argc, char** argv) {
   int count = 1000, accounts = 10, malformed_count = 0, window = 100;
   double dup_fraction = 0.0, rate = 0.0;
   unsigned seed = 1;
-  app.add_option("--topic", topic, "Topic to publish to")->required();
+  app.add_option("--topic", topic, "Topic to publish to")
+      ->required()
+      ->check(command_line::topic_name());
   app.add_option("--count", count, "Unique credit events")->check(CLI::PositiveNumber);
   app.add_option("--duplicates", dup_fraction, "Fraction of events re-sent as duplicates")
       ->check(CLI::Range(0.0, 10.0));
@@ -62,7 +78,14 @@ int main(int argc, char** argv) {
   app.add_option("--id-prefix", prefix, "Prefix of the message ids");
   app.add_option("--rate", rate, "Messages per second (0 = as fast as PUBACKs allow)");
   app.add_option("--window", window, "PUBACKs outstanding at most")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  int ack_timeout_ms = 30000, session_expiry_s = 300;
+  app.add_option("--ack-timeout-ms", ack_timeout_ms,
+                 "Give up (exit 1) when no PUBACK arrived for this long, ms, reconnects included")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--session-expiry-s", session_expiry_s,
+                 "MQTT 5: how long the broker keeps the session across a lost connection, s")
+      ->check(CLI::PositiveNumber);
+  if (int rc = command_line::parse(app, argc, argv, "publisher"); rc >= 0) return rc;
   const bool v5 = connection.mqtt_version == "5";
 
   std::mt19937_64 rng(seed);
@@ -94,10 +117,17 @@ int main(int argc, char** argv) {
   mqtt::ssl_options ssl;  // outlives opts (Paho C++ 1.2.0 bug #337, connection_flags.h)
   auto opts = mqtt::connect_options_builder()
                   .mqtt_version(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1)
-                  .clean_session(!v5)
-                  .clean_start(v5)
+                  .clean_session(false)
+                  .clean_start(false)
                   .max_inflight(window)
+                  .automatic_reconnect(std::chrono::seconds(1), std::chrono::seconds(5))
                   .finalize();
+  // A persistent session: with a clean one, Paho C forgets the messages in flight when the
+  // connection drops and their tokens never complete (the publisher used to hang there
+  // after a broker restart). With it, Paho sends them again after the reconnect.
+  if (v5)
+    opts.set_properties(
+        {{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(session_expiry_s)}});
   if (auto s = connection_flags::to_paho_options(connection, &ssl, &opts); !s.ok()) {
     std::fprintf(stderr, "publisher: %s\n", s.to_string().c_str());
     return 2;
@@ -106,23 +136,64 @@ int main(int argc, char** argv) {
     mqtt::async_client cli(connection.broker, connection.client_id,
                            mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10),
                            nullptr);
+    std::mutex lost_mu;
+    std::string lost_cause;  // why the connection was last lost, for the give-up message
+    cli.set_connection_lost_handler([&](const std::string& cause) {
+      std::lock_guard<std::mutex> lock(lost_mu);
+      lost_cause = cause.empty() ? "connection lost" : "connection lost: " + cause;
+    });
     cli.connect(opts)->wait();
-    std::deque<mqtt::delivery_token_ptr> inflight;
-    const auto start = std::chrono::steady_clock::now();
-    for (size_t n = 0; n < stream.size(); ++n) {
+    auto publish = [&](size_t n) {
       auto msg = mqtt::make_message(topic, stream[n].payload, 1, false);
       if (v5 && !stream[n].id.empty())
         msg->set_properties({{mqtt::property::USER_PROPERTY, "message-id", stream[n].id}});
-      inflight.push_back(cli.publish(msg));
-      while (static_cast<int>(inflight.size()) >= window) {
-        inflight.front()->wait();  // the broker's PUBACK: it has the message
+      return cli.publish(msg);
+    };
+    std::deque<std::pair<mqtt::delivery_token_ptr, size_t>> inflight;  // token, stream index
+    size_t acked = 0;
+    int failed_in_a_row = 0;
+    // The oldest publish's PUBACK, or exit 1 once none came for --ack-timeout-ms.
+    auto wait_front = [&]() -> bool {
+      bool done = false;
+      try {
+        done = inflight.front().first->wait_for(std::chrono::milliseconds(ack_timeout_ms));
+      } catch (const mqtt::exception& e) {
+        // Paho gave up on it without a PUBACK (the broker answered a reconnect without our
+        // session, say): publish it again, after the others. A few failures in a row
+        // without one PUBACK between them are not a passing outage: report it.
+        if (++failed_in_a_row > window + 10) throw;
+        const size_t n = inflight.front().second;
         inflight.pop_front();
+        inflight.emplace_back(publish(n), n);
+        return true;
       }
+      if (done) {
+        inflight.pop_front();
+        ++acked;
+        failed_in_a_row = 0;
+        return true;
+      }
+      std::lock_guard<std::mutex> lock(lost_mu);
+      std::fprintf(stderr,
+                   "publisher: no PUBACK for %d ms (%s); %zu of %zu messages acked. Publishing "
+                   "again is safe: the ids are stable and the inbox drops duplicates\n",
+                   ack_timeout_ms,
+                   lost_cause.empty() ? "broker not answering" : lost_cause.c_str(), acked,
+                   stream.size());
+      return false;
+    };
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t n = 0; n < stream.size(); ++n) {
+      inflight.emplace_back(publish(n), n);
+      while (static_cast<int>(inflight.size()) >= window)
+        if (!wait_front()) std::_Exit(1);  // the broker's PUBACK: it has the message
       if (rate > 0)
         std::this_thread::sleep_until(start + std::chrono::microseconds(
                                                   static_cast<int64_t>((n + 1) * 1e6 / rate)));
     }
-    for (auto& t : inflight) t->wait();
+    while (!inflight.empty())
+      if (!wait_front()) std::_Exit(1);  // not destroying a client that still has work
+
     cli.disconnect()->wait();
   } catch (const mqtt::exception& e) {
     // Paho says "TCP/TLS connect failure" for every transport failure: find out why.

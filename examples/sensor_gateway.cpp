@@ -24,6 +24,7 @@
 #include <mqtt_inbox/mqtt_inbox.h>
 #include <mqtt_inbox/store_then_process.h>
 
+#include "command_line.h"
 #include "connection_flags.h"
 #include "exit_codes.h"
 #include "service_frame.h"
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
   int64_t startup_deadline_ms = 0;
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
   app.add_option("--db", db_path, "SQLite database file")->required();
-  app.add_option("--topic", topic, "Topic filter; the device is the second level");
+  app.add_option("--topic", topic, "Topic filter; the device is the second level")
+      ->check(command_line::topic_filter());
   app.add_option("--workers", workers, "Worker threads")->check(CLI::Range(1, 64));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_option("--startup-deadline-ms", startup_deadline_ms,
@@ -68,7 +70,7 @@ int main(int argc, char** argv) {
   app.add_option("--refused-limit-ms", frame_options.refused_limit_ms,
                  "Exit 7 once the broker has refused this client (credentials, CA, client "
                  "id) this long without a success (ms); 0 = retry for ever");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = command_line::parse(app, argc, argv, "sensor_gateway"); rc >= 0) return rc;
   frame_options.log_level = log_level;
 
   // The log, the stop signals and systemd's notifier in its start-up phase, before the

@@ -107,7 +107,10 @@ class Frame {
     }
     // After notifier_ is set: the signal thread reads it.
     signals_ = std::thread([this, stop] { read_signals(stop); });
-    (void)notifier_->add_source(mqtt_inbox::startup_health_source(&startup_progress_));
+    // With the notifier: the first failed attempt of a start-up wait refreshes STATUS=
+    // at once, not at the next tick (up to 5 s later).
+    (void)notifier_->add_source(
+        mqtt_inbox::startup_health_source(&startup_progress_, notifier_.get()));
     (void)notifier_->start();  // STATUS=starting, and the start-up waits from here on
     return examples::kExitOk;
   }

@@ -30,6 +30,7 @@
 
 #include <mqtt_inbox/version.h>
 
+#include "command_line.h"
 #include "commands.h"
 #include "tool.h"
 
@@ -178,15 +179,12 @@ int main(int argc, char** argv) {
   probe->add_option("--count", pr.count, "Messages queued while offline (default 10)")->check(CLI::Range(1, 100000));
   probe->add_option("--session-expiry-s", pr.session_expiry_s, "Session expiry requested with MQTT 5 (default 300)")->check(CLI::PositiveNumber);
   probe->add_option("--pause-offline-ms", pr.pause_offline_ms, "Stay offline this long after publishing (restart the broker meanwhile)");
-  probe->add_option("--topic-prefix", pr.topic_prefix, "Topic prefix (default mqtt-inbox/probe)");
+  probe->add_option("--topic-prefix", pr.topic_prefix, "Topic prefix (default mqtt-inbox/probe)")
+      ->check(command_line::topic_name());
   probe->callback([&] { run = [&] { return cmd_probe(pr); }; });
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
+  if (int rc = command_line::parse(app, argc, argv, "mqtt-inbox"); rc >= 0)
     return rc == 0 ? kOk : kUsage;
-  }
   try {
     return run();
   } catch (const ToolError& e) {

@@ -19,6 +19,13 @@ namespace mi = mqtt_inbox;
 
 namespace {
 
+// Only a broker's refusal came with a reason code (a PUBACK's, MQTT 5.0 section 3.4.2.1).
+// An expired row, one too large, one whose publish kept dropping the connection never got
+// a PUBACK: the 0 stored for them is "none", not 0x00 Success.
+bool has_reason_code(const mi::OutboxRow& r) {
+  return r.dead_reason && *r.dead_reason == mi::OutboxDeadReason::kRejectedByBroker;
+}
+
 // The tool's Outbox: no classes (the bounds belong to the application; the tool never
 // enqueues), on the Inbox the tool opened, logging as the tool does (warnings, stderr).
 std::unique_ptr<mi::Outbox> open_outbox(mi::Inbox* inbox) {
@@ -59,7 +66,7 @@ json row_json(const mi::OutboxRow& r, bool with_payload, const std::string& enco
             {"enqueued_at", r.enqueued_at_ms},
             {"sent_at", r.sent_at_ms ? json(r.sent_at_ms) : json()},
             {"dead_reason", r.dead_reason ? json(mi::to_string(*r.dead_reason)) : json()},
-            {"reason_code", r.dead_reason ? json(r.reason_code) : json()},
+            {"reason_code", has_reason_code(r) ? json(r.reason_code) : json()},
             {"reason_text", r.dead_reason ? json(json_text(r.reason_text)) : json()},
             {"properties", props}};
   if (with_payload) {
@@ -78,9 +85,13 @@ std::string attempts_cell(const mi::OutboxRow& r) {
 
 std::string reason_cell(const mi::OutboxRow& r) {
   if (!r.dead_reason) return "-";
-  char code[8];
-  std::snprintf(code, sizeof code, "0x%02x", r.reason_code);
-  return std::string(mi::to_string(*r.dead_reason)) + " (" + code + ") " + printable(r.reason_text, 40);
+  std::string code;
+  if (has_reason_code(r)) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", r.reason_code);
+    code = std::string(" (") + hex + ")";
+  }
+  return std::string(mi::to_string(*r.dead_reason)) + code + " " + printable(r.reason_text, 40);
 }
 
 mi::OutboxRow get_or_fail(mi::Outbox& o, const std::string& id) {

@@ -29,6 +29,8 @@ namespace mqtt_inbox {
 struct Health {
   bool stuck = false;              // an operation is waiting for the store right now (amber)
   int64_t stuck_since_ms = 0;      // wall-clock ms when the current wait began (0 if not)
+  int64_t stuck_for_ms = 0;        // how long the current wait has lasted when this snapshot
+                                   // was taken, ms, on a monotonic clock (0 if not stuck)
   int64_t retries = 0;             // store retries since the current wait began
   int64_t total_store_errors = 0;  // store failures seen since the object was made
   std::string last_error;          // text of the most recent store failure ("" if none)

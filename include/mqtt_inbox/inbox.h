@@ -49,7 +49,7 @@ class Store;  // the store layer's seam, internal to the library
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 12;
+constexpr int kSchemaVersion = 13;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();

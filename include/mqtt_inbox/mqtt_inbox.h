@@ -20,4 +20,5 @@
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/store_then_process.h"
 #include "mqtt_inbox/subscriber.h"
+#include "mqtt_inbox/topic.h"
 #include "mqtt_inbox/version.h"

@@ -124,7 +124,8 @@ struct InboxOptions {
   // starting, operation, retries, last_error) and once when the store answers again
   // (stuck false). Inbox::open blocks and there is no object to ask yet, so this is how
   // a caller, or a systemd watchdog helper, sees "waiting for the store at start-up":
-  // calls come at least every busy_timeout_ms + startup_backoff_max (10 s by default), so
+  // the first comes about 1 s into a wait (the first attempt waits at most 1 s for a
+  // lock), later ones at least every busy_timeout_ms + startup_backoff_max (10 s), so
   // a watchdog ping from here needs WatchdogSec above that. Must not throw or call into
   // the Inbox. Default empty. After open, Inbox::health() gives the same snapshot.
   std::function<void(const Health&)> startup_progress;

@@ -177,7 +177,9 @@ struct OutboxRow {
   int attempts = 0;
   int64_t sent_at_ms = 0;  // 0 unless sent
   std::optional<OutboxDeadReason> dead_reason;
-  int reason_code = 0;  // the PUBACK reason code of a dead row, else 0
+  // The PUBACK reason code (>= 0x80) of a kRejectedByBroker row. 0 for every other row,
+  // dead ones included: no PUBACK carried a code (not 0x00 Success).
+  int reason_code = 0;
   std::string reason_text;
 };
 

@@ -115,7 +115,7 @@ struct RetentionOptions {
   // Every pass also logs a one-line stats summary at info level when this many ms have
   // passed since the last one. 0 = never. Default 300000 (5 min).
   int64_t stats_log_period_ms = 300000;
-  // If set, every pass writes InboxStats in Prometheus text format to this path
+  // If set, start() and every pass write InboxStats in Prometheus text format to this path
   // (atomically: a temporary file, then rename), for node_exporter's textfile collector.
   std::string prometheus_textfile;
 };

@@ -76,6 +76,8 @@ struct ServiceHealth {
   std::optional<int64_t> dead_letters;  // dead letters written by this part, this process
   bool stuck = false;                   // cannot make progress now (a message waits for the store)
   std::string stuck_reason;             // why, one line (e.g. Health::last_error); "" if not stuck
+  int64_t stuck_for_ms = 0;             // how long it has been stuck, ms, if it knows (Health::
+                                        // stuck_for_ms); 0: counted from the tick that first saw it
   std::string note;                     // other state worth a word in STATUS; "" if none
 };
 
@@ -104,8 +106,13 @@ HealthSource health_source(const StoreThenProcess& store_then_process);
 // and call start() before Inbox::open, so systemd sees the wait (STATUS=, and
 // EXTEND_TIMEOUT_USEC= within stuck_limit_ms). The callback and the source share their
 // state: either may outlive the other. `progress` may be null (the source then never
-// reports a wait).
-HealthSource startup_health_source(std::function<void(const Health&)>* progress);
+// reports a wait). With `notifier`, the callback also calls notifier->refresh(), so the
+// first STATUS= of a wait leaves when the first attempt fails (about 1 s into the wait:
+// Inbox::open cuts the first attempt's busy timeout to 1 s) and not at the next tick;
+// `notifier` must then outlive the start-up calls.
+class ServiceNotifier;
+HealthSource startup_health_source(std::function<void(const Health&)>* progress,
+                                   ServiceNotifier* notifier = nullptr);
 
 struct ServiceNotifierOptions {
   // Watchdog pings stop once any source has been stuck continuously for longer than this,
@@ -165,6 +172,12 @@ class ServiceNotifier {
   // watchdog armed while the service stops and Subscriber::stop() may wait up to its
   // stop_timeout_ms for a message in the callback.
   Status stopping();
+
+  // Reads the sources and refreshes STATUS (and EXTEND_TIMEOUT_USEC while starting) now,
+  // on the notifier's thread, instead of at the next tick: for a source whose state just
+  // changed, such as the start-up wait's (startup_health_source's callback calls it when
+  // given the notifier). Returns at once; a no-op before start() or ready(). Thread-safe.
+  void refresh();
 
   // The STATUS line for the sources' state now, as it would be sent. Reads the sources.
   std::string status_line() const;

@@ -53,6 +53,11 @@ struct SessionRecord {
   // this is also about when the broker last held the session: its warning when a
   // session is lost says since when (subscriber.h).
   int64_t updated_at_ms = 0;
+  // Sessions of this client id the broker lost (note_lost), since the record was made,
+  // across restarts, and the wall-clock Unix ms of the last one (0: never). Set by
+  // note_lost (ignored on input to record).
+  int64_t sessions_lost = 0;
+  int64_t last_lost_at_ms = 0;
 };
 
 // The session records of one inbox (Inbox::sessions()): what the transport writes its
@@ -85,11 +90,16 @@ class SessionRecords {
   // the other records only. Errors: store codes.
   virtual Status forget(const std::string& client_id, bool* removed) = 0;
 
-  // Counts a session lost at the broker (InboxStats::sessions_lost): the transport calls
-  // it when the broker answers a CONNECT of `client_id` without a session (session
-  // present = 0) although a recorded one held topic filters. Messages sent to that
-  // session while the client was away are gone, and no redelivery will bring them.
-  // Cheap; never waits for the store and writes nothing.
+  // Counts a session lost at the broker: the transport calls it when the broker answers a
+  // CONNECT of `client_id` without a session (session present = 0) although a recorded
+  // one held topic filters. Messages sent to that session while the client was away are
+  // gone, and no redelivery will bring them. Counted in this process's memory
+  // (InboxStats::sessions_lost) and in the record itself (SessionRecord::sessions_lost,
+  // last_lost_at_ms), so that it is seen after a restart (`mqtt-inbox stats`): one short
+  // write transaction, which waits for the store up to the busy timeout; call it from
+  // the transport's connect path, never from a message callback. Called from inside a
+  // handler of this inbox it only counts in memory (the write would wait for the
+  // handler's own connection). A failed write is logged; the in-memory count stays.
   virtual void note_lost(const std::string& client_id) = 0;
 };
 

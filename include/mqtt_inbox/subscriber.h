@@ -176,7 +176,8 @@ class Subscriber {
   // several filters goes to the first one added. `sink` must outlive the Subscriber, and
   // so must its session records (MessageSink::sessions(): its Inbox's), where the
   // session is recorded. Errors: kInvalidArgument for a null sink, a sink without session
-  // records, an empty or repeated filter, or a call after start().
+  // records, a filter check_topic_filter() refuses (topic.h: empty, '+' or '#' not a
+  // whole level, not UTF-8), a repeated filter, or a call after start().
   Status subscribe(const std::string& topic_filter, MessageSink* sink);
 
   // Takes the client-id lock, then starts connecting in the background and returns at

@@ -56,7 +56,8 @@ class SessionKeeper {
   // recorded if it differs (a lowered expiry takes effect here). With session present =
   // 0 while the records (of an earlier process, or of this one's last connection) hold
   // topic filters, the broker lost the session: returns what it held, and counts the
-  // loss in every Inbox (SessionRecords::note_lost). A first connection (no record, or
+  // loss in every Inbox (SessionRecords::note_lost: in memory and in the record, a short
+  // write on this, the connect thread). A first connection (no record, or
   // one without filters) returns nothing.
   std::optional<LostSession> after_connack(bool session_present, const int64_t* granted_ms);
 

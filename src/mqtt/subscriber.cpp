@@ -13,6 +13,7 @@
 // stop() never destroys a client whose callback is still waiting for the store) are
 // checked by reading them side by side.
 #include "mqtt_inbox/subscriber.h"
+#include "mqtt_inbox/topic.h"
 
 #include <mqtt/async_client.h>
 
@@ -497,7 +498,9 @@ Status Subscriber::subscribe(const std::string& topic_filter, MessageSink* consu
     return Status::InvalidArgument("sink '" + consumer->name() +
                                    "' has no session records: the subscriber records its "
                                    "session there (MessageSink::sessions())");
-  if (topic_filter.empty()) return Status::InvalidArgument("topic filter is empty");
+  // A filter the broker refuses would fail every SUBSCRIBE (mosquitto closes the
+  // connection for it), connection after connection: refuse it here, once.
+  if (Status s = check_topic_filter(topic_filter); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->started) return Status::InvalidArgument("subscribe() must be called before start()");
   for (const auto& r : impl_->routes)

@@ -276,6 +276,8 @@ Status Pruner::start() {
       const Status s = im.sweep->measure_rows();
       if (!s.ok()) im.store->log->warn("retention: measuring rows failed: {}", s.to_string());
     }
+    // The Prometheus textfile exists from the start, not a whole period later.
+    if (!im.options.prometheus_textfile.empty()) im.report();
     bool backlog = false;
     for (;;) {
       // A pass that spent its budget left expired rows behind: continue after a pause as

@@ -63,6 +63,7 @@ HealthSource health_source(const Consumer& consumer) {
     h.dead_letters = c.dead_lettered;
     h.stuck = health.stuck;
     if (health.stuck) h.stuck_reason = "store failed: " + health.last_error;
+    h.stuck_for_ms = health.stuck_for_ms;
     return h;
   };
 }
@@ -77,32 +78,45 @@ HealthSource health_source(const StoreThenProcess& store_then_process) {
     h.dead_letters = c.dead_lettered;
     h.stuck = health.stuck;
     if (health.stuck) h.stuck_reason = "store failed at receipt: " + health.last_error;
+    h.stuck_for_ms = health.stuck_for_ms;
     if (c.worker_store_errors > 0)
       h.note = std::to_string(c.worker_store_errors) + " worker store errors";
     return h;
   };
 }
 
-HealthSource startup_health_source(std::function<void(const Health&)>* progress) {
+HealthSource startup_health_source(std::function<void(const Health&)>* progress,
+                                   ServiceNotifier* notifier) {
   struct State {
     std::mutex mu;
     Health health;
+    SteadyClock::time_point began;  // when the wait began: stuck_for_ms before the report
   };
   auto state = std::make_shared<State>();
   if (progress)
-    *progress = [state](const Health& h) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      state->health = h;
+    *progress = [state, notifier](const Health& h) {
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->health = h;
+        state->began = SteadyClock::now() - std::chrono::milliseconds(h.stuck_for_ms);
+      }
+      if (notifier) notifier->refresh();
     };
   return [state] {
     Health health;
+    SteadyClock::time_point began;
     {
       std::lock_guard<std::mutex> lock(state->mu);
       health = state->health;
+      began = state->began;
     }
     ServiceHealth h;
     h.name = "store";
     h.stuck = health.stuck;
+    if (health.stuck)
+      h.stuck_for_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - began)
+              .count();
     if (health.stuck)
       h.stuck_reason = "waiting at start-up while " +
                        (health.operation.empty() ? std::string("opening") : health.operation) +
@@ -131,6 +145,7 @@ struct ServiceNotifier::Impl {
   Phase phase = Phase::kIdle;
   bool ready_sent = false;
   bool quit = false;
+  bool refresh_now = false;  // refresh(): tick at once
   bool withheld = false;
   bool failed = false;  // failed() sent its STATUS: the ticks no longer replace it
   std::string last_status;
@@ -169,8 +184,11 @@ struct ServiceNotifier::Impl {
       }
       if (!h.stuck) {
         stuck_seen[i].reset();
-      } else if (!stuck_seen[i]) {
-        stuck_seen[i] = now;
+      } else {
+        // A source that knows when its wait began (a first attempt that took the busy
+        // timeout before it failed) is believed: the figure is the wait's, not the ticks'.
+        const auto began = now - std::chrono::milliseconds(std::max<int64_t>(0, h.stuck_for_ms));
+        if (!stuck_seen[i] || began < *stuck_seen[i]) stuck_seen[i] = began;
       }
       hs.push_back(std::move(h));
     }
@@ -304,7 +322,8 @@ struct ServiceNotifier::Impl {
       lock.unlock();
       tick_once();
       lock.lock();
-      cv.wait_for(lock, tick, [&] { return quit; });
+      cv.wait_for(lock, tick, [&] { return quit || refresh_now; });
+      refresh_now = false;
     }
   }
 
@@ -322,6 +341,14 @@ ServiceNotifier::~ServiceNotifier() {
   }
   impl_->cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void ServiceNotifier::refresh() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->refresh_now = true;
+  }
+  impl_->cv.notify_all();
 }
 
 bool ServiceNotifier::supported() { return MQTT_INBOX_HAVE_LIBSYSTEMD != 0; }

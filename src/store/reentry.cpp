@@ -19,6 +19,12 @@ std::string HandlerScope::reentry_text() const {
          "use the SQLite::Database& the handler is given (handler.h)";
 }
 
+bool in_handler_of(const Inbox* inbox) {
+  for (HandlerScope* s = t_innermost; s; s = s->outer_)
+    if (s->inbox_ == inbox) return true;
+  return false;
+}
+
 Status refuse_if_in_handler(const Inbox* inbox, const char* call) {
   for (HandlerScope* s = t_innermost; s; s = s->outer_) {
     if (s->inbox_ != inbox) continue;

@@ -38,6 +38,7 @@ class HandlerScope {
 
  private:
   friend Status refuse_if_in_handler(const Inbox*, const char*);
+  friend bool in_handler_of(const Inbox*);
   const Inbox* inbox_;
   HandlerScope* outer_;
   std::string call_;
@@ -47,5 +48,10 @@ class HandlerScope {
 // returns kInvalidArgument naming `call` and the rule, and the handler's scope records it.
 // The first line of every public method that takes the Inbox's mutex or writes its file.
 Status refuse_if_in_handler(const Inbox* inbox, const char* call);
+
+// Whether the calling thread runs a handler for `inbox`, without refusing or recording
+// anything: for a call that stays allowed there but must then skip its store write
+// (SessionRecords::note_lost).
+bool in_handler_of(const Inbox* inbox);
 
 }  // namespace mqtt_inbox::detail

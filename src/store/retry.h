@@ -147,7 +147,9 @@ class StoreRetry {
 
   Health health() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return health_;
+    Health h = health_;
+    if (h.stuck) h.stuck_for_ms = std::max<int64_t>(0, clock_->steady_ms() - stuck_since_steady_ms_);
+    return h;
   }
   // Store operations retried after a failure, since creation.
   int64_t store_retries() const {
@@ -173,6 +175,7 @@ class StoreRetry {
     if (!health_.stuck) {
       health_.stuck = true;
       health_.stuck_since_ms = w.since_ms;
+      stuck_since_steady_ms_ = w.since_steady_ms;
     }
     health_.retries = w.retries;
     health_.starting = w.starting;
@@ -225,6 +228,7 @@ class StoreRetry {
   Health health_;
   int64_t store_retries_ = 0;
   int64_t last_log_ms_ = 0;
+  int64_t stuck_since_steady_ms_ = 0;  // when the current wait began, steady clock
 };
 
 }  // namespace mqtt_inbox::detail

@@ -84,8 +84,15 @@ Status SessionStore::forget(const std::string& client_id, bool* removed) {
 }
 
 void SessionStore::note_lost(const std::string& client_id) {
-  (void)client_id;  // one counter for every client id: the transport's log names it
   store_.sessions_lost.fetch_add(1);
+  // From inside a handler of this inbox the write would wait for the connection that
+  // handler holds, for ever (tests/reentry_test.cpp): counted in memory only, as before.
+  if (in_handler_of(store_.owner)) return;
+  if (store_.unusable()) return;
+  if (Status s = add_lost(client_id, store_.clock->wall_ms()); !s.ok())
+    store_.log->warn("inbox {}: cannot record the lost session of client '{}' ({}); counted "
+                     "in this process only",
+                     store_.location(), printable(client_id), s.to_string());
 }
 
 }  // namespace detail

@@ -45,6 +45,9 @@ class SessionStore : public SessionRecords {
   // Deletes the record of `client_id` and its filters in one committed transaction;
   // *removed says whether there was one.
   virtual Status remove(const std::string& client_id, bool* removed) = 0;
+  // Adds one to the lost sessions of `client_id`'s record and sets its last loss to
+  // `at_ms` (wall clock), in one committed transaction; no record: nothing changes.
+  virtual Status add_lost(const std::string& client_id, int64_t at_ms) = 0;
 
   Store& store_;
 };

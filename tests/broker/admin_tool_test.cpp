@@ -333,6 +333,60 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 3);
 }
 
+// Only a broker's refusal carries a reason code (a PUBACK's). Every other outbox dead
+// letter (expired, payload_too_large, connection_dropped: the relay marks them with code
+// 0) shows none, in the table and in JSON, instead of "0x00", which reads as Success.
+TEST(AdminTool, OutboxDeadLettersWithoutAPubackShowNoReasonCode) {
+  TempDir dir;
+  const std::string db = dir.file("outbox.db");
+  const std::vector<std::pair<OutboxDeadReason, int>> dead = {
+      {OutboxDeadReason::kExpired, 0},
+      {OutboxDeadReason::kPayloadTooLarge, 0},
+      {OutboxDeadReason::kConnectionDropped, 0},
+      {OutboxDeadReason::kRejectedByBroker, 0x97}};
+  {
+    auto inbox = open_ledger_inbox(db);
+    std::unique_ptr<Outbox> o;
+    ASSERT_TRUE(Outbox::create(inbox.get(), {}, &o).ok());
+    inbox->with_connection([&](SQLite::Database& c) {
+      c.exec("BEGIN IMMEDIATE");
+      for (size_t i = 0; i < dead.size(); ++i) {
+        OutgoingMessage m;
+        m.topic = "events/acct";
+        m.payload = "{}";
+        m.message_id = "d-" + std::to_string(i);
+        ASSERT_TRUE(o->enqueue(c, m).ok());
+      }
+      c.exec("COMMIT");
+    });
+    std::vector<OutboxRow> rows;
+    ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
+    ASSERT_EQ(rows.size(), dead.size());
+    for (size_t i = 0; i < dead.size(); ++i)
+      ASSERT_TRUE(o->mark_dead({rows[i].seq, 1}, dead[i].first, dead[i].second, "why").ok());
+  }
+  ToolRun r = tool({"outbox", "list", db});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("0x00"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rejected_by_broker (0x97)"), std::string::npos) << r.out;
+  for (const char* reason : {"expired why", "payload_too_large why", "connection_dropped why"})
+    EXPECT_NE(r.out.find(reason), std::string::npos) << reason << " in\n" << r.out;
+  r = tool({"--json", "outbox", "list", db});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.j()["count"], 4);
+  for (const auto& row : r.j()["rows"]) {
+    if (row["dead_reason"] == "rejected_by_broker")
+      EXPECT_EQ(row["reason_code"], 0x97);
+    else
+      EXPECT_TRUE(row["reason_code"].is_null()) << row.dump();
+  }
+  for (int i = 0; i < 3; ++i) {
+    r = tool({"outbox", "show", db, "--message-id", "d-" + std::to_string(i)});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("0x00"), std::string::npos) << r.out;
+  }
+}
+
 // A consumer persists the retention clock at each Pruner pass and at a clean stop. One
 // that dies without either (kill -9, power loss) leaves the file's clock behind the time it
 // ran: `stats` must say that its ages come from that clock and are lower bounds.

@@ -52,9 +52,10 @@ class ServiceStartupTest : public ::testing::Test {
   }
 
   // `program` with the environment of a Type=notify unit with WatchdogSec=600ms.
-  std::unique_ptr<Child> start(std::vector<std::string> argv) {
+  // Without `watchdog`: no WatchdogSec=, so the notifier ticks every 5 s.
+  std::unique_ptr<Child> start(std::vector<std::string> argv, bool watchdog = true) {
     ::setenv("NOTIFY_SOCKET", socket_->path().c_str(), 1);
-    ::setenv("WATCHDOG_USEC", "600000", 1);
+    if (watchdog) ::setenv("WATCHDOG_USEC", "600000", 1);
     ::setenv("RUNTIME_DIRECTORY", runtime_dir_.c_str(), 1);
     auto child = std::make_unique<Child>(std::move(argv), log_path());
     ::unsetenv("NOTIFY_SOCKET");
@@ -247,6 +248,49 @@ TEST_F(ServiceStartupTest, EventConsumerStoreLockedDuringItsSetUp) {
 
 // A disk full at start: the new database cannot be written. Reported and extended like
 // a lock; READY=1 once space is freed.
+// The first STATUS= of a start-up wait leaves about 1 s into it, not after a whole busy
+// timeout (5 s) and the next notifier tick (5 s without a watchdog): the first attempt
+// waits at most 1 s for the lock, and its failure refreshes STATUS at once. And "stuck
+// N s" counts from the start of the wait, not from the first report of it.
+TEST_F(ServiceStartupTest, StartUpWaitIsReportedWithinASecondWithItsTrueLength) {
+  const std::string db = dir_.file("ledger.db");
+  WriteLockHolder lock(db, dir_.path());
+  ASSERT_TRUE(lock.held());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = start(ledger(db), /*watchdog=*/false);
+  const std::string reason = "store: waiting at start-up while opening the database: busy";
+  ASSERT_TRUE(socket_->wait_status(reason, seconds(20))) << diagnostics();
+  const auto first_at = socket_->received()[first_status(reason)].at;
+  EXPECT_LT(first_at - t0, milliseconds(2500))
+      << "first STATUS of the wait after "
+      << std::chrono::duration_cast<milliseconds>(first_at - t0).count() << " ms\n"
+      << diagnostics();
+  // A later report of the same wait, 6 s or more into it: its figure is the wait's length.
+  ASSERT_TRUE(socket_->wait_for(
+      [&](const std::vector<Notification>& all) {
+        for (const auto& n : all)
+          if (n.at - t0 >= seconds(6) && n.value("STATUS").find("stuck ") != std::string::npos)
+            return true;
+        return false;
+      },
+      seconds(20)))
+      << diagnostics();
+  for (const auto& n : socket_->received()) {
+    const std::string status = n.value("STATUS");
+    const size_t at = status.find("stuck ");
+    if (n.at - t0 < seconds(6) || at == std::string::npos) continue;
+    const int64_t reported_s = std::stoll(status.substr(at + 6));
+    const int64_t true_s = std::chrono::duration_cast<seconds>(n.at - t0).count();
+    EXPECT_GE(reported_s, true_s - 2) << status << " at " << true_s << " s\n" << diagnostics();
+    EXPECT_LE(reported_s, true_s) << status << " at " << true_s << " s";
+    break;
+  }
+  EXPECT_EQ(first("READY=1"), -1) << diagnostics();
+  lock.release();
+  ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
+  stop_cleanly(*c);
+}
+
 TEST_F(ServiceStartupTest, LedgerConsumerDiskFullAtStart) {
   const std::string mnt = dir_.file("fs");
   TmpfsMount fs(mnt, "1m");

@@ -221,3 +221,54 @@ INSTANTIATE_TEST_SUITE_P(Sizes, DiskFullTest, ::testing::Values("4m", "8m"),
 
 }  // namespace
 }  // namespace mqtt_inbox::test
+
+namespace mqtt_inbox::test {
+namespace {
+
+// A full disk at open is reported as full (kFull, transient: the programs wait, then exit
+// 4), on every path of the open: an existing database closed cleanly (the open must make
+// the -wal and -shm files), one with a WAL left by a crash, and a new one. It was
+// reported as an I/O error, which a supervisor cannot tell from a failing disk.
+TEST(DiskFullAtOpen, EveryPathOfAFullDiskAtOpenSaysFull) {
+  TempDir dir;
+  const std::string mnt = dir.file("fs");
+  TmpfsMount fs(mnt, "2m");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
+  const std::string clean = mnt + "/clean.db", crashed = mnt + "/crashed.db",
+                    fresh = mnt + "/fresh.db", filler = mnt + "/filler";
+  {
+    auto a = open_ledger_inbox(clean);
+    ASSERT_TRUE(a);
+  }
+  // A WAL left behind: a copy of a live database with its -wal, as a crash leaves them.
+  {
+    auto b = open_ledger_inbox(crashed);
+    ASSERT_TRUE(b);
+    b->with_connection([](SQLite::Database& db) {
+      db.exec("PRAGMA wal_autocheckpoint = 0");
+      db.exec("CREATE TABLE IF NOT EXISTS t (x)");
+      db.exec("INSERT INTO t VALUES (1)");
+    });
+    ASSERT_EQ(::system(("cp " + crashed + " " + crashed + ".copy && cp " + crashed + "-wal " +
+                        crashed + ".copy-wal").c_str()),
+              0);
+  }
+  const std::string crashed_copy = crashed + ".copy";
+  ASSERT_GT(fill_file_system(filler), 0);
+  for (const std::string& path : {clean, crashed_copy, fresh}) {
+    SCOPED_TRACE(path);
+    InboxOptions o;
+    o.busy_timeout_ms = 100;
+    o.startup_deadline_ms = 300;
+    std::unique_ptr<Inbox> inbox;
+    const Status s = Inbox::open(path, o, &inbox);
+    EXPECT_EQ(s.code(), Status::Code::kFull) << s.to_string();
+    EXPECT_TRUE(s.is_transient_store_error()) << s.to_string();
+  }
+  ::unlink(filler.c_str());
+  std::unique_ptr<Inbox> inbox;
+  EXPECT_TRUE(Inbox::open(clean, {}, &inbox).ok());
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test

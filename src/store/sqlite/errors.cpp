@@ -5,6 +5,9 @@
 
 #include <sqlite3.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <SQLiteCpp/Exception.h>
 
 namespace mqtt_inbox::detail {
@@ -185,6 +188,18 @@ Status to_status(int code, const std::string& what) {
 
 Status to_status(const SQLite::Exception& e, const std::string& context) {
   return to_status(e.getErrorCode(), context + ": " + e.what());
+}
+
+Status to_status(const SQLite::Exception& e, sqlite3* db, const std::string& context) {
+  Status s = to_status(e, context);
+  const int primary = e.getErrorCode() & 0xff;
+  if (db && (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN)) {
+    const int os = sqlite3_system_errno(db);
+    if (os == ENOSPC || os == EDQUOT)
+      return Status(Status::Code::kFull,
+                    s.message() + " (" + std::strerror(os) + ": the disk is full)");
+  }
+  return s;
 }
 
 bool classify_sqlite_exception(const std::exception& e, Status* status, bool* message_fault) {

@@ -29,6 +29,8 @@
 
 #include "mqtt_inbox/status.h"
 
+struct sqlite3;
+
 namespace SQLite {
 class Exception;
 }
@@ -61,6 +63,12 @@ inline ErrorClass error_class(int code) { return classify_sqlite_error(code).err
 Status to_status(int code, const std::string& what);
 // "<context>: <what()>", classified by the exception's (extended) error code.
 Status to_status(const SQLite::Exception& e, const std::string& context);
+// The same, for an error on connection `db` (may be null), and a full disk whatever code
+// SQLite chose: an I/O error or a file it cannot open whose system errno
+// (sqlite3_system_errno) is ENOSPC or EDQUOT is kFull. Opening an existing database on a
+// full disk fails making its -shm or -wal file with SQLITE_IOERR_* ("disk I/O error"), not
+// SQLITE_FULL; classified by its code alone it read as a failing disk.
+Status to_status(const SQLite::Exception& e, sqlite3* db, const std::string& context);
 
 // The SQLite store's StoreErrorClassifier (store/verdict.h): true for an SQLite::Exception
 // a handler threw, with its Status and whether its code is the message's (kMessage) rather

@@ -258,7 +258,7 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
             path, path, std::strerror(errno));
     }
   } catch (const SQLite::Exception& e) {
-    return store_error(detail::to_status(e, "opening " + path));
+    return store_error(detail::to_status(e, db ? db->getHandle() : nullptr, "opening " + path));
   } catch (const std::exception& e) {
     return Status::Internal("opening " + path + ": " + e.what());
   }
@@ -275,7 +275,7 @@ Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
     try {
       m.write_transaction([&] { fn(*m.db); });
     } catch (const SQLite::Exception& e) {
-      return m.store_error(detail::to_status(e, "application set-up"));
+      return m.store_error(detail::to_status(e, m.db->getHandle(), "application set-up"));
     } catch (const std::exception& e) {
       return Status::InvalidArgument(std::string("application set-up: ") + e.what());
     } catch (...) {

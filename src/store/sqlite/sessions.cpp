@@ -19,7 +19,8 @@ constexpr const char* kUpsertSessionSql =
     "   expiry_source = excluded.expiry_source, updated_at = excluded.updated_at";
 
 constexpr const char* kSelectSessionsSql =
-    "SELECT client_id, session_expiry_ms, expiry_source, updated_at FROM inbox_sessions"
+    "SELECT client_id, session_expiry_ms, expiry_source, updated_at, sessions_lost,"
+    " coalesce(last_lost_at, 0) FROM inbox_sessions"
     " WHERE ?1 IS NULL OR client_id = ?1 ORDER BY client_id";
 
 constexpr const char* kSelectFiltersSql =
@@ -38,6 +39,8 @@ std::vector<SessionRecord> read_sessions(SQLite::Database& db, const std::string
     if (!parse_session_expiry_source(q.getColumn(2).getString(), &r.expiry_source))
       r.expiry_source = SessionExpirySource::kDeclared;  // the CHECK constraint forbids it
     r.updated_at_ms = q.getColumn(3).getInt64();
+    r.sessions_lost = q.getColumn(4).getInt64();
+    r.last_lost_at_ms = q.getColumn(5).getInt64();
     out.push_back(std::move(r));
   }
   for (SessionRecord& r : out) {
@@ -76,6 +79,24 @@ Status SqliteSessions::write(const SessionRecord& record) {
   } catch (const SQLite::Exception& e) {
     return s_.store_error(
         to_status(e, "recording the session of client '" + printable(record.client_id) + "'"));
+  }
+  return Status::Ok();
+}
+
+Status SqliteSessions::add_lost(const std::string& client_id, int64_t at_ms) {
+  std::lock_guard<std::mutex> lock(s_.mu);
+  try {
+    s_.write_transaction([&] {
+      SQLite::Statement up(*s_.db,
+                           "UPDATE inbox_sessions SET sessions_lost = sessions_lost + 1,"
+                           " last_lost_at = ?2 WHERE client_id = ?1");
+      up.bind(1, client_id);
+      up.bind(2, at_ms);
+      up.exec();
+    });
+  } catch (const SQLite::Exception& e) {
+    return s_.store_error(to_status(e, "recording the lost session of client '" +
+                                           printable(client_id) + "'"));
   }
   return Status::Ok();
 }

@@ -97,6 +97,7 @@ class SqliteSessions final : public SessionStore {
   Status write(const SessionRecord& record) override;
   Status read(const std::string* client_id, std::vector<SessionRecord>* out) override;
   Status remove(const std::string& client_id, bool* removed) override;
+  Status add_lost(const std::string& client_id, int64_t at_ms) override;
 
  private:
   SqliteStore& s_;
@@ -221,14 +222,21 @@ struct SqliteStore final : Store {
   // what is left of the start-up deadline (BusyTimeout applies it to a connection). `op`
   // takes `mu` itself if it needs the connection, so the sleeps between attempts hold no
   // lock.
+  static constexpr int64_t kFirstStartupAttemptMs = 1000;
   Status wait_at_startup(const char* what, const std::function<Status(int)>& op) override {
     const int64_t deadline = options.startup_deadline_ms;
     const int64_t t0 = clock->steady_ms();
+    bool first = true;
     return startup->until_ready(
         what,
         [&]() -> Status {
           if (fatal.load()) return fatal_status();
           int64_t busy = options.busy_timeout_ms;
+          // The first attempt waits at most kFirstStartupAttemptMs for a lock, so that a
+          // wait is reported (startup_progress, systemd's STATUS=) about 1 s after it
+          // begins, not a whole busy timeout later; the attempts after it wait the full one.
+          if (first) busy = std::min<int64_t>(busy, kFirstStartupAttemptMs);
+          first = false;
           if (deadline > 0)
             busy = std::clamp<int64_t>(deadline - (clock->steady_ms() - t0), 0, busy);
           return op(static_cast<int>(busy));
