@@ -134,9 +134,12 @@ class Service {
   // both together take at most --stop-timeout-ms: in turn, a stuck store would cost each
   // its whole timeout. Prints "<program>: processed=N duplicates=N ..." and returns the
   // exit code: 0, 7 (refused), or 3 (std::_Exit) when a message was still waiting for the
-  // store, or `stopping` failed (the relay was still waiting for the store).
+  // store, or `stopping` failed (the relay was still waiting for the store). `relay`, if
+  // given, is a health source of STATUS and is watched for refusals (--refused-limit-ms)
+  // like the subscriber; it must outlive run().
   int run(mqtt_inbox::Handler handler, const std::function<void()>& started = {},
-          const std::function<mqtt_inbox::Status()>& stopping = {}) {
+          const std::function<mqtt_inbox::Status()>& stopping = {},
+          const mqtt_inbox::Relay* relay = nullptr) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
     if (auto s = mqtt_inbox::Consumer::create(inbox_.get(), flags_.consumer_name,
                                               std::move(handler), {}, &consumer);
@@ -172,11 +175,12 @@ class Service {
     // subscriber and the consumer until frame_.end(), which comes before they go.
     (void)frame_.notifier().add_source(mqtt_inbox::health_source(*subscriber));
     (void)frame_.notifier().add_source(mqtt_inbox::health_source(*consumer));
+    if (relay) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*relay));
     struct EndFrame {
       service_frame::Frame& f;
       ~EndFrame() { f.end(); }
     } end_frame{frame_};
-    frame_.ready(subscriber.get());
+    frame_.ready(subscriber.get(), relay);
 
     const int why = frame_.wait();  // a stop signal, or the broker refusing us too long
     frame_.stopping();

@@ -7,7 +7,7 @@
 //
 //   0  stopped cleanly (also a stop requested during the start-up, before READY=1)
 //   1  bad configuration: a command line the program cannot use (an unknown option, a
-//      value that fails its check, a missing option; examples/command_line.h), a topic
+//      value that fails its check, a missing option; examples/common/command_line.h), a topic
 //      option MQTT refuses; or another start-up failure. Restart: no. (--help: 0)
 //   2  the MQTT subscriber could not be created or started: a bad connection flag, a
 //      CA, certificate, key or password file missing or unreadable. Restart: no

@@ -79,12 +79,13 @@ int main(int argc, char** argv) {
   }
 
   // 3. Consumer, retention, subscriber, systemd notifications; the relay publishes while
-  //    the subscriber runs, woken by each commit that enqueued. Returns at SIGINT/SIGTERM,
-  //    having stopped both within --stop-timeout-ms.
+  //    the subscriber runs, woken by each commit that enqueued, and is shown in STATUS and
+  //    watched for refusals like the subscriber. Returns at SIGINT/SIGTERM, having stopped
+  //    both within --stop-timeout-ms.
   return service.run(
       handler,
       [&] {
         if (relay) (void)relay->start();
       },
-      [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); });
+      [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); }, relay.get());
 }

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "exit_codes.h"
 
@@ -134,38 +135,39 @@ class Frame {
     return code;
   }
 
-  // READY=1; from now on a stop signal is handed to wait(). `subscriber`, if given, is
-  // watched by wait() for refusals.
-  void ready(const mqtt_inbox::Subscriber* subscriber) {
+  // READY=1; from now on a stop signal is handed to wait(). `subscriber` and `relay`, if
+  // given, are watched by wait() for refusals: the relay connects with the same flags, so
+  // a broker that refuses it (credentials, client id, CA) is the same configuration error.
+  void ready(const mqtt_inbox::Subscriber* subscriber, const mqtt_inbox::Relay* relay = nullptr) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      subscriber_ = subscriber;
+      watched_.clear();
+      if (subscriber) watched_.push_back({"client", [subscriber] { return subscriber->health(); }});
+      if (relay) watched_.push_back({"relay", [relay] { return relay->health(); }});
       running_ = true;
     }
     (void)notifier_->ready();
   }
 
-  // Blocks until a stop signal (returns kExitOk) or until the broker has refused this
-  // client for refused_limit_ms on end (returns kExitRefused, STATUS says why).
+  // Blocks until a stop signal (returns kExitOk) or until the broker has refused a watched
+  // connection for refused_limit_ms on end (returns kExitRefused, STATUS says why).
   int wait() {
     std::unique_lock<std::mutex> lock(mu_);
-    bool refusing = false;  // every attempt since refused_since was refused
-    std::chrono::steady_clock::time_point refused_since{};
     for (;;) {
       if (signal_ != 0) {
         log_->info("signal {}: stopping", signal_);
         return examples::kExitOk;
       }
-      if (subscriber_ && options_.refused_limit_ms > 0) {
-        const mqtt_inbox::SubscriberHealth h = subscriber_->health();
+      for (Watched& w : options_.refused_limit_ms > 0 ? watched_ : none_) {
+        const mqtt_inbox::SubscriberHealth h = w.health();
         const auto now = std::chrono::steady_clock::now();
         if (h.connected || !refused(h) || h.consecutive_failures == 0) {
-          refusing = false;
-        } else if (!refusing) {
-          refusing = true;
-          refused_since = now;
-        } else if (now - refused_since >= std::chrono::milliseconds(options_.refused_limit_ms)) {
-          refusal_ = "the broker refused this client for " +
+          w.refusing = false;
+        } else if (!w.refusing) {
+          w.refusing = true;
+          w.refused_since = now;
+        } else if (now - w.refused_since >= std::chrono::milliseconds(options_.refused_limit_ms)) {
+          refusal_ = "the broker refused this " + w.what + " for " +
                      std::to_string(options_.refused_limit_ms / 1000) +
                      " s, every attempt: " + h.last_error;
           log_->critical(
@@ -229,7 +231,15 @@ class Frame {
   std::condition_variable cv_;
   bool running_ = false, quit_ = false;
   int signal_ = 0;
-  const mqtt_inbox::Subscriber* subscriber_ = nullptr;
+  // A connection wait() watches for refusals, and since when every attempt was refused.
+  struct Watched {
+    std::string what;  // "client" (the subscriber) or "relay"
+    std::function<mqtt_inbox::SubscriberHealth()> health;
+    bool refusing = false;
+    std::chrono::steady_clock::time_point refused_since{};
+  };
+  std::vector<Watched> watched_;
+  std::vector<Watched> none_;
   std::string refusal_;
 };
 
