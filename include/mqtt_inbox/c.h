@@ -147,6 +147,156 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_stats_json(mqtt_inbox_t *inbox, char **json);
  * and the fields of Health, in *json for mqtt_inbox_free(). Never waits; any thread. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_health_json(mqtt_inbox_t *inbox, char **json);
 
+/* ---- The consumer and its handler (consumer.h, handler.h) ---------------------------- */
+typedef struct mqtt_inbox_consumer_t mqtt_inbox_consumer_t;
+/* One delivery as the handler sees it: read it with the mqtt_inbox_delivery_* calls.
+ * Valid only during the handler call; copy what you keep. */
+typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
+
+/* What a handler returns. */
+#define MQTT_INBOX_HANDLER_OK 0          /* the effect is written: it commits with the claim */
+#define MQTT_INBOX_HANDLER_RETRY 1       /* this attempt failed: rolled back, counted, retried
+                                            with backoff up to max_attempts, then the message
+                                            is dead-lettered as handler_failed */
+#define MQTT_INBOX_HANDLER_UNDECODABLE 2 /* the payload can never be decoded: rolled back,
+                                            dead-lettered at once as undecodable_payload */
+#define MQTT_INBOX_HANDLER_REJECT 3      /* well-formed but refused by the application (a
+                                            value out of range): rolled back, dead-lettered
+                                            at once as invalid_payload */
+/* Any other value counts as MQTT_INBOX_HANDLER_RETRY. */
+
+/* The application's handler: applies one message's effect with `db`, the inbox's own
+ * connection, inside the claim transaction, which the library opened and commits after
+ * the handler returns MQTT_INBOX_HANDLER_OK (then, and only then, the PUBACK goes).
+ * Runs on the thread that delivered the message: the subscriber's receive thread (one
+ * per process, shared by every MQTT client of it), or the caller of
+ * mqtt_inbox_consumer_feed, or the consumer's requeue thread for a replayed dead letter.
+ * Rules (handler.h; sqlite3.h's rule for callbacks):
+ *  - Use `db` for SQL of your own (sqlite3_prepare_v2, sqlite3_step, sqlite3_exec), and
+ *    finalize or reset every statement before returning. Do not keep `db`, close it,
+ *    or change its settings (busy handler, hooks, authorizer, PRAGMAs).
+ *  - The library owns the transaction: BEGIN, COMMIT, ROLLBACK and END are refused at
+ *    prepare time with SQLITE_AUTH ("not authorized"), so nothing the handler wrote can
+ *    commit apart from the claim; SAVEPOINT, RELEASE and ROLLBACK TO a savepoint of your
+ *    own are allowed. A handler that returns MQTT_INBOX_HANDLER_OK although the
+ *    transaction ended (an error that rolled it back) fails that attempt with
+ *    "handler ended the inbox transaction".
+ *  - Return a failure code for any SQL error; set its reason text with
+ *    mqtt_inbox_delivery_set_reason (it becomes the dead letter's text).
+ *  - Do not call the library for this inbox (its consumer, outbox enqueue excepted):
+ *    such a call is refused with MQTT_INBOX_INVALID_ARGUMENT and the message is
+ *    dead-lettered as handler_reentered. mqtt_inbox_stats_json and _health_json are
+ *    allowed.
+ *  - Keep it short: it holds the database's write lock and Paho's receive thread. */
+typedef int (*mqtt_inbox_handler)(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d);
+
+/* The producer-assigned message id the consumer extracted (NUL-terminated, valid UTF-8
+ * without control characters, at most 256 bytes by default). */
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_delivery_message_id(const mqtt_inbox_delivery_t *d);
+/* The topic (NUL-terminated). */
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_delivery_topic(const mqtt_inbox_delivery_t *d);
+/* The payload's raw bytes (not NUL-terminated text in general, though a NUL byte follows
+ * them), their count in *len. */
+MQTT_INBOX_C_EXPORT const void *mqtt_inbox_delivery_payload(const mqtt_inbox_delivery_t *d,
+                                                            size_t *len);
+/* QoS (0..2); the DUP and RETAIN flags as received (0 or 1; informational: never a
+ * deduplication key); the attempt, 1 for the first, counted across restarts. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_qos(const mqtt_inbox_delivery_t *d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_dup(const mqtt_inbox_delivery_t *d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_retained(const mqtt_inbox_delivery_t *d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_attempt(const mqtt_inbox_delivery_t *d);
+/* MQTT 5 user properties, in arrival order (none with MQTT 3.1.1). _user_property
+ * returns 1 and sets the name and value (raw bytes, each NUL-terminated too, and their
+ * lengths; any out-parameter may be NULL) for index < count, else 0. _user_property_get
+ * returns the value of the first property named `name`, or NULL. */
+MQTT_INBOX_C_EXPORT size_t mqtt_inbox_delivery_user_property_count(const mqtt_inbox_delivery_t *d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_user_property(const mqtt_inbox_delivery_t *d,
+                                                          size_t index, const char **name,
+                                                          size_t *name_len, const char **value,
+                                                          size_t *value_len);
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_delivery_user_property_get(
+    const mqtt_inbox_delivery_t *d, const char *name);
+/* The reason text of a failure the handler is about to return (copied; the last call
+ * wins). Without one, the text names the return code. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_delivery_set_reason(const mqtt_inbox_delivery_t *d,
+                                                        const char *text);
+
+#define MQTT_INBOX_RETAINED_SKIP 0        /* ack a retained message unprocessed (default) */
+#define MQTT_INBOX_RETAINED_DEAD_LETTER 1 /* dead-letter it as retained */
+#define MQTT_INBOX_RETAINED_PROCESS 2     /* process it like any other */
+
+typedef struct mqtt_inbox_consumer_options_t {
+  size_t struct_size;            /* set by MQTT_INBOX_CONSUMER_OPTIONS_INIT */
+  int max_attempts;              /* handler attempts before handler_failed, >= 1; 5 */
+  int retry_backoff_initial_ms;  /* between attempts, doubled each time: 100 ms ... */
+  int retry_backoff_max_ms;      /* ... capped at 2000 ms */
+  int retained;                  /* MQTT_INBOX_RETAINED_*; _SKIP */
+  size_t max_payload_bytes;      /* larger payloads: payload_too_large; 1 MiB */
+  size_t dead_letter_payload_bytes; /* payload kept in a dead letter; 1 MiB */
+  int64_t requeue_poll_ms;       /* the requeue thread's poll, ms; 0 = no thread; 2000 */
+  const char *id_user_property;  /* MQTT 5 user property holding the message id; NULL:
+                                    "message-id"; "": not read */
+  const char *id_json_field;     /* top-level string field of a JSON payload holding it;
+                                    NULL: "message_id"; "": not read */
+} mqtt_inbox_consumer_options_t;
+
+#define MQTT_INBOX_CONSUMER_OPTIONS_INIT                                                \
+  { sizeof(mqtt_inbox_consumer_options_t), 5, 100, 2000, MQTT_INBOX_RETAINED_SKIP,       \
+    1024 * 1024, 1024 * 1024, 2000, NULL, NULL }
+
+/* Makes the consumer named `name` (non-empty, at most 200 bytes: recorded in every row)
+ * on `inbox`, with `handler` and its `ctx`, and `options` (NULL: defaults). `inbox` must
+ * outlive it. On failure *out is NULL and the message is the inbox's errmsg. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT (name, options), _MISUSE (NULL inbox, handler or out). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_create(mqtt_inbox_t *inbox, const char *name,
+                                                   mqtt_inbox_handler handler, void *ctx,
+                                                   const mqtt_inbox_consumer_options_t *options,
+                                                   mqtt_inbox_consumer_t **out);
+/* Stops the requeue thread and frees the consumer. Destroy the subscriber that delivers
+ * to it first. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t *consumer);
+/* The last failure on `consumer`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_consumer_errmsg(const mqtt_inbox_consumer_t *consumer);
+
+/* One user property of a message fed in: raw bytes with their lengths. */
+typedef struct mqtt_inbox_user_property_t {
+  const char *name;
+  size_t name_len;
+  const char *value;
+  size_t value_len;
+} mqtt_inbox_user_property_t;
+
+/* A message that arrived by another route (serial, a radio, another MQTT client). */
+typedef struct mqtt_inbox_message_t {
+  size_t struct_size;     /* set by MQTT_INBOX_MESSAGE_INIT */
+  const char *topic;      /* NUL-terminated; required */
+  const void *payload;    /* payload_len bytes; NULL only with payload_len 0 */
+  size_t payload_len;
+  int qos;                /* 1 */
+  int dup;                /* 0 */
+  int retained;           /* 0 */
+  const mqtt_inbox_user_property_t *user_properties; /* user_property_count entries */
+  size_t user_property_count;
+} mqtt_inbox_message_t;
+
+#define MQTT_INBOX_MESSAGE_INIT { sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, 0, 0, NULL, 0 }
+
+/* Outcomes of one delivery (Outcome, message.h). */
+#define MQTT_INBOX_OUTCOME_PROCESSED 0        /* the effect committed with the claim */
+#define MQTT_INBOX_OUTCOME_DUPLICATE 1        /* already processed: skipped */
+#define MQTT_INBOX_OUTCOME_DEAD_LETTERED 2    /* written to the dead letters now */
+#define MQTT_INBOX_OUTCOME_ALREADY_DEAD_LETTERED 3 /* a redelivery of a dead letter */
+#define MQTT_INBOX_OUTCOME_SKIPPED 4          /* a retained message skipped by policy */
+
+/* Processes one message as the subscriber does (Consumer::handle, consumer.h): returns
+ * when it has a durable outcome, in *outcome (MQTT_INBOX_OUTCOME_*); acknowledge it to
+ * its sender only then. Runs the handler on the calling thread. Blocks while the store
+ * fails, for as long as it fails. Safe from several threads at once. Errors:
+ * MQTT_INBOX_MISUSE (NULL arguments, no topic, a bad struct_size), _NOMEM. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t *consumer,
+                                                 const mqtt_inbox_message_t *message,
+                                                 int *outcome);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
