@@ -297,6 +297,103 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t *consumer
                                                  const mqtt_inbox_message_t *message,
                                                  int *outcome);
 
+/* ---- The MQTT subscriber (subscriber.h, connection.h, tls.h) -------------------------- */
+typedef struct mqtt_inbox_subscriber_t mqtt_inbox_subscriber_t;
+
+#define MQTT_INBOX_MQTT_3_1_1 0
+#define MQTT_INBOX_MQTT_5 1
+
+#define MQTT_INBOX_TLS_DEFAULT 0 /* OpenSSL's highest common version */
+#define MQTT_INBOX_TLS_1_2 12    /* TLS 1.2 or 1.3 */
+#define MQTT_INBOX_TLS_1_3 13    /* TLS 1.3 only */
+
+/* The subscriber's settings. Strings are copied by create; NULL means "not set". Secrets
+ * come from files only: the password and the TLS key's password are never a field. */
+typedef struct mqtt_inbox_subscriber_options_t {
+  size_t struct_size;              /* set by MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT */
+  const char *broker_uri;          /* tcp://, mqtt://, ws:// or ssl://, mqtts://, wss://
+                                      host[:port]; required */
+  const char *client_id;           /* required; stable across restarts: the broker keeps
+                                      the session, and its unacked messages, under it */
+  int mqtt_version;                /* MQTT_INBOX_MQTT_3_1_1 (default) or _5 */
+  uint32_t session_expiry_s;       /* MQTT 5: sent, > 0; MQTT 3.1.1: declared (what the
+                                      broker keeps); 7 days. Retention must cover it */
+  int keep_alive_s;                /* 1..65535; 30 */
+  int connect_timeout_ms;          /* one attempt, > 0; 10000 */
+  int reconnect_backoff_initial_ms; /* first wait after a failure, doubled; 500 */
+  int reconnect_backoff_max_ms;    /* its cap; 30000 */
+  int receive_maximum;             /* MQTT 5 in-flight window, 1..65535; 20 */
+  int stop_timeout_ms;             /* how long stop waits for a message in the handler;
+                                      10000 */
+  int tls_version;                 /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
+  int tls_insecure_skip_hostname_check; /* INSECURE: 1 accepts a certificate for another
+                                      host name (the chain is still verified); 0 */
+  const char *username;            /* CONNECT user name (not a secret: logged); none */
+  const char *password_file;       /* file whose content (one trailing newline removed) is
+                                      the CONNECT password, read at every connect; none */
+  const char *tls_ca_file;         /* PEM CA certificate(s); none: the system trust store */
+  const char *tls_ca_dir;          /* hashed CA folder (openssl rehash); none */
+  const char *tls_cert_file;       /* client certificate (mutual TLS); none */
+  const char *tls_key_file;        /* its key; none: read from tls_cert_file */
+  const char *tls_key_password_file; /* file holding the key's password; none */
+  const char *client_id_lock_dir;  /* folder of the per-host client-id lock; NULL: "auto"
+                                      (connection.h); "": no lock */
+} mqtt_inbox_subscriber_options_t;
+
+#define MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT                                                \
+  { sizeof(mqtt_inbox_subscriber_options_t), NULL, NULL, MQTT_INBOX_MQTT_3_1_1,           \
+    7u * 24u * 3600u, 30, 10000, 500, 30000, 20, 10000, MQTT_INBOX_TLS_DEFAULT, 0,        \
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+
+/* Checks the options (subscriber.h: a persistent session, TLS files readable and
+ * matching, the password file readable and not empty) and makes the subscriber; it does
+ * not connect yet. On failure *out is NULL and *errmsg (if not NULL) gets a message for
+ * mqtt_inbox_free, which names a file but never holds a secret. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT, _IO_ERROR (the password file), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_create(
+    const mqtt_inbox_subscriber_options_t *options, mqtt_inbox_subscriber_t **out,
+    char **errmsg);
+/* Stops (as mqtt_inbox_subscriber_stop) if still running and frees it. NULL is a no-op.
+ * Destroy it before the consumers it delivers to. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_destroy(mqtt_inbox_subscriber_t *subscriber);
+/* The last failure on `subscriber`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_subscriber_errmsg(
+    const mqtt_inbox_subscriber_t *subscriber);
+
+/* Routes messages matching `topic_filter` (+ and # wildcards, "$share/group/" allowed),
+ * subscribed at QoS 1, to `consumer`, which must outlive the subscriber. Call before
+ * start. Errors: MQTT_INBOX_INVALID_ARGUMENT (an empty or repeated filter, after start),
+ * _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_subscribe(mqtt_inbox_subscriber_t *subscriber,
+                                                        const char *topic_filter,
+                                                        mqtt_inbox_consumer_t *consumer);
+/* Takes the client-id lock and starts connecting in the background; returns at once.
+ * From then on the consumers' handlers run on Paho's receive thread. Errors:
+ * MQTT_INBOX_BUSY (another process holds the client-id lock), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_start(mqtt_inbox_subscriber_t *subscriber);
+/* 1 once connected and subscribed (waiting up to timeout_ms, ms), else 0; 0 is not an
+ * error: it keeps reconnecting (mqtt_inbox_subscriber_health_json says why). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_wait_connected(mqtt_inbox_subscriber_t *subscriber,
+                                                             int timeout_ms);
+/* Disconnects and stops reconnecting; a message in the handler commits (and is acked)
+ * first. Safe from any thread but a handler's; also wakes mqtt_inbox_subscriber_run.
+ * Errors: MQTT_INBOX_BUSY if a message was still not committed after stop_timeout_ms
+ * (the store is stuck): the message is not acked, and the process should exit, so that
+ * the broker redelivers it to the next run. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_stop(mqtt_inbox_subscriber_t *subscriber);
+/* Asks for a stop, and only asks: async-signal-safe (an atomic store and a write(2) to a
+ * pipe), for a SIGTERM handler. mqtt_inbox_subscriber_run then stops the subscriber. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_request_stop(mqtt_inbox_subscriber_t *subscriber);
+/* Blocks the calling thread until mqtt_inbox_subscriber_request_stop or _stop is called,
+ * then stops the subscriber and returns what stop returned. The main loop of a program
+ * whose SIGTERM handler calls request_stop. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t *subscriber);
+/* The connection's state (subscriber.h, SubscriberHealth: connected, attempts, the last
+ * failure and its reason, sessions lost) as a JSON object, in *json for mqtt_inbox_free.
+ * Never waits for Paho or the store; any thread. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t *subscriber,
+                                                          char **json);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
