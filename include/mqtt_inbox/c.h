@@ -394,6 +394,158 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t *subsc
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t *subscriber,
                                                           char **json);
 
+/* ---- The transactional outbox and its relay (outbox.h, relay.h) ----------------------- */
+typedef struct mqtt_inbox_outbox_t mqtt_inbox_outbox_t;
+typedef struct mqtt_inbox_relay_t mqtt_inbox_relay_t;
+
+/* Makes the outbox of `inbox` (one unbounded class; bounded classes are C++-only for
+ * now). `inbox` must outlive it. On failure *out is NULL and the message is the inbox's
+ * errmsg. Errors: MQTT_INBOX_MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create(mqtt_inbox_t *inbox, mqtt_inbox_outbox_t **out);
+/* Frees it; destroy its relays first. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t *outbox);
+/* The last failure on `outbox`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_outbox_errmsg(const mqtt_inbox_outbox_t *outbox);
+
+/* One message to publish at QoS 1 (OutgoingMessage, outbox.h). */
+typedef struct mqtt_inbox_outgoing_t {
+  size_t struct_size;      /* set by MQTT_INBOX_OUTGOING_INIT */
+  const char *topic;       /* no wildcards; required */
+  const void *payload;     /* payload_len bytes; NULL only with payload_len 0 */
+  size_t payload_len;
+  const char *message_id;  /* the stable id the next hop deduplicates on; NULL: a random
+                              UUID. From a handler, derive it from the incoming id
+                              (mqtt_inbox_derived_message_id) so a re-run enqueues the
+                              same id */
+  const char *ordering_key; /* FIFO among rows of one key; NULL: the topic */
+  const char *content_type; /* MQTT 5 content type; NULL: none */
+  const mqtt_inbox_user_property_t *user_properties; /* MQTT 5; the relay adds
+                              "message-id" */
+  size_t user_property_count;
+} mqtt_inbox_outgoing_t;
+
+#define MQTT_INBOX_OUTGOING_INIT \
+  { sizeof(mqtt_inbox_outgoing_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, 0 }
+
+/* Adds `message` to the outbox inside the transaction of `db`, which must be the
+ * connection the library lent: a handler's `db` (the row commits with the claim, or not
+ * at all) or a set-up function's. If `message_id` is not NULL, *message_id gets the id
+ * (for mqtt_inbox_free). An id already in the outbox adds nothing and succeeds.
+ * In a handler, a refused enqueue also decides the message if the handler returns
+ * MQTT_INBOX_HANDLER_OK anyway: MQTT_INBOX_INVALID_ARGUMENT (a topic, id or property MQTT
+ * or the next hop refuses) dead-letters it at once as outbox_refused; MQTT_INBOX_REJECTED
+ * ("outbox full") parks it, as outbox_full, for the consumer's requeue thread. Another
+ * return code is the handler's own outcome. Errors: those two; _MISUSE (`db` is not a
+ * connection the library lent on this thread, NULL arguments); store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t *outbox, sqlite3 *db,
+                                                  const mqtt_inbox_outgoing_t *message,
+                                                  char **message_id);
+/* incoming_id + "/" + suffix, checked as an outbox id (outbox.h derived_message_id), in
+ * *out for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT (too long, control
+ * characters), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_derived_message_id(const char *incoming_id,
+                                                      const char *suffix, char **out);
+
+/* The relay's settings: a connection of its own (as the subscriber's fields; it
+ * connects with a clean start: the outbox table is its only state) and publishing. */
+typedef struct mqtt_inbox_relay_options_t {
+  size_t struct_size;              /* set by MQTT_INBOX_RELAY_OPTIONS_INIT */
+  const char *broker_uri;          /* required */
+  const char *client_id;           /* required; differs from every subscriber's */
+  int mqtt_version;                /* MQTT_INBOX_MQTT_5 (default) or _3_1_1 */
+  int keep_alive_s;                /* 30 */
+  int connect_timeout_ms;          /* 10000 */
+  int reconnect_backoff_initial_ms; /* 500 */
+  int reconnect_backoff_max_ms;    /* 30000 */
+  int max_inflight;                /* publishes without PUBACK, 1..65535; 64 */
+  int poll_interval_ms;            /* look for rows committed elsewhere, ms; 1000 */
+  int stop_timeout_ms;             /* 10000 */
+  int tls_version;                 /* MQTT_INBOX_TLS_*; _DEFAULT */
+  int tls_insecure_skip_hostname_check; /* INSECURE; 0 */
+  const char *username;            /* none */
+  const char *password_file;       /* read at every connect; none */
+  const char *tls_ca_file;
+  const char *tls_ca_dir;
+  const char *tls_cert_file;
+  const char *tls_key_file;
+  const char *tls_key_password_file;
+  const char *client_id_lock_dir;  /* NULL: "auto"; "": no lock */
+} mqtt_inbox_relay_options_t;
+
+#define MQTT_INBOX_RELAY_OPTIONS_INIT                                                  \
+  { sizeof(mqtt_inbox_relay_options_t), NULL, NULL, MQTT_INBOX_MQTT_5, 30, 10000, 500,   \
+    30000, 64, 1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, \
+    NULL, NULL }
+
+/* Makes a relay that publishes `outbox`'s rows in order and marks them sent on PUBACK,
+ * with a connection of its own. On failure *out is NULL and *errmsg (if not NULL) gets
+ * a message for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT, _IO_ERROR (a
+ * password file), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create(mqtt_inbox_outbox_t *outbox,
+                                                const mqtt_inbox_relay_options_t *options,
+                                                mqtt_inbox_relay_t **out, char **errmsg);
+/* Stops it if running and frees it. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t *relay);
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t *relay);
+/* Starts its thread; returns at once. Errors: MQTT_INBOX_BUSY (the client-id lock),
+ * _INVALID_ARGUMENT (already started). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t *relay);
+/* Stops its thread and disconnects; unacknowledged rows stay pending for the next run.
+ * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t *relay);
+/* Its counters (RelayCounters, relay.h) as a JSON object for mqtt_inbox_free. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t *relay, char **json);
+
+/* ---- Retention (retention.h) ------------------------------------------------------- */
+typedef struct mqtt_inbox_pruner_t mqtt_inbox_pruner_t;
+
+typedef struct mqtt_inbox_pruner_options_t {
+  size_t struct_size;               /* set by MQTT_INBOX_PRUNER_OPTIONS_INIT */
+  int64_t window_ms;                /* how long a processed id is remembered; 8 days */
+  int64_t broker_session_expiry_ms; /* floor of the broker's session expiry; 7 days */
+  int64_t max_offline_ms;           /* longest time the device may be away; 0 */
+  int64_t margin_ms;                /* headroom above the horizon; 1 hour */
+  int64_t period_ms;                /* between passes of its thread; 60000 */
+  int64_t dead_letter_window_ms;    /* dead letters kept; 0 = until purged; 30 days */
+} mqtt_inbox_pruner_options_t;
+
+#define MQTT_INBOX_PRUNER_OPTIONS_INIT                                               \
+  { sizeof(mqtt_inbox_pruner_options_t), 8LL * 24 * 3600 * 1000,                     \
+    7LL * 24 * 3600 * 1000, 0, 3600LL * 1000, 60000, 30LL * 24 * 3600 * 1000 }
+
+/* Makes the pruner of `inbox` after checking the window against the horizon and the
+ * session expiries the subscriber recorded (retention.h): a window that does not cover
+ * them is refused, because an id forgotten while the broker can still redeliver its
+ * message lets a duplicate through. On failure *out is NULL and the message is the
+ * inbox's errmsg. Errors: MQTT_INBOX_INVALID_ARGUMENT (names the session it does not
+ * cover), start-up store codes, _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_create(mqtt_inbox_t *inbox,
+                                                 const mqtt_inbox_pruner_options_t *options,
+                                                 mqtt_inbox_pruner_t **out);
+/* Stops its thread and frees it. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_pruner_destroy(mqtt_inbox_pruner_t *pruner);
+MQTT_INBOX_C_EXPORT const char *mqtt_inbox_pruner_errmsg(const mqtt_inbox_pruner_t *pruner);
+/* Starts the thread that runs a pass every period_ms. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_start(mqtt_inbox_pruner_t *pruner);
+/* One pass now, on the calling thread; *deleted (if not NULL) gets the processed ids
+ * deleted. Errors: MQTT_INBOX_INVALID_ARGUMENT (the window no longer covers a recorded
+ * session: nothing deleted), store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_run_once(mqtt_inbox_pruner_t *pruner, int64_t *deleted);
+
+/* ---- Dead letters (dead_letter.h) --------------------------------------------------- */
+
+/* The dead letters of consumer `consumer_name` (NULL: all), newest first, at most `limit`
+ * (<= 0: no limit), as a JSON array of objects (id, consumer, message_id, topic, payload
+ * as text with invalid UTF-8 replaced, payload_size, reason, reason_text, attempts, times
+ * in Unix ms, redeliveries, status), in *json for mqtt_inbox_free. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_dead_letters_json(mqtt_inbox_t *inbox,
+                                                     const char *consumer_name, int64_t limit,
+                                                     char **json);
+/* Marks dead letter `id` 'requeued': the running consumer of its name replays it on its
+ * requeue thread (Inbox::requeue_dead_letter). Errors: MQTT_INBOX_NOT_FOUND;
+ * _INVALID_ARGUMENT (not 'dead', its payload was cut); store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_dead_letter_requeue(mqtt_inbox_t *inbox, int64_t id);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

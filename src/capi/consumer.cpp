@@ -6,10 +6,12 @@
 
 #include <stdexcept>
 
+#include "capi/connection_scope.h"
 #include "capi/delivery.h"
 #include "capi/handles.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/handler.h"
+#include "mqtt_inbox/outbox.h"
 
 using mqtt_inbox::capi::guarded;
 
@@ -25,10 +27,18 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
   mqtt_inbox_delivery_t view;
   view.delivery = &d;
   view.db = &db;
+  mqtt_inbox::capi::ConnectionScope scope(&db);
   const int rc = handler(ctx, db.getHandle(), &view);
   auto text = [&](const char* fallback) { return view.has_reason ? view.reason : fallback; };
   switch (rc) {
     case MQTT_INBOX_HANDLER_OK:
+      // An enqueue the outbox refused: the effect must not commit without its outgoing
+      // message, so the refusal decides, as the exception does in C++ (outbox.h).
+      if (scope.refusal() == mqtt_inbox::capi::ConnectionScope::Refusal::kRefused)
+        throw mqtt_inbox::OutboxRefused(mqtt_inbox::Status::InvalidArgument(scope.refusal_text()));
+      if (scope.refusal() == mqtt_inbox::capi::ConnectionScope::Refusal::kFull)
+        throw mqtt_inbox::OutboxFull(
+            mqtt_inbox::Status(mqtt_inbox::Status::Code::kRejected, scope.refusal_text()));
       // The store checks this too; said here in the C handler's own words.
       if (sqlite3_get_autocommit(db.getHandle()))
         throw std::runtime_error("handler ended the inbox transaction");

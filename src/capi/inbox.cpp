@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "capi/connection_scope.h"
 #include "capi/handles.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/version.h"
@@ -81,6 +82,7 @@ int mqtt_inbox_setup_fn(mqtt_inbox_t* inbox, int (*fn)(void* ctx, sqlite3* db), 
   return guarded(&inbox->error, [&] {
     if (!fn) return misuse(&inbox->error, "mqtt_inbox_setup_fn: NULL fn");
     return inbox->error.set(inbox->inbox->setup([&](SQLite::Database& db) {
+      mqtt_inbox::capi::ConnectionScope scope(&db);
       const int rc = fn(ctx, db.getHandle());
       // Thrown as SQLite's own error, so that setup classifies it like one of its own
       // statements: a transient code is waited out, the rest fails the call.

@@ -74,3 +74,51 @@ int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d) {
   sqlite3_finalize(st);
   return MQTT_INBOX_HANDLER_OK;
 }
+
+int ledger_enqueue_credited(mqtt_inbox_outbox_t *outbox, sqlite3 *db,
+                            const mqtt_inbox_delivery_t *d, const char *topic) {
+  size_t len = 0;
+  const char *payload = (const char *)mqtt_inbox_delivery_payload(d, &len);
+  sqlite3_stmt *st = NULL;
+  char *event_id = NULL;
+  mqtt_inbox_outgoing_t event = MQTT_INBOX_OUTGOING_INIT;
+  int rc;
+  if (mqtt_inbox_derived_message_id(mqtt_inbox_delivery_message_id(d), "credited", &event_id) !=
+      MQTT_INBOX_OK) {
+    mqtt_inbox_delivery_set_reason(d, "the event id derived from this id is too long");
+    return MQTT_INBOX_HANDLER_REJECT;
+  }
+  /* The event as JSON, built by SQLite from the balance this transaction wrote. */
+  if (sqlite3_prepare_v2(db,
+                         "SELECT json_object('message_id', ?1, 'source_message_id', ?2,"
+                         " 'account', account, 'balance', balance) FROM accounts"
+                         " WHERE account = json_extract(?3, '$.account')",
+                         -1, &st, NULL) != SQLITE_OK) {
+    mqtt_inbox_free(event_id);
+    return sql_failure(db, d, st);
+  }
+  sqlite3_bind_text(st, 1, event_id, -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, mqtt_inbox_delivery_message_id(d), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 3, payload, (int)len, SQLITE_STATIC);
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    mqtt_inbox_free(event_id);
+    return sql_failure(db, d, st);
+  }
+  event.topic = topic;
+  event.payload = sqlite3_column_text(st, 0);
+  event.payload_len = (size_t)sqlite3_column_bytes(st, 0);
+  event.message_id = event_id;
+  event.content_type = "application/json";
+  rc = mqtt_inbox_outbox_enqueue(outbox, db, &event, NULL);
+  sqlite3_finalize(st);
+  mqtt_inbox_free(event_id);
+  if (rc != MQTT_INBOX_OK) {
+    /* A refusal decides the message by itself (outbox_refused or outbox_full); any other
+     * failure (the store) is worth another attempt. */
+    mqtt_inbox_delivery_set_reason(d, mqtt_inbox_outbox_errmsg(outbox));
+    return rc == MQTT_INBOX_INVALID_ARGUMENT || rc == MQTT_INBOX_REJECTED
+               ? MQTT_INBOX_HANDLER_OK
+               : MQTT_INBOX_HANDLER_RETRY;
+  }
+  return MQTT_INBOX_HANDLER_OK;
+}

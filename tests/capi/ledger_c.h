@@ -19,4 +19,12 @@
  * for an SQL error; the reason text is set on `d` for each failure. */
 int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d);
 
+/* With --emit-topic: enqueues, in the handler's transaction, the event
+ * {"message_id": "<credit id>/credited", "source_message_id": "<credit id>",
+ *  "account": ..., "balance": <the balance after the credit>} to `topic`, under the id
+ * derived from the credit's, so a re-run enqueues the same id. Call after
+ * ledger_apply_credit returned MQTT_INBOX_HANDLER_OK. Returns a handler code. */
+int ledger_enqueue_credited(mqtt_inbox_outbox_t *outbox, sqlite3 *db,
+                            const mqtt_inbox_delivery_t *d, const char *topic);
+
 #endif

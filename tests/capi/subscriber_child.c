@@ -3,11 +3,14 @@
  * ledger_c.h.
  *
  *   subscriber_child URI CLIENT_ID FILTER DB MQTT_VERSION [--stop-from-thread MS]
+ *                    [--emit-topic TOPIC]
  *
  * MQTT_VERSION is "5" or "3.1.1". Prints "consuming" once connected and, after the stop,
  * the inbox's stats as JSON on one line starting "stats: ". --stop-from-thread stops the
  * subscriber from a second thread after MS ms (mqtt_inbox_subscriber_stop), which must
- * also end mqtt_inbox_subscriber_run in the main thread. Exit 0 after a clean stop. */
+ * also end mqtt_inbox_subscriber_run in the main thread. --emit-topic enqueues a
+ * credited event per credit in the handler's transaction and runs a relay (client id
+ * CLIENT_ID-relay) that publishes them. Exit 0 after a clean stop. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
 
@@ -27,9 +30,15 @@ static void on_signal(int sig) {
   mqtt_inbox_subscriber_request_stop(subscriber);
 }
 
+static mqtt_inbox_outbox_t *outbox;
+static const char *emit_topic;
+
 static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
+  int rc = ledger_apply_credit(db, d);
   (void)ctx;
-  return ledger_apply_credit(db, d);
+  if (rc == MQTT_INBOX_HANDLER_OK && emit_topic)
+    rc = ledger_enqueue_credited(outbox, db, d, emit_topic);
+  return rc;
 }
 
 static void *stop_later(void *arg) {
@@ -55,21 +64,45 @@ int main(int argc, char **argv) {
   mqtt_inbox_subscriber_options_t so = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
   struct sigaction sa;
   pthread_t stopper;
+  mqtt_inbox_relay_t *relay = NULL;
+  mqtt_inbox_relay_options_t ro = MQTT_INBOX_RELAY_OPTIONS_INIT;
+  char relay_id[256];
   long stop_ms = -1;
   char *err = NULL, *json = NULL;
-  int rc;
-  if (argc != 6 && argc != 8) {
-    fprintf(stderr, "usage: %s URI CLIENT_ID FILTER DB 5|3.1.1 [--stop-from-thread MS]\n",
+  int rc, i;
+  if (argc < 6 || argc % 2 != 0) {
+    fprintf(stderr,
+            "usage: %s URI CLIENT_ID FILTER DB 5|3.1.1 [--stop-from-thread MS]"
+            " [--emit-topic TOPIC]\n",
             argv[0]);
     return 2;
   }
-  if (argc == 8 && strcmp(argv[6], "--stop-from-thread") == 0) stop_ms = atol(argv[7]);
+  for (i = 6; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--stop-from-thread") == 0) stop_ms = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--emit-topic") == 0) emit_topic = argv[i + 1];
+    else return 2;
+  }
   setvbuf(stdout, NULL, _IOLBF, 0);
 
   if ((rc = mqtt_inbox_open(argv[4], NULL, &inbox, &err)) != MQTT_INBOX_OK)
     return fail("open", rc, err);
   if ((rc = mqtt_inbox_setup(inbox, LEDGER_TABLES)) != MQTT_INBOX_OK)
     return fail("setup", rc, mqtt_inbox_errmsg(inbox));
+  if (emit_topic) {
+    if ((rc = mqtt_inbox_outbox_create(inbox, &outbox)) != MQTT_INBOX_OK)
+      return fail("outbox", rc, mqtt_inbox_errmsg(inbox));
+    snprintf(relay_id, sizeof relay_id, "%s-relay", argv[2]);
+    ro.broker_uri = argv[1];
+    ro.client_id = relay_id;
+    ro.mqtt_version = strcmp(argv[5], "5") == 0 ? MQTT_INBOX_MQTT_5 : MQTT_INBOX_MQTT_3_1_1;
+    ro.client_id_lock_dir = "";
+    ro.reconnect_backoff_initial_ms = 100;
+    ro.reconnect_backoff_max_ms = 500;
+    if ((rc = mqtt_inbox_relay_create(outbox, &ro, &relay, &err)) != MQTT_INBOX_OK)
+      return fail("relay", rc, err);
+    if ((rc = mqtt_inbox_relay_start(relay)) != MQTT_INBOX_OK)
+      return fail("relay start", rc, mqtt_inbox_relay_errmsg(relay));
+  }
   co.retry_backoff_initial_ms = 10;
   co.retry_backoff_max_ms = 50;
   if ((rc = mqtt_inbox_consumer_create(inbox, "ledger", handler, NULL, &co, &consumer)))
@@ -104,6 +137,10 @@ int main(int argc, char **argv) {
   if (mqtt_inbox_stats_json(inbox, &json) == MQTT_INBOX_OK) printf("stats: %s\n", json);
   mqtt_inbox_free(json);
   mqtt_inbox_subscriber_destroy(subscriber);
+  if (relay && (rc = mqtt_inbox_relay_stop(relay)) != MQTT_INBOX_OK)
+    return fail("relay stop", rc, mqtt_inbox_relay_errmsg(relay));
+  mqtt_inbox_relay_destroy(relay);
+  mqtt_inbox_outbox_destroy(outbox);
   mqtt_inbox_consumer_destroy(consumer);
   mqtt_inbox_close(inbox);
   printf("stopped\n");
