@@ -7,7 +7,7 @@
 #include <mqtt_inbox/c.h>
 
 #include "c_check.h"
-#include "ledger_c.h"
+#include "ledger.h"
 
 enum mode {
   LEDGER,          /* the ledger's own codes */

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "c_check.h"
-#include "ledger_c.h"
+#include "ledger.h"
 
 enum mode { EMIT, EMIT_THEN_RETRY, EMIT_BAD_TOPIC, EMIT_TWICE, FAIL_UNTIL_FIXED };
 

@@ -1,16 +1,17 @@
 /* The C ledger consumer as a child process for subscriber_broker_test: the whole C API
  * path (open, set-up, consumer, subscriber, run until SIGTERM) in C99, with the ledger of
- * ledger_c.h.
+ * examples/c/ledger.h.
  *
  *   subscriber_child URI CLIENT_ID FILTER DB MQTT_VERSION [--stop-from-thread MS]
- *                    [--emit-topic TOPIC]
+ *                    [--emit-topic TOPIC] [--crash-in-handler ID]
  *
  * MQTT_VERSION is "5" or "3.1.1". Prints "consuming" once connected and, after the stop,
  * the inbox's stats as JSON on one line starting "stats: ". --stop-from-thread stops the
  * subscriber from a second thread after MS ms (mqtt_inbox_subscriber_stop), which must
  * also end mqtt_inbox_subscriber_run in the main thread. --emit-topic enqueues a
  * credited event per credit in the handler's transaction and runs a relay (client id
- * CLIENT_ID-relay) that publishes them. Exit 0 after a clean stop. */
+ * CLIENT_ID-relay) that publishes them. --crash-in-handler kills the process (SIGKILL) inside
+ * the handler of message ID, every time: poison. Exit 0 after a clean stop. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
 
@@ -21,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ledger_c.h"
+#include "ledger.h"
 
 static mqtt_inbox_subscriber_t *subscriber;
 
@@ -32,10 +33,13 @@ static void on_signal(int sig) {
 
 static mqtt_inbox_outbox_t *outbox;
 static const char *emit_topic;
+static const char *crash_id;
 
 static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
-  int rc = ledger_apply_credit(db, d);
+  int rc;
   (void)ctx;
+  if (crash_id && strcmp(mqtt_inbox_delivery_message_id(d), crash_id) == 0) raise(SIGKILL);
+  rc = ledger_apply_credit(db, d);
   if (rc == MQTT_INBOX_HANDLER_OK && emit_topic)
     rc = ledger_enqueue_credited(outbox, db, d, emit_topic);
   return rc;
@@ -73,13 +77,14 @@ int main(int argc, char **argv) {
   if (argc < 6 || argc % 2 != 0) {
     fprintf(stderr,
             "usage: %s URI CLIENT_ID FILTER DB 5|3.1.1 [--stop-from-thread MS]"
-            " [--emit-topic TOPIC]\n",
+            " [--emit-topic TOPIC] [--crash-in-handler ID]\n",
             argv[0]);
     return 2;
   }
   for (i = 6; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stop-from-thread") == 0) stop_ms = atol(argv[i + 1]);
     else if (strcmp(argv[i], "--emit-topic") == 0) emit_topic = argv[i + 1];
+    else if (strcmp(argv[i], "--crash-in-handler") == 0) crash_id = argv[i + 1];
     else return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);

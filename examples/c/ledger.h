@@ -1,10 +1,11 @@
-/* The ledger's business logic in C for the C API's tests: a JSON credit
+/* The ledger's business logic in C (examples/c/ledger_consumer.c, and the C API's tests):
+ * a JSON credit
  * {"message_id": "...", "account": "...", "amount": <integer>} added to an account's
  * balance and appended to the ledger, with the inbox's connection inside its transaction.
  * The JSON is read by SQLite's own JSON functions, so the C program needs no JSON library.
  * The same tables and rules as examples/ledger.h. */
-#ifndef MQTT_INBOX_TESTS_LEDGER_C_H
-#define MQTT_INBOX_TESTS_LEDGER_C_H
+#ifndef MQTT_INBOX_EXAMPLES_C_LEDGER_H
+#define MQTT_INBOX_EXAMPLES_C_LEDGER_H
 
 #include <mqtt_inbox/c.h>
 
@@ -19,7 +20,7 @@
  * for an SQL error; the reason text is set on `d` for each failure. */
 int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d);
 
-/* With --emit-topic: enqueues, in the handler's transaction, the event
+/* For --emit-topic: enqueues, in the handler's transaction, the event
  * {"message_id": "<credit id>/credited", "source_message_id": "<credit id>",
  *  "account": ..., "balance": <the balance after the credit>} to `topic`, under the id
  * derived from the credit's, so a re-run enqueues the same id. Call after

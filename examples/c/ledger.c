@@ -1,5 +1,5 @@
-/* The ledger for the C API's tests (ledger_c.h). */
-#include "ledger_c.h"
+/* The ledger in C (ledger.h). */
+#include "ledger.h"
 
 #include <stdio.h>
 #include <string.h>
