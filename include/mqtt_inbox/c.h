@@ -33,6 +33,8 @@
 
 #include <sqlite3.h>
 
+#include "mqtt_inbox/version.h"
+
 #if defined(_WIN32)
 #define MQTT_INBOX_C_EXPORT
 #else
@@ -44,11 +46,12 @@ extern "C" {
 #endif
 
 /* ---- Version ------------------------------------------------------------------------
- * The version of this header; mqtt_inbox_version() says the library's, which may be
- * newer (a shared library upgraded under the program). */
-#define MQTT_INBOX_C_VERSION_MAJOR 0
-#define MQTT_INBOX_C_VERSION_MINOR 4
-#define MQTT_INBOX_C_VERSION_PATCH 0
+ * The version of this header (version.h, plain macros that C reads too);
+ * mqtt_inbox_version() says the library's, which may be newer (a shared library upgraded
+ * under the program). */
+#define MQTT_INBOX_C_VERSION_MAJOR MQTT_INBOX_VERSION_MAJOR
+#define MQTT_INBOX_C_VERSION_MINOR MQTT_INBOX_VERSION_MINOR
+#define MQTT_INBOX_C_VERSION_PATCH MQTT_INBOX_VERSION_PATCH
 #define MQTT_INBOX_C_VERSION_NUMBER \
   (MQTT_INBOX_C_VERSION_MAJOR * 1000000 + MQTT_INBOX_C_VERSION_MINOR * 1000 + \
    MQTT_INBOX_C_VERSION_PATCH)

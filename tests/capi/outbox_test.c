@@ -274,6 +274,47 @@ static void test_a_dead_letter_is_listed_requeued_and_replayed_once(void) {
   stop(&f);
 }
 
+static void test_relay_create_refuses_misuse_and_bad_options(void) {
+  struct fixture f;
+  mqtt_inbox_relay_options_t o = MQTT_INBOX_RELAY_OPTIONS_INIT;
+  mqtt_inbox_relay_t *r = (mqtt_inbox_relay_t *)&r;
+  char *err = NULL, *json = NULL;
+  start(&f, EMIT, 0);
+  CHECK_EQ_INT(mqtt_inbox_relay_create(NULL, &o, &r, NULL), MQTT_INBOX_MISUSE);
+  CHECK(r == NULL);
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, NULL, &r, NULL), MQTT_INBOX_MISUSE);
+  o.broker_uri = "tcp://127.0.0.1:1";
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, &o, &r, &err), MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(err, "client_id");
+  mqtt_inbox_free(err);
+  o.client_id = "relay-1";
+  o.client_id_lock_dir = "";
+  o.password_file = c_temp_path("missing-password");
+  o.username = "u";
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, &o, &r, &err), MQTT_INBOX_IO_ERROR);
+  CHECK_CONTAINS(err, "missing-password");
+  mqtt_inbox_free(err);
+  o.password_file = NULL;
+  o.max_inflight = 0;
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, &o, &r, NULL), MQTT_INBOX_INVALID_ARGUMENT);
+  o.max_inflight = 64;
+  REQUIRE(mqtt_inbox_relay_create(f.outbox, &o, &r, NULL) == MQTT_INBOX_OK);
+  REQUIRE(mqtt_inbox_relay_counters_json(r, &json) == MQTT_INBOX_OK);
+  CHECK_CONTAINS(json, "\"published\":0");
+  CHECK_CONTAINS(json, "\"connected\":false");
+  mqtt_inbox_free(json);
+  CHECK_EQ_INT(mqtt_inbox_relay_counters_json(r, NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_relay_start(NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_relay_stop(NULL), MQTT_INBOX_MISUSE);
+  CHECK(mqtt_inbox_relay_errmsg(NULL) != NULL);
+  mqtt_inbox_relay_destroy(r); /* never started */
+  mqtt_inbox_relay_destroy(NULL);
+  CHECK_EQ_INT(mqtt_inbox_outbox_create(NULL, NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_pruner_create(NULL, NULL, NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_dead_letter_requeue(NULL, 1), MQTT_INBOX_MISUSE);
+  stop(&f);
+}
+
 #define CASE(name) {#name, test_##name}
 static const struct c_test tests[] = {
     CASE(an_event_enqueued_by_the_handler_commits_with_the_claim),
@@ -284,6 +325,7 @@ static const struct c_test tests[] = {
     CASE(derived_ids),
     CASE(the_pruner_checks_its_window_and_deletes_old_ids),
     CASE(a_dead_letter_is_listed_requeued_and_replayed_once),
+    CASE(relay_create_refuses_misuse_and_bad_options),
 };
 
 int main(int argc, char **argv) {
