@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int sql_failure(sqlite3 *db, const mqtt_inbox_delivery_t *d, sqlite3_stmt *st) {
+static int sql_failure(sqlite3* db, const mqtt_inbox_delivery_t* d, sqlite3_stmt* st) {
   char reason[512];
   snprintf(reason, sizeof reason, "ledger: %s", sqlite3_errmsg(db));
   sqlite3_finalize(st);
@@ -12,10 +12,10 @@ static int sql_failure(sqlite3 *db, const mqtt_inbox_delivery_t *d, sqlite3_stmt
   return MQTT_INBOX_HANDLER_RETRY;
 }
 
-int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d) {
+int ledger_apply_credit(sqlite3* db, const mqtt_inbox_delivery_t* d) {
   size_t len = 0;
-  const char *payload = (const char *)mqtt_inbox_delivery_payload(d, &len);
-  sqlite3_stmt *st = NULL;
+  const char* payload = (const char*)mqtt_inbox_delivery_payload(d, &len);
+  sqlite3_stmt* st = NULL;
   char account[256];
   sqlite3_int64 amount;
   int ok;
@@ -40,7 +40,7 @@ int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d) {
                                              : "'account' must be text and 'amount' an integer");
     return MQTT_INBOX_HANDLER_UNDECODABLE;
   }
-  snprintf(account, sizeof account, "%s", (const char *)sqlite3_column_text(st, 1));
+  snprintf(account, sizeof account, "%s", (const char*)sqlite3_column_text(st, 1));
   amount = sqlite3_column_int64(st, 2);
   sqlite3_finalize(st);
   if (account[0] == 0) {
@@ -75,12 +75,12 @@ int ledger_apply_credit(sqlite3 *db, const mqtt_inbox_delivery_t *d) {
   return MQTT_INBOX_HANDLER_OK;
 }
 
-int ledger_enqueue_credited(mqtt_inbox_outbox_t *outbox, sqlite3 *db,
-                            const mqtt_inbox_delivery_t *d, const char *topic) {
+int ledger_enqueue_credited(mqtt_inbox_outbox_t* outbox, sqlite3* db,
+                            const mqtt_inbox_delivery_t* d, const char* topic) {
   size_t len = 0;
-  const char *payload = (const char *)mqtt_inbox_delivery_payload(d, &len);
-  sqlite3_stmt *st = NULL;
-  char *event_id = NULL;
+  const char* payload = (const char*)mqtt_inbox_delivery_payload(d, &len);
+  sqlite3_stmt* st = NULL;
+  char* event_id = NULL;
   mqtt_inbox_outgoing_t event = MQTT_INBOX_OUTGOING_INIT;
   int rc;
   if (mqtt_inbox_derived_message_id(mqtt_inbox_delivery_message_id(d), "credited", &event_id) !=

@@ -27,7 +27,6 @@
  * database is corrupt; 6 a file of the database belongs to another user. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
-
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,23 +34,30 @@
 
 #include "ledger.h"
 
-enum { EXIT_OK_ = 0, EXIT_FAILED = 1, EXIT_SUBSCRIBER = 2, EXIT_STOPPED_WHILE_STUCK = 3,
-       EXIT_NOT_READY = 4, EXIT_CORRUPT = 5, EXIT_PERMISSION = 6 };
+enum {
+  EXIT_OK_ = 0,
+  EXIT_FAILED = 1,
+  EXIT_SUBSCRIBER = 2,
+  EXIT_STOPPED_WHILE_STUCK = 3,
+  EXIT_NOT_READY = 4,
+  EXIT_CORRUPT = 5,
+  EXIT_PERMISSION = 6
+};
 
 struct flags {
   const char *broker, *client_id, *topic, *db, *consumer, *emit_topic;
   const char *cafile, *capath, *cert, *key, *key_password_file, *username, *password_file;
-  const char *client_id_lock_dir;
+  const char* client_id_lock_dir;
   int mqtt5, tls_version, synchronous_normal, stop_timeout_ms;
   long long startup_deadline_ms, session_expiry_s;
 };
 
 struct app {
-  mqtt_inbox_outbox_t *outbox;
-  const char *emit_topic;
+  mqtt_inbox_outbox_t* outbox;
+  const char* emit_topic;
 };
 
-static mqtt_inbox_subscriber_t *subscriber;
+static mqtt_inbox_subscriber_t* subscriber;
 
 /* Async-signal-safe: only asks; mqtt_inbox_subscriber_run in main does the stop. */
 static void on_stop_signal(int sig) {
@@ -60,28 +66,29 @@ static void on_stop_signal(int sig) {
 }
 
 /* Runs inside the claim transaction, on Paho's receive thread. */
-static int handle_credit(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
-  const struct app *app = (const struct app *)ctx;
+static int handle_credit(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
+  const struct app* app = (const struct app*)ctx;
   int rc = ledger_apply_credit(db, d);
   if (rc == MQTT_INBOX_HANDLER_OK && app->emit_topic)
     rc = ledger_enqueue_credited(app->outbox, db, d, app->emit_topic);
   return rc;
 }
 
-static int usage(const char *program) {
-  fprintf(stderr,
-          "usage: %s --broker URI --client-id ID --topic FILTER --db FILE [--mqtt-version 3.1.1|5]\n"
-          "  [--consumer NAME] [--emit-topic TOPIC] [--startup-deadline-ms MS]\n"
-          "  [--stop-timeout-ms MS] [--synchronous-normal] [--session-expiry-s S]\n"
-          "  [--cafile F] [--capath D] [--cert F] [--key F] [--key-password-file F]\n"
-          "  [--tls-version 1.2|1.3] [--username U] [--password-file F]\n"
-          "  [--client-id-lock-dir D]\n",
-          program);
+static int usage(const char* program) {
+  fprintf(
+      stderr,
+      "usage: %s --broker URI --client-id ID --topic FILTER --db FILE [--mqtt-version 3.1.1|5]\n"
+      "  [--consumer NAME] [--emit-topic TOPIC] [--startup-deadline-ms MS]\n"
+      "  [--stop-timeout-ms MS] [--synchronous-normal] [--session-expiry-s S]\n"
+      "  [--cafile F] [--capath D] [--cert F] [--key F] [--key-password-file F]\n"
+      "  [--tls-version 1.2|1.3] [--username U] [--password-file F]\n"
+      "  [--client-id-lock-dir D]\n",
+      program);
   return EXIT_FAILED;
 }
 
 /* Parses argv into *f; 0 on success. Every flag but --synchronous-normal takes a value. */
-static int parse(int argc, char **argv, struct flags *f) {
+static int parse(int argc, char** argv, struct flags* f) {
   int i;
   memset(f, 0, sizeof *f);
   f->consumer = "ledger";
@@ -95,30 +102,52 @@ static int parse(int argc, char **argv, struct flags *f) {
     }
     if (!v) return -1;
     ++i;
-    if (strcmp(a, "--broker") == 0) f->broker = v;
-    else if (strcmp(a, "--client-id") == 0) f->client_id = v;
-    else if (strcmp(a, "--topic") == 0) f->topic = v;
-    else if (strcmp(a, "--db") == 0) f->db = v;
-    else if (strcmp(a, "--consumer") == 0) f->consumer = v;
-    else if (strcmp(a, "--emit-topic") == 0) f->emit_topic = v;
-    else if (strcmp(a, "--cafile") == 0) f->cafile = v;
-    else if (strcmp(a, "--capath") == 0) f->capath = v;
-    else if (strcmp(a, "--cert") == 0) f->cert = v;
-    else if (strcmp(a, "--key") == 0) f->key = v;
-    else if (strcmp(a, "--key-password-file") == 0) f->key_password_file = v;
-    else if (strcmp(a, "--username") == 0) f->username = v;
-    else if (strcmp(a, "--password-file") == 0) f->password_file = v;
-    else if (strcmp(a, "--client-id-lock-dir") == 0) f->client_id_lock_dir = v;
-    else if (strcmp(a, "--startup-deadline-ms") == 0) f->startup_deadline_ms = atoll(v);
-    else if (strcmp(a, "--stop-timeout-ms") == 0) f->stop_timeout_ms = atoi(v);
-    else if (strcmp(a, "--session-expiry-s") == 0) f->session_expiry_s = atoll(v);
+    if (strcmp(a, "--broker") == 0)
+      f->broker = v;
+    else if (strcmp(a, "--client-id") == 0)
+      f->client_id = v;
+    else if (strcmp(a, "--topic") == 0)
+      f->topic = v;
+    else if (strcmp(a, "--db") == 0)
+      f->db = v;
+    else if (strcmp(a, "--consumer") == 0)
+      f->consumer = v;
+    else if (strcmp(a, "--emit-topic") == 0)
+      f->emit_topic = v;
+    else if (strcmp(a, "--cafile") == 0)
+      f->cafile = v;
+    else if (strcmp(a, "--capath") == 0)
+      f->capath = v;
+    else if (strcmp(a, "--cert") == 0)
+      f->cert = v;
+    else if (strcmp(a, "--key") == 0)
+      f->key = v;
+    else if (strcmp(a, "--key-password-file") == 0)
+      f->key_password_file = v;
+    else if (strcmp(a, "--username") == 0)
+      f->username = v;
+    else if (strcmp(a, "--password-file") == 0)
+      f->password_file = v;
+    else if (strcmp(a, "--client-id-lock-dir") == 0)
+      f->client_id_lock_dir = v;
+    else if (strcmp(a, "--startup-deadline-ms") == 0)
+      f->startup_deadline_ms = atoll(v);
+    else if (strcmp(a, "--stop-timeout-ms") == 0)
+      f->stop_timeout_ms = atoi(v);
+    else if (strcmp(a, "--session-expiry-s") == 0)
+      f->session_expiry_s = atoll(v);
     else if (strcmp(a, "--mqtt-version") == 0) {
-      if (strcmp(v, "5") == 0) f->mqtt5 = 1;
-      else if (strcmp(v, "3.1.1") != 0) return -1;
+      if (strcmp(v, "5") == 0)
+        f->mqtt5 = 1;
+      else if (strcmp(v, "3.1.1") != 0)
+        return -1;
     } else if (strcmp(a, "--tls-version") == 0) {
-      if (strcmp(v, "1.2") == 0) f->tls_version = MQTT_INBOX_TLS_1_2;
-      else if (strcmp(v, "1.3") == 0) f->tls_version = MQTT_INBOX_TLS_1_3;
-      else return -1;
+      if (strcmp(v, "1.2") == 0)
+        f->tls_version = MQTT_INBOX_TLS_1_2;
+      else if (strcmp(v, "1.3") == 0)
+        f->tls_version = MQTT_INBOX_TLS_1_3;
+      else
+        return -1;
     } else {
       return -1;
     }
@@ -143,23 +172,23 @@ static int startup_exit_code(int rc) {
   }
 }
 
-static int fail(const char *what, int rc, const char *message, int code) {
+static int fail(const char* what, int rc, const char* message, int code) {
   fprintf(stderr, "c_ledger_consumer: %s: %s: %s\n", what, mqtt_inbox_errstr(rc),
           message ? message : "");
   return code;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   struct flags f;
   struct app app = {NULL, NULL};
   mqtt_inbox_options_t io = MQTT_INBOX_OPTIONS_INIT;
   mqtt_inbox_subscriber_options_t so = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
   mqtt_inbox_relay_options_t ro = MQTT_INBOX_RELAY_OPTIONS_INIT;
   mqtt_inbox_pruner_options_t po = MQTT_INBOX_PRUNER_OPTIONS_INIT;
-  mqtt_inbox_t *inbox = NULL;
-  mqtt_inbox_consumer_t *consumer = NULL;
-  mqtt_inbox_relay_t *relay = NULL;
-  mqtt_inbox_pruner_t *pruner = NULL;
+  mqtt_inbox_t* inbox = NULL;
+  mqtt_inbox_consumer_t* consumer = NULL;
+  mqtt_inbox_relay_t* relay = NULL;
+  mqtt_inbox_pruner_t* pruner = NULL;
   struct sigaction sa;
   char relay_id[512];
   char *err = NULL, *stats = NULL;

@@ -9,26 +9,26 @@ int c_check_failures = 0;
 
 static char c_dir[4096];
 
-const char *c_temp_dir(void) {
+const char* c_temp_dir(void) {
   if (!c_dir[0]) {
-    const char *base = getenv("TMPDIR");
+    const char* base = getenv("TMPDIR");
     snprintf(c_dir, sizeof c_dir, "%s/capi_test_XXXXXX", base && *base ? base : "/tmp");
     REQUIRE(mkdtemp(c_dir) != NULL);
   }
   return c_dir;
 }
 
-const char *c_temp_path(const char *name) {
+const char* c_temp_path(const char* name) {
   static char slots[4][4096];
   static int next = 0;
-  char *p = slots[next];
+  char* p = slots[next];
   next = (next + 1) % 4;
   snprintf(p, 4096, "%s/%s", c_temp_dir(), name);
   return p;
 }
 
-static sqlite3 *c_open(const char *path) {
-  sqlite3 *db = NULL;
+static sqlite3* c_open(const char* path) {
+  sqlite3* db = NULL;
   if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
     fprintf(stderr, "cannot open %s: %s\n", path, db ? sqlite3_errmsg(db) : "no memory");
     sqlite3_close(db);
@@ -38,10 +38,10 @@ static sqlite3 *c_open(const char *path) {
   return db;
 }
 
-long long c_query_int(const char *path, const char *sql) {
+long long c_query_int(const char* path, const char* sql) {
   long long v = -1;
-  sqlite3 *db = c_open(path);
-  sqlite3_stmt *st = NULL;
+  sqlite3* db = c_open(path);
+  sqlite3_stmt* st = NULL;
   if (!db) return -1;
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
     v = sqlite3_column_int64(st, 0);
@@ -52,14 +52,14 @@ long long c_query_int(const char *path, const char *sql) {
   return v;
 }
 
-void c_query_text(const char *path, const char *sql, char *buf, size_t size) {
-  sqlite3 *db = c_open(path);
-  sqlite3_stmt *st = NULL;
+void c_query_text(const char* path, const char* sql, char* buf, size_t size) {
+  sqlite3* db = c_open(path);
+  sqlite3_stmt* st = NULL;
   buf[0] = 0;
   if (!db) return;
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
       sqlite3_column_text(st, 0))
-    snprintf(buf, size, "%s", (const char *)sqlite3_column_text(st, 0));
+    snprintf(buf, size, "%s", (const char*)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   sqlite3_close(db);
 }
@@ -71,7 +71,7 @@ static void c_remove_dir(void) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", c_dir);
 }
 
-int c_check_main(int argc, char **argv, const struct c_test *tests, size_t count) {
+int c_check_main(int argc, char** argv, const struct c_test* tests, size_t count) {
   size_t i;
   if (argc != 2) {
     fprintf(stderr, "usage: %s <case>\n", argv[0]);

@@ -22,33 +22,35 @@ enum mode {
 
 struct script {
   enum mode mode;
-  int after;   /* COMMIT_INSIDE: the code returned after the refused COMMIT */
+  int after; /* COMMIT_INSIDE: the code returned after the refused COMMIT */
   int calls;
-  int tx_rc;   /* the COMMIT/ROLLBACK's result */
+  int tx_rc; /* the COMMIT/ROLLBACK's result */
   int reenter_rc;
-  mqtt_inbox_t *inbox;
+  mqtt_inbox_t* inbox;
   /* RECORD */
   char id[64], topic[64], payload[128], prop_names[128], prop_values[128], first_tag[32];
   int qos, dup, retained, attempt;
   size_t payload_len, props;
 };
 
-static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
-  struct script *s = (struct script *)ctx;
+static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
+  struct script* s = (struct script*)ctx;
   size_t i, len;
   ++s->calls;
   switch (s->mode) {
     case LEDGER:
       return ledger_apply_credit(db, d);
     case RETRY_ALWAYS:
-      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK) return MQTT_INBOX_HANDLER_UNDECODABLE;
+      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK)
+        return MQTT_INBOX_HANDLER_UNDECODABLE;
       mqtt_inbox_delivery_set_reason(d, "the downstream meter is not ready");
       return MQTT_INBOX_HANDLER_RETRY;
     case RETRY_FIRST:
       if (mqtt_inbox_delivery_attempt(d) == 1) return MQTT_INBOX_HANDLER_RETRY;
       return ledger_apply_credit(db, d);
     case COMMIT_INSIDE:
-      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK) return MQTT_INBOX_HANDLER_UNDECODABLE;
+      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK)
+        return MQTT_INBOX_HANDLER_UNDECODABLE;
       s->tx_rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
       if (s->after != MQTT_INBOX_HANDLER_OK) mqtt_inbox_delivery_set_reason(d, sqlite3_errmsg(db));
       return s->after;
@@ -61,8 +63,8 @@ static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
     case CODE_42:
       return 42;
     case RECORD: {
-      const void *p = mqtt_inbox_delivery_payload(d, &len);
-      const char *tag = mqtt_inbox_delivery_user_property_get(d, "tag");
+      const void* p = mqtt_inbox_delivery_payload(d, &len);
+      const char* tag = mqtt_inbox_delivery_user_property_get(d, "tag");
       snprintf(s->id, sizeof s->id, "%s", mqtt_inbox_delivery_message_id(d));
       snprintf(s->topic, sizeof s->topic, "%s", mqtt_inbox_delivery_topic(d));
       s->payload_len = len;
@@ -91,13 +93,13 @@ static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
 }
 
 struct fixture {
-  const char *path;
-  mqtt_inbox_t *inbox;
-  mqtt_inbox_consumer_t *consumer;
+  const char* path;
+  mqtt_inbox_t* inbox;
+  mqtt_inbox_consumer_t* consumer;
   struct script script;
 };
 
-static void start(struct fixture *f, enum mode mode) {
+static void start(struct fixture* f, enum mode mode) {
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
   int rc;
   memset(f, 0, sizeof *f);
@@ -115,13 +117,13 @@ static void start(struct fixture *f, enum mode mode) {
   REQUIRE(rc == MQTT_INBOX_OK);
 }
 
-static void stop(struct fixture *f) {
+static void stop(struct fixture* f) {
   mqtt_inbox_consumer_destroy(f->consumer);
   mqtt_inbox_close(f->inbox);
 }
 
 /* Feeds a credit; returns the outcome. */
-static int credit(struct fixture *f, const char *id, const char *account, long long amount) {
+static int credit(struct fixture* f, const char* id, const char* account, long long amount) {
   char payload[256];
   mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
   int outcome = -1;
@@ -134,7 +136,7 @@ static int credit(struct fixture *f, const char *id, const char *account, long l
   return outcome;
 }
 
-static int feed_payload(struct fixture *f, const char *payload) {
+static int feed_payload(struct fixture* f, const char* payload) {
   mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
   int outcome = -1;
   m.topic = "credits/test";
@@ -144,21 +146,21 @@ static int feed_payload(struct fixture *f, const char *payload) {
   return outcome;
 }
 
-static long long balance(struct fixture *f, const char *account) {
+static long long balance(struct fixture* f, const char* account) {
   char sql[128];
   snprintf(sql, sizeof sql,
            "SELECT coalesce((SELECT balance FROM accounts WHERE account = '%s'), 0)", account);
   return c_query_int(f->path, sql);
 }
 
-static long long rows(struct fixture *f, const char *table) {
+static long long rows(struct fixture* f, const char* table) {
   char sql[128];
   snprintf(sql, sizeof sql, "SELECT count(*) FROM %s", table);
   return c_query_int(f->path, sql);
 }
 
-static void dead_letter(struct fixture *f, const char *id, char *reason, size_t rsize,
-                        char *text, size_t tsize, long long *attempts) {
+static void dead_letter(struct fixture* f, const char* id, char* reason, size_t rsize, char* text,
+                        size_t tsize, long long* attempts) {
   char sql[256];
   snprintf(sql, sizeof sql, "SELECT reason FROM inbox_dead_letters WHERE message_id = '%s'", id);
   c_query_text(f->path, sql, reason, rsize);
@@ -329,9 +331,18 @@ static void test_the_delivery_view_shows_what_was_fed(void) {
   const char payload[] = "{\"message_id\":\"ignored\"}\0tail";
   int outcome = -1;
   start(&f, RECORD);
-  props[0].name = "message-id"; props[0].name_len = 10; props[0].value = "p-1"; props[0].value_len = 3;
-  props[1].name = "tag"; props[1].name_len = 3; props[1].value = "blue"; props[1].value_len = 4;
-  props[2].name = "tag"; props[2].name_len = 3; props[2].value = "red"; props[2].value_len = 3;
+  props[0].name = "message-id";
+  props[0].name_len = 10;
+  props[0].value = "p-1";
+  props[0].value_len = 3;
+  props[1].name = "tag";
+  props[1].name_len = 3;
+  props[1].value = "blue";
+  props[1].value_len = 4;
+  props[2].name = "tag";
+  props[2].name_len = 3;
+  props[2].value = "red";
+  props[2].value_len = 3;
   m.topic = "sensors/7";
   m.payload = "raw\0bytes";
   m.payload_len = 9;
@@ -368,7 +379,7 @@ static void test_feed_and_create_refuse_misuse(void) {
   struct fixture f;
   mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
-  mqtt_inbox_consumer_t *c = (mqtt_inbox_consumer_t *)&c;
+  mqtt_inbox_consumer_t* c = (mqtt_inbox_consumer_t*)&c;
   int outcome = -1;
   start(&f, LEDGER);
   CHECK_EQ_INT(mqtt_inbox_consumer_feed(NULL, &m, &outcome), MQTT_INBOX_MISUSE);
@@ -408,7 +419,7 @@ static void test_feed_and_create_refuse_misuse(void) {
 static void test_an_older_consumer_options_struct_gets_default_id_sources(void) {
   struct fixture f;
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
-  mqtt_inbox_consumer_t *c = NULL;
+  mqtt_inbox_consumer_t* c = NULL;
   start(&f, LEDGER);
   mqtt_inbox_consumer_destroy(f.consumer);
   o.struct_size = offsetof(mqtt_inbox_consumer_options_t, id_user_property);
@@ -423,7 +434,8 @@ static void test_an_older_consumer_options_struct_gets_default_id_sources(void) 
   stop(&f);
 }
 
-#define CASE(name) {#name, test_##name}
+#define CASE(name) \
+  { #name, test_##name }
 static const struct c_test tests[] = {
     CASE(ok_commits_the_effect_once_and_a_duplicate_is_skipped),
     CASE(retry_is_counted_then_dead_lettered_with_the_reason),
@@ -440,6 +452,6 @@ static const struct c_test tests[] = {
     CASE(an_older_consumer_options_struct_gets_default_id_sources),
 };
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   return c_check_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -6,9 +6,9 @@
 
 #include "c_check.h"
 
-static mqtt_inbox_t *open_inbox(const char *path) {
-  mqtt_inbox_t *inbox = NULL;
-  char *err = NULL;
+static mqtt_inbox_t* open_inbox(const char* path) {
+  mqtt_inbox_t* inbox = NULL;
+  char* err = NULL;
   int rc = mqtt_inbox_open(path, NULL, &inbox, &err);
   if (rc != MQTT_INBOX_OK) fprintf(stderr, "open: %s: %s\n", mqtt_inbox_errstr(rc), err);
   mqtt_inbox_free(err);
@@ -17,7 +17,7 @@ static mqtt_inbox_t *open_inbox(const char *path) {
 }
 
 static void test_version_matches_the_header(void) {
-  const char *text = NULL;
+  const char* text = NULL;
   char expected[32];
   CHECK_EQ_INT(mqtt_inbox_version(&text), MQTT_INBOX_C_VERSION_NUMBER);
   CHECK_EQ_INT(mqtt_inbox_version(NULL), MQTT_INBOX_C_VERSION_NUMBER);
@@ -38,9 +38,9 @@ static void test_every_code_has_a_name(void) {
 }
 
 static void test_null_arguments_are_misuse_and_destroy_is_null_safe(void) {
-  mqtt_inbox_t *inbox = (mqtt_inbox_t *)&inbox; /* not NULL: open must clear it */
-  char *err = (char *)&err;
-  char *json = NULL;
+  mqtt_inbox_t* inbox = (mqtt_inbox_t*)&inbox; /* not NULL: open must clear it */
+  char* err = (char*)&err;
+  char* json = NULL;
   CHECK_EQ_INT(mqtt_inbox_open(NULL, NULL, &inbox, &err), MQTT_INBOX_MISUSE);
   CHECK(inbox == NULL);
   CHECK_CONTAINS(err, "NULL");
@@ -64,8 +64,8 @@ static void test_null_arguments_are_misuse_and_destroy_is_null_safe(void) {
 }
 
 static void test_setup_creates_the_application_tables(void) {
-  const char *path = c_temp_path("ledger.db");
-  mqtt_inbox_t *inbox = open_inbox(path);
+  const char* path = c_temp_path("ledger.db");
+  mqtt_inbox_t* inbox = open_inbox(path);
   CHECK_EQ_INT(mqtt_inbox_setup(inbox,
                                 "CREATE TABLE IF NOT EXISTS accounts (account TEXT PRIMARY KEY,"
                                 " balance INTEGER NOT NULL);"
@@ -79,8 +79,8 @@ static void test_setup_creates_the_application_tables(void) {
 }
 
 static void test_failed_setup_rolls_back_and_says_why(void) {
-  const char *path = c_temp_path("ledger.db");
-  mqtt_inbox_t *inbox = open_inbox(path);
+  const char* path = c_temp_path("ledger.db");
+  mqtt_inbox_t* inbox = open_inbox(path);
   int rc = mqtt_inbox_setup(inbox,
                             "CREATE TABLE accounts (account TEXT PRIMARY KEY);"
                             "INSERT INTO nowhere VALUES (1)");
@@ -95,22 +95,22 @@ static void test_failed_setup_rolls_back_and_says_why(void) {
   mqtt_inbox_close(inbox);
 }
 
-static int seed(void *ctx, sqlite3 *db) {
-  int *calls = (int *)ctx;
+static int seed(void* ctx, sqlite3* db) {
+  int* calls = (int*)ctx;
   ++*calls;
   return sqlite3_exec(db, "CREATE TABLE seeded (x); INSERT INTO seeded VALUES (7)", NULL, NULL,
                       NULL);
 }
 
-static int seed_then_fail(void *ctx, sqlite3 *db) {
+static int seed_then_fail(void* ctx, sqlite3* db) {
   (void)ctx;
   if (sqlite3_exec(db, "CREATE TABLE half (x)", NULL, NULL, NULL) != SQLITE_OK) return SQLITE_ERROR;
   return SQLITE_CONSTRAINT;
 }
 
 static void test_setup_fn_runs_in_one_transaction(void) {
-  const char *path = c_temp_path("fn.db");
-  mqtt_inbox_t *inbox = open_inbox(path);
+  const char* path = c_temp_path("fn.db");
+  mqtt_inbox_t* inbox = open_inbox(path);
   int calls = 0;
   CHECK_EQ_INT(mqtt_inbox_setup_fn(inbox, seed, &calls), MQTT_INBOX_OK);
   CHECK_EQ_INT(calls, 1);
@@ -120,25 +120,26 @@ static void test_setup_fn_runs_in_one_transaction(void) {
   mqtt_inbox_close(inbox);
 }
 
-static long long pragma_of(mqtt_inbox_t *inbox, const char *path, const char *pragma) {
+static long long pragma_of(mqtt_inbox_t* inbox, const char* path, const char* pragma) {
   char sql[128];
   (void)inbox;
   snprintf(sql, sizeof sql, "PRAGMA %s", pragma);
   return c_query_int(path, sql);
 }
 
-static int read_cache_size(void *ctx, sqlite3 *db) {
-  sqlite3_stmt *st = NULL;
+static int read_cache_size(void* ctx, sqlite3* db) {
+  sqlite3_stmt* st = NULL;
   int rc = sqlite3_prepare_v2(db, "PRAGMA cache_size", -1, &st, NULL);
-  if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) *(long long *)ctx = sqlite3_column_int64(st, 0);
+  if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+    *(long long*)ctx = sqlite3_column_int64(st, 0);
   sqlite3_finalize(st);
   return rc;
 }
 
 static void test_options_are_applied(void) {
-  const char *path = c_temp_path("small.db");
+  const char* path = c_temp_path("small.db");
   mqtt_inbox_options_t o = MQTT_INBOX_OPTIONS_INIT;
-  mqtt_inbox_t *inbox = NULL;
+  mqtt_inbox_t* inbox = NULL;
   long long cache = 0;
   o.page_size_bytes = 1024;
   o.cache_size_kib = 300;
@@ -160,14 +161,14 @@ static void test_options_are_applied(void) {
 /* A program built against an older c.h passes a shorter struct: the library reads only
  * its bytes and takes defaults for the rest, whatever follows in memory. */
 static void test_an_older_shorter_options_struct_gets_defaults_for_the_rest(void) {
-  const char *path = c_temp_path("old.db");
+  const char* path = c_temp_path("old.db");
   mqtt_inbox_options_t o = MQTT_INBOX_OPTIONS_INIT;
-  mqtt_inbox_t *inbox = NULL;
+  mqtt_inbox_t* inbox = NULL;
   long long cache = 0;
   o.struct_size = offsetof(mqtt_inbox_options_t, cache_size_kib);
-  o.busy_timeout_ms = 1234;   /* inside the old struct: read */
-  o.cache_size_kib = 999;     /* beyond it: not read */
-  o.page_size_bytes = 777;    /* would be refused if it were read */
+  o.busy_timeout_ms = 1234; /* inside the old struct: read */
+  o.cache_size_kib = 999;   /* beyond it: not read */
+  o.page_size_bytes = 777;  /* would be refused if it were read */
   o.exclusive = 12345;
   REQUIRE(mqtt_inbox_open(path, &o, &inbox, NULL) == MQTT_INBOX_OK);
   CHECK_EQ_INT(pragma_of(inbox, path, "page_size"), 4096);
@@ -190,8 +191,8 @@ struct newer_options {
  * know are zero (their defaults), refused when one is set. */
 static void test_a_newer_longer_options_struct_is_read_if_the_unknown_tail_is_zero(void) {
   struct newer_options n;
-  mqtt_inbox_t *inbox = NULL;
-  char *err = NULL;
+  mqtt_inbox_t* inbox = NULL;
+  char* err = NULL;
   memset(&n, 0, sizeof n);
   n.known = (mqtt_inbox_options_t)MQTT_INBOX_OPTIONS_INIT;
   n.known.struct_size = sizeof n;
@@ -207,8 +208,8 @@ static void test_a_newer_longer_options_struct_is_read_if_the_unknown_tail_is_ze
 
 static void test_a_struct_size_below_its_own_field_is_misuse(void) {
   mqtt_inbox_options_t o = MQTT_INBOX_OPTIONS_INIT;
-  mqtt_inbox_t *inbox = NULL;
-  char *err = NULL;
+  mqtt_inbox_t* inbox = NULL;
+  char* err = NULL;
   o.struct_size = 0;
   CHECK_EQ_INT(mqtt_inbox_open(c_temp_path("z.db"), &o, &inbox, &err), MQTT_INBOX_MISUSE);
   CHECK_CONTAINS(err, "_INIT");
@@ -216,11 +217,11 @@ static void test_a_struct_size_below_its_own_field_is_misuse(void) {
 }
 
 static void test_a_second_exclusive_open_is_busy_with_a_message(void) {
-  const char *path = c_temp_path("one.db");
-  mqtt_inbox_t *first = open_inbox(path);
-  mqtt_inbox_t *second = NULL;
+  const char* path = c_temp_path("one.db");
+  mqtt_inbox_t* first = open_inbox(path);
+  mqtt_inbox_t* second = NULL;
   mqtt_inbox_options_t tool = MQTT_INBOX_OPTIONS_INIT;
-  char *err = NULL;
+  char* err = NULL;
   CHECK_EQ_INT(mqtt_inbox_open(path, NULL, &second, &err), MQTT_INBOX_BUSY);
   CHECK(second == NULL);
   CHECK(err != NULL && strlen(err) > 0);
@@ -233,10 +234,10 @@ static void test_a_second_exclusive_open_is_busy_with_a_message(void) {
 }
 
 static void test_open_refuses_a_file_that_is_not_a_database(void) {
-  const char *path = c_temp_path("junk.db");
-  FILE *f = fopen(path, "wb");
-  mqtt_inbox_t *inbox = NULL;
-  char *err = NULL;
+  const char* path = c_temp_path("junk.db");
+  FILE* f = fopen(path, "wb");
+  mqtt_inbox_t* inbox = NULL;
+  char* err = NULL;
   int i;
   REQUIRE(f != NULL);
   for (i = 0; i < 4096; ++i) fputc('x', f);
@@ -247,8 +248,8 @@ static void test_open_refuses_a_file_that_is_not_a_database(void) {
 }
 
 static void test_stats_and_health_are_json(void) {
-  mqtt_inbox_t *inbox = open_inbox(c_temp_path("s.db"));
-  char *json = NULL;
+  mqtt_inbox_t* inbox = open_inbox(c_temp_path("s.db"));
+  char* json = NULL;
   REQUIRE(mqtt_inbox_stats_json(inbox, &json) == MQTT_INBOX_OK);
   CHECK_CONTAINS(json, "\"processed\":0");
   CHECK_CONTAINS(json, "\"schema_version\":");
@@ -262,7 +263,8 @@ static void test_stats_and_health_are_json(void) {
   mqtt_inbox_close(inbox);
 }
 
-#define CASE(name) {#name, test_##name}
+#define CASE(name) \
+  { #name, test_##name }
 static const struct c_test tests[] = {
     CASE(version_matches_the_header),
     CASE(every_code_has_a_name),
@@ -279,6 +281,6 @@ static const struct c_test tests[] = {
     CASE(stats_and_health_are_json),
 };
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   return c_check_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

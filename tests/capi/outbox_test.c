@@ -4,7 +4,6 @@
  * checked and its pass deletes, and a dead letter is listed, requeued and replayed. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
-
 #include <time.h>
 
 #include "c_check.h"
@@ -14,14 +13,14 @@ enum mode { EMIT, EMIT_THEN_RETRY, EMIT_BAD_TOPIC, EMIT_TWICE, FAIL_UNTIL_FIXED 
 
 struct script {
   enum mode mode;
-  mqtt_inbox_outbox_t *outbox;
+  mqtt_inbox_outbox_t* outbox;
   int enqueue_rc;
   int fixed;
   int calls;
 };
 
-static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
-  struct script *s = (struct script *)ctx;
+static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
+  struct script* s = (struct script*)ctx;
   int rc;
   ++s->calls;
   if (s->mode == FAIL_UNTIL_FIXED && !s->fixed) {
@@ -46,7 +45,8 @@ static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
     }
     case EMIT_TWICE:
       rc = ledger_enqueue_credited(s->outbox, db, d, "events/credited");
-      if (rc == MQTT_INBOX_HANDLER_OK) rc = ledger_enqueue_credited(s->outbox, db, d, "events/credited");
+      if (rc == MQTT_INBOX_HANDLER_OK)
+        rc = ledger_enqueue_credited(s->outbox, db, d, "events/credited");
       return rc;
     default:
       return MQTT_INBOX_HANDLER_OK;
@@ -54,14 +54,14 @@ static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
 }
 
 struct fixture {
-  const char *path;
-  mqtt_inbox_t *inbox;
-  mqtt_inbox_outbox_t *outbox;
-  mqtt_inbox_consumer_t *consumer;
+  const char* path;
+  mqtt_inbox_t* inbox;
+  mqtt_inbox_outbox_t* outbox;
+  mqtt_inbox_consumer_t* consumer;
   struct script script;
 };
 
-static void start(struct fixture *f, enum mode mode, int64_t requeue_poll_ms) {
+static void start(struct fixture* f, enum mode mode, int64_t requeue_poll_ms) {
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
   memset(f, 0, sizeof *f);
   f->path = c_temp_path("ledger.db");
@@ -78,13 +78,13 @@ static void start(struct fixture *f, enum mode mode, int64_t requeue_poll_ms) {
           MQTT_INBOX_OK);
 }
 
-static void stop(struct fixture *f) {
+static void stop(struct fixture* f) {
   mqtt_inbox_consumer_destroy(f->consumer);
   mqtt_inbox_outbox_destroy(f->outbox);
   mqtt_inbox_close(f->inbox);
 }
 
-static int credit(struct fixture *f, const char *id, const char *account, long long amount) {
+static int credit(struct fixture* f, const char* id, const char* account, long long amount) {
   char payload[256];
   mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
   int outcome = -1;
@@ -97,7 +97,7 @@ static int credit(struct fixture *f, const char *id, const char *account, long l
   return outcome;
 }
 
-static long long q(struct fixture *f, const char *sql) { return c_query_int(f->path, sql); }
+static long long q(struct fixture* f, const char* sql) { return c_query_int(f->path, sql); }
 
 static void test_an_event_enqueued_by_the_handler_commits_with_the_claim(void) {
   struct fixture f;
@@ -107,8 +107,9 @@ static void test_an_event_enqueued_by_the_handler_commits_with_the_claim(void) {
   CHECK_EQ_INT(credit(&f, "c-2", "alice", 5), MQTT_INBOX_OUTCOME_PROCESSED);
   CHECK_EQ_INT(credit(&f, "c-1", "alice", 10), MQTT_INBOX_OUTCOME_DUPLICATE);
   CHECK_EQ_INT(q(&f, "SELECT count(*) FROM outbox_messages"), 2);
-  CHECK_EQ_INT(q(&f, "SELECT count(*) FROM outbox_messages WHERE message_id = 'c-2/credited'"
-                     " AND topic = 'events/credited'"),
+  CHECK_EQ_INT(q(&f,
+                 "SELECT count(*) FROM outbox_messages WHERE message_id = 'c-2/credited'"
+                 " AND topic = 'events/credited'"),
                1);
   c_query_text(f.path, "SELECT payload FROM outbox_messages WHERE message_id = 'c-2/credited'",
                payload, sizeof payload);
@@ -153,10 +154,10 @@ static void test_a_refused_enqueue_dead_letters_the_message_even_after_ok(void) 
   stop(&f);
 }
 
-static int enqueue_in_setup(void *ctx, sqlite3 *db) {
-  struct fixture *f = (struct fixture *)ctx;
+static int enqueue_in_setup(void* ctx, sqlite3* db) {
+  struct fixture* f = (struct fixture*)ctx;
   mqtt_inbox_outgoing_t m = MQTT_INBOX_OUTGOING_INIT;
-  char *id = NULL;
+  char* id = NULL;
   int rc;
   m.topic = "events/boot";
   m.payload = "up";
@@ -169,9 +170,9 @@ static int enqueue_in_setup(void *ctx, sqlite3 *db) {
 
 static void test_enqueue_needs_a_connection_the_library_lent(void) {
   struct fixture f;
-  sqlite3 *own = NULL;
+  sqlite3* own = NULL;
   mqtt_inbox_outgoing_t m = MQTT_INBOX_OUTGOING_INIT;
-  char *id = (char *)&id;
+  char* id = (char*)&id;
   start(&f, EMIT, 0);
   m.topic = "events/x";
   REQUIRE(sqlite3_open(f.path, &own) == SQLITE_OK);
@@ -191,7 +192,7 @@ static void test_enqueue_needs_a_connection_the_library_lent(void) {
 }
 
 static void test_derived_ids(void) {
-  char *id = NULL;
+  char* id = NULL;
   char longer[300];
   CHECK_EQ_INT(mqtt_inbox_derived_message_id("c-1", "credited", &id), MQTT_INBOX_OK);
   CHECK(id && strcmp(id, "c-1/credited") == 0);
@@ -213,7 +214,7 @@ static void sleep_ms(long ms) {
 static void test_the_pruner_checks_its_window_and_deletes_old_ids(void) {
   struct fixture f;
   mqtt_inbox_pruner_options_t o = MQTT_INBOX_PRUNER_OPTIONS_INIT;
-  mqtt_inbox_pruner_t *p = (mqtt_inbox_pruner_t *)&p;
+  mqtt_inbox_pruner_t* p = (mqtt_inbox_pruner_t*)&p;
   int64_t deleted = -1;
   start(&f, EMIT, 0);
   /* One day cannot cover the 7-day session expiry the broker may redeliver within. */
@@ -243,7 +244,7 @@ static void test_the_pruner_checks_its_window_and_deletes_old_ids(void) {
 
 static void test_a_dead_letter_is_listed_requeued_and_replayed_once(void) {
   struct fixture f;
-  char *json = NULL;
+  char* json = NULL;
   long long id;
   int i;
   start(&f, FAIL_UNTIL_FIXED, 50);
@@ -277,7 +278,7 @@ static void test_a_dead_letter_is_listed_requeued_and_replayed_once(void) {
 static void test_relay_create_refuses_misuse_and_bad_options(void) {
   struct fixture f;
   mqtt_inbox_relay_options_t o = MQTT_INBOX_RELAY_OPTIONS_INIT;
-  mqtt_inbox_relay_t *r = (mqtt_inbox_relay_t *)&r;
+  mqtt_inbox_relay_t* r = (mqtt_inbox_relay_t*)&r;
   char *err = NULL, *json = NULL;
   start(&f, EMIT, 0);
   CHECK_EQ_INT(mqtt_inbox_relay_create(NULL, &o, &r, NULL), MQTT_INBOX_MISUSE);
@@ -315,7 +316,8 @@ static void test_relay_create_refuses_misuse_and_bad_options(void) {
   stop(&f);
 }
 
-#define CASE(name) {#name, test_##name}
+#define CASE(name) \
+  { #name, test_##name }
 static const struct c_test tests[] = {
     CASE(an_event_enqueued_by_the_handler_commits_with_the_claim),
     CASE(an_event_of_a_failed_attempt_is_rolled_back_with_it),
@@ -328,6 +330,6 @@ static const struct c_test tests[] = {
     CASE(relay_create_refuses_misuse_and_bad_options),
 };
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   return c_check_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -14,7 +14,6 @@
  * the handler of message ID, every time: poison. Exit 0 after a clean stop. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
-
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,18 +23,18 @@
 
 #include "ledger.h"
 
-static mqtt_inbox_subscriber_t *subscriber;
+static mqtt_inbox_subscriber_t* subscriber;
 
 static void on_signal(int sig) {
   (void)sig;
   mqtt_inbox_subscriber_request_stop(subscriber);
 }
 
-static mqtt_inbox_outbox_t *outbox;
-static const char *emit_topic;
-static const char *crash_id;
+static mqtt_inbox_outbox_t* outbox;
+static const char* emit_topic;
+static const char* crash_id;
 
-static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
+static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
   int rc;
   (void)ctx;
   if (crash_id && strcmp(mqtt_inbox_delivery_message_id(d), crash_id) == 0) raise(SIGKILL);
@@ -45,8 +44,8 @@ static int handler(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
   return rc;
 }
 
-static void *stop_later(void *arg) {
-  long ms = *(long *)arg;
+static void* stop_later(void* arg) {
+  long ms = *(long*)arg;
   struct timespec t;
   t.tv_sec = ms / 1000;
   t.tv_nsec = (ms % 1000) * 1000000L;
@@ -56,19 +55,19 @@ static void *stop_later(void *arg) {
   return NULL;
 }
 
-static int fail(const char *what, int rc, const char *msg) {
+static int fail(const char* what, int rc, const char* msg) {
   fprintf(stderr, "%s: %s: %s\n", what, mqtt_inbox_errstr(rc), msg ? msg : "");
   return 1;
 }
 
-int main(int argc, char **argv) {
-  mqtt_inbox_t *inbox = NULL;
-  mqtt_inbox_consumer_t *consumer = NULL;
+int main(int argc, char** argv) {
+  mqtt_inbox_t* inbox = NULL;
+  mqtt_inbox_consumer_t* consumer = NULL;
   mqtt_inbox_consumer_options_t co = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
   mqtt_inbox_subscriber_options_t so = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
   struct sigaction sa;
   pthread_t stopper;
-  mqtt_inbox_relay_t *relay = NULL;
+  mqtt_inbox_relay_t* relay = NULL;
   mqtt_inbox_relay_options_t ro = MQTT_INBOX_RELAY_OPTIONS_INIT;
   char relay_id[256];
   long stop_ms = -1;
@@ -82,10 +81,14 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (i = 6; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--stop-from-thread") == 0) stop_ms = atol(argv[i + 1]);
-    else if (strcmp(argv[i], "--emit-topic") == 0) emit_topic = argv[i + 1];
-    else if (strcmp(argv[i], "--crash-in-handler") == 0) crash_id = argv[i + 1];
-    else return 2;
+    if (strcmp(argv[i], "--stop-from-thread") == 0)
+      stop_ms = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--emit-topic") == 0)
+      emit_topic = argv[i + 1];
+    else if (strcmp(argv[i], "--crash-in-handler") == 0)
+      crash_id = argv[i + 1];
+    else
+      return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
 

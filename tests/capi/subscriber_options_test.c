@@ -6,8 +6,8 @@
 
 #include "c_check.h"
 
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
+static void write_file(const char* path, const char* text) {
+  FILE* f = fopen(path, "w");
   REQUIRE(f != NULL);
   fputs(text, f);
   fclose(f);
@@ -22,9 +22,9 @@ static mqtt_inbox_subscriber_options_t options(void) {
 }
 
 /* Create must fail with `rc`; its message must contain `part`. */
-static void refused(const mqtt_inbox_subscriber_options_t *o, int rc, const char *part) {
-  mqtt_inbox_subscriber_t *s = (mqtt_inbox_subscriber_t *)&s;
-  char *err = NULL;
+static void refused(const mqtt_inbox_subscriber_options_t* o, int rc, const char* part) {
+  mqtt_inbox_subscriber_t* s = (mqtt_inbox_subscriber_t*)&s;
+  char* err = NULL;
   CHECK_EQ_INT(mqtt_inbox_subscriber_create(o, &s, &err), rc);
   CHECK(s == NULL);
   CHECK_CONTAINS(err, part);
@@ -37,8 +37,8 @@ static void refused(const mqtt_inbox_subscriber_options_t *o, int rc, const char
 
 static void test_create_refuses_what_would_lose_messages_or_secrets(void) {
   mqtt_inbox_subscriber_options_t o = options();
-  const char *pw = c_temp_path("password");
-  const char *empty = c_temp_path("empty");
+  const char* pw = c_temp_path("password");
+  const char* empty = c_temp_path("empty");
   write_file(pw, "hunter2\n");
   write_file(empty, "");
 
@@ -76,9 +76,9 @@ static void test_create_refuses_what_would_lose_messages_or_secrets(void) {
 
 static void test_a_password_file_with_a_user_name_is_accepted(void) {
   mqtt_inbox_subscriber_options_t o = options();
-  mqtt_inbox_subscriber_t *s = NULL;
-  const char *pw = c_temp_path("password");
-  char *json = NULL;
+  mqtt_inbox_subscriber_t* s = NULL;
+  const char* pw = c_temp_path("password");
+  char* json = NULL;
   write_file(pw, "hunter2\n");
   o.username = "device-7";
   o.password_file = pw;
@@ -92,7 +92,7 @@ static void test_a_password_file_with_a_user_name_is_accepted(void) {
 
 static void test_an_older_options_struct_gets_defaults_for_the_rest(void) {
   mqtt_inbox_subscriber_options_t o = options();
-  mqtt_inbox_subscriber_t *s = NULL;
+  mqtt_inbox_subscriber_t* s = NULL;
   o.struct_size = offsetof(mqtt_inbox_subscriber_options_t, mqtt_version);
   o.mqtt_version = MQTT_INBOX_MQTT_5;
   o.session_expiry_s = 0; /* beyond the struct: not read, or create would refuse it */
@@ -101,7 +101,7 @@ static void test_an_older_options_struct_gets_defaults_for_the_rest(void) {
   mqtt_inbox_subscriber_destroy(s);
 }
 
-static int never(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
+static int never(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
   (void)ctx;
   (void)db;
   (void)d;
@@ -110,10 +110,10 @@ static int never(void *ctx, sqlite3 *db, const mqtt_inbox_delivery_t *d) {
 
 static void test_misuse_and_a_stop_request_without_a_start(void) {
   mqtt_inbox_subscriber_options_t o = options();
-  mqtt_inbox_subscriber_t *s = NULL;
-  mqtt_inbox_t *inbox = NULL;
-  mqtt_inbox_consumer_t *c = NULL;
-  char *json = NULL;
+  mqtt_inbox_subscriber_t* s = NULL;
+  mqtt_inbox_t* inbox = NULL;
+  mqtt_inbox_consumer_t* c = NULL;
+  char* json = NULL;
   REQUIRE(mqtt_inbox_open(c_temp_path("i.db"), NULL, &inbox, NULL) == MQTT_INBOX_OK);
   REQUIRE(mqtt_inbox_consumer_create(inbox, "c", never, NULL, NULL, &c) == MQTT_INBOX_OK);
   REQUIRE(mqtt_inbox_subscriber_create(&o, &s, NULL) == MQTT_INBOX_OK);
@@ -144,7 +144,8 @@ static void test_misuse_and_a_stop_request_without_a_start(void) {
   mqtt_inbox_close(inbox);
 }
 
-#define CASE(name) {#name, test_##name}
+#define CASE(name) \
+  { #name, test_##name }
 static const struct c_test tests[] = {
     CASE(create_refuses_what_would_lose_messages_or_secrets),
     CASE(a_password_file_with_a_user_name_is_accepted),
@@ -152,6 +153,6 @@ static const struct c_test tests[] = {
     CASE(misuse_and_a_stop_request_without_a_start),
 };
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   return c_check_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
