@@ -63,10 +63,13 @@ if [ $QUICK -eq 0 ]; then
   stage "asan+ubsan" build_and_test "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug -DMQTT_INBOX_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
     "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    "-DCMAKE_C_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    -DCMAKE_C_FLAGS_DEBUG=-g1 \
     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" -- -LE package || FAILED=1
   stage tsan build_and_test "$ROOT/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMQTT_INBOX_BUILD_BENCH=OFF \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
-    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -- -LE package || FAILED=1
+    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_C_FLAGS=-fsanitize=thread \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -- -LE package || FAILED=1
   if [ -x "$ROOT/scripts/fuzz.sh" ]; then
     stage fuzz "$ROOT/scripts/fuzz.sh" || FAILED=1
   fi

@@ -103,6 +103,10 @@ class Inbox {
   // ...), another exception as kInvalidArgument with its text. Errors: as for open's
   // start-up (the last transient error after startup_deadline_ms; kCorruption).
   Status setup(const std::function<void(SQLite::Database&)>& fn);
+  // setup() with SQL text: runs `sql` (one or more statements separated by ';') with
+  // sqlite3_exec inside that transaction, with the same waits and errors. For callers
+  // that hold their schema as text (the C API's mqtt_inbox_setup, c.h).
+  Status setup_sql(const std::string& sql);
 
   // Runs `fn` with exclusive use of the connection, outside any transaction, once. For
   // tools and tests that need plain SQL on the same connection; start-up SQL belongs in

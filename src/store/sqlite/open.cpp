@@ -285,6 +285,10 @@ Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   });
 }
 
+Status Inbox::setup_sql(const std::string& sql) {
+  return setup([&](SQLite::Database& db) { db.exec(sql); });
+}
+
 void detail::SqliteStore::latch_fatal(const Status& s) {
   {
     std::lock_guard<std::mutex> lock(stats_mu);

@@ -1,0 +1,563 @@
+/* mqtt-inbox for C callers: the idempotent QoS 1 consumer from C99, no C++ needed.
+ *
+ * What the C++ headers say holds here too (inbox.h, consumer.h, handler.h, message.h);
+ * this header says what is C's own. A guide with a whole program is docs/c-api.md.
+ *
+ * Conventions (those of sqlite3.h, mosquitto.h and leveldb's c.h):
+ *  - Objects are opaque handles made by a *_create or *_open function and freed by its
+ *    *_destroy or *_close function, which accepts NULL.
+ *  - Every fallible call returns an int result code, MQTT_INBOX_OK (0) or one of the
+ *    codes below; mqtt_inbox_errstr(rc) names it, and the handle's *_errmsg function
+ *    gives the last failure's message on that handle. Values come back through
+ *    out-parameters, left untouched on failure unless a call says otherwise.
+ *  - No C++ exception ever crosses this boundary: out of memory is MQTT_INBOX_NOMEM,
+ *    anything unexpected MQTT_INBOX_INTERNAL.
+ *  - Option structs start with their own size: initialise them with their _INIT macro,
+ *    which sets it, then change fields. A library newer than the program reads only the
+ *    bytes the program's struct has and takes defaults for the rest; a struct larger
+ *    than the library knows is accepted if the bytes it does not know are zero, and
+ *    refused with MQTT_INBOX_INVALID_ARGUMENT otherwise.
+ *  - Strings are NUL-terminated UTF-8 unless a length is given. Strings the library
+ *    returns for the caller to keep are freed with mqtt_inbox_free().
+ *  - Callbacks take the void *ctx given with them; each says on which thread it runs
+ *    and what it may call.
+ *
+ * Thread safety: as the C++ objects behind the handles (an inbox is thread-safe; a
+ * consumer's feed call may run on several threads at once).
+ */
+#ifndef MQTT_INBOX_C_H
+#define MQTT_INBOX_C_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mqtt_inbox/version.h"
+
+#if defined(_WIN32)
+#define MQTT_INBOX_C_EXPORT
+#else
+#define MQTT_INBOX_C_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Version ------------------------------------------------------------------------
+ * The version of this header (version.h, plain macros that C reads too);
+ * mqtt_inbox_version() says the library's, which may be newer (a shared library upgraded
+ * under the program). */
+#define MQTT_INBOX_C_VERSION_MAJOR MQTT_INBOX_VERSION_MAJOR
+#define MQTT_INBOX_C_VERSION_MINOR MQTT_INBOX_VERSION_MINOR
+#define MQTT_INBOX_C_VERSION_PATCH MQTT_INBOX_VERSION_PATCH
+#define MQTT_INBOX_C_VERSION_NUMBER                                           \
+  (MQTT_INBOX_C_VERSION_MAJOR * 1000000 + MQTT_INBOX_C_VERSION_MINOR * 1000 + \
+   MQTT_INBOX_C_VERSION_PATCH)
+
+/* The library's version as MAJOR * 1000000 + MINOR * 1000 + PATCH; if `text` is not
+ * NULL, *text gets "MAJOR.MINOR.PATCH" (static storage, never freed). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_version(const char** text);
+
+/* ---- Result codes ----------------------------------------------------------------- */
+#define MQTT_INBOX_OK 0
+#define MQTT_INBOX_INVALID_ARGUMENT 1   /* an option or argument is refused (see errmsg) */
+#define MQTT_INBOX_NOT_FOUND 2          /* the named row does not exist */
+#define MQTT_INBOX_BUSY 3               /* another connection or process holds the lock */
+#define MQTT_INBOX_FULL 4               /* disk full, or SQLite out of memory */
+#define MQTT_INBOX_IO_ERROR 5           /* the file system failed */
+#define MQTT_INBOX_READ_ONLY 6          /* the database cannot be written */
+#define MQTT_INBOX_CORRUPTION 7         /* the file is corrupt or newer than this library */
+#define MQTT_INBOX_ABORTED 8            /* stopped on request */
+#define MQTT_INBOX_INTERNAL 9           /* anything else: a bug, an unexpected error */
+#define MQTT_INBOX_REJECTED 10          /* SQLite refused the change (a constraint) */
+#define MQTT_INBOX_PERMISSION_DENIED 11 /* a file belongs to another user (see errmsg) */
+#define MQTT_INBOX_NOMEM 12             /* the library could not allocate memory */
+#define MQTT_INBOX_MISUSE 13            /* a NULL handle or argument, a bad struct_size */
+
+/* The name of a result code, e.g. "busy"; "unknown" for a code not listed. Static
+ * storage; any thread. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_errstr(int rc);
+
+/* Frees a string or buffer the library returned for the caller (stats, health, dead
+ * letters as JSON, open's error message). NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_free(void* p);
+
+/* ---- The inbox: the SQLite file (inbox.h) -------------------------------------------- */
+typedef struct mqtt_inbox_t mqtt_inbox_t;
+
+#define MQTT_INBOX_SYNC_FULL 0   /* one fsync per commit: survives power loss (default) */
+#define MQTT_INBOX_SYNC_NORMAL 1 /* survives a process crash only (docs/guarantees.md) */
+
+typedef struct mqtt_inbox_options_t {
+  size_t struct_size;          /* sizeof(mqtt_inbox_options_t); set by the _INIT macro */
+  int synchronous;             /* MQTT_INBOX_SYNC_FULL (default) or _NORMAL */
+  int busy_timeout_ms;         /* one wait for another connection's lock, ms; 5000 */
+  int cache_size_kib;          /* SQLite page cache of the connection, KiB; 2048 */
+  int page_size_bytes;         /* page size of a NEW file, 512..65536; 4096 */
+  int exclusive;               /* 1: flock "<path>.lock", a second process gets
+                                  MQTT_INBOX_BUSY (default); 0: for tools beside it */
+  int record_metadata;         /* 1: keep topic and payload hash per claim; 0 (default) */
+  int64_t startup_deadline_ms; /* how long open and setup wait for a store that is
+                                  transiently unavailable, ms; 0 = as long as it takes
+                                  (default) */
+} mqtt_inbox_options_t;
+
+#define MQTT_INBOX_OPTIONS_INIT \
+  { sizeof(mqtt_inbox_options_t), MQTT_INBOX_SYNC_FULL, 5000, 2048, 4096, 1, 0, 0 }
+
+/* Opens (creating if needed) the inbox database at `path` with `options` (NULL: all
+ * defaults); see Inbox::open in inbox.h for what it checks and how it waits at start-up.
+ * On success *out owns the inbox and MQTT_INBOX_OK is returned. On failure *out is set
+ * to NULL and, if `errmsg` is not NULL, *errmsg gets a message for mqtt_inbox_free()
+ * (NULL if none could be made). Errors: MQTT_INBOX_INVALID_ARGUMENT (bad options),
+ * _BUSY (another process holds the file), _PERMISSION_DENIED, _CORRUPTION, the last
+ * transient error after startup_deadline_ms, _MISUSE (NULL path or out). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_open(const char* path, const mqtt_inbox_options_t* options,
+                                        mqtt_inbox_t** out, char** errmsg);
+
+/* Closes the database and releases the lock file. Everything made on the inbox
+ * (consumers, subscribers using them, outboxes, relays, pruners) must be destroyed
+ * first. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_close(mqtt_inbox_t* inbox);
+
+/* The message of the last call on `inbox` that failed (from any thread), or "" if none
+ * failed. The pointer stays valid until the next *_errmsg call on this thread. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_errmsg(const mqtt_inbox_t* inbox);
+
+/* The application's start-up SQL (CREATE TABLE IF NOT EXISTS ..., seed rows), one or
+ * more statements separated by ';', run on the inbox's connection in one transaction
+ * that is retried while the store is transiently unavailable, like open. `sql` may not
+ * open or end transactions. Errors: the store's codes for the SQL's own failure
+ * (MQTT_INBOX_INTERNAL for a syntax error, _REJECTED for a constraint, ...), as open's
+ * start-up; _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_setup(mqtt_inbox_t* inbox, const char* sql);
+
+/* setup with a function: `fn` runs on the calling thread with the inbox's connection
+ * inside the transaction, and returns an SQLite result code (SQLITE_OK commits; any
+ * other rolls back, and a transient one such as SQLITE_BUSY is retried like open's
+ * start-up). `fn` must not open or end transactions nor keep `db`. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_setup_fn(mqtt_inbox_t* inbox, int (*fn)(void* ctx, sqlite3* db),
+                                            void* ctx);
+
+/* A snapshot of the inbox's statistics (stats.h: counters, commit latency, file sizes,
+ * rows per consumer as last measured) as a JSON object, in *json for mqtt_inbox_free().
+ * Never waits for the store; any thread. Errors: _NOMEM, _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_stats_json(mqtt_inbox_t* inbox, char** json);
+
+/* The inbox's health (health.h) as a JSON object with "level" ("green", "amber", "red")
+ * and the fields of Health, in *json for mqtt_inbox_free(). Never waits; any thread. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_health_json(mqtt_inbox_t* inbox, char** json);
+
+/* ---- The consumer and its handler (consumer.h, handler.h) ---------------------------- */
+typedef struct mqtt_inbox_consumer_t mqtt_inbox_consumer_t;
+/* One delivery as the handler sees it: read it with the mqtt_inbox_delivery_* calls.
+ * Valid only during the handler call; copy what you keep. */
+typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
+
+/* What a handler returns. */
+#define MQTT_INBOX_HANDLER_OK 0 /* the effect is written: it commits with the claim */
+#define MQTT_INBOX_HANDLER_RETRY                          \
+  1 /* this attempt failed: rolled back, counted, retried \
+       with backoff up to max_attempts, then the message  \
+       is dead-lettered as handler_failed */
+#define MQTT_INBOX_HANDLER_UNDECODABLE                \
+  2 /* the payload can never be decoded: rolled back, \
+       dead-lettered at once as undecodable_payload */
+#define MQTT_INBOX_HANDLER_REJECT                      \
+  3 /* well-formed but refused by the application (a   \
+       value out of range): rolled back, dead-lettered \
+       at once as invalid_payload */
+/* Any other value counts as MQTT_INBOX_HANDLER_RETRY. */
+
+/* The application's handler: applies one message's effect with `db`, the inbox's own
+ * connection, inside the claim transaction, which the library opened and commits after
+ * the handler returns MQTT_INBOX_HANDLER_OK (then, and only then, the PUBACK goes).
+ * Runs on the thread that delivered the message: the subscriber's receive thread (one
+ * per process, shared by every MQTT client of it), or the caller of
+ * mqtt_inbox_consumer_feed, or the consumer's requeue thread for a replayed dead letter.
+ * Rules (handler.h; sqlite3.h's rule for callbacks):
+ *  - Use `db` for SQL of your own (sqlite3_prepare_v2, sqlite3_step, sqlite3_exec), and
+ *    finalize or reset every statement before returning. Do not keep `db`, close it,
+ *    or change its settings (busy handler, hooks, authorizer, PRAGMAs).
+ *  - The library owns the transaction: BEGIN, COMMIT, ROLLBACK and END are refused at
+ *    prepare time with SQLITE_AUTH ("not authorized"), so nothing the handler wrote can
+ *    commit apart from the claim; SAVEPOINT, RELEASE and ROLLBACK TO a savepoint of your
+ *    own are allowed. A handler that returns MQTT_INBOX_HANDLER_OK although the
+ *    transaction ended (an error that rolled it back) fails that attempt with
+ *    "handler ended the inbox transaction".
+ *  - Return a failure code for any SQL error; set its reason text with
+ *    mqtt_inbox_delivery_set_reason (it becomes the dead letter's text).
+ *  - Do not call the library for this inbox (its consumer, outbox enqueue excepted):
+ *    such a call is refused with MQTT_INBOX_INVALID_ARGUMENT and the message is
+ *    dead-lettered as handler_reentered. mqtt_inbox_stats_json and _health_json are
+ *    allowed.
+ *  - Keep it short: it holds the database's write lock and Paho's receive thread. */
+typedef int (*mqtt_inbox_handler)(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d);
+
+/* The producer-assigned message id the consumer extracted (NUL-terminated, valid UTF-8
+ * without control characters, at most 256 bytes by default). */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_message_id(const mqtt_inbox_delivery_t* d);
+/* The topic (NUL-terminated). */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_topic(const mqtt_inbox_delivery_t* d);
+/* The payload's raw bytes (not NUL-terminated text in general, though a NUL byte follows
+ * them), their count in *len. */
+MQTT_INBOX_C_EXPORT const void* mqtt_inbox_delivery_payload(const mqtt_inbox_delivery_t* d,
+                                                            size_t* len);
+/* QoS (0..2); the DUP and RETAIN flags as received (0 or 1; informational: never a
+ * deduplication key); the attempt, 1 for the first, counted across restarts. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_qos(const mqtt_inbox_delivery_t* d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_dup(const mqtt_inbox_delivery_t* d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_retained(const mqtt_inbox_delivery_t* d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_attempt(const mqtt_inbox_delivery_t* d);
+/* MQTT 5 user properties, in arrival order (none with MQTT 3.1.1). _user_property
+ * returns 1 and sets the name and value (raw bytes, each NUL-terminated too, and their
+ * lengths; any out-parameter may be NULL) for index < count, else 0. _user_property_get
+ * returns the value of the first property named `name`, or NULL. */
+MQTT_INBOX_C_EXPORT size_t mqtt_inbox_delivery_user_property_count(const mqtt_inbox_delivery_t* d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_user_property(const mqtt_inbox_delivery_t* d,
+                                                          size_t index, const char** name,
+                                                          size_t* name_len, const char** value,
+                                                          size_t* value_len);
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_user_property_get(
+    const mqtt_inbox_delivery_t* d, const char* name);
+/* The reason text of a failure the handler is about to return (copied; the last call
+ * wins). Without one, the text names the return code. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_delivery_set_reason(const mqtt_inbox_delivery_t* d,
+                                                        const char* text);
+
+#define MQTT_INBOX_RETAINED_SKIP 0        /* ack a retained message unprocessed (default) */
+#define MQTT_INBOX_RETAINED_DEAD_LETTER 1 /* dead-letter it as retained */
+#define MQTT_INBOX_RETAINED_PROCESS 2     /* process it like any other */
+
+typedef struct mqtt_inbox_consumer_options_t {
+  size_t struct_size;               /* set by MQTT_INBOX_CONSUMER_OPTIONS_INIT */
+  int max_attempts;                 /* handler attempts before handler_failed, >= 1; 5 */
+  int retry_backoff_initial_ms;     /* between attempts, doubled each time: 100 ms ... */
+  int retry_backoff_max_ms;         /* ... capped at 2000 ms */
+  int retained;                     /* MQTT_INBOX_RETAINED_*; _SKIP */
+  size_t max_payload_bytes;         /* larger payloads: payload_too_large; 1 MiB */
+  size_t dead_letter_payload_bytes; /* payload kept in a dead letter; 1 MiB */
+  int64_t requeue_poll_ms;          /* the requeue thread's poll, ms; 0 = no thread; 2000 */
+  const char* id_user_property;     /* MQTT 5 user property holding the message id; NULL:
+                                       "message-id"; "": not read */
+  const char* id_json_field;        /* top-level string field of a JSON payload holding it;
+                                       NULL: "message_id"; "": not read */
+} mqtt_inbox_consumer_options_t;
+
+#define MQTT_INBOX_CONSUMER_OPTIONS_INIT                                                        \
+  {                                                                                             \
+    sizeof(mqtt_inbox_consumer_options_t), 5, 100, 2000, MQTT_INBOX_RETAINED_SKIP, 1024 * 1024, \
+        1024 * 1024, 2000, NULL, NULL                                                           \
+  }
+
+/* Makes the consumer named `name` (non-empty, at most 200 bytes: recorded in every row)
+ * on `inbox`, with `handler` and its `ctx`, and `options` (NULL: defaults). `inbox` must
+ * outlive it. On failure *out is NULL and the message is the inbox's errmsg. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT (name, options), _MISUSE (NULL inbox, handler or out). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name,
+                                                   mqtt_inbox_handler handler, void* ctx,
+                                                   const mqtt_inbox_consumer_options_t* options,
+                                                   mqtt_inbox_consumer_t** out);
+/* Stops the requeue thread and frees the consumer. Destroy the subscriber that delivers
+ * to it first. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t* consumer);
+/* The last failure on `consumer`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_consumer_errmsg(const mqtt_inbox_consumer_t* consumer);
+
+/* One user property of a message fed in: raw bytes with their lengths. */
+typedef struct mqtt_inbox_user_property_t {
+  const char* name;
+  size_t name_len;
+  const char* value;
+  size_t value_len;
+} mqtt_inbox_user_property_t;
+
+/* A message that arrived by another route (serial, a radio, another MQTT client). */
+typedef struct mqtt_inbox_message_t {
+  size_t struct_size;  /* set by MQTT_INBOX_MESSAGE_INIT */
+  const char* topic;   /* NUL-terminated; required */
+  const void* payload; /* payload_len bytes; NULL only with payload_len 0 */
+  size_t payload_len;
+  int qos;                                           /* 1 */
+  int dup;                                           /* 0 */
+  int retained;                                      /* 0 */
+  const mqtt_inbox_user_property_t* user_properties; /* user_property_count entries */
+  size_t user_property_count;
+} mqtt_inbox_message_t;
+
+#define MQTT_INBOX_MESSAGE_INIT \
+  { sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, 0, 0, NULL, 0 }
+
+/* Outcomes of one delivery (Outcome, message.h). */
+#define MQTT_INBOX_OUTCOME_PROCESSED 0             /* the effect committed with the claim */
+#define MQTT_INBOX_OUTCOME_DUPLICATE 1             /* already processed: skipped */
+#define MQTT_INBOX_OUTCOME_DEAD_LETTERED 2         /* written to the dead letters now */
+#define MQTT_INBOX_OUTCOME_ALREADY_DEAD_LETTERED 3 /* a redelivery of a dead letter */
+#define MQTT_INBOX_OUTCOME_SKIPPED 4               /* a retained message skipped by policy */
+
+/* Processes one message as the subscriber does (Consumer::handle, consumer.h): returns
+ * when it has a durable outcome, in *outcome (MQTT_INBOX_OUTCOME_*); acknowledge it to
+ * its sender only then. Runs the handler on the calling thread. Blocks while the store
+ * fails, for as long as it fails. Safe from several threads at once. Errors:
+ * MQTT_INBOX_MISUSE (NULL arguments, no topic, a bad struct_size), _NOMEM. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer,
+                                                 const mqtt_inbox_message_t* message, int* outcome);
+
+/* ---- The MQTT subscriber (subscriber.h, connection.h, tls.h) -------------------------- */
+typedef struct mqtt_inbox_subscriber_t mqtt_inbox_subscriber_t;
+
+#define MQTT_INBOX_MQTT_3_1_1 0
+#define MQTT_INBOX_MQTT_5 1
+
+#define MQTT_INBOX_TLS_DEFAULT 0 /* OpenSSL's highest common version */
+#define MQTT_INBOX_TLS_1_2 12    /* TLS 1.2 or 1.3 */
+#define MQTT_INBOX_TLS_1_3 13    /* TLS 1.3 only */
+
+/* The subscriber's settings. Strings are copied by create; NULL means "not set". Secrets
+ * come from files only: the password and the TLS key's password are never a field. */
+typedef struct mqtt_inbox_subscriber_options_t {
+  size_t struct_size;                   /* set by MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT */
+  const char* broker_uri;               /* tcp://, mqtt://, ws:// or ssl://, mqtts://, wss://
+                                           host[:port]; required */
+  const char* client_id;                /* required; stable across restarts: the broker keeps
+                                           the session, and its unacked messages, under it */
+  int mqtt_version;                     /* MQTT_INBOX_MQTT_3_1_1 (default) or _5 */
+  uint32_t session_expiry_s;            /* MQTT 5: sent, > 0; MQTT 3.1.1: declared (what the
+                                           broker keeps); 7 days. Retention must cover it */
+  int keep_alive_s;                     /* 1..65535; 30 */
+  int connect_timeout_ms;               /* one attempt, > 0; 10000 */
+  int reconnect_backoff_initial_ms;     /* first wait after a failure, doubled; 500 */
+  int reconnect_backoff_max_ms;         /* its cap; 30000 */
+  int receive_maximum;                  /* MQTT 5 in-flight window, 1..65535; 20 */
+  int stop_timeout_ms;                  /* how long stop waits for a message in the handler;
+                                           10000 */
+  int tls_version;                      /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
+  int tls_insecure_skip_hostname_check; /* INSECURE: 1 accepts a certificate for another
+                                      host name (the chain is still verified); 0 */
+  const char* username;                 /* CONNECT user name (not a secret: logged); none */
+  const char* password_file;            /* file whose content (one trailing newline removed) is
+                                           the CONNECT password, read at every connect; none */
+  const char* tls_ca_file;              /* PEM CA certificate(s); none: the system trust store */
+  const char* tls_ca_dir;               /* hashed CA folder (openssl rehash); none */
+  const char* tls_cert_file;            /* client certificate (mutual TLS); none */
+  const char* tls_key_file;             /* its key; none: read from tls_cert_file */
+  const char* tls_key_password_file;    /* file holding the key's password; none */
+  const char* client_id_lock_dir;       /* folder of the per-host client-id lock; NULL: "auto"
+                                           (connection.h); "": no lock */
+} mqtt_inbox_subscriber_options_t;
+
+#define MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT                                                         \
+  {                                                                                                \
+    sizeof(mqtt_inbox_subscriber_options_t), NULL, NULL, MQTT_INBOX_MQTT_3_1_1, 7u * 24u * 3600u,  \
+        30, 10000, 500, 30000, 20, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, \
+        NULL, NULL, NULL                                                                           \
+  }
+
+/* Checks the options (subscriber.h: a persistent session, TLS files readable and
+ * matching, the password file readable and not empty) and makes the subscriber; it does
+ * not connect yet. On failure *out is NULL and *errmsg (if not NULL) gets a message for
+ * mqtt_inbox_free, which names a file but never holds a secret. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT, _IO_ERROR (the password file), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_create(const mqtt_inbox_subscriber_options_t* options,
+                                                     mqtt_inbox_subscriber_t** out, char** errmsg);
+/* Stops (as mqtt_inbox_subscriber_stop) if still running and frees it. NULL is a no-op.
+ * Destroy it before the consumers it delivers to. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_destroy(mqtt_inbox_subscriber_t* subscriber);
+/* The last failure on `subscriber`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_subscriber_errmsg(
+    const mqtt_inbox_subscriber_t* subscriber);
+
+/* Routes messages matching `topic_filter` (+ and # wildcards, "$share/group/" allowed),
+ * subscribed at QoS 1, to `consumer`, which must outlive the subscriber. Call before
+ * start. Errors: MQTT_INBOX_INVALID_ARGUMENT (an empty or repeated filter, after start),
+ * _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_subscribe(mqtt_inbox_subscriber_t* subscriber,
+                                                        const char* topic_filter,
+                                                        mqtt_inbox_consumer_t* consumer);
+/* Takes the client-id lock and starts connecting in the background; returns at once.
+ * From then on the consumers' handlers run on Paho's receive thread. Errors:
+ * MQTT_INBOX_BUSY (another process holds the client-id lock), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_start(mqtt_inbox_subscriber_t* subscriber);
+/* 1 once connected and subscribed (waiting up to timeout_ms, ms), else 0; 0 is not an
+ * error: it keeps reconnecting (mqtt_inbox_subscriber_health_json says why). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_wait_connected(mqtt_inbox_subscriber_t* subscriber,
+                                                             int timeout_ms);
+/* Disconnects and stops reconnecting; a message in the handler commits (and is acked)
+ * first. Safe from any thread but a handler's; also wakes mqtt_inbox_subscriber_run.
+ * Errors: MQTT_INBOX_BUSY if a message was still not committed after stop_timeout_ms
+ * (the store is stuck): the message is not acked, and the process should exit, so that
+ * the broker redelivers it to the next run. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_stop(mqtt_inbox_subscriber_t* subscriber);
+/* Asks for a stop, and only asks: async-signal-safe (an atomic store and a write(2) to a
+ * pipe), for a SIGTERM handler. mqtt_inbox_subscriber_run then stops the subscriber. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_request_stop(mqtt_inbox_subscriber_t* subscriber);
+/* Blocks the calling thread until mqtt_inbox_subscriber_request_stop or _stop is called,
+ * then stops the subscriber and returns what stop returned. The main loop of a program
+ * whose SIGTERM handler calls request_stop. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t* subscriber);
+/* The connection's state (subscriber.h, SubscriberHealth: connected, attempts, the last
+ * failure and its reason, sessions lost) as a JSON object, in *json for mqtt_inbox_free.
+ * Never waits for Paho or the store; any thread. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber,
+                                                          char** json);
+
+/* ---- The transactional outbox and its relay (outbox.h, relay.h) ----------------------- */
+typedef struct mqtt_inbox_outbox_t mqtt_inbox_outbox_t;
+typedef struct mqtt_inbox_relay_t mqtt_inbox_relay_t;
+
+/* Makes the outbox of `inbox` (one unbounded class; bounded classes are C++-only for
+ * now). `inbox` must outlive it. On failure *out is NULL and the message is the inbox's
+ * errmsg. Errors: MQTT_INBOX_MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create(mqtt_inbox_t* inbox, mqtt_inbox_outbox_t** out);
+/* Frees it; destroy its relays first. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox);
+/* The last failure on `outbox`, as mqtt_inbox_errmsg. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_outbox_errmsg(const mqtt_inbox_outbox_t* outbox);
+
+/* One message to publish at QoS 1 (OutgoingMessage, outbox.h). */
+typedef struct mqtt_inbox_outgoing_t {
+  size_t struct_size;  /* set by MQTT_INBOX_OUTGOING_INIT */
+  const char* topic;   /* no wildcards; required */
+  const void* payload; /* payload_len bytes; NULL only with payload_len 0 */
+  size_t payload_len;
+  const char* message_id;   /* the stable id the next hop deduplicates on; NULL: a random
+                               UUID. From a handler, derive it from the incoming id
+                               (mqtt_inbox_derived_message_id) so a re-run enqueues the
+                               same id */
+  const char* ordering_key; /* FIFO among rows of one key; NULL: the topic */
+  const char* content_type; /* MQTT 5 content type; NULL: none */
+  const mqtt_inbox_user_property_t* user_properties; /* MQTT 5; the relay adds
+                              "message-id" */
+  size_t user_property_count;
+} mqtt_inbox_outgoing_t;
+
+#define MQTT_INBOX_OUTGOING_INIT \
+  { sizeof(mqtt_inbox_outgoing_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, 0 }
+
+/* Adds `message` to the outbox inside the transaction of `db`, which must be the
+ * connection the library lent: a handler's `db` (the row commits with the claim, or not
+ * at all) or a set-up function's. If `message_id` is not NULL, *message_id gets the id
+ * (for mqtt_inbox_free). An id already in the outbox adds nothing and succeeds.
+ * In a handler, a refused enqueue also decides the message if the handler returns
+ * MQTT_INBOX_HANDLER_OK anyway: MQTT_INBOX_INVALID_ARGUMENT (a topic, id or property MQTT
+ * or the next hop refuses) dead-letters it at once as outbox_refused; MQTT_INBOX_REJECTED
+ * ("outbox full") parks it, as outbox_full, for the consumer's requeue thread. Another
+ * return code is the handler's own outcome. Errors: those two; _MISUSE (`db` is not a
+ * connection the library lent on this thread, NULL arguments); store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
+                                                  const mqtt_inbox_outgoing_t* message,
+                                                  char** message_id);
+/* incoming_id + "/" + suffix, checked as an outbox id (outbox.h derived_message_id), in
+ * *out for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT (too long, control
+ * characters), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_derived_message_id(const char* incoming_id, const char* suffix,
+                                                      char** out);
+
+/* The relay's settings: a connection of its own (as the subscriber's fields; it
+ * connects with a clean start: the outbox table is its only state) and publishing. */
+typedef struct mqtt_inbox_relay_options_t {
+  size_t struct_size;                   /* set by MQTT_INBOX_RELAY_OPTIONS_INIT */
+  const char* broker_uri;               /* required */
+  const char* client_id;                /* required; differs from every subscriber's */
+  int mqtt_version;                     /* MQTT_INBOX_MQTT_5 (default) or _3_1_1 */
+  int keep_alive_s;                     /* 30 */
+  int connect_timeout_ms;               /* 10000 */
+  int reconnect_backoff_initial_ms;     /* 500 */
+  int reconnect_backoff_max_ms;         /* 30000 */
+  int max_inflight;                     /* publishes without PUBACK, 1..65535; 64 */
+  int poll_interval_ms;                 /* look for rows committed elsewhere, ms; 1000 */
+  int stop_timeout_ms;                  /* 10000 */
+  int tls_version;                      /* MQTT_INBOX_TLS_*; _DEFAULT */
+  int tls_insecure_skip_hostname_check; /* INSECURE; 0 */
+  const char* username;                 /* none */
+  const char* password_file;            /* read at every connect; none */
+  const char* tls_ca_file;
+  const char* tls_ca_dir;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+  const char* tls_key_password_file;
+  const char* client_id_lock_dir; /* NULL: "auto"; "": no lock */
+} mqtt_inbox_relay_options_t;
+
+#define MQTT_INBOX_RELAY_OPTIONS_INIT                                                             \
+  {                                                                                               \
+    sizeof(mqtt_inbox_relay_options_t), NULL, NULL, MQTT_INBOX_MQTT_5, 30, 10000, 500, 30000, 64, \
+        1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL    \
+  }
+
+/* Makes a relay that publishes `outbox`'s rows in order and marks them sent on PUBACK,
+ * with a connection of its own. On failure *out is NULL and *errmsg (if not NULL) gets
+ * a message for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT, _IO_ERROR (a
+ * password file), _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox,
+                                                const mqtt_inbox_relay_options_t* options,
+                                                mqtt_inbox_relay_t** out, char** errmsg);
+/* Stops it if running and frees it. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay);
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay);
+/* Starts its thread; returns at once. Errors: MQTT_INBOX_BUSY (the client-id lock),
+ * _INVALID_ARGUMENT (already started). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay);
+/* Stops its thread and disconnects; unacknowledged rows stay pending for the next run.
+ * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay);
+/* Its counters (RelayCounters, relay.h) as a JSON object for mqtt_inbox_free. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json);
+
+/* ---- Retention (retention.h) ------------------------------------------------------- */
+typedef struct mqtt_inbox_pruner_t mqtt_inbox_pruner_t;
+
+typedef struct mqtt_inbox_pruner_options_t {
+  size_t struct_size;               /* set by MQTT_INBOX_PRUNER_OPTIONS_INIT */
+  int64_t window_ms;                /* how long a processed id is remembered; 8 days */
+  int64_t broker_session_expiry_ms; /* floor of the broker's session expiry; 7 days */
+  int64_t max_offline_ms;           /* longest time the device may be away; 0 */
+  int64_t margin_ms;                /* headroom above the horizon; 1 hour */
+  int64_t period_ms;                /* between passes of its thread; 60000 */
+  int64_t dead_letter_window_ms;    /* dead letters kept; 0 = until purged; 30 days */
+} mqtt_inbox_pruner_options_t;
+
+#define MQTT_INBOX_PRUNER_OPTIONS_INIT                                                      \
+  {                                                                                         \
+    sizeof(mqtt_inbox_pruner_options_t), 8LL * 24 * 3600 * 1000, 7LL * 24 * 3600 * 1000, 0, \
+        3600LL * 1000, 60000, 30LL * 24 * 3600 * 1000                                       \
+  }
+
+/* Makes the pruner of `inbox` after checking the window against the horizon and the
+ * session expiries the subscriber recorded (retention.h): a window that does not cover
+ * them is refused, because an id forgotten while the broker can still redeliver its
+ * message lets a duplicate through. On failure *out is NULL and the message is the
+ * inbox's errmsg. Errors: MQTT_INBOX_INVALID_ARGUMENT (names the session it does not
+ * cover), start-up store codes, _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_create(mqtt_inbox_t* inbox,
+                                                 const mqtt_inbox_pruner_options_t* options,
+                                                 mqtt_inbox_pruner_t** out);
+/* Stops its thread and frees it. NULL is a no-op. */
+MQTT_INBOX_C_EXPORT void mqtt_inbox_pruner_destroy(mqtt_inbox_pruner_t* pruner);
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_pruner_errmsg(const mqtt_inbox_pruner_t* pruner);
+/* Starts the thread that runs a pass every period_ms. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_start(mqtt_inbox_pruner_t* pruner);
+/* One pass now, on the calling thread; *deleted (if not NULL) gets the processed ids
+ * deleted. Errors: MQTT_INBOX_INVALID_ARGUMENT (the window no longer covers a recorded
+ * session: nothing deleted), store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_run_once(mqtt_inbox_pruner_t* pruner, int64_t* deleted);
+
+/* ---- Dead letters (dead_letter.h) --------------------------------------------------- */
+
+/* The dead letters of consumer `consumer_name` (NULL: all), newest first, at most `limit`
+ * (<= 0: no limit), as a JSON array of objects (id, consumer, message_id, topic, payload
+ * as text with invalid UTF-8 replaced, payload_size, reason, reason_text, attempts, times
+ * in Unix ms, redeliveries, status), in *json for mqtt_inbox_free. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_dead_letters_json(mqtt_inbox_t* inbox, const char* consumer_name,
+                                                     int64_t limit, char** json);
+/* Marks dead letter `id` 'requeued': the running consumer of its name replays it on its
+ * requeue thread (Inbox::requeue_dead_letter). Errors: MQTT_INBOX_NOT_FOUND;
+ * _INVALID_ARGUMENT (not 'dead', its payload was cut); store codes. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_dead_letter_requeue(mqtt_inbox_t* inbox, int64_t id);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MQTT_INBOX_C_H */

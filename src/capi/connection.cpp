@@ -1,0 +1,60 @@
+// C connection settings to ConnectionOptions (capi/connection.h).
+#include "capi/connection.h"
+
+#include "mqtt_inbox/c.h"
+
+namespace mqtt_inbox::capi {
+
+Status to_connection_options(const CConnection& in, ConnectionOptions* out) {
+  if (!in.broker_uri) return Status::InvalidArgument("broker_uri is required");
+  if (!in.client_id) return Status::InvalidArgument("client_id is required");
+  out->broker_uri = in.broker_uri;
+  out->client_id = in.client_id;
+  switch (in.mqtt_version) {
+    case MQTT_INBOX_MQTT_3_1_1:
+      out->mqtt_version = MqttVersion::kV3_1_1;
+      break;
+    case MQTT_INBOX_MQTT_5:
+      out->mqtt_version = MqttVersion::kV5;
+      break;
+    default:
+      return Status::InvalidArgument("mqtt_version must be MQTT_INBOX_MQTT_3_1_1 or _5");
+  }
+  out->keep_alive_s = in.keep_alive_s;
+  out->connect_timeout_ms = in.connect_timeout_ms;
+  out->reconnect_backoff_initial_ms = in.reconnect_backoff_initial_ms;
+  out->reconnect_backoff_max_ms = in.reconnect_backoff_max_ms;
+  if (in.username) out->username = in.username;
+  if (in.password_file) {
+    out->password_provider = password_from_file(in.password_file);
+    std::string probe;
+    if (Status s = out->password_provider(&probe); !s.ok()) return s;
+  }
+  TlsOptions& tls = out->tls;
+  switch (in.tls_version) {
+    case MQTT_INBOX_TLS_DEFAULT:
+      tls.version = TlsVersion::kDefault;
+      break;
+    case MQTT_INBOX_TLS_1_2:
+      tls.version = TlsVersion::kTls1_2;
+      break;
+    case MQTT_INBOX_TLS_1_3:
+      tls.version = TlsVersion::kTls1_3;
+      break;
+    default:
+      return Status::InvalidArgument("tls_version must be MQTT_INBOX_TLS_DEFAULT, _1_2 or _1_3");
+  }
+  tls.insecure_skip_hostname_check = in.tls_insecure_skip_hostname_check != 0;
+  if (in.tls_ca_file) tls.ca_file = in.tls_ca_file;
+  if (in.tls_ca_dir) tls.ca_dir = in.tls_ca_dir;
+  if (in.tls_cert_file) tls.cert_file = in.tls_cert_file;
+  if (in.tls_key_file) tls.key_file = in.tls_key_file;
+  if (in.tls_key_password_file) {
+    if (Status s = password_from_file(in.tls_key_password_file)(&tls.key_password); !s.ok())
+      return s;
+  }
+  if (in.client_id_lock_dir) out->client_id_lock_dir = in.client_id_lock_dir;
+  return Status::Ok();
+}
+
+}  // namespace mqtt_inbox::capi

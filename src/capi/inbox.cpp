@@ -1,0 +1,165 @@
+// The inbox from C: version, open and close, the application's start-up SQL, stats and
+// health as JSON (c.h, "The inbox").
+#include <SQLiteCpp/Database.h>
+#include <SQLiteCpp/Exception.h>
+
+#include <nlohmann/json.hpp>
+
+#include "capi/connection_scope.h"
+#include "capi/handles.h"
+#include "capi/sized_struct.h"
+#include "mqtt_inbox/version.h"
+
+using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::LastError;
+
+namespace {
+
+constexpr mqtt_inbox_options_t kDefaults = MQTT_INBOX_OPTIONS_INIT;
+
+// Misuse by the caller, recorded where there is a place for it.
+int misuse(LastError* err, const char* what) {
+  return err ? err->set(MQTT_INBOX_MISUSE, what) : MQTT_INBOX_MISUSE;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mqtt_inbox_version(const char** text) {
+  if (text) *text = MQTT_INBOX_VERSION_STRING;
+  return MQTT_INBOX_VERSION_MAJOR * 1000000 + MQTT_INBOX_VERSION_MINOR * 1000 +
+         MQTT_INBOX_VERSION_PATCH;
+}
+
+int mqtt_inbox_open(const char* path, const mqtt_inbox_options_t* options, mqtt_inbox_t** out,
+                    char** errmsg) {
+  if (out) *out = nullptr;
+  if (errmsg) *errmsg = nullptr;
+  LastError err;
+  const int rc = guarded(&err, [&] {
+    if (!path || !out) return misuse(&err, "mqtt_inbox_open: path and out must not be NULL");
+    mqtt_inbox_options_t o;
+    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err, "mqtt_inbox_options"))
+      return r;
+    if (o.synchronous != MQTT_INBOX_SYNC_FULL && o.synchronous != MQTT_INBOX_SYNC_NORMAL)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     "mqtt_inbox_options.synchronous must be MQTT_INBOX_SYNC_FULL or _NORMAL");
+    mqtt_inbox::InboxOptions io;
+    io.synchronous = o.synchronous == MQTT_INBOX_SYNC_NORMAL ? mqtt_inbox::Synchronous::kNormal
+                                                             : mqtt_inbox::Synchronous::kFull;
+    io.busy_timeout_ms = o.busy_timeout_ms;
+    io.cache_size_kib = o.cache_size_kib;
+    io.page_size_bytes = o.page_size_bytes;
+    io.exclusive = o.exclusive != 0;
+    io.record_metadata = o.record_metadata != 0;
+    io.startup_deadline_ms = o.startup_deadline_ms;
+    auto h = std::make_unique<mqtt_inbox_t>();
+    if (int r = err.set(mqtt_inbox::Inbox::open(path, io, &h->inbox))) return r;
+    *out = h.release();
+    return MQTT_INBOX_OK;
+  });
+  if (rc != MQTT_INBOX_OK && errmsg) *errmsg = mqtt_inbox::capi::malloc_copy(err.read());
+  return rc;
+}
+
+void mqtt_inbox_close(mqtt_inbox_t* inbox) { delete inbox; }
+
+const char* mqtt_inbox_errmsg(const mqtt_inbox_t* inbox) {
+  return inbox ? inbox->error.read() : "mqtt_inbox_errmsg: NULL inbox";
+}
+
+int mqtt_inbox_setup(mqtt_inbox_t* inbox, const char* sql) {
+  if (!inbox) return MQTT_INBOX_MISUSE;
+  return guarded(&inbox->error, [&] {
+    if (!sql) return misuse(&inbox->error, "mqtt_inbox_setup: NULL sql");
+    return inbox->error.set(inbox->inbox->setup_sql(sql));
+  });
+}
+
+int mqtt_inbox_setup_fn(mqtt_inbox_t* inbox, int (*fn)(void* ctx, sqlite3* db), void* ctx) {
+  if (!inbox) return MQTT_INBOX_MISUSE;
+  return guarded(&inbox->error, [&] {
+    if (!fn) return misuse(&inbox->error, "mqtt_inbox_setup_fn: NULL fn");
+    return inbox->error.set(inbox->inbox->setup([&](SQLite::Database& db) {
+      mqtt_inbox::capi::ConnectionScope scope(&db);
+      const int rc = fn(ctx, db.getHandle());
+      // Thrown as SQLite's own error, so that setup classifies it like one of its own
+      // statements: a transient code is waited out, the rest fails the call.
+      if (rc != SQLITE_OK) throw SQLite::Exception("the set-up function returned", rc);
+    }));
+  });
+}
+
+int mqtt_inbox_stats_json(mqtt_inbox_t* inbox, char** json) {
+  if (!inbox) return MQTT_INBOX_MISUSE;
+  return guarded(&inbox->error, [&] {
+    if (!json) return misuse(&inbox->error, "mqtt_inbox_stats_json: NULL json");
+    const mqtt_inbox::InboxStats s = inbox->inbox->stats();
+    nlohmann::json consumers = nlohmann::json::object();
+    for (const auto& [name, rows] : s.consumers)
+      consumers[name] = {{"rows", rows.rows},
+                         {"oldest_received_at", rows.oldest_received_at},
+                         {"newest_received_at", rows.newest_received_at}};
+    nlohmann::json classes = nlohmann::json::object();
+    for (const auto& [prefix, c] : s.outbox.classes)
+      classes[prefix] = {{"pending_rows", c.pending_rows},
+                         {"pending_bytes", c.pending_bytes},
+                         {"dropped", c.dropped}};
+    const nlohmann::json j = {{"processed", s.processed},
+                              {"duplicates", s.duplicates},
+                              {"dead_lettered", s.dead_lettered},
+                              {"retries", s.retries},
+                              {"store_errors", s.store_errors},
+                              {"pruned", s.pruned},
+                              {"dead_letters_pruned", s.dead_letters_pruned},
+                              {"sessions_lost", s.sessions_lost},
+                              {"duplicate_ratio", s.duplicate_ratio},
+                              {"commit_p50_us", s.commit_p50_us},
+                              {"commit_p99_us", s.commit_p99_us},
+                              {"commit_max_us", s.commit_max_us},
+                              {"db_bytes", s.db_bytes},
+                              {"wal_bytes", s.wal_bytes},
+                              {"schema_version", s.schema_version},
+                              {"retention_clock_ms", s.retention_clock_ms},
+                              {"rows_measured_at", s.rows_measured_at},
+                              {"consumers", consumers},
+                              {"outbox",
+                               {{"classes", classes},
+                                {"sent_rows", s.outbox.sent_rows},
+                                {"dead_rows", s.outbox.dead_rows},
+                                {"oldest_pending_age_ms", s.outbox.oldest_pending_age_ms}}}};
+    // Topics and consumer names are raw bytes: replace what is not UTF-8 instead of
+    // throwing.
+    char* p = mqtt_inbox::capi::malloc_copy(
+        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!p) return inbox->error.set(MQTT_INBOX_NOMEM, "out of memory");
+    *json = p;
+    return MQTT_INBOX_OK;
+  });
+}
+
+int mqtt_inbox_health_json(mqtt_inbox_t* inbox, char** json) {
+  if (!inbox) return MQTT_INBOX_MISUSE;
+  return guarded(&inbox->error, [&] {
+    if (!json) return misuse(&inbox->error, "mqtt_inbox_health_json: NULL json");
+    const mqtt_inbox::Health h = inbox->inbox->health();
+    const nlohmann::json j = {{"level", mqtt_inbox::to_string(mqtt_inbox::level(h))},
+                              {"stuck", h.stuck},
+                              {"stuck_since_ms", h.stuck_since_ms},
+                              {"retries", h.retries},
+                              {"total_store_errors", h.total_store_errors},
+                              {"last_error", h.last_error},
+                              {"starting", h.starting},
+                              {"operation", h.operation},
+                              {"fatal", h.fatal},
+                              {"database", h.database}};
+    char* p = mqtt_inbox::capi::malloc_copy(
+        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!p) return inbox->error.set(MQTT_INBOX_NOMEM, "out of memory");
+    *json = p;
+    return MQTT_INBOX_OK;
+  });
+}
+
+}  // extern "C"

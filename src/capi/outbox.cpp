@@ -1,0 +1,208 @@
+// The transactional outbox from C: enqueue through the connection the library lent to a
+// handler or set-up function (capi/connection_scope.h), derived ids, and the relay with a
+// connection of its own (c.h, "The transactional outbox and its relay").
+#include "mqtt_inbox/outbox.h"
+
+#include <SQLiteCpp/Database.h>
+#include <SQLiteCpp/Exception.h>
+
+#include <nlohmann/json.hpp>
+
+#include "capi/connection.h"
+#include "capi/connection_scope.h"
+#include "capi/handles.h"
+#include "capi/sized_struct.h"
+#include "mqtt_inbox/relay.h"
+
+using mqtt_inbox::capi::ConnectionScope;
+using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::LastError;
+
+struct mqtt_inbox_outbox_t {
+  std::unique_ptr<mqtt_inbox::Outbox> outbox;
+  LastError error;
+};
+
+struct mqtt_inbox_relay_t {
+  std::unique_ptr<mqtt_inbox::Relay> relay;
+  LastError error;
+};
+
+namespace {
+
+constexpr mqtt_inbox_outgoing_t kOutgoingDefaults = MQTT_INBOX_OUTGOING_INIT;
+constexpr mqtt_inbox_relay_options_t kRelayDefaults = MQTT_INBOX_RELAY_OPTIONS_INIT;
+
+}  // namespace
+
+extern "C" {
+
+int mqtt_inbox_outbox_create(mqtt_inbox_t* inbox, mqtt_inbox_outbox_t** out) {
+  if (out) *out = nullptr;
+  if (!inbox) return MQTT_INBOX_MISUSE;
+  auto& err = inbox->error;
+  return guarded(&err, [&] {
+    if (!out) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_create: NULL out");
+    auto h = std::make_unique<mqtt_inbox_outbox_t>();
+    if (int r = err.set(mqtt_inbox::Outbox::create(inbox->inbox.get(), {}, &h->outbox))) return r;
+    *out = h.release();
+    return MQTT_INBOX_OK;
+  });
+}
+
+void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox) { delete outbox; }
+
+const char* mqtt_inbox_outbox_errmsg(const mqtt_inbox_outbox_t* outbox) {
+  return outbox ? outbox->error.read() : "mqtt_inbox_outbox_errmsg: NULL outbox";
+}
+
+int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
+                              const mqtt_inbox_outgoing_t* message, char** message_id) {
+  if (message_id) *message_id = nullptr;
+  if (!outbox) return MQTT_INBOX_MISUSE;
+  auto& err = outbox->error;
+  return guarded(&err, [&] {
+    if (!db || !message)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_outbox_enqueue: db and message must not be NULL");
+    ConnectionScope* scope = ConnectionScope::find(db);
+    if (!scope)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_outbox_enqueue: db is not a connection the library lent on "
+                     "this thread (call it from a handler or a set-up function with its db)");
+    mqtt_inbox_outgoing_t m;
+    if (int r = mqtt_inbox::capi::read_sized(message, kOutgoingDefaults, &m, &err,
+                                             "mqtt_inbox_outgoing_t"))
+      return r;
+    if (!m.topic) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_enqueue: NULL topic");
+    if (!m.payload && m.payload_len)
+      return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_enqueue: NULL payload with a length");
+    if (!m.user_properties && m.user_property_count)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_outbox_enqueue: NULL user_properties with a count");
+    mqtt_inbox::OutgoingMessage o;
+    o.topic = m.topic;
+    if (m.payload_len) o.payload.assign(static_cast<const char*>(m.payload), m.payload_len);
+    if (m.message_id) o.message_id = m.message_id;
+    if (m.ordering_key) o.ordering_key = m.ordering_key;
+    if (m.content_type) o.content_type = m.content_type;
+    for (size_t i = 0; i < m.user_property_count; ++i) {
+      const mqtt_inbox_user_property_t& p = m.user_properties[i];
+      if ((!p.name && p.name_len) || (!p.value && p.value_len))
+        return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_enqueue: a NULL user property");
+      o.user_properties.emplace_back(std::string(p.name ? p.name : "", p.name_len),
+                                     std::string(p.value ? p.value : "", p.value_len));
+    }
+    std::string id;
+    const mqtt_inbox::Status s = outbox->outbox->enqueue(scope->db(), o, &id);
+    if (s.code() == mqtt_inbox::Status::Code::kInvalidArgument)
+      scope->note_refusal(ConnectionScope::Refusal::kRefused, s.message());
+    else if (s.code() == mqtt_inbox::Status::Code::kRejected)
+      scope->note_refusal(ConnectionScope::Refusal::kFull, s.message());
+    if (int r = err.set(s)) return r;
+    if (message_id) {
+      *message_id = mqtt_inbox::capi::malloc_copy(id);
+      if (!*message_id) return err.set(MQTT_INBOX_NOMEM, "out of memory");
+    }
+    return MQTT_INBOX_OK;
+  });
+}
+
+int mqtt_inbox_derived_message_id(const char* incoming_id, const char* suffix, char** out) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, [&] {
+    if (!incoming_id || !suffix || !out) return MQTT_INBOX_MISUSE;
+    try {
+      *out = mqtt_inbox::capi::malloc_copy(mqtt_inbox::derived_message_id(incoming_id, suffix));
+    } catch (const mqtt_inbox::OutboxRefused&) {
+      return MQTT_INBOX_INVALID_ARGUMENT;
+    }
+    return *out ? MQTT_INBOX_OK : MQTT_INBOX_NOMEM;
+  });
+}
+
+int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox, const mqtt_inbox_relay_options_t* options,
+                            mqtt_inbox_relay_t** out, char** errmsg) {
+  if (out) *out = nullptr;
+  if (errmsg) *errmsg = nullptr;
+  LastError err;
+  const int rc = guarded(&err, [&] {
+    if (!outbox || !options || !out)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_relay_create: outbox, options and out must not be NULL");
+    mqtt_inbox_relay_options_t o;
+    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err,
+                                             "mqtt_inbox_relay_options_t"))
+      return r;
+    mqtt_inbox::capi::CConnection c;
+    c.broker_uri = o.broker_uri;
+    c.client_id = o.client_id;
+    c.mqtt_version = o.mqtt_version;
+    c.keep_alive_s = o.keep_alive_s;
+    c.connect_timeout_ms = o.connect_timeout_ms;
+    c.reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
+    c.reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
+    c.tls_version = o.tls_version;
+    c.tls_insecure_skip_hostname_check = o.tls_insecure_skip_hostname_check;
+    c.username = o.username;
+    c.password_file = o.password_file;
+    c.tls_ca_file = o.tls_ca_file;
+    c.tls_ca_dir = o.tls_ca_dir;
+    c.tls_cert_file = o.tls_cert_file;
+    c.tls_key_file = o.tls_key_file;
+    c.tls_key_password_file = o.tls_key_password_file;
+    c.client_id_lock_dir = o.client_id_lock_dir;
+    mqtt_inbox::RelayOptions ro;
+    if (int r = err.set(mqtt_inbox::capi::to_connection_options(c, &ro))) return r;
+    ro.max_inflight = o.max_inflight;
+    ro.poll_interval_ms = o.poll_interval_ms;
+    ro.stop_timeout_ms = o.stop_timeout_ms;
+    auto h = std::make_unique<mqtt_inbox_relay_t>();
+    if (int r = err.set(mqtt_inbox::Relay::create(outbox->outbox.get(), ro, &h->relay))) return r;
+    *out = h.release();
+    return MQTT_INBOX_OK;
+  });
+  if (rc != MQTT_INBOX_OK && errmsg) *errmsg = mqtt_inbox::capi::malloc_copy(err.read());
+  return rc;
+}
+
+void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay) { delete relay; }
+
+const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay) {
+  return relay ? relay->error.read() : "mqtt_inbox_relay_errmsg: NULL relay";
+}
+
+int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay) {
+  if (!relay) return MQTT_INBOX_MISUSE;
+  return guarded(&relay->error, [&] { return relay->error.set(relay->relay->start()); });
+}
+
+int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay) {
+  if (!relay) return MQTT_INBOX_MISUSE;
+  return guarded(&relay->error, [&] { return relay->error.set(relay->relay->stop()); });
+}
+
+int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json) {
+  if (!relay) return MQTT_INBOX_MISUSE;
+  return guarded(&relay->error, [&] {
+    if (!json)
+      return relay->error.set(MQTT_INBOX_MISUSE, "mqtt_inbox_relay_counters_json: NULL json");
+    const mqtt_inbox::RelayCounters c = relay->relay->counters();
+    const nlohmann::json j = {{"published", c.published},
+                              {"acked", c.acked},
+                              {"rejected", c.rejected},
+                              {"connects", c.connects},
+                              {"max_inflight_seen", c.max_inflight_seen},
+                              {"expired", c.expired},
+                              {"too_large", c.too_large},
+                              {"connection_dropped", c.connection_dropped},
+                              {"connected", c.connected},
+                              {"offline_ms", c.offline_ms}};
+    char* p = mqtt_inbox::capi::malloc_copy(j.dump());
+    if (!p) return relay->error.set(MQTT_INBOX_NOMEM, "out of memory");
+    *json = p;
+    return MQTT_INBOX_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,209 @@
+// The MQTT subscriber from C: creation from sized options, routing filters to C
+// consumers, start, stop from any thread, and the async-signal-safe stop request that
+// mqtt_inbox_subscriber_run waits for (c.h, "The MQTT subscriber").
+#include "mqtt_inbox/subscriber.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "capi/connection.h"
+#include "capi/handles.h"
+#include "capi/sized_struct.h"
+
+using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::LastError;
+
+struct mqtt_inbox_subscriber_t {
+  std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
+  LastError error;
+  // The stop request: a flag and a pipe, both usable from a signal handler.
+  std::atomic<bool> stop_requested{false};
+  int wake[2] = {-1, -1};
+  // stop() runs once; later calls (run() after a stop from another thread) get its code.
+  std::mutex stop_mu;
+  bool stopped = false;
+  int stop_rc = MQTT_INBOX_OK;
+
+  ~mqtt_inbox_subscriber_t() {
+    subscriber.reset();
+    for (int fd : wake)
+      if (fd >= 0) ::close(fd);
+  }
+
+  void request_stop() noexcept {
+    static_assert(std::atomic<bool>::is_always_lock_free, "a signal handler may store it");
+    stop_requested.store(true);
+    const char byte = 1;
+    // A full pipe already holds a wake-up; nothing else can be done in a signal handler.
+    [[maybe_unused]] ssize_t n = ::write(wake[1], &byte, 1);
+  }
+
+  int stop() {
+    int rc;
+    {
+      std::lock_guard<std::mutex> lock(stop_mu);
+      if (!stopped) {
+        stop_rc = error.set(subscriber->stop());
+        stopped = true;
+      }
+      rc = stop_rc;
+    }
+    request_stop();  // wakes run()
+    return rc;
+  }
+};
+
+namespace {
+
+constexpr mqtt_inbox_subscriber_options_t kDefaults = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
+
+}  // namespace
+
+extern "C" {
+
+int mqtt_inbox_subscriber_create(const mqtt_inbox_subscriber_options_t* options,
+                                 mqtt_inbox_subscriber_t** out, char** errmsg) {
+  if (out) *out = nullptr;
+  if (errmsg) *errmsg = nullptr;
+  LastError err;
+  const int rc = guarded(&err, [&] {
+    if (!options || !out)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_subscriber_create: options and out must not be NULL");
+    mqtt_inbox_subscriber_options_t o;
+    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err,
+                                             "mqtt_inbox_subscriber_options_t"))
+      return r;
+    mqtt_inbox::capi::CConnection c;
+    c.broker_uri = o.broker_uri;
+    c.client_id = o.client_id;
+    c.mqtt_version = o.mqtt_version;
+    c.keep_alive_s = o.keep_alive_s;
+    c.connect_timeout_ms = o.connect_timeout_ms;
+    c.reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
+    c.reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
+    c.tls_version = o.tls_version;
+    c.tls_insecure_skip_hostname_check = o.tls_insecure_skip_hostname_check;
+    c.username = o.username;
+    c.password_file = o.password_file;
+    c.tls_ca_file = o.tls_ca_file;
+    c.tls_ca_dir = o.tls_ca_dir;
+    c.tls_cert_file = o.tls_cert_file;
+    c.tls_key_file = o.tls_key_file;
+    c.tls_key_password_file = o.tls_key_password_file;
+    c.client_id_lock_dir = o.client_id_lock_dir;
+    mqtt_inbox::SubscriberOptions so;
+    if (int r = err.set(mqtt_inbox::capi::to_connection_options(c, &so))) return r;
+    so.session_expiry_s = o.session_expiry_s;
+    if (o.receive_maximum < 1 || o.receive_maximum > 65535)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT, "receive_maximum must be 1..65535");
+    so.receive_maximum = static_cast<uint16_t>(o.receive_maximum);
+    so.stop_timeout_ms = o.stop_timeout_ms;
+    auto h = std::make_unique<mqtt_inbox_subscriber_t>();
+    if (::pipe2(h->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+      return err.set(MQTT_INBOX_IO_ERROR, std::string("pipe2: ") + std::strerror(errno));
+    if (int r = err.set(mqtt_inbox::Subscriber::create(so, &h->subscriber))) return r;
+    *out = h.release();
+    return MQTT_INBOX_OK;
+  });
+  if (rc != MQTT_INBOX_OK && errmsg) *errmsg = mqtt_inbox::capi::malloc_copy(err.read());
+  return rc;
+}
+
+void mqtt_inbox_subscriber_destroy(mqtt_inbox_subscriber_t* subscriber) {
+  if (!subscriber) return;
+  guarded(nullptr, [&] { return subscriber->stop(); });
+  delete subscriber;
+}
+
+const char* mqtt_inbox_subscriber_errmsg(const mqtt_inbox_subscriber_t* subscriber) {
+  return subscriber ? subscriber->error.read() : "mqtt_inbox_subscriber_errmsg: NULL subscriber";
+}
+
+int mqtt_inbox_subscriber_subscribe(mqtt_inbox_subscriber_t* subscriber, const char* topic_filter,
+                                    mqtt_inbox_consumer_t* consumer) {
+  if (!subscriber) return MQTT_INBOX_MISUSE;
+  return guarded(&subscriber->error, [&] {
+    if (!topic_filter || !consumer)
+      return subscriber->error.set(
+          MQTT_INBOX_MISUSE,
+          "mqtt_inbox_subscriber_subscribe: topic_filter and consumer must not be NULL");
+    return subscriber->error.set(
+        subscriber->subscriber->subscribe(topic_filter, consumer->consumer.get()));
+  });
+}
+
+int mqtt_inbox_subscriber_start(mqtt_inbox_subscriber_t* subscriber) {
+  if (!subscriber) return MQTT_INBOX_MISUSE;
+  return guarded(&subscriber->error,
+                 [&] { return subscriber->error.set(subscriber->subscriber->start()); });
+}
+
+int mqtt_inbox_subscriber_wait_connected(mqtt_inbox_subscriber_t* subscriber, int timeout_ms) {
+  if (!subscriber) return 0;
+  return guarded(&subscriber->error,
+                 [&] { return subscriber->subscriber->wait_connected(timeout_ms) ? 1 : 0; });
+}
+
+int mqtt_inbox_subscriber_stop(mqtt_inbox_subscriber_t* subscriber) {
+  if (!subscriber) return MQTT_INBOX_MISUSE;
+  return guarded(&subscriber->error, [&] { return subscriber->stop(); });
+}
+
+void mqtt_inbox_subscriber_request_stop(mqtt_inbox_subscriber_t* subscriber) {
+  if (subscriber) subscriber->request_stop();
+}
+
+int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t* subscriber) {
+  if (!subscriber) return MQTT_INBOX_MISUSE;
+  return guarded(&subscriber->error, [&] {
+    while (!subscriber->stop_requested.load()) {
+      pollfd p{subscriber->wake[0], POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR)
+        return subscriber->error.set(MQTT_INBOX_IO_ERROR,
+                                     std::string("poll: ") + std::strerror(errno));
+      char buf[64];
+      while (::read(subscriber->wake[0], buf, sizeof buf) > 0) {
+      }
+    }
+    return subscriber->stop();
+  });
+}
+
+int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber, char** json) {
+  if (!subscriber) return MQTT_INBOX_MISUSE;
+  return guarded(&subscriber->error, [&] {
+    if (!json)
+      return subscriber->error.set(MQTT_INBOX_MISUSE,
+                                   "mqtt_inbox_subscriber_health_json: NULL json");
+    const mqtt_inbox::SubscriberHealth h = subscriber->subscriber->health();
+    const nlohmann::json j = {{"connected", h.connected},
+                              {"since_ms", h.since_ms},
+                              {"connect_attempts", h.connect_attempts},
+                              {"connects", h.connects},
+                              {"consecutive_failures", h.consecutive_failures},
+                              {"last_failure", mqtt_inbox::to_string(h.last_failure)},
+                              {"last_error", h.last_error},
+                              {"last_error_ms", h.last_error_ms},
+                              {"connack_code", h.connack_code},
+                              {"connack_reason", h.connack_reason},
+                              {"sessions_lost", h.sessions_lost},
+                              {"session_lost_ms", h.session_lost_ms},
+                              {"session_lost", h.session_lost},
+                              {"messages_received", subscriber->subscriber->messages_received()}};
+    char* p = mqtt_inbox::capi::malloc_copy(
+        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!p) return subscriber->error.set(MQTT_INBOX_NOMEM, "out of memory");
+    *json = p;
+    return MQTT_INBOX_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,62 @@
+# ctest capi_exported_symbols: what the shared MQTT library exports is its API and nothing
+# else (cmake/mqtt_inbox.map, docs/c-api.md#symbols).
+#  - The C symbols (mqtt_inbox_*) are exactly tests/capi/exported_c_symbols.txt, so an
+#    accidental change of the C ABI (a function removed or renamed, an internal one
+#    exported) fails. A deliberate change updates the list in the same commit.
+#  - Every other exported symbol belongs to the C++ API: namespace mqtt_inbox (its type
+#    information, vtables, thunks, guard variables), never mqtt_inbox::detail or
+#    mqtt_inbox::capi, never std, fmt, nlohmann, Paho C++ or SQLiteCpp.
+cmake_minimum_required(VERSION 3.16)
+# cmake -DNM=<nm> -DLIB=<libmqtt_inbox.so> -DEXPECTED=<list> -P check_exported_symbols.cmake
+execute_process(COMMAND ${NM} -D --defined-only ${LIB} OUTPUT_VARIABLE raw RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} -D ${LIB} failed")
+endif()
+execute_process(COMMAND ${NM} -D --defined-only -C ${LIB} OUTPUT_VARIABLE demangled)
+string(REPLACE "\n" ";" raw_lines "${raw}")
+set(c_symbols "")
+foreach(line IN LISTS raw_lines)
+  if(line MATCHES " T (mqtt_inbox_[A-Za-z0-9_]+)$")
+    list(APPEND c_symbols "${CMAKE_MATCH_1}")
+  endif()
+endforeach()
+list(SORT c_symbols)
+file(STRINGS ${EXPECTED} expected REGEX "^[a-z]")
+list(SORT expected)
+set(problems "")
+foreach(s IN LISTS c_symbols)
+  if(NOT s IN_LIST expected)
+    list(APPEND problems "exported but not in the list: ${s}")
+  endif()
+endforeach()
+foreach(s IN LISTS expected)
+  if(NOT s IN_LIST c_symbols)
+    list(APPEND problems "in the list but not exported: ${s}")
+  endif()
+endforeach()
+# Symbol names hold ';', '[' and ']' (templates, lambdas): neutral characters first.
+string(REPLACE ";" "," demangled "${demangled}")
+string(REPLACE "[" "(" demangled "${demangled}")
+string(REPLACE "]" ")" demangled "${demangled}")
+string(REPLACE "\n" ";" lines "${demangled}")
+list(LENGTH lines total)
+foreach(line IN LISTS lines)
+  if(line STREQUAL "")
+    continue()
+  endif()
+  string(REGEX REPLACE "^[0-9a-f]+ [A-Za-z] " "" name "${line}")
+  if(name MATCHES "^mqtt_inbox_[A-Za-z0-9_]+$")
+    continue()
+  endif()
+  string(REGEX REPLACE "^(typeinfo name for |typeinfo for |vtable for |VTT for |non-virtual thunk to |virtual thunk to |guard variable for )" "" bare "${name}")
+  if(NOT bare MATCHES "^mqtt_inbox::" OR bare MATCHES "^mqtt_inbox::(detail|capi)::")
+    list(APPEND problems "not the API: ${name}")
+  endif()
+endforeach()
+if(problems)
+  list(JOIN problems "\n  " text)
+  message(FATAL_ERROR "${LIB} exports what it should not, or lost a C symbol:\n  ${text}\n"
+                      "An intended change of the C API updates ${EXPECTED}.")
+endif()
+list(LENGTH c_symbols n)
+message(STATUS "${LIB}: ${n} C symbols as listed; ${total} exported symbols, all API")
