@@ -20,8 +20,8 @@
 // or no PUBACK for --ack-timeout-ms; 2 a connection flag or file that cannot be used.
 //
 // Last line: "publisher: unique=N duplicates=D malformed=M total_amount=T".
-#include <CLI/CLI.hpp>
 #include <mqtt/async_client.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -38,7 +38,7 @@
 namespace {
 
 struct Event {
-  std::string id;        // empty: no id at all
+  std::string id;  // empty: no id at all
   std::string payload;
 };
 
@@ -47,10 +47,15 @@ struct Event {
 Event malformed(int k, const std::string& prefix) {
   const std::string id = prefix + "-bad-" + std::to_string(k);
   switch (k % 4) {
-    case 0: return {"", R"({"account":"acct-0","amount":5})"};                       // missing id
-    case 1: return {id, R"({"message_id":")" + id + R"(","account":"acct-0","amount":)"};  // cut JSON
-    case 2: return {id, R"({"message_id":")" + id + R"(","account":"acct-0","amount":"5"})"};  // wrong type
-    default: return {"", R"({"message_id":"   ","account":"acct-0","amount":5})"};   // blank id
+    case 0:
+      return {"", R"({"account":"acct-0","amount":5})"};  // missing id
+    case 1:
+      return {id, R"({"message_id":")" + id + R"(","account":"acct-0","amount":)"};  // cut JSON
+    case 2:
+      return {id,
+              R"({"message_id":")" + id + R"(","account":"acct-0","amount":"5"})"};  // wrong type
+    default:
+      return {"", R"({"message_id":"   ","account":"acct-0","amount":5})"};  // blank id
   }
 }
 
@@ -133,9 +138,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    mqtt::async_client cli(connection.broker, connection.client_id,
-                           mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10),
-                           nullptr);
+    mqtt::async_client cli(
+        connection.broker, connection.client_id,
+        mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10), nullptr);
     std::mutex lost_mu;
     std::string lost_cause;  // why the connection was last lost, for the give-up message
     cli.set_connection_lost_handler([&](const std::string& cause) {
@@ -177,9 +182,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "publisher: no PUBACK for %d ms (%s); %zu of %zu messages acked. Publishing "
                    "again is safe: the ids are stable and the inbox drops duplicates\n",
-                   ack_timeout_ms,
-                   lost_cause.empty() ? "broker not answering" : lost_cause.c_str(), acked,
-                   stream.size());
+                   ack_timeout_ms, lost_cause.empty() ? "broker not answering" : lost_cause.c_str(),
+                   acked, stream.size());
       return false;
     };
     const auto start = std::chrono::steady_clock::now();
@@ -188,8 +192,8 @@ int main(int argc, char** argv) {
       while (static_cast<int>(inflight.size()) >= window)
         if (!wait_front()) std::_Exit(1);  // the broker's PUBACK: it has the message
       if (rate > 0)
-        std::this_thread::sleep_until(start + std::chrono::microseconds(
-                                                  static_cast<int64_t>((n + 1) * 1e6 / rate)));
+        std::this_thread::sleep_until(
+            start + std::chrono::microseconds(static_cast<int64_t>((n + 1) * 1e6 / rate)));
     }
     while (!inflight.empty())
       if (!wait_front()) std::_Exit(1);  // not destroying a client that still has work
@@ -197,7 +201,8 @@ int main(int argc, char** argv) {
     cli.disconnect()->wait();
   } catch (const mqtt::exception& e) {
     // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
-    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(connection, 5000) : "";
+    const std::string why =
+        e.get_return_code() < 0 ? connection_flags::diagnose(connection, 5000) : "";
     std::fprintf(stderr, "publisher: %s%s%s\n", e.what(), why.empty() ? "" : ": ", why.c_str());
     return 1;
   }

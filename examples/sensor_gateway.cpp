@@ -14,10 +14,10 @@
 // service_frame.h). SIGINT/SIGTERM stop it cleanly; it then prints one summary line. A
 // broker that refuses it for --refused-limit-ms (10 min) ends it with exit 7. Exit codes:
 // exit_codes.h.
-#include <CLI/CLI.hpp>
 #include <SQLiteCpp/SQLiteCpp.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 
@@ -93,9 +93,10 @@ int main(int argc, char** argv) {
   if (auto s = mqtt_inbox::Inbox::open(db_path, store, &inbox); !s.ok())
     return frame.fail(examples::startup_exit_code(s), s);
   if (auto s = inbox->setup([](SQLite::Database& db) {
-        db.exec("CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY,"
-                " latest_value REAL NOT NULL, latest_message_id TEXT NOT NULL,"
-                " readings INTEGER NOT NULL)");
+        db.exec(
+            "CREATE TABLE IF NOT EXISTS devices (device TEXT PRIMARY KEY,"
+            " latest_value REAL NOT NULL, latest_message_id TEXT NOT NULL,"
+            " readings INTEGER NOT NULL)");
       });
       !s.ok())
     return frame.fail(examples::startup_exit_code(s), s);

@@ -19,7 +19,8 @@ int cmd_stats(const std::string& path);
 
 // prune.cpp
 struct PruneArgs {
-  std::string older_than, dead_letters_older_than, session_expiry, max_offline, replay_window, margin;
+  std::string older_than, dead_letters_older_than, session_expiry, max_offline, replay_window,
+      margin;
   bool dry_run = false, force = false;
   int64_t budget_ms = 2000;
 };
@@ -43,7 +44,8 @@ std::string dl_reason_names(const char* sep);
 const char* dl_status(const DeadLetter& d);
 // A dead letter as JSON (also export's "dead_letter" lines); the payload in `encoding`
 // (base64 or hex) when `with_payload`.
-nlohmann::json dl_json(const DeadLetter& d, bool with_payload, const std::string& encoding = "base64");
+nlohmann::json dl_json(const DeadLetter& d, bool with_payload,
+                       const std::string& encoding = "base64");
 
 // outbox.cpp: the transactional outbox (include/mqtt_inbox/outbox.h).
 struct OutboxArgs {

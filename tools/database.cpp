@@ -49,10 +49,12 @@ void require_file(const std::string& path) {
     const std::string owner = mi::detail::describe_user(st.st_uid);
     std::string name = owner;
     if (name.size() > 2 && name.front() == '\'') name = name.substr(1, name.find('\'', 1) - 1);
-    fail(kRefused, path + " belongs to user " + owner + ", and this tool runs as " +
-                       mi::detail::describe_user(me) + ": it would leave " + path + "-wal and " + path +
-                       "-shm owned by this user, and the consumer could then not write the database. "
-                       "Run it as the owner, e.g. `sudo -u " + name + " mqtt-inbox ...`, or as root.");
+    fail(kRefused,
+         path + " belongs to user " + owner + ", and this tool runs as " +
+             mi::detail::describe_user(me) + ": it would leave " + path + "-wal and " + path +
+             "-shm owned by this user, and the consumer could then not write the database. "
+             "Run it as the owner, e.g. `sudo -u " +
+             name + " mqtt-inbox ...`, or as root.");
   }
 }
 
@@ -63,9 +65,10 @@ FileFacts read_facts(const std::string& path) {
     SQLite::Database db(path, SQLite::OPEN_READONLY, g.busy_timeout_ms);
     f.user_version = db.execAndGet("PRAGMA user_version").getInt();
     f.journal_mode = db.execAndGet("PRAGMA journal_mode").getString();
-    f.has_inbox_tables =
-        db.execAndGet("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'inbox_processed'")
-            .getInt() > 0;
+    f.has_inbox_tables = db.execAndGet(
+                               "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = "
+                               "'inbox_processed'")
+                             .getInt() > 0;
   } catch (const SQLite::Exception& e) {
     fail(kStoreError, path + ": " + e.what());
   }
@@ -88,8 +91,8 @@ void require_current_schema(const std::string& path, const FileFacts& f) {
                       ", newer than this tool's " + std::to_string(mi::kSchemaVersion) +
                       ": use the mqtt-inbox tool of the release that wrote it");
   if (f.user_version < mi::kSchemaVersion)
-    fail(kSchema, path + " has schema version " + std::to_string(f.user_version) + ", older than this tool's " +
-                      std::to_string(mi::kSchemaVersion) +
+    fail(kSchema, path + " has schema version " + std::to_string(f.user_version) +
+                      ", older than this tool's " + std::to_string(mi::kSchemaVersion) +
                       ". Nothing was changed. Run `mqtt-inbox migrate " + path +
                       "` after upgrading the application that uses it (an older library refuses a "
                       "newer schema).");
@@ -100,13 +103,15 @@ std::unique_ptr<mi::Inbox> open_inbox(const std::string& path) {
   require_current_schema(path, f);
   std::unique_ptr<mi::Inbox> inbox;
   const mi::Status s = mi::Inbox::open(path, tool_inbox_options(), &inbox);
-  if (!s.ok()) fail(s.code() == mi::Status::Code::kCorruption ? kSchema : kStoreError, s.to_string());
+  if (!s.ok())
+    fail(s.code() == mi::Status::Code::kCorruption ? kSchema : kStoreError, s.to_string());
   return inbox;
 }
 
 void check_status(const mi::Status& s, const std::string& what) {
   if (s.ok()) return;
-  fail(s.code() == mi::Status::Code::kNotFound ? kNotFound : kStoreError, what + ": " + s.to_string());
+  fail(s.code() == mi::Status::Code::kNotFound ? kNotFound : kStoreError,
+       what + ": " + s.to_string());
 }
 
 std::map<std::string, std::string> read_meta(mi::Inbox& inbox) {
@@ -118,7 +123,8 @@ std::map<std::string, std::string> read_meta(mi::Inbox& inbox) {
   return meta;
 }
 
-std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta, const std::string& key) {
+std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta,
+                                const std::string& key) {
   auto it = meta.find(key);
   if (it == meta.end()) return std::nullopt;
   try {

@@ -67,12 +67,14 @@ void read_sql(Inbox& inbox, const std::string& what, Fn&& fn) {
 std::map<std::string, std::string> read_meta(Inbox& inbox);
 
 // An integer value of inbox_meta; nullopt if absent or not a number.
-std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta, const std::string& key);
+std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta,
+                                const std::string& key);
 
 // A StoreThenProcess for the tool's own use: no workers, never started, so its handler
 // never runs. Only replay(), reap() and stats() are used; they run on its maintenance
 // connection. lease_ms 0: the library's default.
-std::unique_ptr<StoreThenProcess> stp_for(Inbox* inbox, const std::string& consumer, int64_t lease_ms = 0);
+std::unique_ptr<StoreThenProcess> stp_for(Inbox* inbox, const std::string& consumer,
+                                          int64_t lease_ms = 0);
 
 // The consumers with store-then-process rows.
 std::set<std::string> stp_consumers(Inbox& inbox);

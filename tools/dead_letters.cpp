@@ -38,11 +38,14 @@ mi::DeadLetterFilter dl_filter(const DlArgs& a) {
 
 std::string dl_reason_names(const char* sep) {
   std::string out;
-  for (mi::DeadLetterReason r : mi::kDeadLetterReasons) out += (out.empty() ? "" : sep) + std::string(mi::to_string(r));
+  for (mi::DeadLetterReason r : mi::kDeadLetterReasons)
+    out += (out.empty() ? "" : sep) + std::string(mi::to_string(r));
   return out;
 }
 
-const char* dl_status(const mi::DeadLetter& d) { return d.replayed ? "replayed" : d.requeued ? "requeued" : "dead"; }
+const char* dl_status(const mi::DeadLetter& d) {
+  return d.replayed ? "replayed" : d.requeued ? "requeued" : "dead";
+}
 
 json dl_json(const mi::DeadLetter& d, bool with_payload, const std::string& encoding) {
   json j = {{"id", d.id},
@@ -79,7 +82,8 @@ std::vector<mi::DeadLetter> dl_select(mi::Inbox& inbox, const DlArgs& a) {
   if (a.id > 0) {
     mi::DeadLetter d;
     const mi::Status s = inbox.get_dead_letter(a.id, &d);
-    if (s.code() == mi::Status::Code::kNotFound) fail(kNotFound, "no dead letter with id " + std::to_string(a.id));
+    if (s.code() == mi::Status::Code::kNotFound)
+      fail(kNotFound, "no dead letter with id " + std::to_string(a.id));
     check_status(s, "reading dead letter");
     rows.push_back(d);
     return rows;
@@ -101,13 +105,19 @@ int cmd_dl_list(const std::string& path, const DlArgs& a) {
   }
   std::vector<std::vector<std::string>> t;
   for (const auto& d : rows)
-    t.push_back({std::to_string(d.id), d.consumer_name, d.message_id ? printable(*d.message_id, 40) : "(none)",
-                 mi::to_string(d.reason), printable(d.reason_text, 60), std::to_string(d.attempts),
-                 iso(d.dead_lettered_at_ms), dl_status(d), printable(d.topic, 30), std::to_string(d.payload_size)});
-  print_table({"id", "consumer", "message id", "reason", "reason text", "attempts", "dead-lettered at", "status", "topic",
-               "bytes"},
+    t.push_back({std::to_string(d.id), d.consumer_name,
+                 d.message_id ? printable(*d.message_id, 40) : "(none)", mi::to_string(d.reason),
+                 printable(d.reason_text, 60), std::to_string(d.attempts),
+                 iso(d.dead_lettered_at_ms), dl_status(d), printable(d.topic, 30),
+                 std::to_string(d.payload_size)});
+  print_table({"id", "consumer", "message id", "reason", "reason text", "attempts",
+               "dead-lettered at", "status", "topic", "bytes"},
               t);
-  std::cout << rows.size() << " row(s)" << (a.limit > 0 && static_cast<int64_t>(rows.size()) == a.limit ? " (limit reached; --limit 0 for all)" : "") << "\n";
+  std::cout << rows.size() << " row(s)"
+            << (a.limit > 0 && static_cast<int64_t>(rows.size()) == a.limit
+                    ? " (limit reached; --limit 0 for all)"
+                    : "")
+            << "\n";
   return kOk;
 }
 
@@ -120,22 +130,26 @@ int cmd_dl_show(const std::string& path, const DlArgs& a) {
     emit(dl_json(d, true, a.payload_encoding));
     return kOk;
   }
-  print_kv({{"id", std::to_string(d.id)},
-            {"consumer", d.consumer_name},
-            {"message id", d.message_id ? printable(*d.message_id, 300) : "(none)"},
-            {"topic", printable(d.topic, 300)},
-            {"reason", std::string(mi::to_string(d.reason)) + ": " + printable(d.reason_text, 300)},
-            {"status", d.replayed ? "replayed at " + iso(d.replayed_at_ms.value_or(0)) : dl_status(d)},
-            {"attempts", std::to_string(d.attempts)},
-            {"first attempt", iso(d.first_attempt_at_ms)},
-            {"last attempt", iso(d.last_attempt_at_ms)},
-            {"dead-lettered", iso(d.dead_lettered_at_ms)},
-            {"redeliveries", std::to_string(d.redeliveries)},
-            {"qos", std::to_string(d.qos)},
-            {"properties", d.properties_json.empty() ? "{}" : printable(d.properties_json, 300)},
-            {"payload size", std::to_string(d.payload_size) +
-                                 (static_cast<int64_t>(d.payload.size()) < d.payload_size ? " (stored " + std::to_string(d.payload.size()) + ", cut)" : "")}});
-  std::cout << "payload:\n" << (is_utf8_text(d.payload) ? d.payload : "hex " + to_hex(d.payload)) << "\n";
+  print_kv(
+      {{"id", std::to_string(d.id)},
+       {"consumer", d.consumer_name},
+       {"message id", d.message_id ? printable(*d.message_id, 300) : "(none)"},
+       {"topic", printable(d.topic, 300)},
+       {"reason", std::string(mi::to_string(d.reason)) + ": " + printable(d.reason_text, 300)},
+       {"status", d.replayed ? "replayed at " + iso(d.replayed_at_ms.value_or(0)) : dl_status(d)},
+       {"attempts", std::to_string(d.attempts)},
+       {"first attempt", iso(d.first_attempt_at_ms)},
+       {"last attempt", iso(d.last_attempt_at_ms)},
+       {"dead-lettered", iso(d.dead_lettered_at_ms)},
+       {"redeliveries", std::to_string(d.redeliveries)},
+       {"qos", std::to_string(d.qos)},
+       {"properties", d.properties_json.empty() ? "{}" : printable(d.properties_json, 300)},
+       {"payload size", std::to_string(d.payload_size) +
+                            (static_cast<int64_t>(d.payload.size()) < d.payload_size
+                                 ? " (stored " + std::to_string(d.payload.size()) + ", cut)"
+                                 : "")}});
+  std::cout << "payload:\n"
+            << (is_utf8_text(d.payload) ? d.payload : "hex " + to_hex(d.payload)) << "\n";
   return kOk;
 }
 
@@ -144,18 +158,26 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
   auto inbox = open_inbox(path);
   mi::DeadLetter d;
   const mi::Status s = inbox->get_dead_letter(a.id, &d);
-  if (s.code() == mi::Status::Code::kNotFound) fail(kNotFound, "no dead letter with id " + std::to_string(a.id));
+  if (s.code() == mi::Status::Code::kNotFound)
+    fail(kNotFound, "no dead letter with id " + std::to_string(a.id));
   check_status(s, "reading dead letter");
-  if (d.replayed) fail(kRefused, "dead letter " + std::to_string(d.id) + " was already replayed: refused, a replay never applies twice");
-  if (d.requeued) fail(kRefused, "dead letter " + std::to_string(d.id) + " is already requeued: the running consumer replays it");
+  if (d.replayed)
+    fail(kRefused, "dead letter " + std::to_string(d.id) +
+                       " was already replayed: refused, a replay never applies twice");
+  if (d.requeued)
+    fail(kRefused, "dead letter " + std::to_string(d.id) +
+                       " is already requeued: the running consumer replays it");
   if (!d.message_id)
     fail(kUnsupported, "dead letter " + std::to_string(d.id) + " (" + mi::to_string(d.reason) +
-                           ") has no usable message id: it cannot be re-queued without one. Fix the producer and re-publish, "
-                           "or have the application call Consumer::replay_dead_letter(" + std::to_string(d.id) + ").");
+                           ") has no usable message id: it cannot be re-queued without one. Fix "
+                           "the producer and re-publish, "
+                           "or have the application call Consumer::replay_dead_letter(" +
+                           std::to_string(d.id) + ").");
   // Store-then-process: is the message a stored row the workers dead-lettered?
   std::optional<std::string> status;
   read_sql(*inbox, "looking up the stored message", [&](SQLite::Database& db) {
-    SQLite::Statement q(db, "SELECT status FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2");
+    SQLite::Statement q(
+        db, "SELECT status FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2");
     q.bind(1, d.consumer_name);
     q.bind(2, *d.message_id);
     if (q.executeStep()) status = q.getColumn(0).getString();
@@ -169,14 +191,18 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
     if (s2.code() == mi::Status::Code::kInvalidArgument) fail(kRefused, s2.message());
     check_status(s2, "requeuing");
     if (g.json)
-      emit({{"id", d.id}, {"consumer", d.consumer_name},
-            {"message_id", json_text(*d.message_id)}, {"mode", "consumer"},
+      emit({{"id", d.id},
+            {"consumer", d.consumer_name},
+            {"message_id", json_text(*d.message_id)},
+            {"mode", "consumer"},
             {"status", "requeued"}});
     else
       std::cout << "dead letter " << d.id << " of consumer '" << d.consumer_name
                 << "' is requeued: the running consumer replays it through its handler within its "
-                   "requeue_poll_ms (default 2 s) and marks it replayed, or dead again with the new reason.\n"
-                << "follow it with: mqtt-inbox dead-letters show " << path << " --id " << d.id << "\n";
+                   "requeue_poll_ms (default 2 s) and marks it replayed, or dead again with the "
+                   "new reason.\n"
+                << "follow it with: mqtt-inbox dead-letters show " << path << " --id " << d.id
+                << "\n";
     return kOk;
   }
   if (*status != "dead")
@@ -188,28 +214,39 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
   f.include_dead = true;
   mi::ReplayResult r;
   check_status(stp->replay(f, &r), "re-queuing");
-  json j = {{"id", d.id}, {"consumer", d.consumer_name}, {"message_id", json_text(*d.message_id)},
-            {"mode", "store_then_process"}, {"reset", r.reset}, {"not_replayable", r.not_replayable},
-            {"in_flight", r.in_flight},
-            {"note", "the dead-letter row keeps status 'dead': the library has no call to mark it re-queued"}};
+  json j = {
+      {"id", d.id},
+      {"consumer", d.consumer_name},
+      {"message_id", json_text(*d.message_id)},
+      {"mode", "store_then_process"},
+      {"reset", r.reset},
+      {"not_replayable", r.not_replayable},
+      {"in_flight", r.in_flight},
+      {"note",
+       "the dead-letter row keeps status 'dead': the library has no call to mark it re-queued"}};
   if (r.reset != 1) {
     if (g.json) emit(j);
     fail(kRefused, "nothing re-queued (payload compacted: " + std::to_string(r.not_replayable) +
                        ", in flight: " + std::to_string(r.in_flight) + ")");
   }
-  if (g.json) emit(j);
+  if (g.json)
+    emit(j);
   else
-    std::cout << "dead letter " << d.id << ": message '" << printable(*d.message_id, 60) << "' of '" << d.consumer_name
-              << "' is pending again; the application's workers will process it.\n"
-              << "note: the dead-letter row keeps status 'dead' (no library call marks it re-queued).\n";
+    std::cout
+        << "dead letter " << d.id << ": message '" << printable(*d.message_id, 60) << "' of '"
+        << d.consumer_name << "' is pending again; the application's workers will process it.\n"
+        << "note: the dead-letter row keeps status 'dead' (no library call marks it re-queued).\n";
   return kOk;
 }
 
 int cmd_dl_purge(const std::string& path, const DlArgs& a) {
   auto inbox = open_inbox(path);
-  const bool any_filter = a.id > 0 || !a.consumer.empty() || !a.reason.empty() || !a.since.empty() ||
-                          !a.before.empty() || !a.message_id.empty();
-  if (!any_filter && !a.all) fail(kUsage, "purge needs a filter (--consumer, --reason, --since, --before, --message-id, --id) or --all");
+  const bool any_filter = a.id > 0 || !a.consumer.empty() || !a.reason.empty() ||
+                          !a.since.empty() || !a.before.empty() || !a.message_id.empty();
+  if (!any_filter && !a.all)
+    fail(kUsage,
+         "purge needs a filter (--consumer, --reason, --since, --before, --message-id, --id) or "
+         "--all");
   mi::DeadLetterFilter f;
   if (a.id > 0) {
     // DeadLetterFilter has no row id: narrow it to this row's consumer, id, reason and
@@ -228,22 +265,31 @@ int cmd_dl_purge(const std::string& path, const DlArgs& a) {
   std::vector<mi::DeadLetter> rows;
   check_status(inbox->list_dead_letters(f, &rows), "counting dead letters");
   if (a.id > 0 && (rows.size() != 1 || rows.front().id != a.id))
-    fail(kRefused, "cannot isolate dead letter " + std::to_string(a.id) + ": " + std::to_string(rows.size()) +
-                       " rows share its consumer, id, reason and time (the library's filter has no row id)");
+    fail(kRefused,
+         "cannot isolate dead letter " + std::to_string(a.id) + ": " + std::to_string(rows.size()) +
+             " rows share its consumer, id, reason and time (the library's filter has no row id)");
   if (rows.empty()) {
-    if (g.json) emit({{"matched", 0}, {"removed", 0}});
-    else std::cout << "no dead letters match\n";
+    if (g.json)
+      emit({{"matched", 0}, {"removed", 0}});
+    else
+      std::cout << "no dead letters match\n";
     return kOk;
   }
-  if (!confirm("Delete " + std::to_string(rows.size()) + " dead letter(s) from " + path + "?", a.yes)) {
+  if (!confirm("Delete " + std::to_string(rows.size()) + " dead letter(s) from " + path + "?",
+               a.yes)) {
     std::cerr << "not deleted\n";
     return kRefused;
   }
   int64_t removed = 0;
   check_status(inbox->purge_dead_letters(f, &removed), "purging");
   // The filter is evaluated again by the purge: rows dead-lettered since the count match too.
-  if (g.json) emit({{"matched", rows.size()}, {"removed", removed}});
-  else std::cout << removed << " dead letter(s) deleted" << (removed != static_cast<int64_t>(rows.size()) ? " (rows changed since the count)" : "") << "\n";
+  if (g.json)
+    emit({{"matched", rows.size()}, {"removed", removed}});
+  else
+    std::cout << removed << " dead letter(s) deleted"
+              << (removed != static_cast<int64_t>(rows.size()) ? " (rows changed since the count)"
+                                                               : "")
+              << "\n";
   return kOk;
 }
 

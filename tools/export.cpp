@@ -25,11 +25,18 @@ int cmd_export(const std::string& path, const ExportArgs& a) {
     since_clock = parse_time(a.since, clock, "--since");
     since_wall = parse_time(a.since, wall, "--since");
   }
-  auto line = [](const json& j) { std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n"; };
-  line({{"type", "header"}, {"database", path}, {"tool_version", MQTT_INBOX_VERSION_STRING},
-        {"schema_version", mi::kSchemaVersion}, {"exported_at", wall}, {"retention_clock_ms", clock},
+  auto line = [](const json& j) {
+    std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  };
+  line({{"type", "header"},
+        {"database", path},
+        {"tool_version", MQTT_INBOX_VERSION_STRING},
+        {"schema_version", mi::kSchemaVersion},
+        {"exported_at", wall},
+        {"retention_clock_ms", clock},
         {"since_received_at", since_clock ? json(*since_clock) : json()},
-        {"since_dead_lettered_at", since_wall ? json(*since_wall) : json()}, {"payload_encoding", a.encoding}});
+        {"since_dead_lettered_at", since_wall ? json(*since_wall) : json()},
+        {"payload_encoding", a.encoding}});
   // Processed ids, in pages of 1000 keyed on the primary key: each page is one short
   // statement, so the export never holds a read snapshot (which would stop checkpoints).
   int64_t processed = 0;
@@ -38,8 +45,10 @@ int cmd_export(const std::string& path, const ExportArgs& a) {
   for (;;) {
     int64_t n = 0;
     read_sql(*inbox, "exporting processed ids", [&](SQLite::Database& db) {
-      std::string sql = "SELECT consumer_name, message_id, received_at, topic, message_type, correlation_id, payload_hash"
-                        " FROM inbox_processed WHERE (?1 OR (consumer_name, message_id) > (?2, ?3))";
+      std::string sql =
+          "SELECT consumer_name, message_id, received_at, topic, message_type, correlation_id, "
+          "payload_hash"
+          " FROM inbox_processed WHERE (?1 OR (consumer_name, message_id) > (?2, ?3))";
       if (since_clock) sql += " AND received_at >= ?4";
       if (!a.consumer.empty()) sql += " AND consumer_name = ?5";
       sql += " ORDER BY consumer_name, message_id LIMIT 1000";
@@ -50,8 +59,10 @@ int cmd_export(const std::string& path, const ExportArgs& a) {
       if (since_clock) q.bind(4, *since_clock);
       if (!a.consumer.empty()) q.bind(5, a.consumer);
       while (q.executeStep()) {
-        json j = {{"type", "processed"}, {"consumer", q.getColumn(0).getString()},
-                  {"message_id", json_text(q.getColumn(1).getString())}, {"received_at", q.getColumn(2).getInt64()}};
+        json j = {{"type", "processed"},
+                  {"consumer", q.getColumn(0).getString()},
+                  {"message_id", json_text(q.getColumn(1).getString())},
+                  {"received_at", q.getColumn(2).getInt64()}};
         if (!q.getColumn(3).isNull()) j["topic"] = json_text(q.getColumn(3).getString());
         if (!q.getColumn(4).isNull()) j["message_type"] = json_text(q.getColumn(4).getString());
         if (!q.getColumn(5).isNull()) j["correlation_id"] = json_text(q.getColumn(5).getString());

@@ -22,20 +22,28 @@ std::string human_ms(int64_t ms) {
   char buf[48];
   const double a = static_cast<double>(ms < 0 ? -ms : ms);
   if (a >= 86400000.0 && ms % 3600000 == 0)
-    std::snprintf(buf, sizeof buf, "%lldd%s", static_cast<long long>(ms / 86400000),
-                  ms % 86400000 ? (" " + std::to_string(ms % 86400000 / 3600000) + "h").c_str() : "");
-  else if (a >= 86400000.0) std::snprintf(buf, sizeof buf, "%.1fd", ms / 86400000.0);
-  else if (a >= 3600000.0) std::snprintf(buf, sizeof buf, "%.1fh", ms / 3600000.0);
-  else if (a >= 60000.0) std::snprintf(buf, sizeof buf, "%.1fm", ms / 60000.0);
-  else std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
+    std::snprintf(
+        buf, sizeof buf, "%lldd%s", static_cast<long long>(ms / 86400000),
+        ms % 86400000 ? (" " + std::to_string(ms % 86400000 / 3600000) + "h").c_str() : "");
+  else if (a >= 86400000.0)
+    std::snprintf(buf, sizeof buf, "%.1fd", ms / 86400000.0);
+  else if (a >= 3600000.0)
+    std::snprintf(buf, sizeof buf, "%.1fh", ms / 3600000.0);
+  else if (a >= 60000.0)
+    std::snprintf(buf, sizeof buf, "%.1fm", ms / 60000.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
   return buf;
 }
 
 std::string human_bytes(int64_t b) {
   char buf[48];
-  if (b >= 1 << 20) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
-  else if (b >= 1 << 10) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  if (b >= 1 << 20)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else if (b >= 1 << 10)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
   return buf;
 }
 
@@ -45,9 +53,12 @@ bool is_utf8_text(const std::string& s) {
          });
 }
 
-std::string json_text(const std::string& s) { return detail::is_valid_utf8(s) ? s : printable(s, s.size()); }
+std::string json_text(const std::string& s) {
+  return detail::is_valid_utf8(s) ? s : printable(s, s.size());
+}
 
-void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> w(header.size());
   for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
   for (const auto& r : rows)
@@ -72,10 +83,10 @@ void print_table(const std::vector<std::string>& header, const std::vector<std::
 void print_kv(const std::vector<std::pair<std::string, std::string>>& kv) {
   size_t w = 0;
   for (const auto& p : kv) w = std::max(w, p.first.size());
-  for (const auto& p : kv) std::cout << p.first << std::string(w - p.first.size() + 2, ' ') << p.second << "\n";
+  for (const auto& p : kv)
+    std::cout << p.first << std::string(w - p.first.size() + 2, ' ') << p.second << "\n";
 }
 
 void emit(const json& j) { std::cout << j.dump(2) << std::endl; }
-
 
 }  // namespace mqtt_inbox::cli

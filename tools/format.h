@@ -14,10 +14,10 @@
 
 namespace mqtt_inbox::cli {
 
-using nlohmann::json;
 using mqtt_inbox::detail::base64;
 using mqtt_inbox::detail::printable;
 using mqtt_inbox::detail::to_hex;
+using nlohmann::json;
 
 // UTC, "2024-05-01T12:00:00Z"; "-" for 0 or less (never happened).
 std::string iso(int64_t ms);
@@ -36,7 +36,8 @@ bool is_utf8_text(const std::string& s);
 std::string json_text(const std::string& s);
 
 // Columns padded to their widest cell, a line of dashes under the header.
-void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows);
 
 // "key  value" lines, the values aligned.
 void print_kv(const std::vector<std::pair<std::string, std::string>>& kv);

@@ -37,33 +37,44 @@
 using namespace mqtt_inbox::cli;
 
 int main(int argc, char** argv) {
-  CLI::App app{"mqtt-inbox " MQTT_INBOX_VERSION_STRING ": inspect, repair and verify an mqtt-inbox database "
-               "(docs/admin-tool.md).\nExit codes: 0 ok, 1 usage, 2 problems found, 3 store error, 4 refused, "
-               "5 schema version mismatch, 6 needs a library change, 7 broker error, 8 nothing matched."};
+  CLI::App app{
+      "mqtt-inbox " MQTT_INBOX_VERSION_STRING
+      ": inspect, repair and verify an mqtt-inbox database "
+      "(docs/admin-tool.md).\nExit codes: 0 ok, 1 usage, 2 problems found, 3 store error, 4 "
+      "refused, "
+      "5 schema version mismatch, 6 needs a library change, 7 broker error, 8 nothing matched."};
   app.require_subcommand(1);
   app.fallthrough();
   app.add_flag("--json", g.json, "Print JSON instead of tables");
-  app.add_option("--busy-timeout-ms", g.busy_timeout_ms, "How long to wait for another connection's lock (default 5000)")
+  app.add_option("--busy-timeout-ms", g.busy_timeout_ms,
+                 "How long to wait for another connection's lock (default 5000)")
       ->check(CLI::NonNegativeNumber);
   app.set_version_flag("--version", MQTT_INBOX_VERSION_STRING);
 
   std::string db;
   std::function<int()> run;
 
-  auto* stats = app.add_subcommand("stats", "Rows per consumer, sizes, schema, dead letters, store-then-process counts");
+  auto* stats = app.add_subcommand(
+      "stats", "Rows per consumer, sizes, schema, dead letters, store-then-process counts");
   stats->add_option("DB", db, "Database file")->required();
   stats->callback([&] { run = [&] { return cmd_stats(db); }; });
 
   PruneArgs pa;
   auto* prune = app.add_subcommand("prune", "One pruning pass with the library's Pruner");
   prune->add_option("DB", db, "Database file")->required();
-  prune->add_option("--older-than", pa.older_than, "Window: forget ids older than this (default: the recorded horizon)");
-  prune->add_option("--dead-letters-older-than", pa.dead_letters_older_than, "Also delete dead letters older than this (default: keep)");
-  prune->add_option("--session-expiry", pa.session_expiry, "Declare the broker session expiry (raises the horizon)");
-  prune->add_option("--max-offline", pa.max_offline, "Declare the longest offline period (raises the horizon)");
-  prune->add_option("--replay-window", pa.replay_window, "Declare a replay window (raises the horizon)");
+  prune->add_option("--older-than", pa.older_than,
+                    "Window: forget ids older than this (default: the recorded horizon)");
+  prune->add_option("--dead-letters-older-than", pa.dead_letters_older_than,
+                    "Also delete dead letters older than this (default: keep)");
+  prune->add_option("--session-expiry", pa.session_expiry,
+                    "Declare the broker session expiry (raises the horizon)");
+  prune->add_option("--max-offline", pa.max_offline,
+                    "Declare the longest offline period (raises the horizon)");
+  prune->add_option("--replay-window", pa.replay_window,
+                    "Declare a replay window (raises the horizon)");
   prune->add_option("--margin", pa.margin, "Margin above the declared horizon (default 1h)");
-  prune->add_option("--budget-ms", pa.budget_ms, "Time the pass may spend deleting (default 2000)")->check(CLI::PositiveNumber);
+  prune->add_option("--budget-ms", pa.budget_ms, "Time the pass may spend deleting (default 2000)")
+      ->check(CLI::PositiveNumber);
   prune->add_flag("--dry-run", pa.dry_run, "Only count what would be deleted");
   prune->add_flag("--force", pa.force, "Accept a window below the horizon");
   prune->callback([&] { run = [&] { return cmd_prune(db, pa); }; });
@@ -78,7 +89,8 @@ int main(int argc, char** argv) {
     if (!filters) return;
     c->add_option("--consumer", da.consumer, "Consumer name");
     c->add_option("--reason", da.reason, dl_reason_names("|"));
-    c->add_option("--since", da.since, "Dead-lettered at or after (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
+    c->add_option("--since", da.since,
+                  "Dead-lettered at or after (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
     c->add_option("--before", da.before, "Dead-lettered before (same forms)");
     c->add_option("--message-id", da.message_id, "The producer's message id");
     c->add_flag("--include-replayed", da.include_replayed, "Also rows already replayed");
@@ -89,9 +101,11 @@ int main(int argc, char** argv) {
   dl_list->callback([&] { run = [&] { return cmd_dl_list(db, da); }; });
   auto* dl_show = dl->add_subcommand("show", "One dead letter with its payload");
   add_dl_filters(dl_show, false);
-  dl_show->add_option("--payload-encoding", da.payload_encoding, "base64|hex (JSON output)")->check(CLI::IsMember({"base64", "hex"}));
+  dl_show->add_option("--payload-encoding", da.payload_encoding, "base64|hex (JSON output)")
+      ->check(CLI::IsMember({"base64", "hex"}));
   dl_show->callback([&] { run = [&] { return cmd_dl_show(db, da); }; });
-  auto* dl_replay = dl->add_subcommand("replay", "Re-queue a dead letter: the running application replays it (alias: requeue)");
+  auto* dl_replay = dl->add_subcommand(
+      "replay", "Re-queue a dead letter: the running application replays it (alias: requeue)");
   add_dl_filters(dl_replay, false);
   dl_replay->alias("requeue");
   dl_replay->callback([&] { run = [&] { return cmd_dl_replay(db, da); }; });
@@ -102,40 +116,51 @@ int main(int argc, char** argv) {
   dl_purge->callback([&] { run = [&] { return cmd_dl_purge(db, da); }; });
 
   OutboxArgs oa;
-  auto* ob = app.add_subcommand("outbox", "The transactional outbox: stats, list, show, replay or purge its rows");
+  auto* ob = app.add_subcommand(
+      "outbox", "The transactional outbox: stats, list, show, replay or purge its rows");
   ob->require_subcommand(1);
   ob->fallthrough();
-  auto* ob_stats = ob->add_subcommand("stats", "Pending rows and bytes per class, oldest pending, sent and dead counts");
+  auto* ob_stats = ob->add_subcommand(
+      "stats", "Pending rows and bytes per class, oldest pending, sent and dead counts");
   ob_stats->add_option("DB", db, "Database file")->required();
   ob_stats->callback([&] { run = [&] { return cmd_outbox_stats(db); }; });
   auto* ob_list = ob->add_subcommand("list", "Rows in one state, oldest first");
   ob_list->add_option("DB", db, "Database file")->required();
-  ob_list->add_option("--state", oa.state, "pending|sent|dead (default dead)")->check(CLI::IsMember({"pending", "sent", "dead"}));
-  ob_list->add_option("--limit", oa.limit, "Rows at most (default 100)")->check(CLI::PositiveNumber);
+  ob_list->add_option("--state", oa.state, "pending|sent|dead (default dead)")
+      ->check(CLI::IsMember({"pending", "sent", "dead"}));
+  ob_list->add_option("--limit", oa.limit, "Rows at most (default 100)")
+      ->check(CLI::PositiveNumber);
   ob_list->callback([&] { run = [&] { return cmd_outbox_list(db, oa); }; });
   auto* ob_show = ob->add_subcommand("show", "One row with its payload");
   ob_show->add_option("DB", db, "Database file")->required();
   ob_show->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
-  ob_show->add_option("--payload-encoding", oa.payload_encoding, "base64|hex (JSON output)")->check(CLI::IsMember({"base64", "hex"}));
+  ob_show->add_option("--payload-encoding", oa.payload_encoding, "base64|hex (JSON output)")
+      ->check(CLI::IsMember({"base64", "hex"}));
   ob_show->callback([&] { run = [&] { return cmd_outbox_show(db, oa); }; });
-  auto* ob_replay = ob->add_subcommand("replay", "Make an outbox dead letter pending again (same id, end of the queue)");
+  auto* ob_replay = ob->add_subcommand(
+      "replay", "Make an outbox dead letter pending again (same id, end of the queue)");
   ob_replay->add_option("DB", db, "Database file")->required();
   ob_replay->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
   ob_replay->callback([&] { run = [&] { return cmd_outbox_replay(db, oa); }; });
-  auto* ob_purge = ob->add_subcommand("purge", "Delete dead (default) or sent rows; never pending ones (asks unless --yes)");
+  auto* ob_purge = ob->add_subcommand(
+      "purge", "Delete dead (default) or sent rows; never pending ones (asks unless --yes)");
   ob_purge->add_option("DB", db, "Database file")->required();
-  ob_purge->add_option("--state", oa.state, "dead|sent (default dead)")->check(CLI::IsMember({"dead", "sent"}));
+  ob_purge->add_option("--state", oa.state, "dead|sent (default dead)")
+      ->check(CLI::IsMember({"dead", "sent"}));
   ob_purge->add_option("--message-id", oa.message_id, "Only this outgoing message id");
-  ob_purge->add_option("--before", oa.before, "Dead (or sent) before (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
+  ob_purge->add_option("--before", oa.before,
+                       "Dead (or sent) before (ms, 2h = 2 hours ago, or 2024-05-01T12:00:00Z)");
   ob_purge->add_flag("--all", oa.all, "Allow purging without a filter");
   ob_purge->add_flag("--yes", oa.yes, "Do not ask");
   ob_purge->callback([&] { run = [&] { return cmd_outbox_purge(db, oa); }; });
 
   ReplayArgs ra;
-  auto* replay = app.add_subcommand("replay", "Store-then-process: reset rows to pending so the workers run them again");
+  auto* replay = app.add_subcommand(
+      "replay", "Store-then-process: reset rows to pending so the workers run them again");
   replay->add_option("DB", db, "Database file")->required();
   replay->add_option("--consumer", ra.consumer, "Store-then-process consumer name")->required();
-  replay->add_option("--since", ra.since, "Received at or after (retention clock ms, 2h = 2 hours ago, or a UTC time)");
+  replay->add_option("--since", ra.since,
+                     "Received at or after (retention clock ms, 2h = 2 hours ago, or a UTC time)");
   replay->add_option("--until", ra.until, "Received before (same forms)");
   replay->add_option("--aggregate", ra.aggregate, "Aggregate key");
   replay->add_option("--id", ra.message_id, "The producer's message id");
@@ -153,7 +178,8 @@ int main(int argc, char** argv) {
                    "How long to watch the claims for progress, ms (default: the library's 60000)");
   reap->callback([&] { run = [&] { return cmd_reap(db, reap_consumer, reap_lease_ms); }; });
 
-  auto* check = app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");
+  auto* check =
+      app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");
   check->add_option("DB", db, "Database file")->required();
   check->callback([&] { run = [&] { return cmd_check(db); }; });
 
@@ -162,23 +188,33 @@ int main(int argc, char** argv) {
   migrate->callback([&] { run = [&] { return cmd_migrate(db); }; });
 
   ExportArgs ea;
-  auto* exp = app.add_subcommand("export", "JSON Lines of processed ids and dead letters, for a support ticket");
+  auto* exp = app.add_subcommand(
+      "export", "JSON Lines of processed ids and dead letters, for a support ticket");
   exp->add_option("DB", db, "Database file")->required();
-  exp->add_option("--since", ea.since, "Only rows since (a duration ago like 2d, ms, or a UTC time)");
+  exp->add_option("--since", ea.since,
+                  "Only rows since (a duration ago like 2d, ms, or a UTC time)");
   exp->add_option("--consumer", ea.consumer, "Only this consumer");
-  exp->add_option("--payload-encoding", ea.encoding, "base64|hex")->check(CLI::IsMember({"base64", "hex"}));
+  exp->add_option("--payload-encoding", ea.encoding, "base64|hex")
+      ->check(CLI::IsMember({"base64", "hex"}));
   exp->callback([&] { run = [&] { return cmd_export(db, ea); }; });
 
   ProbeArgs pr;
-  auto* probe = app.add_subcommand("probe-broker", "Check that the broker keeps sessions and queued QoS 1 messages");
+  auto* probe = app.add_subcommand(
+      "probe-broker", "Check that the broker keeps sessions and queued QoS 1 messages");
   pr.connection.mqtt_version = "5";
   pr.connection.client_id = "";
   // --broker, --client-id, --mqtt-version, TLS and credentials: as every program's.
   connection_flags::add(*probe, &pr.connection, connection_flags::Role::kProbe);
-  probe->add_option("--timeout-ms", pr.timeout_ms, "Per step (default 5000)")->check(CLI::PositiveNumber);
-  probe->add_option("--count", pr.count, "Messages queued while offline (default 10)")->check(CLI::Range(1, 100000));
-  probe->add_option("--session-expiry-s", pr.session_expiry_s, "Session expiry requested with MQTT 5 (default 300)")->check(CLI::PositiveNumber);
-  probe->add_option("--pause-offline-ms", pr.pause_offline_ms, "Stay offline this long after publishing (restart the broker meanwhile)");
+  probe->add_option("--timeout-ms", pr.timeout_ms, "Per step (default 5000)")
+      ->check(CLI::PositiveNumber);
+  probe->add_option("--count", pr.count, "Messages queued while offline (default 10)")
+      ->check(CLI::Range(1, 100000));
+  probe
+      ->add_option("--session-expiry-s", pr.session_expiry_s,
+                   "Session expiry requested with MQTT 5 (default 300)")
+      ->check(CLI::PositiveNumber);
+  probe->add_option("--pause-offline-ms", pr.pause_offline_ms,
+                    "Stay offline this long after publishing (restart the broker meanwhile)");
   probe->add_option("--topic-prefix", pr.topic_prefix, "Topic prefix (default mqtt-inbox/probe)")
       ->check(command_line::topic_name());
   probe->callback([&] { run = [&] { return cmd_probe(pr); }; });

@@ -47,14 +47,16 @@ json row_json(const mi::OutboxRow& r, bool with_payload, const std::string& enco
   const auto& p = r.properties;
   if (!p.user_properties.empty()) {
     json up = json::array();
-    for (const auto& kv : p.user_properties) up.push_back({json_text(kv.first), json_text(kv.second)});
+    for (const auto& kv : p.user_properties)
+      up.push_back({json_text(kv.first), json_text(kv.second)});
     props["user_properties"] = up;
   }
   if (p.content_type) props["content_type"] = json_text(*p.content_type);
   if (p.response_topic) props["response_topic"] = json_text(*p.response_topic);
   if (p.correlation_data) props["correlation_data"] = base64(*p.correlation_data);
   if (p.payload_format_indicator) props["payload_format_indicator"] = *p.payload_format_indicator;
-  if (p.message_expiry_interval_s) props["message_expiry_interval_s"] = *p.message_expiry_interval_s;
+  if (p.message_expiry_interval_s)
+    props["message_expiry_interval_s"] = *p.message_expiry_interval_s;
   json j = {{"seq", r.seq},
             {"message_id", json_text(r.message_id)},
             {"ordering_key", json_text(r.ordering_key)},
@@ -115,8 +117,10 @@ int cmd_outbox_stats(const std::string& path) {
   if (g.json) {
     json classes = json::array();
     for (const auto& c : s.classes)
-      classes.push_back({{"class", json_text(c.class_prefix)}, {"pending_rows", c.rows},
-                         {"pending_bytes", c.bytes}, {"dropped", c.dropped}});
+      classes.push_back({{"class", json_text(c.class_prefix)},
+                         {"pending_rows", c.rows},
+                         {"pending_bytes", c.bytes},
+                         {"dropped", c.dropped}});
     emit({{"database", path},
           {"pending_rows", s.pending_rows},
           {"pending_bytes", s.pending_bytes},
@@ -137,8 +141,8 @@ int cmd_outbox_stats(const std::string& path) {
             {"dead letters", std::to_string(s.dead_rows)}});
   std::vector<std::vector<std::string>> t;
   for (const auto& c : s.classes)
-    t.push_back({c.class_prefix.empty() ? "(unbounded)" : printable(c.class_prefix, 40), std::to_string(c.rows),
-                 human_bytes(c.bytes), std::to_string(c.dropped)});
+    t.push_back({c.class_prefix.empty() ? "(unbounded)" : printable(c.class_prefix, 40),
+                 std::to_string(c.rows), human_bytes(c.bytes), std::to_string(c.dropped)});
   if (!t.empty()) {
     std::cout << "\n";
     print_table({"class", "pending rows", "pending bytes", "dropped ever"}, t);
@@ -156,7 +160,10 @@ int cmd_outbox_list(const std::string& path, const OutboxArgs& a) {
   if (g.json) {
     json arr = json::array();
     for (const auto& r : rows) arr.push_back(row_json(r, false, "base64"));
-    emit({{"state", mi::to_string(state)}, {"rows", arr}, {"count", rows.size()}, {"limit", a.limit}});
+    emit({{"state", mi::to_string(state)},
+          {"rows", arr},
+          {"count", rows.size()},
+          {"limit", a.limit}});
     return kOk;
   }
   std::vector<std::vector<std::string>> t;
@@ -169,7 +176,10 @@ int cmd_outbox_list(const std::string& path, const OutboxArgs& a) {
                state == mi::OutboxState::kSent ? "sent at" : "dead reason", "bytes"},
               t);
   std::cout << rows.size() << " " << mi::to_string(state) << " row(s), oldest first"
-            << (static_cast<int64_t>(rows.size()) == a.limit ? " (limit reached: --limit N for more)" : "") << "\n";
+            << (static_cast<int64_t>(rows.size()) == a.limit
+                    ? " (limit reached: --limit N for more)"
+                    : "")
+            << "\n";
   return kOk;
 }
 
@@ -196,7 +206,8 @@ int cmd_outbox_show(const std::string& path, const OutboxArgs& a) {
             {"properties", printable(j["properties"].dump(), 300)},
             {"size", std::to_string(r.size_bytes) + " bytes (payload " +
                          std::to_string(r.payload.size()) + ")"}});
-  std::cout << "payload:\n" << (is_utf8_text(r.payload) ? r.payload : "hex " + to_hex(r.payload)) << "\n";
+  std::cout << "payload:\n"
+            << (is_utf8_text(r.payload) ? r.payload : "hex " + to_hex(r.payload)) << "\n";
   return kOk;
 }
 
@@ -205,7 +216,8 @@ int cmd_outbox_replay(const std::string& path, const OutboxArgs& a) {
   auto outbox = open_outbox(inbox.get());
   const mi::OutboxRow before = get_or_fail(*outbox, a.message_id);
   if (before.state != mi::OutboxState::kDead)
-    fail(kRefused, "outbox message '" + printable(a.message_id, 60) + "' is " + mi::to_string(before.state) +
+    fail(kRefused, "outbox message '" + printable(a.message_id, 60) + "' is " +
+                       mi::to_string(before.state) +
                        ", not dead: only an outbox dead letter is replayed");
   const mi::Status s = outbox->replay_dead(a.message_id);
   if (s.code() == mi::Status::Code::kInvalidArgument) fail(kRefused, s.message());
@@ -213,12 +225,14 @@ int cmd_outbox_replay(const std::string& path, const OutboxArgs& a) {
   check_status(s, "replaying");
   const mi::OutboxRow after = get_or_fail(*outbox, a.message_id);
   if (g.json) {
-    emit({{"message_id", json_text(a.message_id)}, {"state", mi::to_string(after.state)},
-          {"old_seq", before.seq}, {"seq", after.seq}});
+    emit({{"message_id", json_text(a.message_id)},
+          {"state", mi::to_string(after.state)},
+          {"old_seq", before.seq},
+          {"seq", after.seq}});
     return kOk;
   }
-  std::cout << "outbox message '" << printable(a.message_id, 60) << "' is pending again as row " << after.seq
-            << " (was " << before.seq << ", " << reason_cell(before)
+  std::cout << "outbox message '" << printable(a.message_id, 60) << "' is pending again as row "
+            << after.seq << " (was " << before.seq << ", " << reason_cell(before)
             << "): the running relay publishes it with the same message id.\n";
   return kOk;
 }
@@ -237,29 +251,36 @@ int cmd_outbox_purge(const std::string& path, const OutboxArgs& a) {
   if (!a.message_id.empty()) {  // one row: it must exist in that state before we ask
     const mi::OutboxRow r = get_or_fail(*outbox, a.message_id);
     if (r.state != f.state)
-      fail(kNotFound, "outbox message '" + printable(a.message_id, 60) + "' is " + mi::to_string(r.state) +
-                          ", not " + mi::to_string(f.state) + ": nothing to purge");
+      fail(kNotFound, "outbox message '" + printable(a.message_id, 60) + "' is " +
+                          mi::to_string(r.state) + ", not " + mi::to_string(f.state) +
+                          ": nothing to purge");
   }
   mi::OutboxSummary s;
   check_status(outbox->summary(&s), "counting the outbox");
   const int64_t in_state = f.state == mi::OutboxState::kDead ? s.dead_rows : s.sent_rows;
   if (in_state == 0) {
-    if (g.json) emit({{"state", mi::to_string(f.state)}, {"removed", 0}});
-    else std::cout << "no " << mi::to_string(f.state) << " outbox rows\n";
+    if (g.json)
+      emit({{"state", mi::to_string(f.state)}, {"removed", 0}});
+    else
+      std::cout << "no " << mi::to_string(f.state) << " outbox rows\n";
     return kOk;
   }
-  const std::string what = !a.message_id.empty() ? "outbox row '" + printable(a.message_id, 60) + "'"
-                           : a.before.empty()      ? "all " + std::to_string(in_state) + " " + mi::to_string(f.state) + " outbox rows"
-                                                   : "the " + std::string(mi::to_string(f.state)) + " outbox rows before " + a.before +
-                                                    " (of " + std::to_string(in_state) + ")";
+  const std::string what =
+      !a.message_id.empty() ? "outbox row '" + printable(a.message_id, 60) + "'"
+      : a.before.empty()
+          ? "all " + std::to_string(in_state) + " " + mi::to_string(f.state) + " outbox rows"
+          : "the " + std::string(mi::to_string(f.state)) + " outbox rows before " + a.before +
+                " (of " + std::to_string(in_state) + ")";
   if (!confirm("Delete " + what + " from " + path + "?", a.yes)) {
     std::cerr << "not deleted\n";
     return kRefused;
   }
   int64_t removed = 0;
   check_status(outbox->purge(f, &removed), "purging");
-  if (g.json) emit({{"state", mi::to_string(f.state)}, {"removed", removed}});
-  else std::cout << removed << " " << mi::to_string(f.state) << " outbox row(s) deleted\n";
+  if (g.json)
+    emit({{"state", mi::to_string(f.state)}, {"removed", removed}});
+  else
+    std::cout << removed << " " << mi::to_string(f.state) << " outbox row(s) deleted\n";
   return kOk;
 }
 

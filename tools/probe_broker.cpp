@@ -51,10 +51,10 @@ json connack_limits(const mqtt::connect_response& r, int requested_keep_alive_s)
   entry("topic_alias_maximum", mqtt::property::TOPIC_ALIAS_MAXIMUM, uint16_t{}, 0);
   entry("wildcard_subscription_available", mqtt::property::WILDCARD_SUBSCRIPTION_AVAILABLE,
         uint8_t{}, 1);
-  entry("subscription_identifiers_available",
-        mqtt::property::SUBSCRIPTION_IDENTIFIERS_AVAILABLE, uint8_t{}, 1);
-  entry("shared_subscription_available", mqtt::property::SHARED_SUBSCRIPTION_AVAILABLE,
+  entry("subscription_identifiers_available", mqtt::property::SUBSCRIPTION_IDENTIFIERS_AVAILABLE,
         uint8_t{}, 1);
+  entry("shared_subscription_available", mqtt::property::SHARED_SUBSCRIPTION_AVAILABLE, uint8_t{},
+        1);
   if (p.contains(mqtt::property::REASON_STRING))
     j["reason_string"] = mqtt::get<std::string>(p, mqtt::property::REASON_STRING);
   if (p.contains(mqtt::property::SERVER_REFERENCE))
@@ -65,8 +65,9 @@ json connack_limits(const mqtt::connect_response& r, int requested_keep_alive_s)
 // Warnings about broker limits that matter to an inbox.
 void warn_about_limits(const json& limits, json* warnings) {
   if (limits["maximum_qos"]["value"].get<int64_t>() < 1)
-    warnings->push_back("the broker grants QoS 0 only (Maximum QoS 0): nothing is ever "
-                        "redelivered; mqtt-inbox refuses such a subscription");
+    warnings->push_back(
+        "the broker grants QoS 0 only (Maximum QoS 0): nothing is ever "
+        "redelivered; mqtt-inbox refuses such a subscription");
   const json& mps = limits["maximum_packet_size"]["value"];
   if (!mps.is_null() && mps.get<int64_t>() < 1024 * 1024 + 1024)
     warnings->push_back("the broker accepts packets up to " + mps.dump() +
@@ -81,8 +82,8 @@ void warn_about_limits(const json& limits, json* warnings) {
 
 std::string limit_text(const json& e, const char* absent_meaning) {
   if (e["sent"].get<bool>()) return e["value"].dump();
-  return (e["value"].is_null() ? std::string("") : e["value"].dump() + " ") + "(not sent: " +
-         absent_meaning + ")";
+  return (e["value"].is_null() ? std::string("") : e["value"].dump() + " ") +
+         "(not sent: " + absent_meaning + ")";
 }
 
 }  // namespace
@@ -94,19 +95,26 @@ int cmd_probe(const ProbeArgs& a) {
   std::random_device rd;
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, "%d-%08x", static_cast<int>(getpid()), rd());
-  const std::string client_id = c.client_id.empty() ? std::string("mqtt-inbox-probe-") + suffix : c.client_id;
+  const std::string client_id =
+      c.client_id.empty() ? std::string("mqtt-inbox-probe-") + suffix : c.client_id;
   const std::string topic = a.topic_prefix + "/" + suffix;
   const auto timeout = std::chrono::milliseconds(a.timeout_ms);
 
-  json report = {{"broker", c.broker}, {"mqtt_version", c.mqtt_version}, {"client_id", client_id}, {"topic", topic},
-                 {"sent", 0}, {"received", 0}, {"paused_offline_ms", a.pause_offline_ms}};
+  json report = {{"broker", c.broker},
+                 {"mqtt_version", c.mqtt_version},
+                 {"client_id", client_id},
+                 {"topic", topic},
+                 {"sent", 0},
+                 {"received", 0},
+                 {"paused_offline_ms", a.pause_offline_ms}};
   json warnings = json::array();
 
   // TLS and credentials from the flags, applied to every connect options object below.
   // `ssl` outlives them all (Paho C++ 1.2.0 bug #337, connection_flags.h).
   mqtt::ssl_options ssl;
   auto secure = [&](mqtt::connect_options* o) {
-    if (const mi::Status s = connection_flags::to_paho_options(c, &ssl, o); !s.ok()) fail(kUsage, s.message());
+    if (const mi::Status s = connection_flags::to_paho_options(c, &ssl, o); !s.ok())
+      fail(kUsage, s.message());
   };
 
   std::mutex mu;
@@ -115,18 +123,27 @@ int cmd_probe(const ProbeArgs& a) {
   // properties: set them on long-lived objects, and pass those (as src/mqtt/subscriber.cpp does).
   mqtt::connect_options persistent;
   {
-    auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout).keep_alive_interval(std::chrono::seconds(kKeepAliveS));
-    if (v5) b.clean_start(false);
-    else b.clean_session(false);
+    auto b = mqtt::connect_options_builder()
+                 .mqtt_version(mqtt_version)
+                 .connect_timeout(timeout)
+                 .keep_alive_interval(std::chrono::seconds(kKeepAliveS));
+    if (v5)
+      b.clean_start(false);
+    else
+      b.clean_session(false);
     persistent = b.finalize();
     secure(&persistent);
-    if (v5) persistent.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(a.session_expiry_s)}});
+    if (v5)
+      persistent.set_properties(
+          {{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(a.session_expiry_s)}});
   }
   mqtt::connect_options clean;
   {
     auto b = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout);
-    if (v5) b.clean_start(true);
-    else b.clean_session(true);
+    if (v5)
+      b.clean_start(true);
+    else
+      b.clean_session(true);
     clean = b.finalize();
     secure(&clean);
     if (v5) clean.set_properties({{mqtt::property::SESSION_EXPIRY_INTERVAL, 0}});
@@ -142,7 +159,8 @@ int cmd_probe(const ProbeArgs& a) {
     std::lock_guard<std::mutex> l(mu);
     got.emplace_back(m->to_string(), m->is_duplicate());
   });
-  auto connect = [&](const mqtt::connect_options& o, std::chrono::milliseconds budget) -> mqtt::connect_response {
+  auto connect = [&](const mqtt::connect_options& o,
+                     std::chrono::milliseconds budget) -> mqtt::connect_response {
     const auto deadline = std::chrono::steady_clock::now() + budget;
     for (;;) {
       try {
@@ -165,27 +183,34 @@ int cmd_probe(const ProbeArgs& a) {
     report["requested_session_expiry_s"] = v5 ? json(a.session_expiry_s) : json();
     report["connack_session_expiry_s_first"] = expiry_of(r1);
     if (v5) report["broker_limits"] = connack_limits(r1, kKeepAliveS);
-    if (!sub.subscribe(topic, 1)->wait_for(timeout)) throw mqtt::exception(-1, "subscribe timed out");
+    if (!sub.subscribe(topic, 1)->wait_for(timeout))
+      throw mqtt::exception(-1, "subscribe timed out");
     if (!sub.disconnect()->wait_for(timeout)) throw mqtt::exception(-1, "disconnect timed out");
 
     // 2. While it is offline, a second client publishes QoS 1 messages to it.
     {
-      mqtt::async_client pub(c.broker, client_id + "-pub", mqtt::create_options(mqtt_version), nullptr);
+      mqtt::async_client pub(c.broker, client_id + "-pub", mqtt::create_options(mqtt_version),
+                             nullptr);
       auto po = mqtt::connect_options_builder().mqtt_version(mqtt_version).connect_timeout(timeout);
-      if (v5) po.clean_start(true);
-      else po.clean_session(true);
+      if (v5)
+        po.clean_start(true);
+      else
+        po.clean_session(true);
       mqtt::connect_options pub_opts = po.finalize();
       secure(&pub_opts);
-      if (!pub.connect(pub_opts)->wait_for(timeout)) throw mqtt::exception(-1, "publisher connect timed out");
+      if (!pub.connect(pub_opts)->wait_for(timeout))
+        throw mqtt::exception(-1, "publisher connect timed out");
       for (int i = 0; i < a.count; ++i) {
-        if (!pub.publish(mqtt::make_message(topic, "probe-" + std::to_string(i), 1, false))->wait_for(timeout))
+        if (!pub.publish(mqtt::make_message(topic, "probe-" + std::to_string(i), 1, false))
+                 ->wait_for(timeout))
           throw mqtt::exception(-1, "publish (waiting for PUBACK) timed out");
         report["sent"] = i + 1;
       }
       pub.disconnect()->wait_for(timeout);
     }
     if (a.pause_offline_ms > 0) {
-      std::cerr << "probe: offline for " << a.pause_offline_ms << " ms (restart the broker now to test persistence)" << std::endl;
+      std::cerr << "probe: offline for " << a.pause_offline_ms
+                << " ms (restart the broker now to test persistence)" << std::endl;
       std::this_thread::sleep_for(std::chrono::milliseconds(a.pause_offline_ms));
     }
 
@@ -197,8 +222,11 @@ int cmd_probe(const ProbeArgs& a) {
     json effective = nullptr;
     std::string source = "none (MQTT 3.1.1: the broker's persistent_client_expiration applies)";
     if (v5) {
-      if (!report["connack_session_expiry_s"].is_null()) effective = report["connack_session_expiry_s"], source = "CONNACK";
-      else effective = a.session_expiry_s, source = "requested (the broker returned none, so it accepted it)";
+      if (!report["connack_session_expiry_s"].is_null())
+        effective = report["connack_session_expiry_s"], source = "CONNACK";
+      else
+        effective = a.session_expiry_s,
+        source = "requested (the broker returned none, so it accepted it)";
     }
     report["effective_session_expiry_s"] = effective;
     report["session_expiry_source"] = source;
@@ -223,7 +251,8 @@ int cmd_probe(const ProbeArgs& a) {
     report["dup_flags"] = {{"set", dup_true}, {"clear", static_cast<int>(got.size()) - dup_true}};
   } catch (const mqtt::exception& e) {
     // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
-    const std::string why = e.get_return_code() < 0 ? connection_flags::diagnose(c, a.timeout_ms) : "";
+    const std::string why =
+        e.get_return_code() < 0 ? connection_flags::diagnose(c, a.timeout_ms) : "";
     report["error"] = std::string(e.what()) + (why.empty() ? "" : ": " + why);
     exit_code = kBroker;
   }
@@ -240,7 +269,8 @@ int cmd_probe(const ProbeArgs& a) {
         cleaned = true;
       }
     } catch (const mqtt::exception& e) {
-      warnings.push_back(std::string("cleanup failed: ") + e.what() + "; the broker may keep session " + client_id);
+      warnings.push_back(std::string("cleanup failed: ") + e.what() +
+                         "; the broker may keep session " + client_id);
     }
   }
   report["cleaned_up"] = cleaned;
@@ -252,56 +282,75 @@ int cmd_probe(const ProbeArgs& a) {
     const bool session = report["session_present"].get<bool>();
     if (!session) {
       verdict = "session_lost";
-      warnings.push_back("the broker did not keep the session (session_present=0): unacked and queued messages are lost when the "
-                         "consumer reconnects. Check persistence (and that its location is writable), the session expiry, "
-                         "and that the client uses a persistent session");
+      warnings.push_back(
+          "the broker did not keep the session (session_present=0): unacked and queued messages "
+          "are lost when the "
+          "consumer reconnects. Check persistence (and that its location is writable), the session "
+          "expiry, "
+          "and that the client uses a persistent session");
     } else if (distinct < sent) {
       verdict = "messages_dropped";
       warnings.push_back(std::to_string(sent - distinct) + " of " + std::to_string(sent) +
-                         " messages queued while offline never arrived although the broker acked them: a queue limit "
-                         "(mosquitto max_queued_messages / max_queued_bytes) or message expiry drops messages silently");
+                         " messages queued while offline never arrived although the broker acked "
+                         "them: a queue limit "
+                         "(mosquitto max_queued_messages / max_queued_bytes) or message expiry "
+                         "drops messages silently");
     } else {
       verdict = "ok";
     }
     if (v5 && !report["effective_session_expiry_s"].is_null() &&
-        report["effective_session_expiry_s"].get<int64_t>() < static_cast<int64_t>(a.session_expiry_s))
-      warnings.push_back("the broker lowered the session expiry to " + report["effective_session_expiry_s"].dump() +
+        report["effective_session_expiry_s"].get<int64_t>() <
+            static_cast<int64_t>(a.session_expiry_s))
+      warnings.push_back("the broker lowered the session expiry to " +
+                         report["effective_session_expiry_s"].dump() +
                          " s: size the retention window and the offline budget to it");
     if (report.contains("broker_limits")) warn_about_limits(report["broker_limits"], &warnings);
     if (session && report["session_present_on_first_connect"].get<bool>())
-      warnings.push_back("session_present was already set on the first connect of a fresh client id");
+      warnings.push_back(
+          "session_present was already set on the first connect of a fresh client id");
     if (verdict != "ok") exit_code = kProblems;
   }
   report["verdict"] = verdict;
   report["warnings"] = warnings;
-  if (g.json) emit(report);
+  if (g.json)
+    emit(report);
   else {
-    auto s = [](const json& v) { return v.is_null() ? std::string("-") : v.is_string() ? v.get<std::string>() : v.dump(); };
+    auto s = [](const json& v) {
+      return v.is_null() ? std::string("-") : v.is_string() ? v.get<std::string>() : v.dump();
+    };
     print_kv({{"broker", c.broker + " (MQTT " + c.mqtt_version + ")"},
               {"client id", client_id},
               {"session kept (session_present)", s(report.value("session_present", json()))},
-              {"queued messages", s(report["distinct_received"]) + " of " + s(report["sent"]) + " arrived"},
-              {"DUP flags", report.contains("dup_flags") ? "set " + s(report["dup_flags"]["set"]) + ", clear " + s(report["dup_flags"]["clear"]) : "-"},
-              {"effective session expiry", s(report.value("effective_session_expiry_s", json())) + " s (" + report.value("session_expiry_source", std::string("-")) + ")"},
+              {"queued messages",
+               s(report["distinct_received"]) + " of " + s(report["sent"]) + " arrived"},
+              {"DUP flags", report.contains("dup_flags")
+                                ? "set " + s(report["dup_flags"]["set"]) + ", clear " +
+                                      s(report["dup_flags"]["clear"])
+                                : "-"},
+              {"effective session expiry",
+               s(report.value("effective_session_expiry_s", json())) + " s (" +
+                   report.value("session_expiry_source", std::string("-")) + ")"},
               {"cleaned up", cleaned ? "yes" : "no"},
               {"verdict", verdict}});
     if (report.contains("broker_limits")) {
       const json& l = report["broker_limits"];
       std::cout << "broker limits (MQTT 5 CONNACK):\n";
       const char* dflt = "the MQTT 5 default";
-      print_kv({{"receive maximum", limit_text(l["receive_maximum"], dflt)},
-                {"maximum packet size", limit_text(l["maximum_packet_size"], "no limit announced")},
-                {"maximum QoS", limit_text(l["maximum_qos"], dflt)},
-                {"retain available", limit_text(l["retain_available"], dflt)},
-                {"granted session expiry (s)",
-                 limit_text(l["session_expiry_interval_s"], "the requested one applies")},
-                {"server keep alive (s)", limit_text(l["server_keep_alive_s"], "the client's applies")},
-                {"topic alias maximum", limit_text(l["topic_alias_maximum"], dflt)},
-                {"wildcard subscriptions", limit_text(l["wildcard_subscription_available"], dflt)},
-                {"subscription identifiers", limit_text(l["subscription_identifiers_available"], dflt)},
-                {"shared subscriptions", limit_text(l["shared_subscription_available"], dflt)}});
+      print_kv(
+          {{"receive maximum", limit_text(l["receive_maximum"], dflt)},
+           {"maximum packet size", limit_text(l["maximum_packet_size"], "no limit announced")},
+           {"maximum QoS", limit_text(l["maximum_qos"], dflt)},
+           {"retain available", limit_text(l["retain_available"], dflt)},
+           {"granted session expiry (s)",
+            limit_text(l["session_expiry_interval_s"], "the requested one applies")},
+           {"server keep alive (s)", limit_text(l["server_keep_alive_s"], "the client's applies")},
+           {"topic alias maximum", limit_text(l["topic_alias_maximum"], dflt)},
+           {"wildcard subscriptions", limit_text(l["wildcard_subscription_available"], dflt)},
+           {"subscription identifiers", limit_text(l["subscription_identifiers_available"], dflt)},
+           {"shared subscriptions", limit_text(l["shared_subscription_available"], dflt)}});
     }
-    if (report.contains("error")) std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";
+    if (report.contains("error"))
+      std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";
     for (const auto& w : warnings) std::cout << "warning: " << w.get<std::string>() << "\n";
   }
   return exit_code;

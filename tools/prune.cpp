@@ -25,10 +25,21 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   // declared here; the library's defaults when neither exists.
   mi::RetentionOptions declared;
   bool declared_any = false;
-  if (!a.session_expiry.empty()) declared.broker_session_expiry = std::chrono::milliseconds(duration_or_usage(a.session_expiry, "--session-expiry")), declared_any = true;
-  if (!a.max_offline.empty()) declared.max_offline = std::chrono::milliseconds(duration_or_usage(a.max_offline, "--max-offline")), declared_any = true;
-  if (!a.replay_window.empty()) declared.replay_window = std::chrono::milliseconds(duration_or_usage(a.replay_window, "--replay-window")), declared_any = true;
-  if (!a.margin.empty()) declared.margin = std::chrono::milliseconds(duration_or_usage(a.margin, "--margin")), declared_any = true;
+  if (!a.session_expiry.empty())
+    declared.broker_session_expiry =
+        std::chrono::milliseconds(duration_or_usage(a.session_expiry, "--session-expiry")),
+    declared_any = true;
+  if (!a.max_offline.empty())
+    declared.max_offline =
+        std::chrono::milliseconds(duration_or_usage(a.max_offline, "--max-offline")),
+    declared_any = true;
+  if (!a.replay_window.empty())
+    declared.replay_window =
+        std::chrono::milliseconds(duration_or_usage(a.replay_window, "--replay-window")),
+    declared_any = true;
+  if (!a.margin.empty())
+    declared.margin = std::chrono::milliseconds(duration_or_usage(a.margin, "--margin")),
+    declared_any = true;
   int64_t required = 0;
   std::string source;
   if (stored) {
@@ -39,7 +50,8 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
     const int64_t d = mi::Pruner::required_window_ms(declared);
     if (d > required) {
       required = d;
-      source = declared_any ? "declared on the command line" : "library defaults (nothing recorded)";
+      source =
+          declared_any ? "declared on the command line" : "library defaults (nothing recorded)";
     }
   }
   // The session expiries the subscriber recorded (SessionRecords::record), plus the margin
@@ -50,25 +62,35 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
     sessions_only.max_offline = std::chrono::milliseconds(0);
     int64_t from_sessions = 0;
     std::string why;
-    const mi::Status s = mi::Pruner::required_window_ms(inbox.get(), sessions_only, &from_sessions, &why);
+    const mi::Status s =
+        mi::Pruner::required_window_ms(inbox.get(), sessions_only, &from_sessions, &why);
     if (!s.ok()) fail(kStoreError, s.to_string());
     if (from_sessions > mi::Pruner::required_window_ms(sessions_only) && from_sessions > required) {
       required = from_sessions;
       source = why;
     }
   }
-  const int64_t window = a.older_than.empty() ? required : duration_or_usage(a.older_than, "--older-than");
+  const int64_t window =
+      a.older_than.empty() ? required : duration_or_usage(a.older_than, "--older-than");
   if (window <= 0) fail(kUsage, "--older-than must be > 0");
   const int64_t dl_window =
-      a.dead_letters_older_than.empty() ? 0 : duration_or_usage(a.dead_letters_older_than, "--dead-letters-older-than");
+      a.dead_letters_older_than.empty()
+          ? 0
+          : duration_or_usage(a.dead_letters_older_than, "--dead-letters-older-than");
   const bool below = window < required;
   if (below && !a.force)
-    fail(kRefused, "refused: window " + human_ms(window) + " is below the redelivery horizon plus margin " +
-                       human_ms(required) + " (" + source +
-                       "); ids pruned now could be redelivered and processed twice. Use --force to override.");
+    fail(
+        kRefused,
+        "refused: window " + human_ms(window) + " is below the redelivery horizon plus margin " +
+            human_ms(required) + " (" + source +
+            "); ids pruned now could be redelivered and processed twice. Use --force to override.");
 
-  json j = {{"database", path}, {"window_ms", window}, {"required_window_ms", required},
-            {"horizon_source", source}, {"forced_below_horizon", below}, {"dry_run", a.dry_run},
+  json j = {{"database", path},
+            {"window_ms", window},
+            {"required_window_ms", required},
+            {"horizon_source", source},
+            {"forced_below_horizon", below},
+            {"dry_run", a.dry_run},
             {"dead_letter_window_ms", dl_window}};
   const int64_t clock = inbox->retention_clock_ms();
   const int64_t cutoff = clock - window;
@@ -76,25 +98,31 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
     int64_t ids = 0, dls = 0, out_sent = 0, out_dead = 0;
     json per = json::object();
     read_sql(*inbox, "counting expired rows", [&](SQLite::Database& db) {
-      SQLite::Statement q(db, "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
-                              " GROUP BY consumer_name");
+      SQLite::Statement q(
+          db,
+          "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
+          " GROUP BY consumer_name");
       q.bind(1, cutoff);
       while (q.executeStep()) {
         per[q.getColumn(0).getString()] = q.getColumn(1).getInt64();
         ids += q.getColumn(1).getInt64();
       }
       if (dl_window > 0) {
-        SQLite::Statement d(db, "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND status <> 'requeued'");
+        SQLite::Statement d(db,
+                            "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND "
+                            "status <> 'requeued'");
         d.bind(1, clock - dl_window);
         d.executeStep();
         dls = d.getColumn(0).getInt64();
-        SQLite::Statement od(db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
+        SQLite::Statement od(
+            db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
         od.bind(1, clock - dl_window);
         od.executeStep();
         out_dead = od.getColumn(0).getInt64();
       }
       // The Pruner deletes sent outbox rows with the same window (docs/outbox.md#limits).
-      SQLite::Statement os(db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
+      SQLite::Statement os(
+          db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
       os.bind(1, cutoff);
       os.executeStep();
       out_sent = os.getColumn(0).getInt64();
@@ -105,16 +133,20 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
     j["would_delete_dead_letters"] = dls;
     j["would_delete_outbox_sent"] = out_sent;
     j["would_delete_outbox_dead"] = out_dead;
-    if (g.json) emit(j);
+    if (g.json)
+      emit(j);
     else {
-      print_kv({{"window", human_ms(window) + (below ? " (BELOW horizon, forced)" : "")},
-                {"required window", human_ms(required) + " (" + source + ")"},
-                {"cutoff (retention clock)", std::to_string(cutoff)},
-                {"ids that would be deleted", std::to_string(ids)},
-                {"dead letters that would be deleted", dl_window > 0 ? std::to_string(dls) : "none (kept; see --dead-letters-older-than)"},
-                {"sent outbox rows that would be deleted", std::to_string(out_sent)},
-                {"outbox dead letters that would be deleted",
-                 dl_window > 0 ? std::to_string(out_dead) : "none (kept; see --dead-letters-older-than)"}});
+      print_kv(
+          {{"window", human_ms(window) + (below ? " (BELOW horizon, forced)" : "")},
+           {"required window", human_ms(required) + " (" + source + ")"},
+           {"cutoff (retention clock)", std::to_string(cutoff)},
+           {"ids that would be deleted", std::to_string(ids)},
+           {"dead letters that would be deleted",
+            dl_window > 0 ? std::to_string(dls) : "none (kept; see --dead-letters-older-than)"},
+           {"sent outbox rows that would be deleted", std::to_string(out_sent)},
+           {"outbox dead letters that would be deleted",
+            dl_window > 0 ? std::to_string(out_dead)
+                          : "none (kept; see --dead-letters-older-than)"}});
       std::cout << "dry run: nothing was deleted\n";
     }
     return kOk;
@@ -138,7 +170,8 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   o.checkpoint = false;
   std::unique_ptr<mi::Pruner> pruner;
   const mi::Status cs = mi::Pruner::create(inbox.get(), o, &pruner);
-  if (!cs.ok()) fail(cs.code() == mi::Status::Code::kInvalidArgument ? kRefused : kStoreError, cs.to_string());
+  if (!cs.ok())
+    fail(cs.code() == mi::Status::Code::kInvalidArgument ? kRefused : kStoreError, cs.to_string());
   mi::PruneResult r;
   const mi::Status ps = pruner->prune_once(&r);
   j["cutoff"] = r.cutoff;
@@ -153,10 +186,12 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   if (!ps.ok()) {
     j["error"] = ps.to_string();
     if (g.json) emit(j);
-    fail(kStoreError, "pruning stopped: " + ps.to_string() + " (" + std::to_string(r.processed_deleted) +
+    fail(kStoreError, "pruning stopped: " + ps.to_string() + " (" +
+                          std::to_string(r.processed_deleted) +
                           " ids already deleted stay deleted)");
   }
-  if (g.json) emit(j);
+  if (g.json)
+    emit(j);
   else
     print_kv({{"window", human_ms(window) + (below ? " (BELOW horizon, forced)" : "")},
               {"required window", human_ms(required) + " (" + source + ")"},
@@ -167,7 +202,8 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
               {"batches", std::to_string(r.batches)},
               {"pages freed", std::to_string(r.pages_freed)},
               {"duration", std::to_string(r.duration_ms) + " ms"},
-              {"more left", r.budget_exhausted ? "yes: the pass budget ran out; run prune again" : "no"}});
+              {"more left",
+               r.budget_exhausted ? "yes: the pass budget ran out; run prune again" : "no"}});
   return kOk;
 }
 

@@ -16,11 +16,14 @@ namespace mi = mqtt_inbox;
 
 int cmd_replay(const std::string& path, const ReplayArgs& a) {
   const bool by_time = !a.since.empty() || !a.until.empty();
-  const int selectors = (by_time ? 1 : 0) + (!a.aggregate.empty() ? 1 : 0) + (!a.message_id.empty() ? 1 : 0);
-  if (selectors == 0 && !a.all) fail(kUsage, "replay needs --since/--until, --aggregate, --id or --all");
+  const int selectors =
+      (by_time ? 1 : 0) + (!a.aggregate.empty() ? 1 : 0) + (!a.message_id.empty() ? 1 : 0);
+  if (selectors == 0 && !a.all)
+    fail(kUsage, "replay needs --since/--until, --aggregate, --id or --all");
   auto inbox = open_inbox(path);
   if (!stp_consumers(*inbox).count(a.consumer))
-    fail(kNotFound, "no store-then-process rows for consumer '" + a.consumer + "' (replay is for the store-then-process mode)");
+    fail(kNotFound, "no store-then-process rows for consumer '" + a.consumer +
+                        "' (replay is for the store-then-process mode)");
   const int64_t clock = inbox->retention_clock_ms();
   mi::ReplayFilter f;
   if (!a.since.empty()) f.received_since_ms = parse_time(a.since, clock, "--since");
@@ -31,10 +34,14 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
   auto stp = stp_for(inbox.get(), a.consumer);
   mi::ReplayResult r;
   check_status(stp->replay(f, &r), "replaying");
-  json j = {{"consumer", a.consumer}, {"reset", r.reset}, {"not_replayable", r.not_replayable}, {"in_flight", r.in_flight}};
+  json j = {{"consumer", a.consumer},
+            {"reset", r.reset},
+            {"not_replayable", r.not_replayable},
+            {"in_flight", r.in_flight}};
   if (f.received_since_ms) j["received_since"] = *f.received_since_ms;
   if (f.received_before_ms) j["received_before"] = *f.received_before_ms;
-  if (g.json) emit(j);
+  if (g.json)
+    emit(j);
   else
     print_kv({{"consumer", a.consumer},
               {"rows reset to pending", std::to_string(r.reset)},
@@ -68,8 +75,10 @@ int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease
     check_status(stp->reap(&more), "reaping");
     reaped += more;
   }
-  if (g.json) emit(json{{"consumer", consumer}, {"reaped", reaped}});
-  else print_kv({{"consumer", consumer}, {"claims returned to pending", std::to_string(reaped)}});
+  if (g.json)
+    emit(json{{"consumer", consumer}, {"reaped", reaped}});
+  else
+    print_kv({{"consumer", consumer}, {"claims returned to pending", std::to_string(reaped)}});
   return kOk;
 }
 

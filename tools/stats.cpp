@@ -44,17 +44,22 @@ int cmd_stats(const std::string& path) {
   std::map<std::string, std::map<std::string, int64_t>> dead_by_reason;
   std::map<std::string, int64_t> replayed, requeued, attempts;
   read_sql(*inbox, "counting dead letters", [&](SQLite::Database& db) {
-    SQLite::Statement q(db, "SELECT consumer_name, reason, status, count(*) FROM inbox_dead_letters"
-                            " GROUP BY consumer_name, reason, status");
+    SQLite::Statement q(db,
+                        "SELECT consumer_name, reason, status, count(*) FROM inbox_dead_letters"
+                        " GROUP BY consumer_name, reason, status");
     while (q.executeStep()) {
       const std::string c = q.getColumn(0).getString();
       names.insert(c);
       const std::string status = q.getColumn(2).getString();
-      if (status == "dead") dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
-      else if (status == "requeued") requeued[c] += q.getColumn(3).getInt64();  // parked or requeued: still to apply
-      else replayed[c] += q.getColumn(3).getInt64();
+      if (status == "dead")
+        dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
+      else if (status == "requeued")
+        requeued[c] += q.getColumn(3).getInt64();  // parked or requeued: still to apply
+      else
+        replayed[c] += q.getColumn(3).getInt64();
     }
-    SQLite::Statement a(db, "SELECT consumer_name, count(*) FROM inbox_attempts GROUP BY consumer_name");
+    SQLite::Statement a(
+        db, "SELECT consumer_name, count(*) FROM inbox_attempts GROUP BY consumer_name");
     while (a.executeStep()) {
       names.insert(a.getColumn(0).getString());
       attempts[a.getColumn(0).getString()] = a.getColumn(1).getInt64();
@@ -77,7 +82,8 @@ int cmd_stats(const std::string& path) {
   // value and the newest row, Inbox::open): the ages are lower bounds.
   j["ages_are_lower_bounds"] = true;
   j["ages_note"] = kAgesNote;
-  j["required_window_ms"] = meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
+  j["required_window_ms"] =
+      meta_int(meta, "required_window_ms") ? json(*meta_int(meta, "required_window_ms")) : json();
   j["consumers"] = json::array();
   std::vector<std::vector<std::string>> rows;
   for (const auto& name : names) {
@@ -96,15 +102,19 @@ int cmd_stats(const std::string& path) {
       reasons[kv.first] = kv.second;
       dead_total += kv.second;
     }
-    c["dead_letters"] = {{"dead", dead_total}, {"by_reason", reasons}, {"requeued", requeued[name]},
+    c["dead_letters"] = {{"dead", dead_total},
+                         {"by_reason", reasons},
+                         {"requeued", requeued[name]},
                          {"replayed", replayed[name]}};
     std::string stp_cell = "-";
     if (stp_names.count(name)) {
       auto stp = stp_for(inbox.get(), name);
       mi::StoreThenProcessStats st;
       check_status(stp->stats(&st), "store-then-process stats");
-      c["store_then_process"] = {{"pending", st.pending}, {"processing", st.processing},
-                                 {"done", st.done}, {"dead", st.dead}};
+      c["store_then_process"] = {{"pending", st.pending},
+                                 {"processing", st.processing},
+                                 {"done", st.done},
+                                 {"dead", st.dead}};
       stp_cell = std::to_string(st.pending) + "/" + std::to_string(st.processing) + "/" +
                  std::to_string(st.done) + "/" + std::to_string(st.dead);
     } else {
@@ -113,11 +123,14 @@ int cmd_stats(const std::string& path) {
     j["consumers"].push_back(c);
     std::string reasons_cell;
     for (const auto& kv : dead_by_reason[name])
-      reasons_cell += (reasons_cell.empty() ? "" : ",") + kv.first + "=" + std::to_string(kv.second);
-    rows.push_back({name, std::to_string(r.rows), r.rows ? human_ms(clock - r.oldest_received_at) : "-",
-                    r.rows ? human_ms(clock - r.newest_received_at) : "-",
-                    std::to_string(dead_total) + (requeued[name] ? " (+" + std::to_string(requeued[name]) + " requeued)" : ""),
-                    reasons_cell.empty() ? "-" : reasons_cell, std::to_string(attempts[name]), stp_cell});
+      reasons_cell +=
+          (reasons_cell.empty() ? "" : ",") + kv.first + "=" + std::to_string(kv.second);
+    rows.push_back(
+        {name, std::to_string(r.rows), r.rows ? human_ms(clock - r.oldest_received_at) : "-",
+         r.rows ? human_ms(clock - r.newest_received_at) : "-",
+         std::to_string(dead_total) +
+             (requeued[name] ? " (+" + std::to_string(requeued[name]) + " requeued)" : ""),
+         reasons_cell.empty() ? "-" : reasons_cell, std::to_string(attempts[name]), stp_cell});
   }
   // Sessions the broker lost, per client id, across restarts (SessionRecord::sessions_lost,
   // schema step 13): the in-process count (InboxStats::sessions_lost) died with its process.
@@ -146,20 +159,24 @@ int cmd_stats(const std::string& path) {
     return kOk;
   }
   print_kv({{"database", path},
-            {"schema version", std::to_string(facts.user_version) + " (tool " + std::to_string(mi::kSchemaVersion) + ")"},
+            {"schema version", std::to_string(facts.user_version) + " (tool " +
+                                   std::to_string(mi::kSchemaVersion) + ")"},
             {"db size", human_bytes(s.db_bytes)},
             {"wal size", human_bytes(s.wal_bytes)},
-            {"retention clock", std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) + ")"},
-            {"required window", j["required_window_ms"].is_null() ? "not recorded (no Pruner has run)"
-                                                                   : human_ms(j["required_window_ms"].get<int64_t>())}});
+            {"retention clock",
+             std::to_string(clock) + " ms (~" + iso(clock) + "; wall " + iso(wall_now_ms()) + ")"},
+            {"required window", j["required_window_ms"].is_null()
+                                    ? "not recorded (no Pruner has run)"
+                                    : human_ms(j["required_window_ms"].get<int64_t>())}});
   std::cout << "\n";
-  print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason", "attempts",
-               "stp pend/proc/done/dead"},
+  print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason",
+               "attempts", "stp pend/proc/done/dead"},
               rows);
   if (!session_rows.empty()) {
     std::cout << "\n";
-    print_table({"session of client", "filters", "expiry", "recorded", "sessions lost", "last lost"},
-                session_rows);
+    print_table(
+        {"session of client", "filters", "expiry", "recorded", "sessions lost", "last lost"},
+        session_rows);
     if (lost_total > 0)
       std::cout << "\nThe broker lost " << lost_total
                 << " session(s) holding topic filters: what it had queued for them then is gone "

@@ -24,7 +24,8 @@ int64_t wall_now_ms() {
 bool confirm(const std::string& question, bool yes) {
   if (yes) return true;
   if (!isatty(STDIN_FILENO))
-    fail(kRefused, "refused: " + question + " needs confirmation; stdin is not a terminal, pass --yes");
+    fail(kRefused,
+         "refused: " + question + " needs confirmation; stdin is not a terminal, pass --yes");
   std::cerr << question << " [y/N] " << std::flush;
   std::string answer;
   std::getline(std::cin, answer);
@@ -38,12 +39,18 @@ bool parse_duration(const std::string& text, int64_t* out) {
   const int64_t n = std::stoll(text.substr(0, i));
   const std::string unit = text.substr(i);
   int64_t mul = 0;
-  if (unit == "ms") mul = 1;
-  else if (unit == "s") mul = 1000;
-  else if (unit == "m") mul = 60 * 1000;
-  else if (unit == "h") mul = 3600 * 1000;
-  else if (unit == "d") mul = 24LL * 3600 * 1000;
-  else return false;
+  if (unit == "ms")
+    mul = 1;
+  else if (unit == "s")
+    mul = 1000;
+  else if (unit == "m")
+    mul = 60 * 1000;
+  else if (unit == "h")
+    mul = 3600 * 1000;
+  else if (unit == "d")
+    mul = 24LL * 3600 * 1000;
+  else
+    return false;
   *out = n * mul;
   return true;
 }

@@ -27,7 +27,9 @@ struct ToolError {
   std::string message;
 };
 
-[[noreturn]] inline void fail(int code, const std::string& message) { throw ToolError{code, message}; }
+[[noreturn]] inline void fail(int code, const std::string& message) {
+  throw ToolError{code, message};
+}
 
 // The options given before the command (--json, --busy-timeout-ms).
 struct Globals {

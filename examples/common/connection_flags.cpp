@@ -1,8 +1,8 @@
 #include "connection_flags.h"
 
-#include <CLI/CLI.hpp>
 #include <mqtt/connect_options.h>
 #include <mqtt/ssl_options.h>
+#include <CLI/CLI.hpp>
 
 #include <mqtt_inbox/tls.h>
 
@@ -13,11 +13,11 @@ void add(CLI::App& app, Flags* f, Role role) {
                  "Broker URI: tcp://host:1883, mqtt://, ws:// (plaintext) or ssl://host:8883, "
                  "mqtts://, wss:// (TLS)")
       ->required();
-  auto* id = app.add_option("--client-id", f->client_id,
-                            role == Role::kProbe
-                                ? "MQTT client id (default: a new one each run; a broker policy may "
-                                  "ask for a given one)"
-                                : "MQTT client id (stable across restarts)");
+  auto* id = app.add_option(
+      "--client-id", f->client_id,
+      role == Role::kProbe ? "MQTT client id (default: a new one each run; a broker policy may "
+                             "ask for a given one)"
+                           : "MQTT client id (stable across restarts)");
   if (role == Role::kSubscriber) {
     id->required();
     app.add_option("--client-id-lock-dir", f->client_id_lock_dir,
@@ -41,7 +41,8 @@ void add(CLI::App& app, Flags* f, Role role) {
   app.add_option("--tls-version", f->tls_version,
                  "Lowest TLS version: 1.2 or 1.3 (default: the highest both sides speak)")
       ->check(CLI::IsMember({"1.2", "1.3", "tlsv1.2", "tlsv1.3"}));
-  app.add_option("--alpn", f->alpn, "ALPN protocol to offer; repeatable (AWS IoT on 443: x-amzn-mqtt-ca)")
+  app.add_option("--alpn", f->alpn,
+                 "ALPN protocol to offer; repeatable (AWS IoT on 443: x-amzn-mqtt-ca)")
       ->delimiter(',');
   app.add_option("--ciphers", f->ciphers, "OpenSSL cipher list for TLS 1.2");
   app.add_flag("--insecure", f->insecure,
@@ -58,8 +59,10 @@ mqtt_inbox::Status tls_options(const Flags& f, mqtt_inbox::TlsOptions* out) {
   t.ca_dir = f.capath;
   t.cert_file = f.cert;
   t.key_file = f.key;
-  if (f.tls_version == "1.2" || f.tls_version == "tlsv1.2") t.version = mqtt_inbox::TlsVersion::kTls1_2;
-  if (f.tls_version == "1.3" || f.tls_version == "tlsv1.3") t.version = mqtt_inbox::TlsVersion::kTls1_3;
+  if (f.tls_version == "1.2" || f.tls_version == "tlsv1.2")
+    t.version = mqtt_inbox::TlsVersion::kTls1_2;
+  if (f.tls_version == "1.3" || f.tls_version == "tlsv1.3")
+    t.version = mqtt_inbox::TlsVersion::kTls1_3;
   t.alpn = f.alpn;
   t.ciphers = f.ciphers;
   t.insecure_skip_hostname_check = f.insecure;
@@ -86,8 +89,8 @@ mqtt_inbox::Status fill_connection(const Flags& f, mqtt_inbox::ConnectionOptions
   out->broker_uri = f.broker;
   out->client_id = f.client_id;
   out->client_id_lock_dir = f.client_id_lock_dir;
-  out->mqtt_version = f.mqtt_version == "5" ? mqtt_inbox::MqttVersion::kV5
-                                            : mqtt_inbox::MqttVersion::kV3_1_1;
+  out->mqtt_version =
+      f.mqtt_version == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
   out->username = f.username;
   if (!f.password_file.empty()) {
     std::string unused;

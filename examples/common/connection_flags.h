@@ -87,8 +87,8 @@ mqtt_inbox::Status to_relay_options(const Flags& flags, const std::string& clien
 
 // For a program that connects with Paho directly (examples/publisher): applies the same
 // connection settings to `*opts`: the user name, the password read from --password-file
-// now, and TLS as the Subscriber uses it (for a TLS --broker). `*ssl` receives the TLS settings and must stay
-// alive, not copied or moved, while `*opts` is used (Paho C++ 1.2.0 bug #337).
+// now, and TLS as the Subscriber uses it (for a TLS --broker). `*ssl` receives the TLS settings and
+// must stay alive, not copied or moved, while `*opts` is used (Paho C++ 1.2.0 bug #337).
 mqtt_inbox::Status to_paho_options(const Flags& flags, mqtt::ssl_options* ssl,
                                    mqtt::connect_options* opts);
 

@@ -119,14 +119,13 @@ std::string prometheus_text(const RelayCounters& c) {
   o << "# HELP mqtt_inbox_relay_pubacks_total PUBACKs received, by reason code (MQTT 5.0 "
        "section 3.4.2.1; 0x00 on MQTT 3.1.1).\n# TYPE mqtt_inbox_relay_pubacks_total counter\n";
   for (const auto& r : c.acks_by_reason)
-    o << "mqtt_inbox_relay_pubacks_total{reason_code=\"" << hex_code(r.first) << "\"} "
-      << r.second << '\n';
+    o << "mqtt_inbox_relay_pubacks_total{reason_code=\"" << hex_code(r.first) << "\"} " << r.second
+      << '\n';
   o << "# HELP mqtt_inbox_relay_dead_lettered_total Outbox rows the relay made dead letters, by "
        "reason.\n# TYPE mqtt_inbox_relay_dead_lettered_total counter\n"
     << "mqtt_inbox_relay_dead_lettered_total{reason=\"rejected_by_broker\"} " << c.rejected << '\n'
     << "mqtt_inbox_relay_dead_lettered_total{reason=\"expired\"} " << c.expired << '\n'
-    << "mqtt_inbox_relay_dead_lettered_total{reason=\"payload_too_large\"} " << c.too_large
-    << '\n'
+    << "mqtt_inbox_relay_dead_lettered_total{reason=\"payload_too_large\"} " << c.too_large << '\n'
     << "mqtt_inbox_relay_dead_lettered_total{reason=\"connection_dropped\"} "
     << c.connection_dropped << '\n';
   o << "# HELP mqtt_inbox_relay_puback_latency_seconds Publish-to-PUBACK latency; quantiles over "

@@ -23,8 +23,8 @@ mqtt::message_ptr to_paho_message(const OutboxRow& row, bool mqtt5) {
   // What is left of the expiry after the wait in the outbox, as a server forwards it (MQTT
   // 5.0 section 3.3.2.3.3); a row that ran out never gets here (unpublishable).
   if (p.message_expiry_interval_s)
-    props.add({mqtt::property::MESSAGE_EXPIRY_INTERVAL,
-               static_cast<int32_t>(remaining_expiry_s(row))});
+    props.add(
+        {mqtt::property::MESSAGE_EXPIRY_INTERVAL, static_cast<int32_t>(remaining_expiry_s(row))});
   msg->set_properties(props);
   return msg;
 }
@@ -43,10 +43,10 @@ std::optional<OutboxDeadReason> unpublishable(const OutboxRow& row, bool mqtt5,
   if (limit <= 0) return std::nullopt;
   const int64_t size = publish_packet_size(row, mqtt5);
   if (size <= limit) return std::nullopt;
-  *text = "PUBLISH of " + std::to_string(size) + " bytes is larger than " +
-          (own ? "RelayOptions::max_packet_size, " + std::to_string(limit) + " bytes"
-               : "the broker's Maximum Packet Size of " + std::to_string(limit) +
-                     " bytes (CONNACK)");
+  *text =
+      "PUBLISH of " + std::to_string(size) + " bytes is larger than " +
+      (own ? "RelayOptions::max_packet_size, " + std::to_string(limit) + " bytes"
+           : "the broker's Maximum Packet Size of " + std::to_string(limit) + " bytes (CONNACK)");
   return OutboxDeadReason::kPayloadTooLarge;
 }
 

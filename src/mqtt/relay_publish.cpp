@@ -3,10 +3,10 @@
 // in batches, rows that can never be published made dead, and the figures.
 #include <algorithm>
 
-#include "util/log.h"
-#include "mqtt/relay_impl.h"
 #include "mqtt/publish_outcome.h"
+#include "mqtt/relay_impl.h"
 #include "mqtt/relay_message.h"
+#include "util/log.h"
 #include "util/textfile.h"
 
 namespace mqtt_inbox {
@@ -18,9 +18,8 @@ void Relay::Impl::complete(const mqtt::token& tok, bool failed) noexcept {
   try {
     const auto n = reinterpret_cast<uintptr_t>(tok.get_user_context());
     const int reason = static_cast<int>(tok.get_reason_code());
-    const detail::PublishOutcome outcome =
-        detail::classify_publish(failed, options.mqtt_version == MqttVersion::kV5,
-                                 tok.get_return_code(), reason);
+    const detail::PublishOutcome outcome = detail::classify_publish(
+        failed, options.mqtt_version == MqttVersion::kV5, tok.get_return_code(), reason);
     const auto now = Clock::now();
     std::lock_guard<std::mutex> lock(mu);
     auto it = inflight.find(n);
@@ -201,8 +200,7 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
                                                   options.max_packet_size, &why)) {
       const Status d = outbox->mark_dead(mark_of(row.seq), *reason, 0, why);
       if (!d.ok()) {  // read again from this row at the next poll
-        log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq,
-                  d.to_string());
+        log->warn("outbox relay: marking row {} dead failed, retrying: {}", row.seq, d.to_string());
         return true;
       }
       publishes.erase(row.seq);
@@ -222,8 +220,8 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (lost || resend) return true;  // the caller sees it and starts over
-      inflight[n] = InFlight{row.seq, Clock::now(),
-                             fetched_at - std::chrono::milliseconds(row.waited_ms)};
+      inflight[n] =
+          InFlight{row.seq, Clock::now(), fetched_at - std::chrono::milliseconds(row.waited_ms)};
       max_inflight_seen =
           std::max<int64_t>(max_inflight_seen.load(), static_cast<int64_t>(inflight.size()));
     }
@@ -253,9 +251,10 @@ std::optional<int64_t> Relay::Impl::blame_locked() {
 void Relay::Impl::connection_ended(std::optional<int64_t> culprit) {
   const std::optional<int64_t> dead = drops.connection_ended(culprit);
   if (culprit && !dead) {
-    log->warn("outbox relay: the connection ended right after row {} was published ({} of {} "
-              "times in a row before it becomes a dead letter)",
-              *culprit, drops.count(), kConnectionDropsBeforeDeadLetter);
+    log->warn(
+        "outbox relay: the connection ended right after row {} was published ({} of {} "
+        "times in a row before it becomes a dead letter)",
+        *culprit, drops.count(), kConnectionDropsBeforeDeadLetter);
   }
   if (!dead) return;
   const std::string text =

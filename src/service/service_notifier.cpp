@@ -115,8 +115,7 @@ HealthSource startup_health_source(std::function<void(const Health&)>* progress,
     h.stuck = health.stuck;
     if (health.stuck)
       h.stuck_for_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - began)
-              .count();
+          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - began).count();
     if (health.stuck)
       h.stuck_reason = "waiting at start-up while " +
                        (health.operation.empty() ? std::string("opening") : health.operation) +

@@ -148,7 +148,8 @@ class StoreRetry {
   Health health() const {
     std::lock_guard<std::mutex> lock(mu_);
     Health h = health_;
-    if (h.stuck) h.stuck_for_ms = std::max<int64_t>(0, clock_->steady_ms() - stuck_since_steady_ms_);
+    if (h.stuck)
+      h.stuck_for_ms = std::max<int64_t>(0, clock_->steady_ms() - stuck_since_steady_ms_);
     return h;
   }
   // Store operations retried after a failure, since creation.

@@ -90,9 +90,10 @@ void SessionStore::note_lost(const std::string& client_id) {
   if (in_handler_of(store_.owner)) return;
   if (store_.unusable()) return;
   if (Status s = add_lost(client_id, store_.clock->wall_ms()); !s.ok())
-    store_.log->warn("inbox {}: cannot record the lost session of client '{}' ({}); counted "
-                     "in this process only",
-                     store_.location(), printable(client_id), s.to_string());
+    store_.log->warn(
+        "inbox {}: cannot record the lost session of client '{}' ({}); counted "
+        "in this process only",
+        store_.location(), printable(client_id), s.to_string());
 }
 
 }  // namespace detail

@@ -42,9 +42,8 @@ Status check_topic_filter(const std::string& filter, const std::string& what) {
   static const std::string kShare = "$share/";
   if (filter.compare(0, kShare.size(), kShare) == 0) {
     const size_t slash = filter.find('/', kShare.size());
-    const std::string name =
-        filter.substr(kShare.size(), slash == std::string::npos ? std::string::npos
-                                                                 : slash - kShare.size());
+    const std::string name = filter.substr(
+        kShare.size(), slash == std::string::npos ? std::string::npos : slash - kShare.size());
     if (slash == std::string::npos || name.empty() || name.find_first_of("+#") != std::string::npos)
       return Status::InvalidArgument(what + " '" + detail::printable(filter) +
                                      "' is not $share/<name>/<filter> with a name free of "

@@ -51,8 +51,9 @@ std::string slurp_fd(int fd) {
 ToolRun tool(std::vector<std::string> args, const std::string& input = "") {
   args.insert(args.begin(), built_program("mqtt-inbox"));
   args = with_emulator(std::move(args));
-  const std::string out_path = std::filesystem::temp_directory_path() /
-                               ("mqtt-inbox-out-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
+  const std::string out_path =
+      std::filesystem::temp_directory_path() /
+      ("mqtt-inbox-out-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
   int in[2];
   EXPECT_EQ(pipe(in), 0);
   const pid_t pid = fork();
@@ -76,7 +77,8 @@ ToolRun tool(std::vector<std::string> args, const std::string& input = "") {
   waitpid(pid, &st, 0);
   ToolRun r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  for (auto [suffix, dest] : {std::pair<const char*, std::string*>{".out", &r.out}, {".err", &r.err}}) {
+  for (auto [suffix, dest] :
+       {std::pair<const char*, std::string*>{".out", &r.out}, {".err", &r.err}}) {
     const int fd = open((out_path + suffix).c_str(), O_RDONLY);
     *dest = slurp_fd(fd);
     close(fd);
@@ -113,7 +115,8 @@ void make_ledger_db(const std::string& path) {
   ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", ledger::apply_credit, {}, &c).ok());
   for (int i = 0; i < 20; ++i) {
     if (i == 10) clock.shift += 2 * kHour;
-    ASSERT_EQ(c->handle(credit_message("c-" + std::to_string(i), "acct-" + std::to_string(i % 3), 10 + i)),
+    ASSERT_EQ(c->handle(credit_message("c-" + std::to_string(i), "acct-" + std::to_string(i % 3),
+                                       10 + i)),
               Outcome::kProcessed);
   }
   Message no_id;
@@ -177,7 +180,8 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
 
   r = tool({"dead-letters", "show", db, "--id", std::to_string(bad_id), "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.j()["payload_text"], "{\"message_id\":\"bad-1\",\"account\":\"acct-0\",\"amount\":\"x\"}");
+  EXPECT_EQ(r.j()["payload_text"],
+            "{\"message_id\":\"bad-1\",\"account\":\"acct-0\",\"amount\":\"x\"}");
   EXPECT_EQ(r.j()["reason"], "undecodable_payload");
   EXPECT_EQ(tool({"dead-letters", "show", db, "--id", "99999"}).code, 8);
   // A payload that is not UTF-8 shows as hex in the table (docs/admin-tool.md); the tool
@@ -220,7 +224,8 @@ TEST(AdminTool, StatsCheckDeadLettersExportOnALedgerDatabase) {
     json l = json::parse(line, nullptr, false);
     ASSERT_FALSE(l.is_discarded()) << line;
     ++types[l["type"].get<std::string>()];
-    if (l["type"] == "dead_letter" && l["topic"] == "credits/bin") binary_seen = l["payload"] == "AP8B";
+    if (l["type"] == "dead_letter" && l["topic"] == "credits/bin")
+      binary_seen = l["payload"] == "AP8B";
   }
   EXPECT_EQ(types["header"], 1);
   EXPECT_EQ(types["processed"], 20);
@@ -321,7 +326,7 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
   EXPECT_EQ(query_int(db, "SELECT rows FROM outbox_usage WHERE class = 'events/'"), 3);
 
   // Purge: a filter or --all; --yes without a terminal; never pending rows.
-  EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent"}).code, 1);          // no filter
+  EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent"}).code, 1);           // no filter
   EXPECT_EQ(tool({"outbox", "purge", db, "--state", "sent", "--all"}).code, 4);  // not confirmed
   EXPECT_EQ(tool({"outbox", "purge", db, "--state", "pending", "--all", "--yes"}).code, 1);
   EXPECT_EQ(tool({"outbox", "purge", db, "--message-id", "e-3", "--yes"}).code, 8);  // pending
@@ -408,7 +413,7 @@ TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
     PruneResult pass;
     bool ok = c->handle(credit_message("c-0", "a", 1)) == Outcome::kProcessed &&
               pruner->prune_once(&pass).ok();  // a Pruner pass persists the clock
-    clock.shift += kHour;  // an hour of running time, then one more credit
+    clock.shift += kHour;                      // an hour of running time, then one more credit
     ok = ok && c->handle(credit_message("c-1", "a", 1)) == Outcome::kProcessed;
     clock.shift += kHour;  // another hour, never persisted
     _exit(ok ? 0 : 3);     // dies as under kill -9: no destructor persists the clock
@@ -424,7 +429,9 @@ TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
   // the consumer ran after c-1 is lost, so c-0 shows about 1 h, not the 2 h it ran since.
   EXPECT_TRUE(s["ages_are_lower_bounds"].get<bool>());
   EXPECT_NE(s["ages_note"].get<std::string>().find("kill -9"), std::string::npos);
-  EXPECT_GE(s["retention_clock_ms"].get<int64_t>() - s["persisted_retention_clock_ms"].get<int64_t>(), kHour);
+  EXPECT_GE(
+      s["retention_clock_ms"].get<int64_t>() - s["persisted_retention_clock_ms"].get<int64_t>(),
+      kHour);
   ASSERT_EQ(s["consumers"].size(), 1u);
   const int64_t oldest_age = s["consumers"][0]["oldest_age_ms"].get<int64_t>();
   EXPECT_GE(oldest_age, kHour);
@@ -432,7 +439,8 @@ TEST(AdminTool, StatsSaysItsAgesComeFromTheRecordedRetentionClock) {
   r = tool({"stats", db});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("Note: ages are on the retention clock as this file last recorded it"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
 }
 
 TEST(AdminTool, PruneRespectsTheHorizonAndUsesThePruner) {
@@ -535,14 +543,17 @@ TEST(AdminTool, SchemaVersionsMigrateAndSettingsThatVoidTheGuarantee) {
   // Inbox::open records the owner's synchronous setting; FULL passes.
   const std::string sync_db = dir.file("sync.db");
   make_ledger_db(sync_db);
-  EXPECT_EQ(query_int(sync_db, "SELECT count(*) FROM inbox_meta WHERE key = 'synchronous'"
-                               " AND value = 'full'"), 1);
+  EXPECT_EQ(query_int(sync_db,
+                      "SELECT count(*) FROM inbox_meta WHERE key = 'synchronous'"
+                      " AND value = 'full'"),
+            1);
   EXPECT_EQ(tool({"check", sync_db}).code, 0);
   // synchronous below FULL recorded without an opt-in.
   {
     SQLite::Database d(sync_db, SQLite::OPEN_READWRITE);
-    d.exec("INSERT OR REPLACE INTO inbox_meta (key, value) VALUES ('synchronous', 'normal'),"
-           " ('synchronous_opt_in', 'false')");
+    d.exec(
+        "INSERT OR REPLACE INTO inbox_meta (key, value) VALUES ('synchronous', 'normal'),"
+        " ('synchronous_opt_in', 'false')");
   }
   r = tool({"check", sync_db, "--json"});
   EXPECT_EQ(r.code, 2);
@@ -575,7 +586,8 @@ TEST(AdminTool, StoreThenProcessReplayAndDeadLetterRequeue) {
     ASSERT_TRUE(StoreThenProcess::create(
                     inbox.get(), "stp",
                     [&](SQLite::Database& d, const StoredDelivery& sd) {
-                      if (sd.message_id == "poison" && poison_fails) throw std::runtime_error("bug");
+                      if (sd.message_id == "poison" && poison_fails)
+                        throw std::runtime_error("bug");
                       ledger::apply_credit(d, Delivery{sd.message, sd.message_id, sd.attempt});
                     },
                     o, &stp)
@@ -592,8 +604,9 @@ TEST(AdminTool, StoreThenProcessReplayAndDeadLetterRequeue) {
   };
   run_workers([](StoreThenProcess& stp) {
     for (int i = 0; i < 4; ++i)
-      EXPECT_EQ(stp.handle(credit_message("s-" + std::to_string(i), i % 2 ? "acct-1" : "acct-2", 100)),
-                Outcome::kProcessed);
+      EXPECT_EQ(
+          stp.handle(credit_message("s-" + std::to_string(i), i % 2 ? "acct-1" : "acct-2", 100)),
+          Outcome::kProcessed);
     EXPECT_EQ(stp.handle(credit_message("poison", "acct-3", 7)), Outcome::kProcessed);
   });
   EXPECT_EQ(query_int(db, "SELECT sum(balance) FROM accounts"), 400);
@@ -612,14 +625,17 @@ TEST(AdminTool, StoreThenProcessReplayAndDeadLetterRequeue) {
   // with an old claim time) is returned to pending by `reap`.
   {
     SQLite::Database d(db, SQLite::OPEN_READWRITE);
-    d.exec("UPDATE inbox_messages SET status = 'processing', claimed_at = 1, claimant = 'dead-worker'"
-           " WHERE message_id = 's-0'");
+    d.exec(
+        "UPDATE inbox_messages SET status = 'processing', claimed_at = 1, claimant = 'dead-worker'"
+        " WHERE message_id = 's-0'");
   }
   r = tool({"reap", db, "--consumer", "stp", "--lease-ms", "1000", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["reaped"], 1);
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_messages WHERE message_id = 's-0'"
-                          " AND status = 'pending'"), 1);
+  EXPECT_EQ(query_int(db,
+                      "SELECT count(*) FROM inbox_messages WHERE message_id = 's-0'"
+                      " AND status = 'pending'"),
+            1);
   EXPECT_EQ(tool({"reap", db, "--consumer", "nobody"}).code, 8);
   {
     SQLite::Database d(db, SQLite::OPEN_READWRITE);  // back as it was for the rest
@@ -640,7 +656,11 @@ TEST(AdminTool, StoreThenProcessReplayAndDeadLetterRequeue) {
   r = tool({"dead-letters", "replay", db, "--id", dl_id, "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["reset"], 1);
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_messages WHERE message_id = 'poison' AND status = 'pending'"), 1);
+  EXPECT_EQ(
+      query_int(
+          db,
+          "SELECT count(*) FROM inbox_messages WHERE message_id = 'poison' AND status = 'pending'"),
+      1);
   EXPECT_EQ(tool({"dead-letters", "replay", db, "--id", dl_id}).code, 4);  // not twice
 
   // The application (bug fixed) processes what the tool re-queued: the poison credit once,
@@ -657,22 +677,25 @@ TEST(AdminTool, EveryReadCommandAndPruneWhileALedgerConsumerIsWriting) {
   TempDir dir;
   const std::string db = dir.file("ledger.db");
   const std::string consumer_log = dir.file("consumer.log");
-  Child consumer({built_program("ledger_consumer"), "--broker", broker.uri(), "--client-id", "tool-live",
-                  "--topic", "credits/#", "--db", db, "--mqtt-version", "5"},
+  Child consumer({built_program("ledger_consumer"), "--broker", broker.uri(), "--client-id",
+                  "tool-live", "--topic", "credits/#", "--db", db, "--mqtt-version", "5"},
                  consumer_log);
-  ASSERT_TRUE(wait_until([&] { return file_text(consumer_log).find("consuming: ") != std::string::npos; },
-                         std::chrono::seconds(10)));
+  ASSERT_TRUE(
+      wait_until([&] { return file_text(consumer_log).find("consuming: ") != std::string::npos; },
+                 std::chrono::seconds(10)));
   const std::string pub_log = dir.file("publisher.log");
-  Child publisher({built_program("publisher"), "--broker", broker.uri(), "--topic", "credits/live", "--count", "1200",
-                   "--duplicates", "0.2", "--malformed", "4", "--rate", "150", "--seed", "3"},
-                  pub_log);
+  Child publisher(
+      {built_program("publisher"), "--broker", broker.uri(), "--topic", "credits/live", "--count",
+       "1200", "--duplicates", "0.2", "--malformed", "4", "--rate", "150", "--seed", "3"},
+      pub_log);
   int rounds = 0;
   int64_t rows_seen_while_running = 0;
   while (publisher.running() && rounds < 40) {
     ToolRun r = tool({"stats", db, "--json"});
     ASSERT_EQ(r.code, 0) << r.err;
     const json st = r.j();
-    for (const auto& c : st["consumers"]) rows_seen_while_running = c["processed_rows"].get<int64_t>();
+    for (const auto& c : st["consumers"])
+      rows_seen_while_running = c["processed_rows"].get<int64_t>();
     ASSERT_EQ(tool({"check", db, "--json"}).code, 0);
     ASSERT_EQ(tool({"dead-letters", "list", db, "--json"}).code, 0);
     ASSERT_EQ(tool({"export", db}).code, 0);
@@ -689,10 +712,12 @@ TEST(AdminTool, EveryReadCommandAndPruneWhileALedgerConsumerIsWriting) {
   const std::string pub_out = file_text(pub_log);
   ASSERT_TRUE(std::regex_search(pub_out, m, std::regex("total_amount=(\\d+)"))) << pub_out;
   const int64_t total = std::stoll(m[1]);
-  ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM ledger_entries") == 1200; },
-                         std::chrono::seconds(20)));
-  ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM inbox_dead_letters") == 4; },
-                         std::chrono::seconds(10)));
+  ASSERT_TRUE(
+      wait_until([&] { return query_int(db, "SELECT count(*) FROM ledger_entries") == 1200; },
+                 std::chrono::seconds(20)));
+  ASSERT_TRUE(
+      wait_until([&] { return query_int(db, "SELECT count(*) FROM inbox_dead_letters") == 4; },
+                 std::chrono::seconds(10)));
   ToolRun r = tool({"stats", db, "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.j()["consumers"][0]["processed_rows"], 1200);
@@ -715,8 +740,15 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
   TempDir dir;
   const std::string db = dir.file("ledger.db");
   auto consumer_args = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = {built_program("crash_consumer"), broker.uri(), "requeue-client", "credits/#", db,
-                                  "--mqtt-version", "5", "--max-attempts", "2"};
+    std::vector<std::string> a = {built_program("crash_consumer"),
+                                  broker.uri(),
+                                  "requeue-client",
+                                  "credits/#",
+                                  db,
+                                  "--mqtt-version",
+                                  "5",
+                                  "--max-attempts",
+                                  "2"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -731,18 +763,23 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
     pub.credit("credits/r", "fix-me", "acct", 5);
     pub.publish("credits/r", R"({"message_id":"still-bad","account":"acct","amount":"x"})");
     pub.credit("credits/r", "c-2", "acct", 1);
-    ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM inbox_dead_letters") == 2 &&
-                                        query_int(db, "SELECT count(*) FROM ledger_entries") == 2; },
-                           std::chrono::seconds(20)));
+    ASSERT_TRUE(wait_until(
+        [&] {
+          return query_int(db, "SELECT count(*) FROM inbox_dead_letters") == 2 &&
+                 query_int(db, "SELECT count(*) FROM ledger_entries") == 2;
+        },
+        std::chrono::seconds(20)));
     first.signal(SIGTERM);
     ASSERT_NE(first.wait(std::chrono::seconds(20)), -1);
   }
-  const std::string fix_id =
-      std::to_string(query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'fix-me'"));
-  const std::string bad_id =
-      std::to_string(query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'still-bad'"));
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'fix-me'"
-                          " AND reason = 'handler_failed' AND status = 'dead'"), 1);
+  const std::string fix_id = std::to_string(
+      query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'fix-me'"));
+  const std::string bad_id = std::to_string(
+      query_int(db, "SELECT id FROM inbox_dead_letters WHERE message_id = 'still-bad'"));
+  EXPECT_EQ(query_int(db,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'fix-me'"
+                      " AND reason = 'handler_failed' AND status = 'dead'"),
+            1);
   EXPECT_EQ(query_int(db, "SELECT balance FROM accounts WHERE account = 'acct'"), 11);
 
   // The fixed release runs; it holds the exclusive lock file while the tool works.
@@ -758,21 +795,29 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("requeued"), std::string::npos) << r.out;
 
-  ASSERT_TRUE(wait_until([&] {
-    return query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + fix_id +
-                             " AND status = 'replayed' AND replayed_at IS NOT NULL") == 1 &&
-           query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + bad_id +
-                             " AND status = 'dead'") == 1;
-  }, std::chrono::seconds(15))) << file_text(log);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + fix_id +
+                                 " AND status = 'replayed' AND replayed_at IS NOT NULL") == 1 &&
+               query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + bad_id +
+                                 " AND status = 'dead'") == 1;
+      },
+      std::chrono::seconds(15)))
+      << file_text(log);
   // fix-me's effect, once; still-bad dead again in its own row with the handler's reason.
   EXPECT_EQ(query_int(db, "SELECT balance FROM accounts WHERE account = 'acct'"), 16);
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM ledger_entries WHERE message_id = 'fix-me'"), 1);
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed WHERE message_id = 'fix-me'"), 1);
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'still-bad'"
-                          " AND reason = 'undecodable_payload'"), 1);
-  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed WHERE message_id = 'still-bad'"), 0);
-  EXPECT_NE(file_text(log).find("requeued dead letter " + fix_id + " replayed: processed"), std::string::npos);
-  EXPECT_NE(file_text(log).find("requeued dead letter " + bad_id + " replayed: dead_lettered"), std::string::npos);
+  EXPECT_EQ(query_int(db,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'still-bad'"
+                      " AND reason = 'undecodable_payload'"),
+            1);
+  EXPECT_EQ(query_int(db, "SELECT count(*) FROM inbox_processed WHERE message_id = 'still-bad'"),
+            0);
+  EXPECT_NE(file_text(log).find("requeued dead letter " + fix_id + " replayed: processed"),
+            std::string::npos);
+  EXPECT_NE(file_text(log).find("requeued dead letter " + bad_id + " replayed: dead_lettered"),
+            std::string::npos);
   // Not twice; and the stream still flows.
   EXPECT_EQ(tool({"dead-letters", "replay", db, "--id", fix_id}).code, 4);
   {
@@ -788,16 +833,23 @@ TEST(AdminTool, RequeuedDeadLettersAreReplayedByTheRunningConsumer) {
 }
 
 // probe-broker runs as a Child so the test can restart the broker while it is offline.
-json probe(Broker& broker, const std::vector<std::string>& extra, bool restart, int* code, const TempDir& dir) {
+json probe(Broker& broker, const std::vector<std::string>& extra, bool restart, int* code,
+           const TempDir& dir) {
   const std::string log = dir.file("probe-" + std::to_string(rand()) + ".log");
-  std::vector<std::string> argv = {built_program("mqtt-inbox"), "probe-broker", "--broker", broker.uri(), "--json",
-                                   "--timeout-ms", "3000"};
+  std::vector<std::string> argv = {built_program("mqtt-inbox"),
+                                   "probe-broker",
+                                   "--broker",
+                                   broker.uri(),
+                                   "--json",
+                                   "--timeout-ms",
+                                   "3000"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   if (restart) argv.insert(argv.end(), {"--pause-offline-ms", "2500"});
   Child child(argv, log);
   if (restart) {
-    EXPECT_TRUE(wait_until([&] { return file_text(log).find("probe: offline") != std::string::npos; },
-                           std::chrono::seconds(10)));
+    EXPECT_TRUE(
+        wait_until([&] { return file_text(log).find("probe: offline") != std::string::npos; },
+                   std::chrono::seconds(10)));
     broker.stop();
     broker.start();
   }
@@ -851,7 +903,8 @@ TEST(AdminTool, ProbeBrokerTellsAKeptSessionFromADroppedOne) {
     EXPECT_LT(j["distinct_received"].get<int>(), 10);
     EXPECT_NE(j["warnings"].dump().find("max_queued_messages"), std::string::npos);
   }
-  ToolRun r = tool({"probe-broker", "--broker", "tcp://127.0.0.1:" + std::to_string(free_port()), "--timeout-ms", "500", "--json"});
+  ToolRun r = tool({"probe-broker", "--broker", "tcp://127.0.0.1:" + std::to_string(free_port()),
+                    "--timeout-ms", "500", "--json"});
   EXPECT_EQ(r.code, 7) << r.out << r.err;
 }
 

@@ -25,7 +25,8 @@ class PahoTraceTest : public ::testing::Test {
     argv.insert(argv.end(), env.begin(), env.end());
     const std::string db = dir_.file("trace-" + std::to_string(++runs_) + ".db");
     const std::string topic = "credits/trace/" + std::to_string(runs_);
-    argv.insert(argv.end(), {built_program("paho_trace_child"), db, broker_.uri(), topic, std::to_string(count)});
+    argv.insert(argv.end(), {built_program("paho_trace_child"), db, broker_.uri(), topic,
+                             std::to_string(count)});
     const std::string log = dir_.file("child-" + std::to_string(runs_) + ".log");
     Child child(with_emulator(argv), log);
     // The child subscribes on a new session: publish once it holds the filter.

@@ -12,7 +12,8 @@ namespace {
 class PoisonTest : public ChildConsumerTest {};
 
 std::string credit_json(const std::string& id, long long amount) {
-  return R"({"message_id":")" + id + R"(","account":"acct","amount":)" + std::to_string(amount) + "}";
+  return R"({"message_id":")" + id + R"(","account":"acct","amount":)" + std::to_string(amount) +
+         "}";
 }
 
 // A credit padded to exactly `size` bytes (a valid credit as long as size allows).
@@ -35,7 +36,8 @@ TEST_F(PoisonTest, PoisonMessageIsDeadLetteredAfterAttemptsAndStreamGoesOn) {
   EXPECT_EQ(stop_and_count(*child, "dead_lettered"), 1);
   EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), 55);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'poison-0'"
-              " AND reason = 'handler_failed' AND attempts = 3"), 1);
+              " AND reason = 'handler_failed' AND attempts = 3"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE message_id = 'poison-0'"), 0);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_attempts"), 0);
 
@@ -72,7 +74,8 @@ TEST_F(PoisonTest, CrashLoopEndsInDeadLetterAfterConfiguredRestarts) {
   EXPECT_EQ(crashes, 3);
   EXPECT_EQ(log_count("crash inside the handler on k-2"), 3u);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'k-2'"
-              " AND reason = 'handler_crashed' AND attempts = 3"), 1);
+              " AND reason = 'handler_crashed' AND attempts = 3"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 4);
   EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), 1 + 2 + 4 + 5);
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'k-2'"), 0);
@@ -99,7 +102,8 @@ TEST_F(PoisonTest, BadInputIsProcessedOrDeadLetteredNeverDropped) {
       {"", R"({"message_id":7,"account":"acct","amount":1})", "invalid_id"},
       {"", R"({"message_id":"wrong-amount","account":"acct","amount":"1"})", "undecodable_payload"},
       {"", R"({"message_id":"float-amount","account":"acct","amount":1.5})", "undecodable_payload"},
-      {"bad-utf8", std::string("{\"message_id\":\"bad-utf8\",\"account\":\"\xff\xfe\",\"amount\":1}"),
+      {"bad-utf8",
+       std::string("{\"message_id\":\"bad-utf8\",\"account\":\"\xff\xfe\",\"amount\":1}"),
        "undecodable_payload"},
       {"", std::string("\xc3\x28\xa0\xa1", 4), "undecodable_payload"},
       {"", R"({"message_id":"","account":"acct","amount":1})", "invalid_id"},
@@ -122,8 +126,9 @@ TEST_F(PoisonTest, BadInputIsProcessedOrDeadLetteredNeverDropped) {
     }
   }
   auto child = start_consumer({"--max-payload", std::to_string(max)});
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries WHERE message_id = 'last-good'") == 1; },
-                         std::chrono::seconds(30)));
+  ASSERT_TRUE(wait_until(
+      [&] { return q("SELECT count(*) FROM ledger_entries WHERE message_id = 'last-good'") == 1; },
+      std::chrono::seconds(30)));
   stop_and_count(*child, "processed");
 
   std::map<std::string, int64_t> expected;
@@ -133,7 +138,8 @@ TEST_F(PoisonTest, BadInputIsProcessedOrDeadLetteredNeverDropped) {
   for (const auto& [reason, n] : expected) {
     if (reason == "processed") continue;
     dead += n;
-    EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = '" + reason + "'"), n) << reason;
+    EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = '" + reason + "'"), n)
+        << reason;
   }
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), dead);
   // Every published message has a record: processed, or dead-lettered.

@@ -27,8 +27,8 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
-Outcome run_program(const TempDir& dir, const std::vector<std::string>& argv, const std::string& log,
-        seconds timeout = seconds(20)) {
+Outcome run_program(const TempDir& dir, const std::vector<std::string>& argv,
+                    const std::string& log, seconds timeout = seconds(20)) {
   Child c(argv, dir.file(log));
   const int st = c.wait(timeout);
   Outcome r;
@@ -48,14 +48,26 @@ class ProgramsTest : public ExampleProgramTest {
   // The smallest command line each program accepts, against the test's broker and file.
   std::vector<std::string> base(const std::string& program) const {
     if (program == "ledger_consumer" || program == "event_consumer")
-      return {built_program(program), "--broker", broker_.uri(), "--client-id", client_id_,
-              "--topic", "credits/#", "--db", db_};
+      return {built_program(program),
+              "--broker",
+              broker_.uri(),
+              "--client-id",
+              client_id_,
+              "--topic",
+              "credits/#",
+              "--db",
+              db_};
     if (program == "sensor_gateway")
-      return {built_program(program), "--broker", broker_.uri(), "--client-id", client_id_,
-              "--db", db_};
+      return {built_program(program),
+              "--broker",
+              broker_.uri(),
+              "--client-id",
+              client_id_,
+              "--db",
+              db_};
     if (program == "publisher")
-      return {built_program(program), "--broker", broker_.uri(), "--topic", "credits/x",
-              "--client-id", "pub-" + client_id_};
+      return {built_program(program), "--broker",         broker_.uri(), "--topic", "credits/x",
+              "--client-id",          "pub-" + client_id_};
     // The admin tool: a command that needs the database (absent: exit 3 if parsed).
     return {built_program("mqtt-inbox"), "stats", db_};
   }
@@ -73,14 +85,15 @@ class ProgramsTest : public ExampleProgramTest {
     EXPECT_EQ(r.exit_code, 1) << program << " " << what << ":\n" << r.output;
     EXPECT_NE(r.output.find(program + ": "), std::string::npos) << what << ":\n" << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos)
-        << program << " " << what << ": no '" << needle << "' in:\n" << r.output;
+        << program << " " << what << ": no '" << needle << "' in:\n"
+        << r.output;
     EXPECT_FALSE(exists(db_)) << program << " " << what << ": the database was created";
     EXPECT_EQ(broker_connections(), 0u) << program << " " << what << ": it connected";
   }
 };
 
-const char* const kPrograms[] = {"ledger_consumer", "event_consumer", "sensor_gateway",
-                                 "publisher", "mqtt-inbox"};
+const char* const kPrograms[] = {"ledger_consumer", "event_consumer", "sensor_gateway", "publisher",
+                                 "mqtt-inbox"};
 
 // Each kind of parse error CLI11 has a code of its own for, on every program: an unknown
 // option (109), a value that fails a check (105), a value of the wrong type (105/104), a
@@ -119,11 +132,13 @@ TEST_F(ProgramsTest, EveryUsageErrorOfEveryProgramExits1) {
 
 TEST_F(ProgramsTest, HelpExits0OnEveryProgram) {
   for (const std::string program : kPrograms) {
-    const Outcome r = run_program(dir_, {built_program(program), "--help"}, "help-" + program + ".log");
+    const Outcome r =
+        run_program(dir_, {built_program(program), "--help"}, "help-" + program + ".log");
     EXPECT_EQ(r.exit_code, 0) << program << ":\n" << r.output;
     EXPECT_NE(r.output.find("--"), std::string::npos) << program << ": no options listed";
   }
-  const Outcome r = run_program(dir_, {built_program("mqtt-inbox"), "outbox", "list", "--help"}, "help.log");
+  const Outcome r =
+      run_program(dir_, {built_program("mqtt-inbox"), "outbox", "list", "--help"}, "help.log");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(exists(db_));
 }
@@ -144,7 +159,7 @@ TEST_F(ProgramsTest, EveryTopicOptionIsCheckedAtStart) {
                         "--topic-prefix", bad},
                        "--topic-prefix", "probe-broker --topic-prefix");
   }
-  const std::vector<std::string> bad_filters = {"credits/#/x", "credits/a+", "", "#x",
+  const std::vector<std::string> bad_filters = {"credits/#/x",     "credits/a+",      "", "#x",
                                                 "$share//credits", "credits/\xc0\xaf"};
   for (const auto& bad : bad_filters) {
     SCOPED_TRACE("filter '" + bad + "'");
@@ -171,9 +186,8 @@ TEST_P(PublisherRestartTest, PublisherRidesOutABrokerRestart) {
     constexpr int kCredits = 3000;
     const std::string log = "publisher-" + version + ".log";
     Child pub({built_program("publisher"), "--broker", broker_.uri(), "--topic", "credits/r",
-               "--count", std::to_string(kCredits), "--accounts", "7", "--id-prefix",
-               "r" + version, "--client-id", "pub-" + client_id_, "--mqtt-version", version,
-               "--rate", "1000"},
+               "--count", std::to_string(kCredits), "--accounts", "7", "--id-prefix", "r" + version,
+               "--client-id", "pub-" + client_id_, "--mqtt-version", version, "--rate", "1000"},
               dir_.file(log));
     std::this_thread::sleep_for(milliseconds(1000));
     ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
@@ -193,8 +207,8 @@ TEST_P(PublisherRestartTest, PublisherRidesOutABrokerRestart) {
     const int64_t total = std::stoll(out.substr(at + 13));
 
     auto ledger = start_ledger("ledger-" + version + ".log");
-    EXPECT_TRUE(wait_until(
-        [&] { return q("SELECT count(*) FROM ledger_entries") == kCredits; }, seconds(60)))
+    EXPECT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == kCredits; },
+                           seconds(60)))
         << q("SELECT count(*) FROM ledger_entries") << " of " << kCredits << " credits applied";
     EXPECT_EQ(q("SELECT count(DISTINCT message_id) FROM ledger_entries"), kCredits);
     EXPECT_EQ(q("SELECT sum(balance) FROM accounts"), total);
@@ -213,8 +227,8 @@ TEST_F(ProgramsTest, PublisherGivesUpWhenTheBrokerStaysAway) {
     SCOPED_TRACE("MQTT " + version);
     const std::string log = "publisher-away-" + version + ".log";
     Child pub({built_program("publisher"), "--broker", broker_.uri(), "--topic", "credits/a",
-               "--count", "5000", "--client-id", "pub-" + client_id_, "--mqtt-version",
-               version, "--rate", "500", "--ack-timeout-ms", "3000"},
+               "--count", "5000", "--client-id", "pub-" + client_id_, "--mqtt-version", version,
+               "--rate", "500", "--ack-timeout-ms", "3000"},
               dir_.file(log));
     std::this_thread::sleep_for(milliseconds(1000));
     ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
@@ -226,7 +240,7 @@ TEST_F(ProgramsTest, PublisherGivesUpWhenTheBrokerStaysAway) {
     broker_.start();
     const std::string out = read_text(dir_.file(log));
     ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st << "\n"
-                                                                    << out;
+                                                                   << out;
     EXPECT_LT(took, seconds(10)) << out;
     EXPECT_NE(out.find("publisher: no PUBACK for 3000 ms"), std::string::npos) << out;
     EXPECT_EQ(out.find("total_amount="), std::string::npos) << out;
@@ -247,8 +261,8 @@ TEST_F(ProgramsTest, ALostSessionIsSeenAfterTheFact) {
   EXPECT_NE(read_text(prom).find("mqtt_inbox_sessions_lost_total"), std::string::npos)
       << read_text(prom);
   // The takeover with a clean session: the broker deletes the consumer's session.
-  ASSERT_EQ(::system(("mosquitto_pub -h 127.0.0.1 -p " + std::to_string(broker_.port()) +
-                      " -i '" + client_id_ + "' -t takeover/x -m x -q 0")
+  ASSERT_EQ(::system(("mosquitto_pub -h 127.0.0.1 -p " + std::to_string(broker_.port()) + " -i '" +
+                      client_id_ + "' -t takeover/x -m x -q 0")
                          .c_str()),
             0);
   auto again = start_ledger("again.log", {"--prometheus-textfile", prom});
@@ -267,8 +281,8 @@ TEST_F(ProgramsTest, ALostSessionIsSeenAfterTheFact) {
   const Outcome json_run =
       run_program(dir_, {built_program("mqtt-inbox"), "--json", "stats", db_}, "stats.json");
   ASSERT_EQ(json_run.exit_code, 0) << json_run.output;
-  const auto j = nlohmann::json::parse(json_run.output.substr(json_run.output.find('{')),
-                                       nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::json::parse(json_run.output.substr(json_run.output.find('{')), nullptr,
+                                       /*allow_exceptions=*/false);
   ASSERT_TRUE(j.is_object()) << json_run.output;
   EXPECT_EQ(j["sessions_lost"], 1) << json_run.output;
   ASSERT_EQ(j["sessions"].size(), 1u) << json_run.output;
@@ -284,9 +298,9 @@ TEST_F(ProgramsTest, ALostSessionIsSeenAfterTheFact) {
 TEST(TopicChecks, NamesAndFilters) {
   for (const char* ok : {"a", "a/b", "/", "a//b", "$SYS/x", "é/ü"})
     EXPECT_TRUE(check_topic_name(ok).ok()) << ok;
-  for (const std::string& bad : {std::string(), std::string("a/+"), std::string("#"),
-                                std::string("a\0b", 3), std::string("\xed\xa0\x80"),
-                                std::string(65536, 'a')})
+  for (const std::string& bad :
+       {std::string(), std::string("a/+"), std::string("#"), std::string("a\0b", 3),
+        std::string("\xed\xa0\x80"), std::string(65536, 'a')})
     EXPECT_EQ(check_topic_name(bad, "--x").code(), Status::Code::kInvalidArgument)
         << bad.size() << " bytes";
   EXPECT_NE(check_topic_name("a/+", "--emit-topic").message().find("--emit-topic"),

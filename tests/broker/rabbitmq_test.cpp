@@ -30,9 +30,9 @@ class RabbitMqTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete node_;
     node_ = nullptr;
-    std::printf("[rabbitmq] suite with its node: %.1f s\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - suite_start_)
-                    .count());
+    std::printf(
+        "[rabbitmq] suite with its node: %.1f s\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - suite_start_).count());
   }
   void SetUp() override {
     // No silent skip: the suite installs rabbitmq-server (scripts/lib.sh).
@@ -41,7 +41,10 @@ class RabbitMqTest : public ::testing::Test {
 
   BrokerUnderTest broker() {
     RabbitMq* n = node_;
-    return {"rabbitmq", n->uri(), MqttVersion::kV3_1_1, [n] { n->stop(); },
+    return {"rabbitmq",
+            n->uri(),
+            MqttVersion::kV3_1_1,
+            [n] { n->stop(); },
             [n] {
               n->start();
               std::printf("[rabbitmq] restarted in %.1f s\n", n->last_start_seconds());
@@ -60,7 +63,8 @@ std::chrono::steady_clock::time_point RabbitMqTest::suite_start_;
 
 TEST_F(RabbitMqTest, ExactlyOnceUnderSigkill) {
   TempDir dir;
-  core_case_exactly_once_under_sigkill(ChildConsumers(dir.path(), node_->uri(), "3.1.1", "rmq-crash"));
+  core_case_exactly_once_under_sigkill(
+      ChildConsumers(dir.path(), node_->uri(), "3.1.1", "rmq-crash"));
 }
 
 TEST_F(RabbitMqTest, PersistentSessionDeliversWhatArrivedWhileOffline) {

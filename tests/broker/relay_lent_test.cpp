@@ -127,8 +127,9 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
   EXPECT_LE(after.connects, up_sub_->connects());
   EXPECT_GE(after.offline_ms, 300);  // at least the 300 ms the test waited, broker down
   EXPECT_GE(after.acks_by_reason.at(0x00), 300);
-  EXPECT_EQ(query_int(up_path_, "SELECT count(*) FROM inbox_processed WHERE consumer_name = "
-                                "'commands'"),
+  EXPECT_EQ(query_int(up_path_,
+                      "SELECT count(*) FROM inbox_processed WHERE consumer_name = "
+                      "'commands'"),
             240);
 }
 
@@ -141,8 +142,8 @@ TEST_F(RelayLentTest, HandlerEventsArriveOnceInOrderAcrossABrokerRestart) {
 TEST_F(RelayLentTest, WindowInFlightAcrossAnOutageKeepsPerKeyOrder) {
   start_upstream(/*relay_first=*/true, /*max_inflight=*/64);
   enqueue_events(0, 4000, 3);  // store-and-forward rows: the relay publishes at full speed
-  ASSERT_TRUE(wait_until([&] { return up_count("state = 'sent'") >= 300; },
-                         std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      wait_until([&] { return up_count("state = 'sent'") >= 300; }, std::chrono::seconds(30)));
   broker_.stop();  // mid-stream: publishes in flight, rows still pending
   EXPECT_TRUE(wait_until([&] { return !relay_->is_connected(); }, std::chrono::seconds(10)));
   ASSERT_GT(up_count("state = 'pending'"), 0) << "the relay was done before the outage";
@@ -262,13 +263,12 @@ TEST_F(RelayLentTest, AHandlersCommitWakesTheRelay) {
   for (int round = 0; round < 3; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     send_commands(pub, round * 10, round * 10 + 10);
-    EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; },
-                           std::chrono::seconds(1)))
+    EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; }, std::chrono::seconds(1)))
         << "round " << round << ": received " << received();
-    EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - t0)
-                  .count(),
-              1000)
+    EXPECT_LT(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count(),
+        1000)
         << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }

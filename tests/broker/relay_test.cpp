@@ -32,8 +32,7 @@ class RelayTest : public RelayFixture {
       for (int n = 0; n < 41; ++n) {
         const std::string key = "k" + std::to_string(n % 3);
         const bool big = n == 20;
-        OutgoingMessage m = event(big ? 1000 : n, key, "events/" + key,
-                                                big ? kMaxPacket + 100 : 0);
+        OutgoingMessage m = event(big ? 1000 : n, key, "events/" + key, big ? kMaxPacket + 100 : 0);
         const Status s = outbox_->enqueue(db, m);
         ASSERT_TRUE(s.ok()) << s.to_string();
       }
@@ -42,9 +41,9 @@ class RelayTest : public RelayFixture {
     ASSERT_TRUE(relay.start().ok());
     expect_delivered_once(40);
     EXPECT_EQ(up_count("state = 'dead'"), 1);
-    EXPECT_EQ(up_count("message_id = 'evt-1000' AND state = 'dead' AND dead_reason = '" +
-                         reason + "'"),
-              1);
+    EXPECT_EQ(
+        up_count("message_id = 'evt-1000' AND state = 'dead' AND dead_reason = '" + reason + "'"),
+        1);
     ASSERT_TRUE(relay.stop().ok());
   }
 
@@ -67,7 +66,8 @@ TEST_F(RelayTest, StreamArrivesOnceInPerKeyOrderWithinTheWindow) {
   ASSERT_TRUE(relay->start().ok());
   ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
   // A frozen broker acknowledges nothing: the relay fills its window and stops there.
-  expect_window_fills(*relay, [&] { enqueue_events(0, 300, 3); }, 8);
+  expect_window_fills(
+      *relay, [&] { enqueue_events(0, 300, 3); }, 8);
   expect_delivered_once(300);
   enqueue_events(300, 400, 3);  // rows committed while the relay runs
   relay->notify();
@@ -94,7 +94,8 @@ TEST_F(RelayTest, LargeWindowNeverOverrunsPahosBuffer) {
   EXPECT_EQ(relay->counters().receive_maximum, 500);
   // 700 rows, none acknowledged: exactly the broker's 500 go out, far beyond Paho's
   // default buffer, and the rest wait for PUBACKs.
-  expect_window_fills(*relay, [&] { enqueue_events(0, 700, 1); }, 500);
+  expect_window_fills(
+      *relay, [&] { enqueue_events(0, 700, 1); }, 500);
   expect_delivered_once(700);
   const RelayCounters c = relay->counters();
   EXPECT_EQ(c.max_inflight_seen, 500);
@@ -153,12 +154,12 @@ TEST_F(RelayTest, StopAndRestartLosesNothing) {
 // events around it arrive.
 TEST_F(RelayTest, LedgerConsumerMaxPacketSizeDeadLettersTheOversizedEventAlone) {
   const std::string ledger_db = dir_.file("ledger.db");
-  Child consumer(with_emulator({built_program("ledger_consumer"), "--broker", broker_.uri(),
-                                "--client-id", "ledger-max-" + std::to_string(::getpid()),
-                                "--topic", "credits/#", "--db", ledger_db, "--emit-topic",
-                                "events/credited", "--max-packet-size",
-                                std::to_string(kMaxPacket)}),
-                 dir_.file("ledger.log"));
+  Child consumer(
+      with_emulator({built_program("ledger_consumer"), "--broker", broker_.uri(), "--client-id",
+                     "ledger-max-" + std::to_string(::getpid()), "--topic", "credits/#", "--db",
+                     ledger_db, "--emit-topic", "events/credited", "--max-packet-size",
+                     std::to_string(kMaxPacket)}),
+      dir_.file("ledger.log"));
   ASSERT_TRUE(wait_until(
       [&] { return read_file(dir_.file("ledger.log")).find("consuming: ") != std::string::npos; },
       std::chrono::seconds(15)))
@@ -174,8 +175,9 @@ TEST_F(RelayTest, LedgerConsumerMaxPacketSizeDeadLettersTheOversizedEventAlone) 
   }
   EXPECT_TRUE(wait_until(
       [&] {
-        return query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = "
-                                    "'pending'") == 0 &&
+        return query_int(ledger_db,
+                         "SELECT count(*) FROM outbox_messages WHERE state = "
+                         "'pending'") == 0 &&
                query_int(ledger_db, "SELECT count(*) FROM outbox_messages") == 41;
       },
       std::chrono::seconds(60)));
@@ -184,12 +186,12 @@ TEST_F(RelayTest, LedgerConsumerMaxPacketSizeDeadLettersTheOversizedEventAlone) 
   EXPECT_EQ(consumer.wait(std::chrono::seconds(20)), 0);
   EXPECT_EQ(received(), 40);
   EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM ledger_entries"), 41);
-  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' "
-                                 "AND dead_reason = 'payload_too_large' AND message_id = '" +
-                                     big_id + "/credited' AND attempts = 0"),
+  EXPECT_EQ(query_int(ledger_db,
+                      "SELECT count(*) FROM outbox_messages WHERE state = 'dead' "
+                      "AND dead_reason = 'payload_too_large' AND message_id = '" +
+                          big_id + "/credited' AND attempts = 0"),
             1);
-  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent'"),
-            40);
+  EXPECT_EQ(query_int(ledger_db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent'"), 40);
 }
 
 // Rows that can never be published become outbox dead letters before they are sent, and
@@ -389,7 +391,6 @@ TEST(RelayPoison, DeniedPublishIsDeadLetteredAndTheStreamGoesOn) {
   EXPECT_NE(dead[0].reason_text.find("135"), std::string::npos) << dead[0].reason_text;
 }
 
-
 // A broker restart (persistence on) with a full window of publishes in flight and
 // unread: their tokens fail without a PUBACK (MQTT 3.1.1: Paho C++ reports reason code
 // 255 for each), so they are published again after the reconnect, never dead letters.
@@ -479,9 +480,9 @@ TEST_P(RelayVersionTest, ACommitThatEnqueuedWakesTheRelay) {
     EXPECT_TRUE(wait_until([&] { return received() >= round * 10 + 10; },
                            std::chrono::milliseconds(budget_ms)))
         << "round " << round << ": received " << received();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     EXPECT_LT(ms, budget_ms) << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }

@@ -132,7 +132,8 @@ TEST_F(ServiceE2ETest, LedgerConsumerReadyWatchdogStatusStuckStoreAndStopping) {
   ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
   expect_ready_status({"not connected", "connected"});
   EXPECT_TRUE(exists(lock_file)) << diagnostics();
-  ASSERT_TRUE(wait_status_is("connected; processed 0; dead letters 0", seconds(30))) << diagnostics();
+  ASSERT_TRUE(wait_status_is("connected; processed 0; dead letters 0", seconds(30)))
+      << diagnostics();
 
   int64_t total = 0;
   {
@@ -151,13 +152,13 @@ TEST_F(ServiceE2ETest, LedgerConsumerReadyWatchdogStatusStuckStoreAndStopping) {
   // Another process holds the write lock while a credit arrives: the consumer waits
   // without acking; past --stuck-limit-ms the pings stop and STATUS says why.
   const std::string locked = dir_.file("locked"), release = dir_.file("release");
-  Child locker({"/usr/bin/sqlite3", db, ".timeout 5000", "BEGIN EXCLUSIVE;",
-                "INSERT INTO accounts (account, balance) VALUES ('locker', 0);",
-                ".shell touch " + locked,
-                ".shell i=0; while [ ! -e " + release +
-                    " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
-                "ROLLBACK;"},
-               dir_.file("locker.log"));
+  Child locker(
+      {"/usr/bin/sqlite3", db, ".timeout 5000", "BEGIN EXCLUSIVE;",
+       "INSERT INTO accounts (account, balance) VALUES ('locker', 0);", ".shell touch " + locked,
+       ".shell i=0; while [ ! -e " + release +
+           " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+       "ROLLBACK;"},
+      dir_.file("locker.log"));
   ASSERT_TRUE(wait_until([&] { return exists(locked); }, seconds(10)));
   mark = socket_->size();
   {
@@ -168,7 +169,7 @@ TEST_F(ServiceE2ETest, LedgerConsumerReadyWatchdogStatusStuckStoreAndStopping) {
   ASSERT_TRUE(socket_->wait_status("stuck", seconds(15), mark)) << diagnostics();
   ASSERT_TRUE(socket_->wait_status("watchdog pings stopped", seconds(15), mark)) << diagnostics();
   EXPECT_NE(last_status().find("ledger: store failed: busy"), std::string::npos) << last_status();
-  socket_->collect(milliseconds(250));  // a ping already on its way
+  socket_->collect(milliseconds(250));                      // a ping already on its way
   const auto quiet = socket_->collect(milliseconds(1800));  // three watchdog intervals
   for (const auto& n : quiet) EXPECT_FALSE(n.has("WATCHDOG=1")) << diagnostics();
   EXPECT_EQ(query_int(db, "SELECT count(*) FROM ledger_entries"), 10);
@@ -198,13 +199,14 @@ TEST_F(ServiceE2ETest, SensorGatewayReadyStatusAndStopping) {
     GTEST_SKIP() << "built without libsystemd: checked that nothing is sent";
   }
   ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
-  ASSERT_TRUE(wait_status_is("connected; processed 0; dead letters 0", seconds(30))) << diagnostics();
+  ASSERT_TRUE(wait_status_is("connected; processed 0; dead letters 0", seconds(30)))
+      << diagnostics();
   {
     TestPublisher pub(broker_.uri(), true);
     for (int i = 0; i < 6; ++i)
       pub.publish("sensors/dev-" + std::to_string(i % 2) + "/reading",
-                  "{\"message_id\":\"r-" + std::to_string(i) + "\",\"value\":" +
-                      std::to_string(20 + i) + "}");
+                  "{\"message_id\":\"r-" + std::to_string(i) +
+                      "\",\"value\":" + std::to_string(20 + i) + "}");
     pub.publish("sensors/dev-0/reading", "{\"message_id\":\"r-bad\"}");  // no value
   }
   ASSERT_TRUE(wait_status_is("connected; processed 6; dead letters 1", seconds(30)))
@@ -221,17 +223,17 @@ TEST_F(ServiceE2ETest, SensorGatewayReadyStatusAndStopping) {
 TEST_F(ServiceE2ETest, ReadyWithoutABrokerAndStatusSaysWhyNotConnected) {
   broker_.stop();  // nothing listens on its port until start() below
   const std::string db = dir_.file("ledger.db");
-  auto consumer = start_service({built_program("ledger_consumer"), "--broker", broker_.uri(),
-                                 "--client-id", "svc-offline", "--topic", "credits/#", "--db",
-                                 db, "--mqtt-version", "5"});
+  auto consumer =
+      start_service({built_program("ledger_consumer"), "--broker", broker_.uri(), "--client-id",
+                     "svc-offline", "--topic", "credits/#", "--db", db, "--mqtt-version", "5"});
   if (!ServiceNotifier::supported()) {
     EXPECT_TRUE(socket_->collect(seconds(2)).empty()) << diagnostics();
     GTEST_SKIP() << "built without libsystemd: checked that nothing is sent";
   }
   ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
   expect_ready_status({"not connected"});
-  ASSERT_TRUE(socket_->wait_status("not connected; processed 0; dead letters 0; mqtt: ",
-                                   seconds(30)))
+  ASSERT_TRUE(
+      socket_->wait_status("not connected; processed 0; dead letters 0; mqtt: ", seconds(30)))
       << diagnostics();
   EXPECT_GE(socket_->count_line("WATCHDOG=1"), 1u) << "not connected is not stuck";
 

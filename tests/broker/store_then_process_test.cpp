@@ -22,12 +22,14 @@ using namespace std::chrono_literals;
 
 // The business table of these tests: one row per handler run, in the order of the runs.
 void create_runs_table(SQLite::Database& db) {
-  db.exec("CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, device TEXT NOT NULL,"
-          " message_id TEXT NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL)");
+  db.exec(
+      "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, device TEXT NOT NULL,"
+      " message_id TEXT NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL)");
 }
 
 void record_run(SQLite::Database& db, const StoredDelivery& d) {
-  SQLite::Statement q(db, "INSERT INTO runs (device, message_id, seq, attempt) VALUES (?1, ?2, ?3, ?4)");
+  SQLite::Statement q(
+      db, "INSERT INTO runs (device, message_id, seq, attempt) VALUES (?1, ?2, ?3, ?4)");
   q.bind(1, d.aggregate_key);
   q.bind(2, d.message_id);
   q.bind(3, d.seq);
@@ -85,7 +87,10 @@ class StoreThenProcessTest : public ::testing::Test {
   }
   bool wait_settled(std::chrono::milliseconds t = 15s) {
     return wait_until(
-        [&] { return q("SELECT count(*) FROM inbox_messages WHERE status IN ('pending','processing')") == 0; },
+        [&] {
+          return q("SELECT count(*) FROM inbox_messages WHERE status IN "
+                   "('pending','processing')") == 0;
+        },
         t);
   }
 
@@ -96,14 +101,17 @@ class StoreThenProcessTest : public ::testing::Test {
 
 TEST_F(StoreThenProcessTest, DuplicateAtReceiptIsDroppedAndProcessedOnce) {
   std::atomic<int> calls{0};
-  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) {
-    ++calls;
-    record_run(db, d);
-  }, fast_options());
+  auto stp = make(
+      [&](SQLite::Database& db, const StoredDelivery& d) {
+        ++calls;
+        record_run(db, d);
+      },
+      fast_options());
   // Stored before any worker runs: receipt alone decides.
   EXPECT_EQ(stp->handle(reading("d1", "r-1")), Outcome::kProcessed);
   EXPECT_EQ(stp->handle(reading("d1", "r-1")), Outcome::kDuplicate);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'r-1' AND status = 'pending'"), 1);
+  EXPECT_EQ(
+      q("SELECT count(*) FROM inbox_messages WHERE message_id = 'r-1' AND status = 'pending'"), 1);
   ASSERT_TRUE(stp->start().ok());
   ASSERT_TRUE(wait_runs(1));
   ASSERT_TRUE(wait_settled());
@@ -113,7 +121,8 @@ TEST_F(StoreThenProcessTest, DuplicateAtReceiptIsDroppedAndProcessedOnce) {
   ASSERT_TRUE(stp->stop().ok());
   EXPECT_EQ(calls.load(), 1);
   EXPECT_EQ(q("SELECT count(*) FROM runs WHERE message_id = 'r-1'"), 1);
-  EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'r-1' AND status = 'done'"), 1);
+  EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'r-1' AND status = 'done'"),
+            1);
   EXPECT_EQ(stp->counters().duplicates, 2);
   EXPECT_EQ(stp->counters().stored, 1);
 }
@@ -169,7 +178,8 @@ TEST_F(StoreThenProcessTest, BadInputIsDeadLetteredAtReceipt) {
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'missing_id'"), 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'payload_too_large'"), 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'undecodable_payload'"
-              " AND message_id = 'k-1'"), 1);
+              " AND message_id = 'k-1'"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages"), 0);
 }
 
@@ -179,11 +189,13 @@ TEST_F(StoreThenProcessTest, BadInputIsDeadLetteredAtReceipt) {
 TEST_F(StoreThenProcessTest, FailingRowBlocksItsAggregateThenPoisonIsDeadLettered) {
   auto o = fast_options();
   o.consumer.max_attempts = 3;
-  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) {
-    if (d.message_id == "a-2" && d.attempt < 3) throw std::runtime_error("flaky");
-    if (d.message_id == "b-2") throw std::runtime_error("poison");
-    record_run(db, d);
-  }, o);
+  auto stp = make(
+      [&](SQLite::Database& db, const StoredDelivery& d) {
+        if (d.message_id == "a-2" && d.attempt < 3) throw std::runtime_error("flaky");
+        if (d.message_id == "b-2") throw std::runtime_error("poison");
+        record_run(db, d);
+      },
+      o);
   for (int i = 1; i <= 4; ++i) {
     ASSERT_EQ(stp->handle(reading("a", "a-" + std::to_string(i))), Outcome::kProcessed);
     ASSERT_EQ(stp->handle(reading("b", "b-" + std::to_string(i))), Outcome::kProcessed);
@@ -199,9 +211,11 @@ TEST_F(StoreThenProcessTest, FailingRowBlocksItsAggregateThenPoisonIsDeadLettere
             (std::vector<std::string>{"b-1", "b-3", "b-4"}));
   EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'a-2'"), 3);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'b-2' AND status = 'dead'"
-              " AND attempts = 3"), 1);
+              " AND attempts = 3"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'b-2'"
-              " AND reason = 'handler_failed' AND attempts = 3"), 1);
+              " AND reason = 'handler_failed' AND attempts = 3"),
+            1);
   // a-3 ran only after a-2 finally committed: the retry blocked it.
   EXPECT_LT(q("SELECT id FROM runs WHERE message_id = 'a-2'"),
             q("SELECT id FROM runs WHERE message_id = 'a-3'"));
@@ -216,16 +230,18 @@ TEST_F(StoreThenProcessTest, ThreeAggregatesAreProcessedInReceivedOrderEach) {
   auto o = fast_options();
   std::mutex rng_mu;
   std::mt19937 rng(42);
-  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) {
-    int sleep_ms;
-    {
-      std::lock_guard<std::mutex> lock(rng_mu);
-      sleep_ms = static_cast<int>(rng() % 4);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    if (d.message_id == "north-3" && d.attempt == 1) throw std::runtime_error("flaky once");
-    record_run(db, d);
-  }, o);
+  auto stp = make(
+      [&](SQLite::Database& db, const StoredDelivery& d) {
+        int sleep_ms;
+        {
+          std::lock_guard<std::mutex> lock(rng_mu);
+          sleep_ms = static_cast<int>(rng() % 4);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+        if (d.message_id == "north-3" && d.attempt == 1) throw std::runtime_error("flaky once");
+        record_run(db, d);
+      },
+      o);
   ASSERT_TRUE(stp->start().ok());
   SubscriberOptions so;
   so.broker_uri = broker.uri();
@@ -260,7 +276,8 @@ TEST_F(StoreThenProcessTest, ThreeAggregatesAreProcessedInReceivedOrderEach) {
   ASSERT_TRUE(sub->stop().ok());
   ASSERT_TRUE(stp->stop().ok());
   for (const auto& s : sent) {
-    EXPECT_EQ(column(db_path_, "SELECT message_id FROM runs WHERE device = '" + s.first + "' ORDER BY id"),
+    EXPECT_EQ(column(db_path_,
+                     "SELECT message_id FROM runs WHERE device = '" + s.first + "' ORDER BY id"),
               s.second)
         << s.first;
     // Received order is seq order.
@@ -290,10 +307,14 @@ TEST_F(StoreThenProcessTest, ReplayOfTimeRangeRerunsExactlyThoseRows) {
   batch("late-");
   ASSERT_TRUE(wait_runs(15));
   ASSERT_TRUE(wait_settled());
-  const int64_t since = q("SELECT min(received_at) FROM inbox_messages WHERE message_id LIKE 'middle-%'");
-  const int64_t before = q("SELECT max(received_at) FROM inbox_messages WHERE message_id LIKE 'middle-%'") + 1;
-  ASSERT_LT(q("SELECT max(received_at) FROM inbox_messages WHERE message_id LIKE 'early-%'"), since);
-  ASSERT_GE(q("SELECT min(received_at) FROM inbox_messages WHERE message_id LIKE 'late-%'"), before);
+  const int64_t since =
+      q("SELECT min(received_at) FROM inbox_messages WHERE message_id LIKE 'middle-%'");
+  const int64_t before =
+      q("SELECT max(received_at) FROM inbox_messages WHERE message_id LIKE 'middle-%'") + 1;
+  ASSERT_LT(q("SELECT max(received_at) FROM inbox_messages WHERE message_id LIKE 'early-%'"),
+            since);
+  ASSERT_GE(q("SELECT min(received_at) FROM inbox_messages WHERE message_id LIKE 'late-%'"),
+            before);
 
   ReplayFilter f;
   f.received_since_ms = since;
@@ -306,12 +327,15 @@ TEST_F(StoreThenProcessTest, ReplayOfTimeRangeRerunsExactlyThoseRows) {
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(q("SELECT count(*) FROM runs"), 20);
   EXPECT_EQ(q("SELECT count(*) FROM (SELECT message_id FROM runs GROUP BY message_id"
-              " HAVING count(*) = 2 AND message_id LIKE 'middle-%')"), 5);
+              " HAVING count(*) = 2 AND message_id LIKE 'middle-%')"),
+            5);
   EXPECT_EQ(q("SELECT count(*) FROM (SELECT message_id FROM runs GROUP BY message_id"
-              " HAVING count(*) = 1)"), 10);
+              " HAVING count(*) = 1)"),
+            10);
   // The re-runs happened in order per device, after the first runs.
-  EXPECT_EQ(column(db_path_, "SELECT message_id FROM runs WHERE id > 15 AND device = 'd0' ORDER BY id"),
-            (std::vector<std::string>{"middle-0", "middle-2", "middle-4"}));
+  EXPECT_EQ(
+      column(db_path_, "SELECT message_id FROM runs WHERE id > 15 AND device = 'd0' ORDER BY id"),
+      (std::vector<std::string>{"middle-0", "middle-2", "middle-4"}));
 
   // Replay by message id; then compaction makes rows unreplayable.
   ReplayFilter one;
@@ -342,7 +366,8 @@ TEST_F(StoreThenProcessTest, PruneDeletesFinishedRowsAfterTheDedupWindow) {
   o.prune_interval_ms = 0;  // only the explicit prune() below
   auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); }, o);
   ASSERT_TRUE(stp->start().ok());
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(stp->handle(reading("d", "p-" + std::to_string(i))), Outcome::kProcessed);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(stp->handle(reading("d", "p-" + std::to_string(i))), Outcome::kProcessed);
   ASSERT_TRUE(wait_runs(3));
   ASSERT_TRUE(wait_settled());
   ASSERT_TRUE(stp->stop().ok());
@@ -363,7 +388,8 @@ TEST_F(StoreThenProcessTest, PruneKeepsRowsARecordedSessionCanStillRedeliver) {
   o.prune_interval_ms = 0;
   auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); }, o);
   ASSERT_TRUE(stp->start().ok());
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(stp->handle(reading("d", "k-" + std::to_string(i))), Outcome::kProcessed);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(stp->handle(reading("d", "k-" + std::to_string(i))), Outcome::kProcessed);
   ASSERT_TRUE(wait_runs(3));
   ASSERT_TRUE(wait_settled());
   ASSERT_TRUE(stp->stop().ok());
@@ -400,11 +426,13 @@ TEST_F(StoreThenProcessTest, ReaperReturnsExpiredClaimsCountingTheRunningRowOnly
   auto o = fast_options();
   o.lease_ms = 50;
   auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) { record_run(db, d); }, o);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(stp->handle(reading("d", "x-" + std::to_string(i))), Outcome::kProcessed);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(stp->handle(reading("d", "x-" + std::to_string(i))), Outcome::kProcessed);
   // A dead process's batch: claimed, never finished.
   inbox_->with_connection([](SQLite::Database& db) {
-    db.exec("UPDATE inbox_messages SET status = 'processing', claimant = 'dead/w0/1',"
-            " claimed_at = 1000");
+    db.exec(
+        "UPDATE inbox_messages SET status = 'processing', claimant = 'dead/w0/1',"
+        " claimed_at = 1000");
   });
   int64_t reaped = 0;
   ASSERT_TRUE(stp->reap(&reaped).ok());
@@ -430,10 +458,13 @@ TEST_F(StoreThenProcessTest, SlowPrepareThatLosesItsClaimNeverDoublesTheEffect) 
     if (d.message_id == "slow-1" && d.attempt == 1) std::this_thread::sleep_for(300ms);
     return d.seq * 10;
   };
-  auto stp = make([&](SQLite::Database& db, const StoredDelivery& d) {
-    if (std::any_cast<int64_t>(d.prepared) != d.seq * 10) throw std::runtime_error("prepared lost");
-    record_run(db, d);
-  }, o);
+  auto stp = make(
+      [&](SQLite::Database& db, const StoredDelivery& d) {
+        if (std::any_cast<int64_t>(d.prepared) != d.seq * 10)
+          throw std::runtime_error("prepared lost");
+        record_run(db, d);
+      },
+      o);
   ASSERT_EQ(stp->handle(reading("s", "slow-1")), Outcome::kProcessed);
   ASSERT_EQ(stp->handle(reading("s", "slow-2")), Outcome::kProcessed);
   ASSERT_EQ(stp->handle(reading("t", "fast-1")), Outcome::kProcessed);
@@ -443,7 +474,8 @@ TEST_F(StoreThenProcessTest, SlowPrepareThatLosesItsClaimNeverDoublesTheEffect) 
   std::this_thread::sleep_for(400ms);  // the slow first run has finished by now
   ASSERT_TRUE(stp->stop().ok());
   EXPECT_EQ(q("SELECT count(*) FROM runs"), 3);
-  EXPECT_EQ(column(db_path_, "SELECT message_id || ':' || attempt FROM runs WHERE device = 's' ORDER BY id"),
+  EXPECT_EQ(column(db_path_,
+                   "SELECT message_id || ':' || attempt FROM runs WHERE device = 's' ORDER BY id"),
             (std::vector<std::string>{"slow-1:2", "slow-2:1"}));
   EXPECT_GE(stp->counters().claims_lost, 1);
   EXPECT_GE(stp->counters().reaped, 1);
@@ -454,14 +486,20 @@ TEST_F(StoreThenProcessTest, SlowPrepareThatLosesItsClaimNeverDoublesTheEffect) 
 class StpChildTest : public ChildConsumerTest {
  protected:
   std::unique_ptr<Child> start_stp(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {built_program("stp_consumer"), broker_.uri(), "stp-client",
-                                     "credits/#", db_path_, "--mqtt-version", "5"};
+    std::vector<std::string> argv = {built_program("stp_consumer"),
+                                     broker_.uri(),
+                                     "stp-client",
+                                     "credits/#",
+                                     db_path_,
+                                     "--mqtt-version",
+                                     "5"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(argv, log_path());
   }
   void create_stp_session() {
     auto first = start_stp();
-    ASSERT_TRUE(wait_until([&] { return log_text().find("consuming: ") != std::string::npos; }, 10s));
+    ASSERT_TRUE(
+        wait_until([&] { return log_text().find("consuming: ") != std::string::npos; }, 10s));
     std::this_thread::sleep_for(300ms);
     first->signal(SIGTERM);
     ASSERT_NE(first->wait(10s), -1);
@@ -475,9 +513,10 @@ class StpChildTest : public ChildConsumerTest {
     EXPECT_EQ(q("SELECT count(*) FROM seen"), n);
     EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'done'"), n);
     for (const std::string& acct : column(db_path_, "SELECT DISTINCT account FROM seen")) {
-      EXPECT_EQ(column(db_path_, "SELECT message_id FROM seen WHERE account = '" + acct + "' ORDER BY id"),
-                column(db_path_, "SELECT message_id FROM inbox_messages WHERE aggregate_key = '" + acct +
-                                     "' ORDER BY seq"))
+      EXPECT_EQ(column(db_path_,
+                       "SELECT message_id FROM seen WHERE account = '" + acct + "' ORDER BY id"),
+                column(db_path_, "SELECT message_id FROM inbox_messages WHERE aggregate_key = '" +
+                                     acct + "' ORDER BY seq"))
           << acct;
     }
   }
@@ -493,13 +532,16 @@ TEST_F(StpChildTest, WorkerKilledMidHandlerIsReapedAndProcessedOnce) {
   auto child = start_stp({"--crash-in-handler", "c-3", "--workers", "1", "--lease-ms", "1000"});
   {
     TestPublisher pub(broker_.uri(), true);
-    for (int i = 0; i < 10; ++i) pub.credit("credits/x", "c-" + std::to_string(i), i % 2 ? "odd" : "even", 10 + i);
+    for (int i = 0; i < 10; ++i)
+      pub.credit("credits/x", "c-" + std::to_string(i), i % 2 ? "odd" : "even", 10 + i);
   }
   const int st = child->wait(20s);
   ASSERT_NE(st, -1) << "consumer did not crash";
   ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-3'"), 0);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'c-3' AND status = 'processing'"), 1);
+  EXPECT_EQ(
+      q("SELECT count(*) FROM inbox_messages WHERE message_id = 'c-3' AND status = 'processing'"),
+      1);
 
   auto restarted = start_stp({"--workers", "2", "--lease-ms", "1000"});
   ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 10; }, 20s));
@@ -508,7 +550,8 @@ TEST_F(StpChildTest, WorkerKilledMidHandlerIsReapedAndProcessedOnce) {
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-3'"), 1);
   EXPECT_EQ(q("SELECT attempts FROM inbox_messages WHERE message_id = 'c-3'"), 2);
   EXPECT_EQ(q("SELECT attempt FROM seen WHERE message_id = 'c-3'"), 2);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id <> 'c-3' AND attempts <> 1"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id <> 'c-3' AND attempts <> 1"),
+            0);
 }
 
 // A credit that kills the process in its handler every time, with the default lease of
@@ -519,11 +562,12 @@ TEST_F(StpChildTest, WorkerKilledMidHandlerIsReapedAndProcessedOnce) {
 TEST_F(StpChildTest, CrashLoopInTheHandlerIsDeadLetteredWithoutWaitingForLeases) {
   create_stp_session();
   const std::vector<std::string> args = {"--crash-in-handler", "c-3", "--workers", "1",
-                                         "--max-attempts", "3"};
+                                         "--max-attempts",     "3"};
   auto child = start_stp(args);
   {
     TestPublisher pub(broker_.uri(), true);
-    for (int i = 0; i < 10; ++i) pub.credit("credits/x", "c-" + std::to_string(i), i % 2 ? "odd" : "even", 10 + i);
+    for (int i = 0; i < 10; ++i)
+      pub.credit("credits/x", "c-" + std::to_string(i), i % 2 ? "odd" : "even", 10 + i);
   }
   const auto t0 = std::chrono::steady_clock::now();
   for (int crash = 1; crash <= 3; ++crash) {
@@ -534,14 +578,18 @@ TEST_F(StpChildTest, CrashLoopInTheHandlerIsDeadLetteredWithoutWaitingForLeases)
     child = start_stp(args);
   }
   // All ten stored (the broker redelivers the rest to each new process) and finished.
-  ASSERT_TRUE(wait_until([&] {
-    return q("SELECT count(*) FROM inbox_messages WHERE status IN ('done', 'dead')") == 10;
-  }, 15s));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q("SELECT count(*) FROM inbox_messages WHERE status IN ('done', 'dead')") == 10;
+      },
+      15s));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
   EXPECT_EQ(stop_and_count(*child, "dead_lettered"), 1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'c-3'"
-              " AND reason = 'handler_crashed' AND attempts = 3"), 1);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'c-3' AND status = 'dead'"), 1);
+              " AND reason = 'handler_crashed' AND attempts = 3"),
+            1);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'c-3' AND status = 'dead'"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-3'"), 0);
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 9);
   EXPECT_EQ(q("SELECT count(DISTINCT message_id) FROM seen"), 9);
@@ -550,10 +598,10 @@ TEST_F(StpChildTest, CrashLoopInTheHandlerIsDeadLetteredWithoutWaitingForLeases)
 }
 
 // sensor_gateway's field case (issue 27): a consumer killed with rows 'processing', then
-// the wall clock set back an hour. Here, with 360 credits for 12 devices, across two kills, the clock stepped back at the
-// first and forward at the second, and forward by hours while each process runs; each
-// restart also starts its monotonic clock elsewhere (a reboot). With the default lease of
-// 60 s: every restart returns the dead process's claims within seconds (nothing stalls),
+// the wall clock set back an hour. Here, with 360 credits for 12 devices, across two kills, the
+// clock stepped back at the first and forward at the second, and forward by hours while each
+// process runs; each restart also starts its monotonic clock elsewhere (a reboot). With the default
+// lease of 60 s: every restart returns the dead process's claims within seconds (nothing stalls),
 // no live claim is ever returned (each orphaned claim cost exactly one attempt, and the
 // last process lost no claim), and every credit is applied exactly once, in order.
 TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
@@ -565,8 +613,15 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
   };
   auto args = [&](int64_t steady_offset_ms) {
     // The slow part in prepare: claims are held nearly all the time, and receipt is fast.
-    return std::vector<std::string>{"--workers", "2", "--batch", "6", "--prepare-sleep-ms", "20",
-                                    "--wall-offset-file", wall_offset, "--steady-offset-ms",
+    return std::vector<std::string>{"--workers",
+                                    "2",
+                                    "--batch",
+                                    "6",
+                                    "--prepare-sleep-ms",
+                                    "20",
+                                    "--wall-offset-file",
+                                    wall_offset,
+                                    "--steady-offset-ms",
                                     std::to_string(steady_offset_ms)};
   };
   constexpr int64_t kHour = 3'600'000;
@@ -586,17 +641,22 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
     std::vector<std::string> claimants;
     for (int tries = 0; claimants.empty() && tries < 5; ++tries) {
       if (tries > 0) child = start_stp(args(steady_offset_ms));
-      EXPECT_TRUE(wait_until([&] {
-        return q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") >= done_before + 40 &&
-               q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") > 0;
-      }, 20s)) << "done before " << done_before << ", now "
-               << q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") << " done, "
-               << q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'")
-               << " processing, " << q("SELECT count(*) FROM inbox_messages") << " stored";
+      EXPECT_TRUE(wait_until(
+          [&] {
+            return q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") >=
+                       done_before + 40 &&
+                   q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") > 0;
+          },
+          20s))
+          << "done before " << done_before << ", now "
+          << q("SELECT count(*) FROM inbox_messages WHERE status = 'done'") << " done, "
+          << q("SELECT count(*) FROM inbox_messages WHERE status = 'processing'") << " processing, "
+          << q("SELECT count(*) FROM inbox_messages") << " stored";
       child->signal(SIGKILL);
       EXPECT_NE(child->wait(10s), -1);
-      claimants = column(db_path_, "SELECT DISTINCT claimant FROM inbox_messages"
-                                   " WHERE status = 'processing'");
+      claimants = column(db_path_,
+                         "SELECT DISTINCT claimant FROM inbox_messages"
+                         " WHERE status = 'processing'");
       done_before = q("SELECT count(*) FROM inbox_messages WHERE status = 'done'");
     }
     EXPECT_FALSE(claimants.empty());
@@ -607,10 +667,14 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
     std::string in;
     for (const auto& c : claimants) in += (in.empty() ? "'" : ", '") + c + "'";
     // Well inside the 60 s lease, and an hour before the wall clock would have caught up.
-    EXPECT_TRUE(wait_until([&] {
-      return q("SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND claimant IN (" +
-               in + ")") == 0;
-    }, 5s)) << "claims of the killed process still held";
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return q("SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND claimant "
+                   "IN (" +
+                   in + ")") == 0;
+        },
+        5s))
+        << "claims of the killed process still held";
   };
 
   set_wall_offset(kHour / 2);  // stepped forward while the first process runs
@@ -627,15 +691,16 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
   set_wall_offset(-2 * kHour);  // back while the last one runs
   ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") >= n; }, 30s))
       << q("SELECT count(*) FROM ledger_entries") << " of " << n;
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM inbox_messages WHERE status <> 'done'") == 0; },
-                         10s));
+  ASSERT_TRUE(wait_until(
+      [&] { return q("SELECT count(*) FROM inbox_messages WHERE status <> 'done'") == 0; }, 10s));
   EXPECT_EQ(stop_and_count(*child, "claims_lost"), 0);
   expect_exactly_once_in_order(n, static_cast<int64_t>(n) * (n - 1) / 2);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
   // Each orphaned claim charged its running row one attempt; nothing else was charged, so
   // no live claim was returned.
   EXPECT_EQ(q("SELECT sum(attempts) FROM inbox_messages"), n + orphaned_claims);
-  EXPECT_EQ(log_count(", 0 without progress for the lease"), log_count("claimed row(s) to pending"));
+  EXPECT_EQ(log_count(", 0 without progress for the lease"),
+            log_count("claimed row(s) to pending"));
 }
 
 // A stream of credits for five accounts runs through receipt and two workers while the
@@ -644,8 +709,8 @@ TEST_F(StpChildTest, ClockStepsAcrossKillsNeitherStallNorReapLiveClaims) {
 TEST_F(StpChildTest, RandomKillsDuringStreamKeepExactlyOnceAndOrder) {
   create_stp_session();
   const int n = 400;
-  const std::vector<std::string> args = {"--workers", "2", "--lease-ms", "600", "--batch", "8",
-                                         "--handler-sleep-ms", "1"};
+  const std::vector<std::string> args = {"--workers", "2", "--lease-ms",         "600",
+                                         "--batch",   "8", "--handler-sleep-ms", "1"};
   std::atomic<bool> published{false};
   std::thread publisher([&] {
     TestPublisher pub(broker_.uri(), true);
@@ -667,17 +732,18 @@ TEST_F(StpChildTest, RandomKillsDuringStreamKeepExactlyOnceAndOrder) {
   auto last = start_stp(args);
   ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") >= n; }, 25s))
       << q("SELECT count(*) FROM ledger_entries") << " of " << n;
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM inbox_messages WHERE status <> 'done'") == 0; },
-                         10s));
+  ASSERT_TRUE(wait_until(
+      [&] { return q("SELECT count(*) FROM inbox_messages WHERE status <> 'done'") == 0; }, 10s));
   stop_count_ = stop_and_count(*last, "duplicates");
   expect_exactly_once_in_order(n, static_cast<int64_t>(n) * (n - 1) / 2);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
   // What the kills hit (for the record; random, so not asserted).
   const int64_t expired = q("SELECT count(*) FROM inbox_messages WHERE attempts > 1");
-  std::printf("kills=%d rows with an expired claim=%lld reaper passes that returned rows=%zu "
-              "duplicates at receipt (last run)=%lld\n",
-              kills, static_cast<long long>(expired), log_count("reaped "),
-              static_cast<long long>(stop_count_));
+  std::printf(
+      "kills=%d rows with an expired claim=%lld reaper passes that returned rows=%zu "
+      "duplicates at receipt (last run)=%lld\n",
+      kills, static_cast<long long>(expired), log_count("reaped "),
+      static_cast<long long>(stop_count_));
   RecordProperty("kills", kills);
 }
 

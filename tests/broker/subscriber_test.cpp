@@ -70,7 +70,8 @@ class SubscriberTest : public ::testing::TestWithParam<MqttVersion> {
     ConsumerOptions co;
     co.retry_backoff_initial = std::chrono::milliseconds(1);
     co.retry_backoff_max = std::chrono::milliseconds(2);
-    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    ASSERT_TRUE(
+        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
   std::unique_ptr<Subscriber> make_subscriber(const std::string& client_id) {
@@ -111,10 +112,11 @@ TEST_P(SubscriberTest, AppliesStreamWithDuplicatesExactlyOnce) {
   for (int i = 0; i < 40; ++i) {
     pub.credit("credits/a", "c-" + std::to_string(i), "acct-" + std::to_string(i % 3), i + 1);
     expected += i + 1;
-    if (i % 3 == 0) pub.credit("credits/a", "c-" + std::to_string(i), "acct-" + std::to_string(i % 3), i + 1);
+    if (i % 3 == 0)
+      pub.credit("credits/a", "c-" + std::to_string(i), "acct-" + std::to_string(i % 3), i + 1);
   }
-  ASSERT_TRUE(wait_until([&] { return consumer_->counters().duplicates == 14; },
-                         std::chrono::seconds(20)));
+  ASSERT_TRUE(
+      wait_until([&] { return consumer_->counters().duplicates == 14; }, std::chrono::seconds(20)));
   EXPECT_EQ(ledger_rows(), 40);
   EXPECT_EQ(total_balance(), expected);
   EXPECT_EQ(consumer_->counters().processed, 40);
@@ -145,9 +147,16 @@ TEST_P(SubscriberTest, MessagesWithoutIdAreDeadLetteredThenAcked) {
                            std::chrono::seconds(20)));
     ASSERT_TRUE(sub->stop().ok());
   }
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'missing_id'"), 2);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'undecodable_payload'"), 1);
-  EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'invalid_id'"), 1);
+  EXPECT_EQ(
+      query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'missing_id'"),
+      2);
+  EXPECT_EQ(
+      query_int(db_path_,
+                "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'undecodable_payload'"),
+      1);
+  EXPECT_EQ(
+      query_int(db_path_, "SELECT count(*) FROM inbox_dead_letters WHERE reason = 'invalid_id'"),
+      1);
   EXPECT_EQ(query_int(db_path_, "SELECT count(*) FROM accounts"), 0);
 
   auto sub = make_subscriber("ledger-noid");

@@ -43,7 +43,8 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
     co.retry_backoff_initial = 1ms;
     co.retry_backoff_max = 2ms;
     consumer_.reset();
-    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    ASSERT_TRUE(
+        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
   SubscriberOptions options(const std::string& client_id) {
@@ -102,9 +103,8 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
   // MQTT 5 clean start, session expiry 0), then leaves: the broker discards the session
   // it held under that id (mosquitto #3551).
   void clean_session_takeover(const std::string& uri, const std::string& client_id) {
-    mqtt::async_client intruder(uri, client_id,
-                                mqtt::create_options(mqtt5() ? MQTTVERSION_5 : MQTTVERSION_3_1_1),
-                                nullptr);
+    mqtt::async_client intruder(
+        uri, client_id, mqtt::create_options(mqtt5() ? MQTTVERSION_5 : MQTTVERSION_3_1_1), nullptr);
     auto opts = mqtt::connect_options_builder()
                     .mqtt_version(mqtt5() ? MQTTVERSION_5 : MQTTVERSION_3_1_1)
                     .clean_session(!mqtt5())
@@ -318,8 +318,9 @@ TEST_P(SubscriptionsTest, SessionEndedByACleanSessionTakeoverIsReportedAsLost) {
   expect_session_loss_reported(broker_, options("gw-takeover"),
                                [&] { clean_session_takeover(broker_.uri(), "gw-takeover"); });
   // Seen a moment ago with a 7-day expiry: the warning rules the expiry out.
-  EXPECT_EQ(log_count(spdlog::level::warn, "less than the session expiry has passed, so it did "
-                                           "not expire"),
+  EXPECT_EQ(log_count(spdlog::level::warn,
+                      "less than the session expiry has passed, so it did "
+                      "not expire"),
             1u);
 }
 
@@ -378,8 +379,9 @@ TEST_P(SubscriptionsTest, FirstConnectionAndAKeptSessionAreNotLost) {
   EXPECT_EQ(inbox_->stats().sessions_lost, 0);
   EXPECT_NE(prometheus_text(inbox_->stats()).find("mqtt_inbox_sessions_lost_total 0\n"),
             std::string::npos);
-  EXPECT_EQ(log_count(spdlog::level::info, "has no session for client 'gw-first' and the inbox "
-                                           "records none with topic filters: a first connection"),
+  EXPECT_EQ(log_count(spdlog::level::info,
+                      "has no session for client 'gw-first' and the inbox "
+                      "records none with topic filters: a first connection"),
             1u);
   EXPECT_EQ(log_count(spdlog::level::warn, "SESSION LOST"), 0u);
   EXPECT_EQ(
@@ -399,8 +401,8 @@ TEST_P(SubscriptionsTest, ShippedConsumerSaysSessionLostInTheJournalAtWarning) {
   std::ofstream(log).close();
   struct stat st {};
   ASSERT_EQ(::stat(log.c_str(), &st), 0);
-  const std::string stream = "JOURNAL_STREAM=" + std::to_string(st.st_dev) + ":" +
-                             std::to_string(st.st_ino);
+  const std::string stream =
+      "JOURNAL_STREAM=" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
   auto run = [&] {
     return std::make_unique<Child>(
         std::vector<std::string>{"/usr/bin/env", stream, built_program("ledger_consumer"),
@@ -434,11 +436,12 @@ TEST_P(SubscriptionsTest, ShippedConsumerSaysSessionLostInTheJournalAtWarning) {
     TestPublisher pub(broker_.uri(), mqtt5());
     pub.credit("credits/a", "after-takeover", "acct", 9);
   }
-  ASSERT_TRUE(wait_until([&] { return query_int(db, "SELECT count(*) FROM ledger_entries") == 1; },
-                         20s));
+  ASSERT_TRUE(
+      wait_until([&] { return query_int(db, "SELECT count(*) FROM ledger_entries") == 1; }, 20s));
   stop(*c);
   const std::string text = read_log();
-  EXPECT_NE(text.find("<6>broker " + broker_.uri() + " has no session for client 'gw-program' "
+  EXPECT_NE(text.find("<6>broker " + broker_.uri() +
+                      " has no session for client 'gw-program' "
                       "and the inbox records none"),
             std::string::npos)
       << text;
@@ -488,10 +491,10 @@ TEST_P(Mqtt5SubscriptionsTest, MaximumPacketSizeMakesTheBrokerDropLargerMessages
   o.maximum_packet_size = 2048;
   o.receive_maximum = 5;
   auto sub = start(o);
-  const std::string big = R"({"message_id":"big","account":"acct","amount":1,"pad":")" +
-                          std::string(4000, 'p') + "\"}";
-  const std::string mid = R"({"message_id":"mid","account":"acct","amount":1,"pad":")" +
-                          std::string(1000, 'p') + "\"}";
+  const std::string big =
+      R"({"message_id":"big","account":"acct","amount":1,"pad":")" + std::string(4000, 'p') + "\"}";
+  const std::string mid =
+      R"({"message_id":"mid","account":"acct","amount":1,"pad":")" + std::string(1000, 'p') + "\"}";
   {
     TestPublisher pub(broker_.uri(), true);
     pub.publish("credits/a", big, {{"message-id", "big"}});
@@ -515,8 +518,9 @@ TEST_P(Mqtt5SubscriptionsTest, SessionThatExpiredWhileStoppedIsReportedAsLost) {
   SubscriberOptions o = options("gw-expiry");
   o.session_expiry_s = 2;
   expect_session_loss_reported(broker_, o, [] { std::this_thread::sleep_for(4s); });
-  EXPECT_EQ(log_count(spdlog::level::warn, "the session expiry ran out while the client was "
-                                           "offline"),
+  EXPECT_EQ(log_count(spdlog::level::warn,
+                      "the session expiry ran out while the client was "
+                      "offline"),
             1u);
 }
 

@@ -26,13 +26,17 @@ TEST_F(TlsTest, CreateRefusesBadSettingsNamingTheFile) {
   };
   const std::string missing = dir_.file("no-such-ca.crt");
   const std::vector<Case> cases = {
-      {"missing CA file", [&](SubscriberOptions& o) { o.tls.ca_file = missing; },
+      {"missing CA file",
+       [&](SubscriberOptions& o) { o.tls.ca_file = missing; },
        {missing, "No such file"}},
-      {"CA file without a certificate", [&](SubscriberOptions& o) { o.tls.ca_file = pki_->client_key(); },
+      {"CA file without a certificate",
+       [&](SubscriberOptions& o) { o.tls.ca_file = pki_->client_key(); },
        {pki_->client_key(), "no CA certificate"}},
-      {"CA folder without hashed names", [&](SubscriberOptions& o) { o.tls.ca_dir = empty.path(); },
+      {"CA folder without hashed names",
+       [&](SubscriberOptions& o) { o.tls.ca_dir = empty.path(); },
        {empty.path(), "openssl rehash"}},
-      {"missing client certificate", [&](SubscriberOptions& o) { o.tls.cert_file = missing; },
+      {"missing client certificate",
+       [&](SubscriberOptions& o) { o.tls.cert_file = missing; },
        {missing}},
       {"key of another certificate",
        [&](SubscriberOptions& o) {
@@ -53,14 +57,18 @@ TEST_F(TlsTest, CreateRefusesBadSettingsNamingTheFile) {
          o.tls.key_password = "not-the-key-password";
        },
        {pki_->client_key_encrypted(), "password is wrong"}},
-      {"key without certificate", [&](SubscriberOptions& o) { o.tls.key_file = pki_->client_key(); },
+      {"key without certificate",
+       [&](SubscriberOptions& o) { o.tls.key_file = pki_->client_key(); },
        {"without tls.cert_file"}},
-      {"cipher list selecting nothing", [&](SubscriberOptions& o) { o.tls.ciphers = "NO-SUCH-CIPHER"; },
+      {"cipher list selecting nothing",
+       [&](SubscriberOptions& o) { o.tls.ciphers = "NO-SUCH-CIPHER"; },
        {"NO-SUCH-CIPHER", "selects no cipher"}},
       {"empty ALPN name", [&](SubscriberOptions& o) { o.tls.alpn = {""}; }, {"1..255"}},
       {"TLS settings with a plaintext URI",
-       [&](SubscriberOptions& o) { o.broker_uri = "tcp://localhost:1883"; }, {"plaintext", "tcp://"}},
-      {"unknown scheme", [&](SubscriberOptions& o) { o.broker_uri = "http://localhost:80"; },
+       [&](SubscriberOptions& o) { o.broker_uri = "tcp://localhost:1883"; },
+       {"plaintext", "tcp://"}},
+      {"unknown scheme",
+       [&](SubscriberOptions& o) { o.broker_uri = "http://localhost:80"; },
        {"unknown scheme"}},
       {"password without user name on 3.1.1",
        [&](SubscriberOptions& o) {
@@ -82,7 +90,8 @@ TEST_F(TlsTest, CreateRefusesBadSettingsNamingTheFile) {
     std::unique_ptr<Subscriber> s;
     const Status st = Subscriber::create(o, &s);
     EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << c.what << ": " << st.to_string();
-    for (const auto& e : c.expect) EXPECT_NE(st.message().find(e), std::string::npos) << c.what << ": " << st.message();
+    for (const auto& e : c.expect)
+      EXPECT_NE(st.message().find(e), std::string::npos) << c.what << ": " << st.message();
     EXPECT_EQ(st.message().find(kPassword), std::string::npos) << c.what;
     EXPECT_EQ(st.message().find("not-the-key-password"), std::string::npos) << c.what;
   }
@@ -105,13 +114,16 @@ TEST_F(TlsTest, CreateRefusesBadSettingsNamingTheFile) {
 // Issue 12 section 5: server-authenticated TLS with a password file, a stream applied
 // exactly once although the consumer is SIGKILLed in the middle of it.
 TEST_F(TlsTest, PasswordOverTlsAppliesStreamExactlyOnceAcrossSigkill) {
-  const std::vector<std::string> flags = {"--broker", uri(kTlsPassword), "--cafile", pki_->ca_cert(),
-                                          "--username", "alice", "--password-file",
-                                          pki_->path("alice.password"), "--mqtt-version", "5"};
+  const std::vector<std::string> flags = {"--broker",        uri(kTlsPassword),
+                                          "--cafile",        pki_->ca_cert(),
+                                          "--username",      "alice",
+                                          "--password-file", pki_->path("alice.password"),
+                                          "--mqtt-version",  "5"};
   {  // the persistent session, with its subscription, before anything is published
     auto first = ledger_consumer(flags);
-    ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
-                           std::chrono::seconds(20)))
+    ASSERT_TRUE(
+        wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
+                   std::chrono::seconds(20)))
         << read_file(child_log());
     first->signal(SIGTERM);
     ASSERT_EQ(first->wait(std::chrono::seconds(20)), 0);
@@ -185,16 +197,25 @@ TEST_P(TlsCertificateTest, IsRefusedWithTheReason) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, TlsCertificateTest,
     ::testing::Values(
-        CertCase{"untrusted_ca", kTlsPassword, "localhost", true,
+        CertCase{"untrusted_ca",
+                 kTlsPassword,
+                 "localhost",
+                 true,
                  // "unable to get local issuer certificate" if the broker sends only its
                  // own certificate; mosquitto sends the CA too.
                  {"certificate verify failed", "mqtt-inbox test CA", "did not sign"}},
-        CertCase{"hostname_mismatch", kOtherName, "localhost", false,
+        CertCase{"hostname_mismatch",
+                 kOtherName,
+                 "localhost",
+                 false,
                  {"hostname mismatch", "DNS:broker.invalid", "--insecure"}},
-        CertCase{"ip_mismatch", kOtherName, "127.0.0.1", false,
+        CertCase{"ip_mismatch",
+                 kOtherName,
+                 "127.0.0.1",
+                 false,
                  {"IP address mismatch", "DNS:broker.invalid"}},
-        CertCase{"expired", kExpired, "localhost", false,
-                 {"certificate has expired", "2020", "clock"}}),
+        CertCase{
+            "expired", kExpired, "localhost", false, {"certificate has expired", "2020", "clock"}}),
     [](const ::testing::TestParamInfo<CertCase>& p) { return p.param.name; });
 
 // Mutual TLS (require_certificate, use_identity_as_username): refused without a client
@@ -233,12 +254,13 @@ TEST_F(TlsTest, MutualTlsWorksWithClientCertificate) {
 // --password-file consumes over mutual TLS from a mosquitto that requires a client
 // certificate (here also a password, and the key is encrypted).
 TEST_F(TlsTest, LedgerConsumerConsumesOverMutualTlsWithPasswordFile) {
-  auto consumer = ledger_consumer({"--broker", uri(kMutualPassword), "--cafile", pki_->ca_cert(),
-                                   "--cert", pki_->client_cert(), "--key", pki_->client_key_encrypted(),
-                                   "--key-password-file", pki_->path("key.password"), "--username",
-                                   "alice", "--password-file", pki_->path("alice.password")});
-  ASSERT_TRUE(wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
-                         std::chrono::seconds(20)))
+  auto consumer = ledger_consumer(
+      {"--broker", uri(kMutualPassword), "--cafile", pki_->ca_cert(), "--cert", pki_->client_cert(),
+       "--key", pki_->client_key_encrypted(), "--key-password-file", pki_->path("key.password"),
+       "--username", "alice", "--password-file", pki_->path("alice.password")});
+  ASSERT_TRUE(
+      wait_until([&] { return read_file(child_log()).find("consuming: ") != std::string::npos; },
+                 std::chrono::seconds(20)))
       << read_file(child_log());
   publish_credits(0, 50);
   ASSERT_TRUE(wait_until([&] { return ledger_rows() == 50; }, std::chrono::seconds(20)));
@@ -270,9 +292,10 @@ TEST_P(TlsRefusalTest, WrongPasswordIsRefusedAndBacksOff) {
   const SubscriberHealth h = sub->health();
 
   const std::string broker_log = read_file(broker_.log_path());
-  const std::regex refusal(std::string("Sending CONNACK to \\S+ \\(0, ") + (v5 ? "135" : "5") + "\\)");
-  const auto refusals = std::distance(std::sregex_iterator(broker_log.begin(), broker_log.end(), refusal),
-                                      std::sregex_iterator());
+  const std::regex refusal(std::string("Sending CONNACK to \\S+ \\(0, ") + (v5 ? "135" : "5") +
+                           "\\)");
+  const auto refusals = std::distance(
+      std::sregex_iterator(broker_log.begin(), broker_log.end(), refusal), std::sregex_iterator());
   EXPECT_GE(refusals, 3);
   EXPECT_LE(refusals, 4);
   EXPECT_EQ(h.connect_attempts, refusals);
@@ -297,15 +320,18 @@ INSTANTIATE_TEST_SUITE_P(Versions, TlsRefusalTest,
 // --insecure connects to a broker whose certificate names another host, and says so at
 // every connect (here: two, around a broker restart).
 TEST_F(TlsTest, InsecureConnectsToMismatchingHostAndWarnsAtEveryConnect) {
-  auto consumer = ledger_consumer({"--broker", uri(kOtherName), "--cafile", pki_->ca_cert(), "--insecure"});
+  auto consumer =
+      ledger_consumer({"--broker", uri(kOtherName), "--cafile", pki_->ca_cert(), "--insecure"});
   auto connected = [&](size_t n) {  // "has no session ..." first, "connected to ..." after
     const std::string log = read_file(child_log());
     return count(log, "has no session for client") + count(log, "connected to ") >= n;
   };
-  ASSERT_TRUE(wait_until([&] { return connected(1); }, std::chrono::seconds(20))) << read_file(child_log());
+  ASSERT_TRUE(wait_until([&] { return connected(1); }, std::chrono::seconds(20)))
+      << read_file(child_log());
   broker_.stop();
   broker_.start();
-  ASSERT_TRUE(wait_until([&] { return connected(2); }, std::chrono::seconds(30))) << read_file(child_log());
+  ASSERT_TRUE(wait_until([&] { return connected(2); }, std::chrono::seconds(30)))
+      << read_file(child_log());
   publish_credits(0, 10);
   ASSERT_TRUE(wait_until([&] { return ledger_rows() == 10; }, std::chrono::seconds(20)));
   consumer->signal(SIGTERM);
@@ -426,22 +452,24 @@ TEST_F(TlsTest, TlsUriToPlaintextPortIsRefusedWithTheReason) {
 // and a password, and explains a TLS failure instead of Paho's bare text.
 TEST_F(TlsTest, ProbeBrokerUsesTheConnectionFlags) {
   auto probe = [&](const std::vector<std::string>& flags, const std::string& log) {
-    std::vector<std::string> argv = {built_program("mqtt-inbox"), "probe-broker", "--json", "--timeout-ms", "5000"};
+    std::vector<std::string> argv = {built_program("mqtt-inbox"), "probe-broker", "--json",
+                                     "--timeout-ms", "5000"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     Child tool(argv, log);
     const int st = tool.wait(std::chrono::seconds(60));
     return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
   };
   const std::string ok_log = dir_.file("probe-ok.log");
-  EXPECT_EQ(probe({"--broker", uri(kTlsPassword), "--cafile", pki_->ca_cert(), "--username", "alice",
-                   "--password-file", pki_->path("alice.password")},
+  EXPECT_EQ(probe({"--broker", uri(kTlsPassword), "--cafile", pki_->ca_cert(), "--username",
+                   "alice", "--password-file", pki_->path("alice.password")},
                   ok_log),
             0)
       << read_file(ok_log);
   EXPECT_NE(read_file(ok_log).find("\"verdict\": \"ok\""), std::string::npos) << read_file(ok_log);
 
   const std::string bad_log = dir_.file("probe-mismatch.log");
-  EXPECT_EQ(probe({"--broker", uri(kOtherName), "--cafile", pki_->ca_cert()}, bad_log), 7) << read_file(bad_log);
+  EXPECT_EQ(probe({"--broker", uri(kOtherName), "--cafile", pki_->ca_cert()}, bad_log), 7)
+      << read_file(bad_log);
   EXPECT_NE(read_file(bad_log).find("hostname mismatch"), std::string::npos) << read_file(bad_log);
   for (const std::string& log : {ok_log, bad_log})
     EXPECT_EQ(read_file(log).find(kPassword), std::string::npos) << log;

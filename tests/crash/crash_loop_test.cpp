@@ -38,8 +38,8 @@ class CrashLoopTest : public ChildConsumerTest {
     return crashes;
   }
 
-  // A new persistent session for the children's client id (the log is shared by all runs, so wait for
-  // this run's own "consuming: " line).
+  // A new persistent session for the children's client id (the log is shared by all runs, so wait
+  // for this run's own "consuming: " line).
   void create_fresh_session() {
     const size_t before = log_count("consuming: ");
     auto first = start_consumer();

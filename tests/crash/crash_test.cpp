@@ -39,7 +39,8 @@ TEST_F(CrashTest, KilledInsideHandlerIsRedeliveredAndAppliedOnce) {
     std::unique_ptr<Inbox> reopened;
     ASSERT_TRUE(Inbox::open(db_path_, {}, &reopened).ok());
   }
-  EXPECT_EQ(q("SELECT attempts FROM inbox_attempts WHERE message_id = 'c-3' AND state = 'running'"), 1);
+  EXPECT_EQ(q("SELECT attempts FROM inbox_attempts WHERE message_id = 'c-3' AND state = 'running'"),
+            1);
 
   auto restarted = start_consumer();
   ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 10; },

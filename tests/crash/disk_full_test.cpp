@@ -250,7 +250,8 @@ TEST(DiskFullAtOpen, EveryPathOfAFullDiskAtOpenSaysFull) {
       db.exec("INSERT INTO t VALUES (1)");
     });
     ASSERT_EQ(::system(("cp " + crashed + " " + crashed + ".copy && cp " + crashed + "-wal " +
-                        crashed + ".copy-wal").c_str()),
+                        crashed + ".copy-wal")
+                           .c_str()),
               0);
   }
   const std::string crashed_copy = crashed + ".copy";

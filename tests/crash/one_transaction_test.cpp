@@ -117,8 +117,7 @@ TEST_F(OneTransactionTest, MessagesRunOnAConnectionWithoutATempDatabase) {
     });
     EXPECT_EQ(names, std::vector<std::string>{"main"});
     auto c = consumer(inbox.get(), ledger::apply_credit);
-    EXPECT_EQ(c->handle(credit_message("t-" + std::to_string(open), "a", 1)),
-              Outcome::kProcessed);
+    EXPECT_EQ(c->handle(credit_message("t-" + std::to_string(open), "a", 1)), Outcome::kProcessed);
   }
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'a'"), 2);
 }
@@ -139,8 +138,7 @@ TEST_F(OneTransactionTest, CheckpointCyclesNeitherCutNorRegrowTheWal) {
   };
   int64_t high = 0, cut = 0;
   for (int i = 0; i < 1500; ++i) {  // about 15 cycles of 100 frames
-    ASSERT_EQ(c->handle(credit_message("cycle-" + std::to_string(i), "a", 1)),
-              Outcome::kProcessed);
+    ASSERT_EQ(c->handle(credit_message("cycle-" + std::to_string(i), "a", 1)), Outcome::kProcessed);
     const int64_t now = wal_size();
     if (now < high) ++cut;
     high = std::max(high, now);

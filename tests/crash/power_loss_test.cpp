@@ -37,9 +37,12 @@ enum class CutPoint { kAfterAck, kAfterCommitBeforeAck, kBeforeClaim };
 
 const char* to_string(CutPoint p) {
   switch (p) {
-    case CutPoint::kAfterAck: return "after handle() returned";
-    case CutPoint::kAfterCommitBeforeAck: return "after commit, before ack";
-    case CutPoint::kBeforeClaim: return "before the claim";
+    case CutPoint::kAfterAck:
+      return "after handle() returned";
+    case CutPoint::kAfterCommitBeforeAck:
+      return "after commit, before ack";
+    case CutPoint::kBeforeClaim:
+      return "before the claim";
   }
   return "?";
 }
@@ -63,8 +66,8 @@ std::set<std::string> ledger_ids(const std::string& db_path) {
 }
 
 struct RunStats {
-  int acked = 0;             // messages whose handle() returned with the power on
-  int lost_acked = 0;        // of those, missing after a cut (counted once each)
+  int acked = 0;       // messages whose handle() returned with the power on
+  int lost_acked = 0;  // of those, missing after a cut (counted once each)
   int rounds_with_loss = 0;
   int checkpoints_seen = 0;  // rounds in which a checkpoint ran before the cut
 };
@@ -164,8 +167,9 @@ class PowerLossTest : public ::testing::Test {
       std::optional<int> unacked;  // the message the broker still holds after the cut
       switch (point) {
         case CutPoint::kAfterAck:
-          EXPECT_EQ(consumer->handle(credit_message(id_of(next), account_of(next), amount_of(next))),
-                    Outcome::kProcessed);
+          EXPECT_EQ(
+              consumer->handle(credit_message(id_of(next), account_of(next), amount_of(next))),
+              Outcome::kProcessed);
           acked_now.push_back(id_of(next));
           vfs_.power_cut(cut_);  // right after the callback returned: the PUBACK is out
           break;
@@ -232,7 +236,8 @@ class PowerLossTest : public ::testing::Test {
           EXPECT_EQ(o, Outcome::kProcessed);
         else
           EXPECT_TRUE(o == Outcome::kProcessed || o == Outcome::kDuplicate) << to_string(o);
-        EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = '" + id_of(n) + "'"), 1);
+        EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = '" + id_of(n) + "'"),
+                  1);
         acked.insert(id_of(n));  // handle() returned with the power on: acknowledged now
         stats.acked += 1;
       }
@@ -306,9 +311,9 @@ TEST_F(PowerLossTest, NormalLosesAcknowledgedMessagesButStaysIntact) {
   EXPECT_GE(total.rounds_with_loss, 1);
   EXPECT_GT(total.lost_acked, 0) << "synchronous=NORMAL lost nothing: the power-loss model "
                                     "or the synchronous setting is not what it claims";
-  std::cout << "[ info     ] synchronous=NORMAL lost " << total.lost_acked << " of "
-            << total.acked << " acknowledged messages in " << total.rounds_with_loss
-            << " of " << 2 * kRounds << " rounds\n";
+  std::cout << "[ info     ] synchronous=NORMAL lost " << total.lost_acked << " of " << total.acked
+            << " acknowledged messages in " << total.rounds_with_loss << " of " << 2 * kRounds
+            << " rounds\n";
 }
 
 }  // namespace

@@ -120,8 +120,7 @@ TEST_F(StopWhileStuckTest, SensorGatewayExitsWithin1sOfTheStopTimeoutWithoutAck)
 class StopWhileStuckRelayTest : public StopWhileStuckTest {
  protected:
   std::vector<std::string> relay_args() const {
-    return {"--stop-timeout-ms", std::to_string(kStopTimeoutMs), "--emit-topic",
-            "events/credited"};
+    return {"--stop-timeout-ms", std::to_string(kStopTimeoutMs), "--emit-topic", "events/credited"};
   }
   // Events the relay marked sent.
   int64_t sent() { return q("SELECT count(*) FROM outbox_messages WHERE state = 'sent'"); }
@@ -214,7 +213,7 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
       std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_NE(st, -1) << "still running 30 s after SIGTERM";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << "\n"
-      << read_text(dir_.file("run.log"));
+                                                     << read_text(dir_.file("run.log"));
   EXPECT_LE(took, kStopTimeoutMs + 1000) << "took " << took << " ms\n"
                                          << read_text(dir_.file("run.log"));
   EXPECT_EQ(sent(), 3);

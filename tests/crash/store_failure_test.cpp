@@ -106,7 +106,8 @@ class StoreFailureTest : public ::testing::Test {
     co.store_backoff_initial = milliseconds(5);
     co.store_backoff_max = milliseconds(40);
     co.store_error_log_interval_ms = 1000;
-    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    ASSERT_TRUE(
+        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
   int64_t q(const std::string& sql) { return query_int(db_path_, sql); }
@@ -153,7 +154,8 @@ class StoreFailureTest : public ::testing::Test {
       EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE message_id = '" + id + "'"), 0);
 
       fix();
-      ASSERT_TRUE(h.join_within(seconds(10))) << "handle() did not return after the store recovered";
+      ASSERT_TRUE(h.join_within(seconds(10)))
+          << "handle() did not return after the store recovered";
       EXPECT_EQ(h.outcome(), Outcome::kProcessed);
     }
     const Health after = consumer_->health();
@@ -265,10 +267,12 @@ TEST_P(InjectedStoreFault, BlocksWhileFailingThenAppliesOnce) {
 // xWrite (WAL and main file).
 INSTANTIATE_TEST_SUITE_P(
     Faults, InjectedStoreFault,
-    ::testing::Values(
-        FaultCase{"IoErrOnWalWrite", FaultOp::kWrite, SQLITE_IOERR_WRITE, FileKind::kWal, "io_error"},
-        FaultCase{"IoErrOnWalFsync", FaultOp::kSync, SQLITE_IOERR_FSYNC, FileKind::kWal, "io_error"},
-        FaultCase{"ReadOnlyDatabase", FaultOp::kWrite, SQLITE_READONLY, FileKind::kAny, "read_only"}),
+    ::testing::Values(FaultCase{"IoErrOnWalWrite", FaultOp::kWrite, SQLITE_IOERR_WRITE,
+                                FileKind::kWal, "io_error"},
+                      FaultCase{"IoErrOnWalFsync", FaultOp::kSync, SQLITE_IOERR_FSYNC,
+                                FileKind::kWal, "io_error"},
+                      FaultCase{"ReadOnlyDatabase", FaultOp::kWrite, SQLITE_READONLY,
+                                FileKind::kAny, "read_only"}),
     [](const ::testing::TestParamInfo<FaultCase>& p) { return std::string(p.param.name); });
 
 // --- SQLITE_FULL ---
@@ -327,7 +331,8 @@ TEST_F(StoreFailureTest, MaxPageCountBlocksThenAppliesOnceAfterLimitIsRaised) {
   ASSERT_EQ(limit, pages);
   const std::string big(20000, 'b');
   expect_blocks_then_applies_once("max-1", big, 17, "full", [&] {
-    inbox_->with_connection([](SQLite::Database& db) { db.exec("PRAGMA max_page_count = 1000000"); });
+    inbox_->with_connection(
+        [](SQLite::Database& db) { db.exec("PRAGMA max_page_count = 1000000"); });
   });
   expect_after_reopen(4, big, 17);
 }
@@ -354,9 +359,9 @@ class BrokerStoreTest : public StoreFailureTest {
 };
 
 // Another process holds the write lock (sqlite3 CLI, BEGIN EXCLUSIVE) for 5 s after the
-// callback got stuck, longer than 1.5 x the 2 s keep-alive. The message callback blocks on the store (and holds Paho's
-// lock, so no PINGREQ goes out); the broker drops the connection; when the lock goes away
-// the first message commits and its PUBACK goes to a dead socket; the subscriber
+// callback got stuck, longer than 1.5 x the 2 s keep-alive. The message callback blocks on the
+// store (and holds Paho's lock, so no PINGREQ goes out); the broker drops the connection; when the
+// lock goes away the first message commits and its PUBACK goes to a dead socket; the subscriber
 // reconnects and the broker redelivers it and the rest. Every message applies once.
 TEST_F(BrokerStoreTest, WriteLockHeldPastKeepAliveIsRedeliveredAndAppliedOnce) {
   // Under qemu-user (the cross stage) this test's own read connection fails with "disk
@@ -377,18 +382,20 @@ TEST_F(BrokerStoreTest, WriteLockHeldPastKeepAliveIsRedeliveredAndAppliedOnce) {
     TestPublisher pub(broker_.uri(), true);
     for (int i = 0; i < 5; ++i) pub.credit("credits/k", "k-" + std::to_string(i), "kim", i + 1);
   }
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 5; }, seconds(10)));
+  ASSERT_TRUE(
+      wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 5; }, seconds(10)));
   EXPECT_EQ(sub->connects(), 1);
 
   // The locker holds the lock until the test creates `release` (at most 15 s).
   const std::string ready = dir_.file("locked");
   const std::string release = dir_.file("release");
-  Child locker({"/usr/bin/sqlite3", db_path_, ".timeout 5000", "BEGIN EXCLUSIVE;",
-                "INSERT INTO accounts (account, balance) VALUES ('locker', 0);",
-                ".shell touch " + ready,
-                ".shell i=0; while [ ! -e " + release + " ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done",
-                "COMMIT;"},
-               dir_.file("locker.log"));
+  Child locker(
+      {"/usr/bin/sqlite3", db_path_, ".timeout 5000", "BEGIN EXCLUSIVE;",
+       "INSERT INTO accounts (account, balance) VALUES ('locker', 0);", ".shell touch " + ready,
+       ".shell i=0; while [ ! -e " + release +
+           " ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done",
+       "COMMIT;"},
+      dir_.file("locker.log"));
   ASSERT_TRUE(wait_until([&] { return ::access(ready.c_str(), F_OK) == 0; }, seconds(10)));
 
   // The publisher runs in its own process: while the callback blocks it holds Paho's
@@ -417,7 +424,8 @@ TEST_F(BrokerStoreTest, WriteLockHeldPastKeepAliveIsRedeliveredAndAppliedOnce) {
   EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 5);
   std::ofstream(release).put('x');
   ASSERT_NE(locker.wait(seconds(15)), -1);
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 20; }, seconds(15)))
+  ASSERT_TRUE(
+      wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == 20; }, seconds(15)))
       << "ledger rows: " << q("SELECT count(*) FROM ledger_entries");
   std::this_thread::sleep_for(milliseconds(500));  // let any late redelivery arrive
 
@@ -484,8 +492,8 @@ TEST_F(BrokerStoreTest, BackupLoopWhileMessagesFlowAppliesEachOnce) {
     pub.credit("credits/b", "b-" + std::to_string(i), "acct-" + std::to_string(i % 7), i + 1);
     expected += i + 1;
   }
-  const bool all = wait_until(
-      [&] { return q("SELECT count(*) FROM ledger_entries") == kMessages; }, seconds(15));
+  const bool all = wait_until([&] { return q("SELECT count(*) FROM ledger_entries") == kMessages; },
+                              seconds(15));
   stop_backups = true;
   backer.join();
   ASSERT_TRUE(all) << "ledger rows: " << q("SELECT count(*) FROM ledger_entries");

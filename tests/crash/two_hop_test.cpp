@@ -62,9 +62,7 @@ class TwoHopTest : public ::testing::TestWithParam<const char*> {
     // Subscribed (or the session holds the subscription) before anything is published
     // for it, so the broker queues everything for this client from here on.
     EXPECT_TRUE(wait_until(
-        [&] {
-          return read_text(dir_.file(log)).find("consuming: ") != std::string::npos;
-        },
+        [&] { return read_text(dir_.file(log)).find("consuming: ") != std::string::npos; },
         std::chrono::seconds(20)))
         << read_text(dir_.file(log));
     return child;

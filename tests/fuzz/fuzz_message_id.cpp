@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "util/log.h"
 #include "inbox/message_id.h"
+#include "util/log.h"
 #include "util/text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -34,8 +34,13 @@ class ChildConsumers {
   void set_client_id(std::string client_id) { client_id_ = std::move(client_id); }
 
   std::unique_ptr<Child> start_consumer(std::vector<std::string> extra = {}) const {
-    std::vector<std::string> argv = {built_program("crash_consumer"), uri_, client_id_,
-                                     "credits/#", db_path(), "--mqtt-version", version_};
+    std::vector<std::string> argv = {built_program("crash_consumer"),
+                                     uri_,
+                                     client_id_,
+                                     "credits/#",
+                                     db_path(),
+                                     "--mqtt-version",
+                                     version_};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(argv, log_path());
   }
@@ -60,7 +65,8 @@ class ChildConsumers {
   size_t log_count(const std::string& needle) const {
     const std::string text = log_text();
     size_t n = 0;
-    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+      ++n;
     return n;
   }
 
@@ -71,7 +77,8 @@ class ChildConsumers {
     const std::string text = log_text();
     const std::regex re("counters:.* " + counter + "=(\\d+)");
     std::string last;
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+         ++it)
       last = (*it)[1];
     return last.empty() ? -1 : std::stoll(last);
   }

@@ -20,7 +20,8 @@ class LedgerRig {
     ConsumerOptions co;
     co.retry_backoff_initial = std::chrono::milliseconds(1);
     co.retry_backoff_max = std::chrono::milliseconds(2);
-    EXPECT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    EXPECT_TRUE(
+        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
   std::unique_ptr<Subscriber> subscriber(const std::string& client_id,
@@ -171,10 +172,9 @@ void core_case_session_lost_while_stopped(
   EXPECT_EQ(sub->health().sessions_lost, 1);
   EXPECT_EQ(rig.inbox().stats().sessions_lost, 1);
   size_t warned = 0;
-  const std::string warning = "SESSION LOST: broker " + broker.uri +
-                              " has no session for client '" + client +
-                              "', but the inbox recorded one holding topic filter(s) '" + prefix +
-                              "/#'";
+  const std::string warning =
+      "SESSION LOST: broker " + broker.uri + " has no session for client '" + client +
+      "', but the inbox recorded one holding topic filter(s) '" + prefix + "/#'";
   for (const auto& m : ring->last_raw())
     warned += m.level == spdlog::level::warn &&
               std::string(m.payload.data(), m.payload.size()).find(warning) != std::string::npos;

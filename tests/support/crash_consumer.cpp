@@ -46,15 +46,23 @@ int main(int argc, char** argv) {
   copts.retry_backoff_max = std::chrono::milliseconds(20);
   for (int i = 5; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--crash-after-commit") crash_after_commit = value;
-    else if (flag == "--crash-in-handler") crash_in_handler = value;
-    else if (flag == "--fail-handler") fail_handler = value;
-    else if (flag == "--fail-attempts") fail_attempts = std::stoi(value);
-    else if (flag == "--max-attempts") copts.max_attempts = std::stoi(value);
-    else if (flag == "--max-payload") copts.max_payload_bytes = std::stoul(value);
-    else if (flag == "--requeue-poll-ms") copts.requeue_poll_ms = std::stoll(value);
+    if (flag == "--crash-after-commit")
+      crash_after_commit = value;
+    else if (flag == "--crash-in-handler")
+      crash_in_handler = value;
+    else if (flag == "--fail-handler")
+      fail_handler = value;
+    else if (flag == "--fail-attempts")
+      fail_attempts = std::stoi(value);
+    else if (flag == "--max-attempts")
+      copts.max_attempts = std::stoi(value);
+    else if (flag == "--max-payload")
+      copts.max_payload_bytes = std::stoul(value);
+    else if (flag == "--requeue-poll-ms")
+      copts.requeue_poll_ms = std::stoll(value);
     else if (flag == "--mqtt-version")
-      mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
+      mqtt.mqtt_version =
+          value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
       std::fprintf(stderr, "unknown option %s\n", flag.c_str());
       return 64;
@@ -90,8 +98,8 @@ int main(int argc, char** argv) {
   auto handler = [&](SQLite::Database& db, const mqtt_inbox::Delivery& d) {
     if (d.message_id == crash_in_handler) {
       if (d.attempt <= fail_attempts) {
-        log->info("failure inside the handler on {} (attempt {}, dup {})", d.message_id,
-                  d.attempt, d.message.dup ? 1 : 0);
+        log->info("failure inside the handler on {} (attempt {}, dup {})", d.message_id, d.attempt,
+                  d.message.dup ? 1 : 0);
         throw std::runtime_error("failing before the crash: " + d.message_id);
       }
       log->info("crash inside the handler on {} (attempt {}, dup {})", d.message_id, d.attempt,
@@ -118,10 +126,10 @@ int main(int argc, char** argv) {
   sigwait(&stop, &sig);
   (void)sub->stop();
   const auto c = consumer->counters();
-  std::printf("counters: processed=%lld duplicates=%lld dead_lettered=%lld already_dead_lettered=%lld\n",
-              static_cast<long long>(c.processed), static_cast<long long>(c.duplicates),
-              static_cast<long long>(c.dead_lettered),
-              static_cast<long long>(c.already_dead_lettered));
+  std::printf(
+      "counters: processed=%lld duplicates=%lld dead_lettered=%lld already_dead_lettered=%lld\n",
+      static_cast<long long>(c.processed), static_cast<long long>(c.duplicates),
+      static_cast<long long>(c.dead_lettered), static_cast<long long>(c.already_dead_lettered));
   std::fflush(stdout);
   return 0;
 }

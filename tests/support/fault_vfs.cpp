@@ -14,11 +14,11 @@ namespace mqtt_inbox::test {
 // lives right behind it. Kept trivially copyable: SQLite owns the memory and
 // never runs constructors.
 struct FaultVfs::File {
-  sqlite3_file base;            // must be first: SQLite sees only this
-  sqlite3_io_methods methods;   // per file, to mirror the real iVersion
+  sqlite3_file base;           // must be first: SQLite sees only this
+  sqlite3_io_methods methods;  // per file, to mirror the real iVersion
   FaultVfs* vfs;
   FileKind kind;
-  Tracked* tracked;             // null: not tracked for power loss
+  Tracked* tracked;  // null: not tracked for power loss
 };
 
 namespace {
@@ -38,9 +38,7 @@ std::optional<std::string> read_whole_file(const std::string& path) {
 
 }  // namespace
 
-Fault Fault::once(FaultOp op, int error, FileKind kind) {
-  return next(op, 1, error, kind);
-}
+Fault Fault::once(FaultOp op, int error, FileKind kind) { return next(op, 1, error, kind); }
 Fault Fault::nth(FaultOp op, std::uint64_t n, int error, FileKind kind) {
   Fault f = once(op, error, kind);
   f.skip = n > 0 ? n - 1 : 0;
@@ -54,16 +52,19 @@ Fault Fault::next(FaultOp op, std::int64_t n, int error, FileKind kind) {
   f.count = n;
   return f;
 }
-Fault Fault::always(FaultOp op, int error, FileKind kind) {
-  return next(op, -1, error, kind);
-}
+Fault Fault::always(FaultOp op, int error, FileKind kind) { return next(op, -1, error, kind); }
 int Fault::default_error(FaultOp op) {
   switch (op) {
-    case FaultOp::kOpen: return SQLITE_CANTOPEN;
-    case FaultOp::kWrite: return SQLITE_IOERR_WRITE;
-    case FaultOp::kSync: return SQLITE_IOERR_FSYNC;
-    case FaultOp::kTruncate: return SQLITE_IOERR_TRUNCATE;
-    case FaultOp::kRead: return SQLITE_IOERR_READ;
+    case FaultOp::kOpen:
+      return SQLITE_CANTOPEN;
+    case FaultOp::kWrite:
+      return SQLITE_IOERR_WRITE;
+    case FaultOp::kSync:
+      return SQLITE_IOERR_FSYNC;
+    case FaultOp::kTruncate:
+      return SQLITE_IOERR_TRUNCATE;
+    case FaultOp::kRead:
+      return SQLITE_IOERR_READ;
   }
   return SQLITE_IOERR;
 }
@@ -72,14 +73,11 @@ sqlite3_vfs* FaultVfs::real_of(sqlite3_vfs* vfs) {
   return static_cast<FaultVfs*>(vfs->pAppData)->real_;
 }
 sqlite3_file* FaultVfs::real_of(sqlite3_file* file) {
-  return reinterpret_cast<sqlite3_file*>(reinterpret_cast<char*>(file) +
-                                         sizeof(File));
+  return reinterpret_cast<sqlite3_file*>(reinterpret_cast<char*>(file) + sizeof(File));
 }
 
 FaultVfs::FaultVfs(std::string name, bool simulate_power_loss)
-    : name_(std::move(name)),
-      power_loss_(simulate_power_loss),
-      real_(sqlite3_vfs_find(nullptr)) {
+    : name_(std::move(name)), power_loss_(simulate_power_loss), real_(sqlite3_vfs_find(nullptr)) {
   if (real_ == nullptr) throw std::runtime_error("no default sqlite3 VFS");
   // Everything but open/delete is forwarded with the real VFS as `this`:
   // handing the real methods our struct would be wrong for any VFS that
@@ -97,24 +95,18 @@ FaultVfs::FaultVfs(std::string name, bool simulate_power_loss)
   vfs_.xFullPathname = [](sqlite3_vfs* v, const char* n, int sz, char* out) {
     return real_of(v)->xFullPathname(real_of(v), n, sz, out);
   };
-  vfs_.xDlOpen = [](sqlite3_vfs* v, const char* n) {
-    return real_of(v)->xDlOpen(real_of(v), n);
-  };
+  vfs_.xDlOpen = [](sqlite3_vfs* v, const char* n) { return real_of(v)->xDlOpen(real_of(v), n); };
   vfs_.xDlError = [](sqlite3_vfs* v, int n, char* msg) {
     real_of(v)->xDlError(real_of(v), n, msg);
   };
   vfs_.xDlSym = [](sqlite3_vfs* v, void* h, const char* s) {
     return real_of(v)->xDlSym(real_of(v), h, s);
   };
-  vfs_.xDlClose = [](sqlite3_vfs* v, void* h) {
-    real_of(v)->xDlClose(real_of(v), h);
-  };
+  vfs_.xDlClose = [](sqlite3_vfs* v, void* h) { real_of(v)->xDlClose(real_of(v), h); };
   vfs_.xRandomness = [](sqlite3_vfs* v, int n, char* out) {
     return real_of(v)->xRandomness(real_of(v), n, out);
   };
-  vfs_.xSleep = [](sqlite3_vfs* v, int us) {
-    return real_of(v)->xSleep(real_of(v), us);
-  };
+  vfs_.xSleep = [](sqlite3_vfs* v, int us) { return real_of(v)->xSleep(real_of(v), us); };
   vfs_.xCurrentTime = [](sqlite3_vfs* v, double* t) {
     return real_of(v)->xCurrentTime(real_of(v), t);
   };
@@ -127,8 +119,7 @@ FaultVfs::FaultVfs(std::string name, bool simulate_power_loss)
     };
   }
   if (vfs_.iVersion >= 3) {
-    vfs_.xSetSystemCall = [](sqlite3_vfs* v, const char* n,
-                             sqlite3_syscall_ptr p) {
+    vfs_.xSetSystemCall = [](sqlite3_vfs* v, const char* n, sqlite3_syscall_ptr p) {
       return real_of(v)->xSetSystemCall(real_of(v), n, p);
     };
     vfs_.xGetSystemCall = [](sqlite3_vfs* v, const char* n) {
@@ -158,24 +149,16 @@ const sqlite3_io_methods& FaultVfs::io_methods() {
       [](sqlite3_file* f, sqlite3_int64* size) {
         return real_of(f)->pMethods->xFileSize(real_of(f), size);
       },
-      [](sqlite3_file* f, int lock) {
-        return real_of(f)->pMethods->xLock(real_of(f), lock);
-      },
-      [](sqlite3_file* f, int lock) {
-        return real_of(f)->pMethods->xUnlock(real_of(f), lock);
-      },
+      [](sqlite3_file* f, int lock) { return real_of(f)->pMethods->xLock(real_of(f), lock); },
+      [](sqlite3_file* f, int lock) { return real_of(f)->pMethods->xUnlock(real_of(f), lock); },
       [](sqlite3_file* f, int* out) {
         return real_of(f)->pMethods->xCheckReservedLock(real_of(f), out);
       },
       [](sqlite3_file* f, int op, void* arg) {
         return real_of(f)->pMethods->xFileControl(real_of(f), op, arg);
       },
-      [](sqlite3_file* f) {
-        return real_of(f)->pMethods->xSectorSize(real_of(f));
-      },
-      [](sqlite3_file* f) {
-        return real_of(f)->pMethods->xDeviceCharacteristics(real_of(f));
-      },
+      [](sqlite3_file* f) { return real_of(f)->pMethods->xSectorSize(real_of(f)); },
+      [](sqlite3_file* f) { return real_of(f)->pMethods->xDeviceCharacteristics(real_of(f)); },
       // The -shm is shared memory, not durable storage: pass it through
       // untouched and drop it at restore_after_cut().
       [](sqlite3_file* f, int pg, int sz, int extend, void volatile** out) {
@@ -185,9 +168,7 @@ const sqlite3_io_methods& FaultVfs::io_methods() {
         return real_of(f)->pMethods->xShmLock(real_of(f), off, n, flags);
       },
       [](sqlite3_file* f) { real_of(f)->pMethods->xShmBarrier(real_of(f)); },
-      [](sqlite3_file* f, int del) {
-        return real_of(f)->pMethods->xShmUnmap(real_of(f), del);
-      },
+      [](sqlite3_file* f, int del) { return real_of(f)->pMethods->xShmUnmap(real_of(f), del); },
       [](sqlite3_file* f, sqlite3_int64 off, int n, void** out) {
         return real_of(f)->pMethods->xFetch(real_of(f), off, n, out);
       },
@@ -198,8 +179,8 @@ const sqlite3_io_methods& FaultVfs::io_methods() {
   return methods;
 }
 
-int FaultVfs::x_open(sqlite3_vfs* v, const char* name, sqlite3_file* file,
-                     int flags, int* out_flags) {
+int FaultVfs::x_open(sqlite3_vfs* v, const char* name, sqlite3_file* file, int flags,
+                     int* out_flags) {
   auto* self = static_cast<FaultVfs*>(v->pAppData);
   auto* f = reinterpret_cast<File*>(file);
   f->base.pMethods = nullptr;  // SQLite must not call xClose if we fail
@@ -272,8 +253,7 @@ int FaultVfs::x_read(sqlite3_file* file, void* buf, int n, sqlite3_int64 off) {
   return real_of(file)->pMethods->xRead(real_of(file), buf, n, off);
 }
 
-int FaultVfs::x_write(sqlite3_file* file, const void* buf, int n,
-                      sqlite3_int64 off) {
+int FaultVfs::x_write(sqlite3_file* file, const void* buf, int n, sqlite3_int64 off) {
   auto* f = reinterpret_cast<File*>(file);
   FaultVfs* self = f->vfs;
   std::lock_guard<std::mutex> lock(self->mu_);
@@ -286,8 +266,7 @@ int FaultVfs::x_write(sqlite3_file* file, const void* buf, int n,
   ++c.writes;
   c.bytes_written += static_cast<std::uint64_t>(n);
   if (f->tracked) {
-    f->tracked->pending.push_back(
-        {off, std::string(static_cast<const char*>(buf), n)});
+    f->tracked->pending.push_back({off, std::string(static_cast<const char*>(buf), n)});
   }
   return SQLITE_OK;
 }

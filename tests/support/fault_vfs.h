@@ -48,8 +48,8 @@
 #include <sqlite3.h>
 
 #include <array>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -68,21 +68,18 @@ enum class FaultOp { kOpen, kWrite, kSync, kTruncate, kRead };
 struct Fault {
   FaultOp op = FaultOp::kWrite;
   FileKind kind = FileKind::kAny;
-  int error = 0;            // 0: the natural code for op (see default_error)
+  int error = 0;  // 0: the natural code for op (see default_error)
   std::uint64_t skip = 0;
   std::int64_t count = 1;
 
   // Fail the next matching call.
   static Fault once(FaultOp op, int error = 0, FileKind kind = FileKind::kAny);
   // Fail only the n-th (1-based) matching call from now on.
-  static Fault nth(FaultOp op, std::uint64_t n, int error = 0,
-                   FileKind kind = FileKind::kAny);
+  static Fault nth(FaultOp op, std::uint64_t n, int error = 0, FileKind kind = FileKind::kAny);
   // Fail the next n matching calls.
-  static Fault next(FaultOp op, std::int64_t n, int error = 0,
-                    FileKind kind = FileKind::kAny);
+  static Fault next(FaultOp op, std::int64_t n, int error = 0, FileKind kind = FileKind::kAny);
   // Fail every matching call until disarmed.
-  static Fault always(FaultOp op, int error = 0,
-                      FileKind kind = FileKind::kAny);
+  static Fault always(FaultOp op, int error = 0, FileKind kind = FileKind::kAny);
 
   // SQLITE_CANTOPEN / SQLITE_IOERR_WRITE / SQLITE_IOERR_FSYNC /
   // SQLITE_IOERR_TRUNCATE / SQLITE_IOERR_READ.
@@ -128,8 +125,8 @@ class FaultVfs {
   // (e.g. fill the disk when a checkpoint starts writing the main database file). Runs
   // with the VFS's lock held: it must not use this VFS. Empty = none.
   void set_io_hook(std::function<void(FaultOp, FileKind)> hook);
-  void disarm();                    // all rules
-  std::uint64_t injected() const;   // failures injected so far
+  void disarm();                   // all rules
+  std::uint64_t injected() const;  // failures injected so far
 
   IoCounters counters(FileKind kind = FileKind::kAny) const;
   void reset_counters();
@@ -142,8 +139,8 @@ class FaultVfs {
   bool is_cut() const;
 
  private:
-  struct File;          // the sqlite3_file subclass
-  struct Pending {      // one unsynced write (or truncate if !data)
+  struct File;      // the sqlite3_file subclass
+  struct Pending {  // one unsynced write (or truncate if !data)
     std::int64_t offset;
     std::optional<std::string> data;
   };

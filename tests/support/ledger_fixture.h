@@ -23,7 +23,8 @@ inline int64_t query_int(const std::string& db_path, const std::string& sql) {
   return q.getColumn(0).getInt64();
 }
 
-inline std::unique_ptr<Inbox> open_ledger_inbox(const std::string& path, InboxOptions options = {}) {
+inline std::unique_ptr<Inbox> open_ledger_inbox(const std::string& path,
+                                                InboxOptions options = {}) {
   std::unique_ptr<Inbox> inbox;
   const Status s = Inbox::open(path, options, &inbox);
   EXPECT_TRUE(s.ok()) << s.to_string();

@@ -30,7 +30,8 @@ std::string Notification::value(const std::string& key) const {
 NotifySocket::NotifySocket(std::string path) : path_(std::move(path)) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof addr.sun_path) throw std::runtime_error("socket path too long: " + path_);
+  if (path_.size() >= sizeof addr.sun_path)
+    throw std::runtime_error("socket path too long: " + path_);
   std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
   ::unlink(path_.c_str());
   fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -19,9 +19,9 @@
 namespace mqtt_inbox::test {
 
 struct Notification {
-  std::chrono::steady_clock::time_point at;  // when it was received
-  std::string text;                          // the datagram, e.g. "WATCHDOG=1\nSTATUS=...\n"
-  bool has(const std::string& line) const;   // one of its lines is exactly `line`
+  std::chrono::steady_clock::time_point at;         // when it was received
+  std::string text;                                 // the datagram, e.g. "WATCHDOG=1\nSTATUS=...\n"
+  bool has(const std::string& line) const;          // one of its lines is exactly `line`
   std::string value(const std::string& key) const;  // "" if the key is absent
 };
 
@@ -44,8 +44,7 @@ class NotifySocket {
   // datagrams before index `from` of received() do not count.
   bool wait_line(const std::string& line, std::chrono::milliseconds timeout, size_t from = 0);
   // True once a datagram whose STATUS= holds `fragment` arrived (from index `from` on).
-  bool wait_status(const std::string& fragment, std::chrono::milliseconds timeout,
-                   size_t from = 0);
+  bool wait_status(const std::string& fragment, std::chrono::milliseconds timeout, size_t from = 0);
   // How many datagrams from index `from` on hold the line `line`.
   size_t count_line(const std::string& line, size_t from = 0) const;
 

@@ -36,8 +36,8 @@ namespace {
 int elf_machine(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   unsigned char h[20] = {};
-  if (!f.read(reinterpret_cast<char*>(h), sizeof h) || h[0] != 0x7f || h[1] != 'E' ||
-      h[2] != 'L' || h[3] != 'F')
+  if (!f.read(reinterpret_cast<char*>(h), sizeof h) || h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' ||
+      h[3] != 'F')
     return -1;
   return h[5] == 2 ? (h[18] << 8 | h[19]) : (h[18] | h[19] << 8);  // EI_DATA: 2 = big endian
 }
@@ -192,8 +192,7 @@ void Broker::start() {
     if (!extra_listeners_.empty()) f << "per_listener_settings true\n";
     f << "listener " << port_ << " 127.0.0.1\n"
       << "allow_anonymous true\n";
-    if (config_.max_connections >= 0)
-      f << "max_connections " << config_.max_connections << "\n";
+    if (config_.max_connections >= 0) f << "max_connections " << config_.max_connections << "\n";
     for (size_t i = 0; i < extra_ports_.size(); ++i)
       f << "listener " << extra_ports_[i] << " 127.0.0.1\n" << extra_listeners_[i] << "\n";
     f << "persistence " << (config_.persistence ? "true" : "false") << "\n"

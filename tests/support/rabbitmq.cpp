@@ -140,8 +140,7 @@ void RabbitMq::start() {
     throw std::runtime_error("RabbitMQ node " + node_name_ + " did not open MQTT port " +
                              std::to_string(mqtt_port_) + (exited ? " (it exited)" : "") +
                              "; log:\n" + log_tail());
-  last_start_s_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_start_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void RabbitMq::stop() {
@@ -150,8 +149,10 @@ void RabbitMq::stop() {
   // SIGTERM makes the Erlang VM stop the node in order (init:stop), flushing durable
   // queues; the script exits after it.
   const pid_t beam = static_cast<pid_t>(std::atoi(read_file(dir_.file("pid")).c_str()));
-  if (beam > 0) kill(beam, SIGTERM);
-  else kill(-script_pid_, SIGTERM);
+  if (beam > 0)
+    kill(beam, SIGTERM);
+  else
+    kill(-script_pid_, SIGTERM);
   if (!reap(script_pid_, std::chrono::seconds(60))) {
     if (beam > 0) kill(beam, SIGKILL);
     kill(-script_pid_, SIGKILL);
@@ -185,8 +186,8 @@ std::string RabbitMq::ctl(const std::vector<std::string>& args) const {
     _exit(127);
   }
   int st = 0;
-  const bool done = wait_until([&] { return waitpid(pid, &st, WNOHANG) == pid; },
-                               std::chrono::seconds(120));
+  const bool done =
+      wait_until([&] { return waitpid(pid, &st, WNOHANG) == pid; }, std::chrono::seconds(120));
   if (!done) {
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
@@ -199,8 +200,8 @@ std::string RabbitMq::ctl(const std::vector<std::string>& args) const {
 }
 
 std::string RabbitMq::log_tail() const {
-  std::string text = read_file(log_dir_ + "/startup.log") +
-                     read_file(log_dir_ + "/" + node_name_ + ".log");
+  std::string text =
+      read_file(log_dir_ + "/startup.log") + read_file(log_dir_ + "/" + node_name_ + ".log");
   return text.size() > 4000 ? text.substr(text.size() - 4000) : text;
 }
 

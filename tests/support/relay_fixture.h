@@ -6,8 +6,8 @@
 
 #include <functional>
 #include <map>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "mqtt_inbox/relay.h"
 #include "support/ledger_fixture.h"
@@ -174,7 +174,7 @@ class RelayFixture : public ::testing::Test {
 
   static Broker::Config broker_config() {
     Broker::Config c;
-    c.max_inflight_messages = 500;  // above Paho's default buffer of 100 publishes
+    c.max_inflight_messages = 500;   // above Paho's default buffer of 100 publishes
     c.max_packet_size = kMaxPacket;  // far above every event but the oversized test's
     return c;
   }

@@ -85,23 +85,31 @@ int main(int argc, char** argv) {
   o.poll_interval_ms = 50;
   for (int i = 5; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--crash-in-handler") crash_in_handler = value;
-    else if (flag == "--workers") o.workers = std::stoi(value);
-    else if (flag == "--lease-ms") o.lease_ms = std::stoll(value);
-    else if (flag == "--batch") o.batch_size = std::stoi(value);
-    else if (flag == "--handler-sleep-ms") handler_sleep_ms = std::stoi(value);
-    else if (flag == "--max-attempts") o.consumer.max_attempts = std::stoi(value);
-    else if (flag == "--wall-offset-file") wall_offset_file = value;
-    else if (flag == "--steady-offset-ms") steady_offset_ms = std::stoll(value);
+    if (flag == "--crash-in-handler")
+      crash_in_handler = value;
+    else if (flag == "--workers")
+      o.workers = std::stoi(value);
+    else if (flag == "--lease-ms")
+      o.lease_ms = std::stoll(value);
+    else if (flag == "--batch")
+      o.batch_size = std::stoi(value);
+    else if (flag == "--handler-sleep-ms")
+      handler_sleep_ms = std::stoi(value);
+    else if (flag == "--max-attempts")
+      o.consumer.max_attempts = std::stoi(value);
+    else if (flag == "--wall-offset-file")
+      wall_offset_file = value;
+    else if (flag == "--steady-offset-ms")
+      steady_offset_ms = std::stoll(value);
     else if (flag == "--prepare-sleep-ms") {
       const int ms = std::stoi(value);
       o.prepare = [ms](const mqtt_inbox::StoredDelivery&) -> std::any {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         return {};
       };
-    }
-    else if (flag == "--mqtt-version")
-      mqtt.mqtt_version = value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
+    } else if (flag == "--mqtt-version")
+      mqtt.mqtt_version =
+          value == "5" ? mqtt_inbox::MqttVersion::kV5 : mqtt_inbox::MqttVersion::kV3_1_1;
     else {
       std::fprintf(stderr, "unknown option %s\n", flag.c_str());
       return 64;
@@ -129,8 +137,9 @@ int main(int argc, char** argv) {
   }
   inbox->with_connection([](SQLite::Database& db) {
     ledger::create_tables(db);
-    db.exec("CREATE TABLE IF NOT EXISTS seen (id INTEGER PRIMARY KEY, account TEXT NOT NULL,"
-            " message_id TEXT NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL)");
+    db.exec(
+        "CREATE TABLE IF NOT EXISTS seen (id INTEGER PRIMARY KEY, account TEXT NOT NULL,"
+        " message_id TEXT NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL)");
   });
 
   auto handler = [&](SQLite::Database& db, const mqtt_inbox::StoredDelivery& d) {
@@ -138,9 +147,11 @@ int main(int argc, char** argv) {
       log->info("crash inside the handler on {} (attempt {})", d.message_id, d.attempt);
       raise(SIGKILL);
     }
-    if (handler_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(handler_sleep_ms));
+    if (handler_sleep_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(handler_sleep_ms));
     ledger::apply_credit(db, mqtt_inbox::Delivery{d.message, d.message_id, d.attempt});
-    SQLite::Statement q(db, "INSERT INTO seen (account, message_id, seq, attempt) VALUES (?1, ?2, ?3, ?4)");
+    SQLite::Statement q(
+        db, "INSERT INTO seen (account, message_id, seq, attempt) VALUES (?1, ?2, ?3, ?4)");
     q.bind(1, d.aggregate_key);
     q.bind(2, d.message_id);
     q.bind(3, d.seq);
@@ -148,7 +159,8 @@ int main(int argc, char** argv) {
     q.exec();
   };
   std::unique_ptr<mqtt_inbox::StoreThenProcess> stp;
-  if (auto s = mqtt_inbox::StoreThenProcess::create(inbox.get(), "ledger", handler, o, &stp); !s.ok()) {
+  if (auto s = mqtt_inbox::StoreThenProcess::create(inbox.get(), "ledger", handler, o, &stp);
+      !s.ok()) {
     log->error("{}", s.to_string());
     return 1;
   }
@@ -168,11 +180,12 @@ int main(int argc, char** argv) {
   (void)sub->stop();
   (void)stp->stop();
   const auto c = stp->counters();
-  std::printf("counters: stored=%lld duplicates=%lld processed=%lld reaped=%lld dead_lettered=%lld "
-              "claims_lost=%lld\n",
-              static_cast<long long>(c.stored), static_cast<long long>(c.duplicates),
-              static_cast<long long>(c.processed), static_cast<long long>(c.reaped),
-              static_cast<long long>(c.dead_lettered), static_cast<long long>(c.claims_lost));
+  std::printf(
+      "counters: stored=%lld duplicates=%lld processed=%lld reaped=%lld dead_lettered=%lld "
+      "claims_lost=%lld\n",
+      static_cast<long long>(c.stored), static_cast<long long>(c.duplicates),
+      static_cast<long long>(c.processed), static_cast<long long>(c.reaped),
+      static_cast<long long>(c.dead_lettered), static_cast<long long>(c.claims_lost));
   std::fflush(stdout);
   return 0;
 }

@@ -45,7 +45,8 @@ class TlsTest : public ::testing::Test {
     Child passwd({"/usr/bin/mosquitto_passwd", "-c", "-b", pki_->path("mosquitto.passwd"), "alice",
                   kPassword},
                  pki_->path("mosquitto_passwd.log"));
-    ASSERT_EQ(passwd.wait(std::chrono::seconds(20)), 0) << read_file(pki_->path("mosquitto_passwd.log"));
+    ASSERT_EQ(passwd.wait(std::chrono::seconds(20)), 0)
+        << read_file(pki_->path("mosquitto_passwd.log"));
   }
   static void TearDownTestSuite() {
     delete pki_;
@@ -57,7 +58,8 @@ class TlsTest : public ::testing::Test {
     auto tls = [&](const std::string& cert, const std::string& key) {
       return "cafile " + p.ca_cert() + "\ncertfile " + cert + "\nkeyfile " + key + "\n";
     };
-    const std::string passwords = "allow_anonymous false\npassword_file " + p.path("mosquitto.passwd") + "\n";
+    const std::string passwords =
+        "allow_anonymous false\npassword_file " + p.path("mosquitto.passwd") + "\n";
     return {
         tls(p.server_cert(), p.server_key()) + passwords,
         tls(p.other_name_cert(), p.other_name_key()) + "allow_anonymous true\n",
@@ -115,7 +117,8 @@ class TlsTest : public ::testing::Test {
       ConsumerOptions co;
       co.retry_backoff_initial = std::chrono::milliseconds(1);
       co.retry_backoff_max = std::chrono::milliseconds(2);
-      EXPECT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+      EXPECT_TRUE(
+          Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
     }
     std::unique_ptr<Subscriber> s;
     const Status st = Subscriber::create(o, &s);
@@ -128,11 +131,13 @@ class TlsTest : public ::testing::Test {
 
   // Waits until the subscriber's last attempt failed (with `kind`, if given); returns its
   // health then.
-  static SubscriberHealth wait_failure(Subscriber& s, std::optional<SubscriberHealth::Failure> kind = {}) {
+  static SubscriberHealth wait_failure(Subscriber& s,
+                                       std::optional<SubscriberHealth::Failure> kind = {}) {
     EXPECT_TRUE(wait_until(
         [&] {
           const SubscriberHealth h = s.health();
-          return kind ? h.last_failure == *kind : h.last_failure != SubscriberHealth::Failure::kNone;
+          return kind ? h.last_failure == *kind
+                      : h.last_failure != SubscriberHealth::Failure::kNone;
         },
         std::chrono::seconds(20)))
         << s.health().last_error;
@@ -141,9 +146,17 @@ class TlsTest : public ::testing::Test {
 
   // examples/ledger_consumer with the given connection flags, logging to child_log().
   std::unique_ptr<Child> ledger_consumer(const std::vector<std::string>& connection_flags) {
-    std::vector<std::string> argv = {built_program("ledger_consumer"), "--client-id", "tls-ledger",
-                                     "--client-id-lock-dir", dir_.path(), "--topic", "credits/#",
-                                     "--db", db_path_, "--log-level", "debug"};
+    std::vector<std::string> argv = {built_program("ledger_consumer"),
+                                     "--client-id",
+                                     "tls-ledger",
+                                     "--client-id-lock-dir",
+                                     dir_.path(),
+                                     "--topic",
+                                     "credits/#",
+                                     "--db",
+                                     db_path_,
+                                     "--log-level",
+                                     "debug"};
     argv.insert(argv.end(), connection_flags.begin(), connection_flags.end());
     return std::make_unique<Child>(argv, child_log());
   }
@@ -151,7 +164,8 @@ class TlsTest : public ::testing::Test {
 
   void publish_credits(int from, int to) {
     TestPublisher pub(broker_.uri(), true);  // the broker's anonymous plaintext listener
-    for (int i = from; i < to; ++i) pub.credit("credits/t", "t-" + std::to_string(i), "acct-" + std::to_string(i % 4), i + 1);
+    for (int i = from; i < to; ++i)
+      pub.credit("credits/t", "t-" + std::to_string(i), "acct-" + std::to_string(i % 4), i + 1);
   }
   static int64_t expected_total(int n) { return static_cast<int64_t>(n) * (n + 1) / 2; }
   int64_t ledger_rows() { return query_int(db_path_, "SELECT count(*) FROM ledger_entries"); }

@@ -83,9 +83,9 @@ TestPki::TestPki() {
                                  "extendedKeyUsage = serverAuth\n");
   openssl({"req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
            "-keyout", expired_key(), "-out", path("expired.csr"), "-subj", "/CN=localhost"});
-  openssl({"ca", "-batch", "-config", path("ca.cnf"), "-cert", ca_cert(), "-keyfile", path("ca.key"),
-           "-in", path("expired.csr"), "-out", expired_cert(), "-startdate", "20200101000000Z",
-           "-enddate", "20200201000000Z", "-extensions", "server", "-notext"});
+  openssl({"ca", "-batch", "-config", path("ca.cnf"), "-cert", ca_cert(), "-keyfile",
+           path("ca.key"), "-in", path("expired.csr"), "-out", expired_cert(), "-startdate",
+           "20200101000000Z", "-enddate", "20200201000000Z", "-extensions", "server", "-notext"});
 
   // The CA in a hashed folder (tls.ca_dir / --capath).
   ::mkdir(ca_dir().c_str(), 0700);

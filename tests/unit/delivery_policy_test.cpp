@@ -121,7 +121,7 @@ TEST_F(DeliveryPolicyTest, DisagreeingIdsAreDeadLetteredAndNotApplied) {
   Message m = credit_message("json-id", "acct", 9);
   m.user_properties = {{"message-id", "prop-id"}};
   EXPECT_EQ(c->handle(m), Outcome::kDeadLettered);
-  EXPECT_EQ(c->handle(m), Outcome::kDeadLettered);  // no id: every delivery is its own row
+  EXPECT_EQ(c->handle(m), Outcome::kDeadLettered);         // no id: every delivery is its own row
   Message bridged = credit_message("json-id", "acct", 9);  // what the bridge passes on
   EXPECT_EQ(balance(), 0);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_processed"), 0);

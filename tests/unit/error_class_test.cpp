@@ -156,7 +156,9 @@ class StoreThenProcessErrorClassTest : public ErrorClassTest {
     ASSERT_EQ(stp->handle(credit_message("good-1", "known", 7)), Outcome::kProcessed);
     ASSERT_TRUE(stp->start().ok());
     const bool settled = wait_until(
-        [&] { return q("SELECT count(*) FROM inbox_messages WHERE status IN ('dead', 'done')") == 2; },
+        [&] {
+          return q("SELECT count(*) FROM inbox_messages WHERE status IN ('dead', 'done')") == 2;
+        },
         seconds(15));
     ASSERT_TRUE(stp->stop().ok());
     ASSERT_TRUE(settled) << "the stream stalled: " << stp->counters().last_worker_error;
@@ -175,15 +177,13 @@ class StoreThenProcessErrorClassTest : public ErrorClassTest {
 };
 
 TEST_F(StoreThenProcessErrorClassTest, DeferredForeignKeyAtCommitEndsTheRowDead) {
-  expect_row_dead_then_stream_goes_on(
-      deferred_fk_schema,
-      credit_message("fk-1", "stranger", 5), "FOREIGN KEY");
+  expect_row_dead_then_stream_goes_on(deferred_fk_schema, credit_message("fk-1", "stranger", 5),
+                                      "FOREIGN KEY");
 }
 
 TEST_F(StoreThenProcessErrorClassTest, CheckInTheHandlersStatementEndsTheRowDead) {
-  expect_row_dead_then_stream_goes_on(
-      check_schema,
-      credit_message("chk-1", "known", 5000), "CHECK");
+  expect_row_dead_then_stream_goes_on(check_schema, credit_message("chk-1", "known", 5000),
+                                      "CHECK");
 }
 
 // The application's commit hook vetoes the commit (SQLITE_CONSTRAINT_COMMITHOOK). A
@@ -408,7 +408,9 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         // the session records (which once forgot to) and the dead letters. The fault is
         // lifted first, so an entry that still went to SQLite would succeed here.
         vfs.disarm();
-        const auto corrupt = [](const Status& st) { return st.code() == Status::Code::kCorruption; };
+        const auto corrupt = [](const Status& st) {
+          return st.code() == Status::Code::kCorruption;
+        };
         SessionRecord rec;
         std::vector<SessionRecord> records;
         bool removed = false;
@@ -416,7 +418,8 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         mine.client_id = "gateway-1";
         std::vector<DeadLetter> dead;
         if (!corrupt(inbox_->sessions().load("gateway-1", &rec)) ||
-            !corrupt(inbox_->sessions().list(&records)) || !corrupt(inbox_->sessions().record(mine)) ||
+            !corrupt(inbox_->sessions().list(&records)) ||
+            !corrupt(inbox_->sessions().record(mine)) ||
             !corrupt(inbox_->sessions().forget("gateway-1", &removed)) ||
             !corrupt(inbox_->list_dead_letters({}, &dead)))
           _exit(6);

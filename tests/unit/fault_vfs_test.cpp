@@ -24,8 +24,7 @@ constexpr const char* kVfs = "fault_vfs_test";
 class FaultVfsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() /
-                        "fault_vfs_test.XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fault_vfs_test.XXXXXX").string();
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
     path_ = dir_ + "/inbox.db";
@@ -38,17 +37,16 @@ class FaultVfsTest : public ::testing::Test {
 
 // Opens with extended result codes so step()/exec() report e.g.
 // SQLITE_IOERR_FSYNC and not just SQLITE_IOERR.
-sqlite3* open_db(const std::string& path, const char* vfs,
-                 const char* synchronous = "FULL") {
+sqlite3* open_db(const std::string& path, const char* vfs, const char* synchronous = "FULL") {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, vfs);
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, vfs);
   EXPECT_EQ(rc, SQLITE_OK) << sqlite3_errstr(rc);
   sqlite3_extended_result_codes(db, 1);
-  std::string pragmas = std::string("PRAGMA journal_mode=WAL;"
-                                    "PRAGMA synchronous=") + synchronous;
-  EXPECT_EQ(sqlite3_exec(db, pragmas.c_str(), nullptr, nullptr, nullptr),
-            SQLITE_OK)
+  std::string pragmas = std::string(
+                            "PRAGMA journal_mode=WAL;"
+                            "PRAGMA synchronous=") +
+                        synchronous;
+  EXPECT_EQ(sqlite3_exec(db, pragmas.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
       << sqlite3_errmsg(db);
   return db;
 }
@@ -81,8 +79,7 @@ struct Reopened {
 Reopened reopen(const std::string& path, const std::string& where = "1") {
   sqlite3* db = nullptr;
   Reopened r;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) ==
-      SQLITE_OK) {
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
     r.integrity = query_text(db, "PRAGMA integrity_check");
     std::string n = query_text(db, "SELECT count(*) FROM t WHERE " + where);
     if (n != "<error>") r.rows = std::stoll(n);
@@ -101,8 +98,7 @@ void insert(sqlite3* db, int id) {
 
 // Arms `fault`, runs one explicit transaction and checks how COMMIT fails;
 // the row must then be absent for a new process.
-void expect_commit_fails(const std::string& path, const Fault& fault,
-                         int expected_extended) {
+void expect_commit_fails(const std::string& path, const Fault& fault, int expected_extended) {
   FaultVfs vfs(kVfs);
   sqlite3* db = open_db(path, kVfs);
   create_table(db);
@@ -124,20 +120,17 @@ void expect_commit_fails(const std::string& path, const Fault& fault,
 }
 
 TEST_F(FaultVfsTest, WalSyncFailureFailsCommitWithIoerrFsync) {
-  expect_commit_fails(
-      path_, Fault::once(FaultOp::kSync, SQLITE_IOERR_FSYNC, FileKind::kWal),
-      SQLITE_IOERR_FSYNC);
+  expect_commit_fails(path_, Fault::once(FaultOp::kSync, SQLITE_IOERR_FSYNC, FileKind::kWal),
+                      SQLITE_IOERR_FSYNC);
 }
 
 TEST_F(FaultVfsTest, WalWriteFailureFailsCommitWithIoerrWrite) {
-  expect_commit_fails(path_, Fault::once(FaultOp::kWrite, 0, FileKind::kWal),
-                      SQLITE_IOERR_WRITE);
+  expect_commit_fails(path_, Fault::once(FaultOp::kWrite, 0, FileKind::kWal), SQLITE_IOERR_WRITE);
 }
 
 TEST_F(FaultVfsTest, FullDiskOnWriteFailsCommitWithSqliteFull) {
-  expect_commit_fails(
-      path_, Fault::once(FaultOp::kWrite, SQLITE_FULL, FileKind::kWal),
-      SQLITE_FULL);
+  expect_commit_fails(path_, Fault::once(FaultOp::kWrite, SQLITE_FULL, FileKind::kWal),
+                      SQLITE_FULL);
 }
 
 // Why the library must treat a failed commit as "maybe committed" and stay
@@ -202,8 +195,7 @@ TEST_F(FaultVfsTest, OpenFailureGivesCantOpen) {
   FaultVfs vfs(kVfs);
   vfs.arm(Fault::once(FaultOp::kOpen, 0, FileKind::kMainDb));
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path_.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, kVfs);
+  int rc = sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, kVfs);
   EXPECT_EQ(rc, SQLITE_CANTOPEN);
   sqlite3_close(db);
   EXPECT_FALSE(std::filesystem::exists(path_));
@@ -214,8 +206,7 @@ TEST_F(FaultVfsTest, OpenFailureGivesCantOpen) {
   create_table(db);
   EXPECT_EQ(sqlite3_close(db), SQLITE_OK);
   vfs.arm(Fault::once(FaultOp::kOpen, 0, FileKind::kWal));
-  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, kVfs),
-            SQLITE_OK);
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, kVfs), SQLITE_OK);
   sqlite3_extended_result_codes(db, 1);
   EXPECT_EQ(exec(db, "SELECT * FROM t") & 0xff, SQLITE_CANTOPEN);
   EXPECT_EQ(vfs.injected(), 2u);
@@ -225,8 +216,8 @@ TEST_F(FaultVfsTest, OpenFailureGivesCantOpen) {
 // Commits `before` rows and checkpoints them into the main db, then commits
 // `after` more rows, cuts the power, writes one more row through the still
 // open connection, closes it and restores.
-Reopened run_power_cut(const std::string& path, const char* synchronous,
-                       int before, int after, CutOptions cut = {}) {
+Reopened run_power_cut(const std::string& path, const char* synchronous, int before, int after,
+                       CutOptions cut = {}) {
   FaultVfs vfs(kVfs, /*simulate_power_loss=*/true);
   sqlite3* db = open_db(path, kVfs, synchronous);
   create_table(db);
@@ -273,8 +264,7 @@ TEST_F(FaultVfsTest, PowerCutWithPartialWritebackStillKeepsEveryFullCommit) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directory(dir_);
-    Reopened r = run_power_cut(path_, "FULL", kBefore, kAfter,
-                               CutOptions{0.5, seed});
+    Reopened r = run_power_cut(path_, "FULL", kBefore, kAfter, CutOptions{0.5, seed});
     EXPECT_EQ(r.integrity, "ok");
     EXPECT_EQ(r.rows, kBefore + kAfter);
   }
@@ -305,18 +295,17 @@ TEST_F(FaultVfsTest, CountersMeasureWalBytesPerCommit) {
   IoCounters wal = vfs.counters(FileKind::kWal);
   IoCounters main_db = vfs.counters(FileKind::kMainDb);
   const double per_commit = double(wal.bytes_written) / kCommits;
-  std::cout << "WAL bytes per single-row commit: " << per_commit
-            << " (page size " << page_size << ")\n";
+  std::cout << "WAL bytes per single-row commit: " << per_commit << " (page size " << page_size
+            << ")\n";
   // One frame (24-byte header + page) per commit, give or take the WAL
   // header and an occasional second page.
   EXPECT_GE(per_commit, page_size);
   EXPECT_LE(per_commit, 3.0 * (page_size + 24));
   EXPECT_GE(wal.syncs, static_cast<std::uint64_t>(kCommits));  // FULL
   EXPECT_EQ(main_db.bytes_written, 0u) << "no checkpoint expected yet";
-  EXPECT_EQ(vfs.counters().bytes_written,
-            wal.bytes_written + main_db.bytes_written +
-                vfs.counters(FileKind::kJournal).bytes_written +
-                vfs.counters(FileKind::kOther).bytes_written);
+  EXPECT_EQ(vfs.counters().bytes_written, wal.bytes_written + main_db.bytes_written +
+                                              vfs.counters(FileKind::kJournal).bytes_written +
+                                              vfs.counters(FileKind::kOther).bytes_written);
   EXPECT_EQ(sqlite3_close(db), SQLITE_OK);
   EXPECT_EQ(reopen(path_).rows, kCommits);
 }

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "store/claims.h"
-#include "store/store.h"
 #include "store/sqlite/schema.h"
+#include "store/store.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -277,7 +277,8 @@ TEST_F(InboxTest, MessagesWithoutUsableIdAreDeadLetteredWithReasons) {
       {R"({"message_id":"","account":"a","amount":1})", {}, DeadLetterReason::kInvalidId},
       {R"({"message_id":"   ","account":"a","amount":1})", {}, DeadLetterReason::kInvalidId},
       {R"({"message_id":42,"account":"a","amount":1})", {}, DeadLetterReason::kInvalidId},
-      {R"({"message_id":"ok","account":"a","amount":1})", {{"message-id", "bad\nid"}},
+      {R"({"message_id":"ok","account":"a","amount":1})",
+       {{"message-id", "bad\nid"}},
        DeadLetterReason::kInvalidId},
       {"not json at all", {}, DeadLetterReason::kUndecodablePayload},
       {"", {}, DeadLetterReason::kUndecodablePayload},
@@ -444,8 +445,9 @@ namespace {
 
 std::string schema_of(const std::string& path) {
   SQLite::Database db(path, SQLite::OPEN_READONLY);
-  SQLite::Statement q(db, "SELECT type || ' ' || name || ': ' || sql FROM sqlite_master"
-                          " WHERE name LIKE 'inbox_%' ORDER BY name");
+  SQLite::Statement q(db,
+                      "SELECT type || ' ' || name || ': ' || sql FROM sqlite_master"
+                      " WHERE name LIKE 'inbox_%' ORDER BY name");
   std::string out;
   while (q.executeStep()) out += q.getColumn(0).getString() + "\n";
   return out;
@@ -462,11 +464,13 @@ TEST(Migration, PreviousSchemaVersionUpgradesInPlaceKeepingRows) {
     db.exec("PRAGMA journal_mode = WAL");
     ASSERT_EQ(detail::schema_steps().front().version, 1);
     db.exec(detail::schema_steps().front().sql);
-    db.exec("INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
-            " VALUES ('ledger', 'old-1', 1000), ('ledger', 'old-2', 2000)");
-    db.exec("INSERT INTO inbox_dead_letters (consumer_name, topic, payload, payload_size, qos,"
-            " reason, reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at)"
-            " VALUES ('ledger', 't', x'00', 1, 1, 'missing_id', 'no id', 0, 1, 1, 1)");
+    db.exec(
+        "INSERT INTO inbox_processed (consumer_name, message_id, received_at)"
+        " VALUES ('ledger', 'old-1', 1000), ('ledger', 'old-2', 2000)");
+    db.exec(
+        "INSERT INTO inbox_dead_letters (consumer_name, topic, payload, payload_size, qos,"
+        " reason, reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at)"
+        " VALUES ('ledger', 't', x'00', 1, 1, 'missing_id', 'no id', 0, 1, 1, 1)");
     ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 1);
   }
   std::unique_ptr<Inbox> inbox;
@@ -478,7 +482,9 @@ TEST(Migration, PreviousSchemaVersionUpgradesInPlaceKeepingRows) {
 
   // The old claims still deduplicate.
   std::unique_ptr<Consumer> c;
-  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", [](SQLite::Database&, const Delivery&) {}, {}, &c).ok());
+  ASSERT_TRUE(Consumer::create(
+                  inbox.get(), "ledger", [](SQLite::Database&, const Delivery&) {}, {}, &c)
+                  .ok());
   Message m;
   m.payload = R"({"message_id":"old-1"})";
   EXPECT_EQ(c->handle(m), Outcome::kDuplicate);

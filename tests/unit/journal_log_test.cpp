@@ -172,11 +172,12 @@ std::vector<Entry> deserialise(const std::string& text) {
     ConsumerOptions co;
     co.max_attempts = 1;
     std::unique_ptr<Consumer> consumer;
-    if (!Consumer::create(inbox.get(), "ledger",
-                          [](SQLite::Database&, const Delivery&) {
-                            throw std::runtime_error("no such account");
-                          },
-                          co, &consumer)
+    if (!Consumer::create(
+             inbox.get(), "ledger",
+             [](SQLite::Database&, const Delivery&) {
+               throw std::runtime_error("no such account");
+             },
+             co, &consumer)
              .ok())
       ::_exit(6);
     if (consumer->handle(credit_message("j-1", "zed", 1)) != Outcome::kDeadLettered) rc = 7;
@@ -324,8 +325,8 @@ TEST(JournalLog, RefusesUnknownLevelsAndEmptyNames) {
   std::shared_ptr<spdlog::logger> log;
   EXPECT_EQ(make_service_logger("x", {"verbose", ""}, &log).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(make_service_logger("", {}, &log).code(), Status::Code::kInvalidArgument);
-  for (const char* level : {"trace", "debug", "info", "warn", "warning", "error", "err",
-                            "critical", "off"})
+  for (const char* level :
+       {"trace", "debug", "info", "warn", "warning", "error", "err", "critical", "off"})
     EXPECT_TRUE(make_service_logger("x", {level, ""}, &log).ok()) << level;
   EXPECT_EQ(log->level(), spdlog::level::off);
 }

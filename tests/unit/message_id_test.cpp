@@ -65,9 +65,9 @@ TEST(MessageId, DisagreeingSourcesAreInvalidWithBothValuesInTheReason) {
 
   // Every way the JSON field can fail to agree: another string, another type, twice, or
   // a string that is not a valid id.
-  for (const char* p : {R"({"message_id":42})", R"({"message_id":null})",
-                        R"({"message_id":"a","message_id":"a"})", R"({"message_id":" "})",
-                        R"({"message_id":"A"})"}) {
+  for (const char* p :
+       {R"({"message_id":42})", R"({"message_id":null})", R"({"message_id":"a","message_id":"a"})",
+        R"({"message_id":" "})", R"({"message_id":"A"})"}) {
     const Result bad = extract(p, {{"message-id", "a"}});
     EXPECT_FALSE(bad.ok) << p;
     EXPECT_EQ(bad.reason, DeadLetterReason::kInvalidId) << p;
@@ -80,8 +80,8 @@ TEST(MessageId, DisagreeingSourcesAreInvalidWithBothValuesInTheReason) {
 
 TEST(MessageId, AgreeingOrAbsentJsonIdKeepsThePropertyId) {
   EXPECT_EQ(extract(R"({"message_id":"same"})", {{"message-id", "same"}}).id, "same");
-  EXPECT_EQ(extract(R"({"account":"a"})", {{"message-id", "p"}}).id, "p");     // no field
-  EXPECT_EQ(extract("\xff binary", {{"message-id", "p"}}).id, "p");            // not JSON
+  EXPECT_EQ(extract(R"({"account":"a"})", {{"message-id", "p"}}).id, "p");       // no field
+  EXPECT_EQ(extract("\xff binary", {{"message-id", "p"}}).id, "p");              // not JSON
   EXPECT_EQ(extract(R"([{"message_id":"x"}])", {{"message-id", "p"}}).id, "p");  // not top level
   MessageIdOptions no_json;
   no_json.json_field = "";
@@ -111,9 +111,9 @@ TEST(MessageId, TopLevelJsonFieldOnly) {
 }
 
 TEST(MessageId, WrongJsonTypesAreInvalid) {
-  for (const char* p : {R"({"message_id":42})", R"({"message_id":null})",
-                        R"({"message_id":true})", R"({"message_id":{}})",
-                        R"({"message_id":["x"]})", R"({"message_id":1.5})"}) {
+  for (const char* p :
+       {R"({"message_id":42})", R"({"message_id":null})", R"({"message_id":true})",
+        R"({"message_id":{}})", R"({"message_id":["x"]})", R"({"message_id":1.5})"}) {
     const Result r = extract(p);
     EXPECT_FALSE(r.ok) << p;
     EXPECT_EQ(r.reason, DeadLetterReason::kInvalidId) << p;
@@ -130,8 +130,9 @@ TEST(MessageId, AmbiguousDuplicateKeyIsInvalid) {
 }
 
 TEST(MessageId, UndecodablePayloads) {
-  for (const std::string& p : {std::string(""), std::string("{"), std::string("{\"message_id\":\"abc"),
-                              std::string("\xff\xfe"), std::string("nope")}) {
+  for (const std::string& p :
+       {std::string(""), std::string("{"), std::string("{\"message_id\":\"abc"),
+        std::string("\xff\xfe"), std::string("nope")}) {
     const Result r = extract(p);
     EXPECT_FALSE(r.ok);
     EXPECT_EQ(r.reason, DeadLetterReason::kUndecodablePayload) << p;
@@ -148,8 +149,8 @@ TEST(MessageId, ValidationRules) {
   EXPECT_NE(validate_message_id("a\nb", 256), "");
   EXPECT_NE(validate_message_id(std::string("a\0b", 3), 256), "");
   EXPECT_NE(validate_message_id("a\x7f", 256), "");
-  EXPECT_NE(validate_message_id("a\xc2\x85", 256), "");  // U+0085, a C1 control
-  EXPECT_NE(validate_message_id("\xc0\xaf", 256), "");   // overlong
+  EXPECT_NE(validate_message_id("a\xc2\x85", 256), "");     // U+0085, a C1 control
+  EXPECT_NE(validate_message_id("\xc0\xaf", 256), "");      // overlong
   EXPECT_NE(validate_message_id("\xed\xa0\x80", 256), "");  // surrogate
   EXPECT_NE(validate_message_id("\xff", 256), "");
 }
@@ -227,8 +228,8 @@ TEST(MessageId, TheDocumentIsKeptOnlyWhenTheJsonSourceParsedThePayload) {
 
   // A valid payload just over the limit keeps no document; the id is read all the same.
   m.user_properties.clear();
-  m.payload = R"({"message_id":"a-1","pad":")" + std::string(MessageIdOptions{}.json_document_max_bytes, 'x') +
-              R"("})";
+  m.payload = R"({"message_id":"a-1","pad":")" +
+              std::string(MessageIdOptions{}.json_document_max_bytes, 'x') + R"("})";
   ASSERT_TRUE(extract_message_id(m, o, &id, &reason, &why, &document)) << why;
   EXPECT_EQ(id, "a-1");
   EXPECT_TRUE(document.is_discarded());

@@ -131,7 +131,10 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
                                      &claim_result, &claim_error);
        }},
       {"ClaimStore::begin_attempt",
-       [&] { int a = 0; return store.claims().begin_attempt("ledger", "x", &a); }},
+       [&] {
+         int a = 0;
+         return store.claims().begin_attempt("ledger", "x", &a);
+       }},
       {"ClaimStore::record_attempt_failure",
        [&] { return store.claims().record_attempt_failure("ledger", "x", "failed"); }},
       // Inbox: dead-letter administration, and the store's dead letters behind it
@@ -146,11 +149,21 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       // Inbox: set-up and the transport's session records (main's calls on the connection)
       {"Inbox::setup", [&] { return inbox_->setup([](SQLite::Database&) {}); }},
       {"SessionRecords::record", [&] { return inbox_->sessions().record(SessionRecord{}); }},
-      {"SessionRecords::load", [&] { SessionRecord r; return inbox_->sessions().load("c", &r); }},
+      {"SessionRecords::load",
+       [&] {
+         SessionRecord r;
+         return inbox_->sessions().load("c", &r);
+       }},
       {"SessionRecords::list",
-       [&] { std::vector<SessionRecord> v; return inbox_->sessions().list(&v); }},
+       [&] {
+         std::vector<SessionRecord> v;
+         return inbox_->sessions().list(&v);
+       }},
       {"SessionRecords::forget",
-       [&] { bool gone = false; return inbox_->sessions().forget("c", &gone); }},
+       [&] {
+         bool gone = false;
+         return inbox_->sessions().forget("c", &gone);
+       }},
       // Inbox: the plain connection (throws instead of returning a Status)
       {"Inbox::with_connection",
        [&] {
@@ -166,7 +179,7 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
        [&] {
          outcome = other_->handle(other_msg);
          return outcome == Outcome::kDeadLettered ? Status::InvalidArgument("Consumer::handle")
-                                                   : Status::Ok();
+                                                  : Status::Ok();
        }},
       {"Consumer::replay_dead_letter", [&] { return other_->replay_dead_letter(1, &outcome); }},
       // The Pruner
@@ -179,7 +192,7 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
        [&] {
          return stp_->handle(other_msg) == Outcome::kDeadLettered
                     ? Status::InvalidArgument("StoreThenProcess::handle")
-                                                                   : Status::Ok();
+                    : Status::Ok();
        }},
       {"StoreThenProcess::create",
        [&] {
@@ -188,9 +201,14 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
        }},
       // The Outbox on the same inbox: every call but enqueue takes the inbox's connection
       {"Outbox::fetch_pending", [&] { return outbox_->fetch_pending(0, 10, &outbox_rows); }},
-      {"Outbox::mark_sent", [&] { return outbox_->mark_sent({{1, 1}}); }},
+      {"Outbox::mark_sent",
+       [&] {
+         return outbox_->mark_sent({{1, 1}});
+       }},
       {"Outbox::mark_dead",
-       [&] { return outbox_->mark_dead({1, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "x"); }},
+       [&] {
+         return outbox_->mark_dead({1, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "x");
+       }},
       {"Outbox::list", [&] { return outbox_->list(OutboxState::kPending, 10, &outbox_rows); }},
       {"Outbox::usage", [&] { return outbox_->usage(&outbox_usage); }},
       {"Outbox::summary", [&] { return outbox_->summary(&outbox_summary); }},
@@ -205,19 +223,25 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
     const std::string id = "reenter-" + std::to_string(i);
     reenter_ = c.reenter;
     last_status_ = Status::Ok();
-    const Outcome o = within_deadline(c.call, [&] { return consumer_->handle(credit_message(id, "ann", 100)); });
+    const Outcome o =
+        within_deadline(c.call, [&] { return consumer_->handle(credit_message(id, "ann", 100)); });
     EXPECT_EQ(o, Outcome::kDeadLettered);
     EXPECT_EQ(last_status_.code(), Status::Code::kInvalidArgument) << last_status_.to_string();
     EXPECT_NE(last_status_.message().find(c.call), std::string::npos) << last_status_.to_string();
-    EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE consumer_name = 'ledger' AND message_id = '" +
-                id + "' AND reason = 'handler_reentered' AND attempts = 1"
-                " AND instr(reason_text, '" + c.call + "') > 0"),
+    EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE consumer_name = 'ledger' AND "
+                "message_id = '" +
+                id +
+                "' AND reason = 'handler_reentered' AND attempts = 1"
+                " AND instr(reason_text, '" +
+                c.call + "') > 0"),
               1);
     // The next message goes through, and nothing of the refused one was applied.
     reenter_ = nullptr;
-    EXPECT_EQ(within_deadline("next message", [&] {
-                return consumer_->handle(credit_message("next-" + std::to_string(i), "ann", 1));
-              }),
+    EXPECT_EQ(within_deadline("next message",
+                              [&] {
+                                return consumer_->handle(
+                                    credit_message("next-" + std::to_string(i), "ann", 1));
+                              }),
               Outcome::kProcessed);
     ++expected_balance;
     EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'ann'"), expected_balance);
@@ -253,8 +277,10 @@ TEST_F(ReentryTest, CallsThatNeverWaitStayAllowed) {
     (void)outbox_->counters();
     return Status::Ok();
   };
-  EXPECT_EQ(within_deadline("allowed calls", [&] { return consumer_->handle(credit_message("reenter-ok", "bo", 4)); }),
-            Outcome::kProcessed);
+  EXPECT_EQ(
+      within_deadline("allowed calls",
+                      [&] { return consumer_->handle(credit_message("reenter-ok", "bo", 4)); }),
+      Outcome::kProcessed);
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'bo'"), 4);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters"), 0);
 }
@@ -272,8 +298,10 @@ TEST_F(ReentryTest, PrunerStopFromAHandlerDoesNotJoinAndTheMessageIsDeadLettered
     busy->stop();
     return Status::InvalidArgument("Pruner::stop");
   };
-  EXPECT_EQ(within_deadline("Pruner::stop", [&] { return consumer_->handle(credit_message("reenter-stop", "cy", 2)); }),
-            Outcome::kDeadLettered);
+  EXPECT_EQ(
+      within_deadline("Pruner::stop",
+                      [&] { return consumer_->handle(credit_message("reenter-stop", "cy", 2)); }),
+      Outcome::kDeadLettered);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'reenter-stop'"
               " AND reason = 'handler_reentered' AND instr(reason_text, 'Pruner::stop') > 0"),
             1);
@@ -303,8 +331,7 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
                       DeadLetter dl;
                       dl.consumer_name = "worker";
                       dl.topic = "t";
-                      if (!inbox_->store().dead_letters().add(dl, std::nullopt, &n).ok())
-                        ++refused;
+                      if (!inbox_->store().dead_letters().add(dl, std::nullopt, &n).ok()) ++refused;
                     }
                     Delivery del{d.message, d.message_id, d.attempt};
                     ledger::apply_credit(db, del);
@@ -315,14 +342,18 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
   ASSERT_EQ(stp->handle(credit_message("w-reenter", "dee", 10)), Outcome::kProcessed);
   ASSERT_EQ(stp->handle(credit_message("w-2", "dee", 2)), Outcome::kProcessed);
   ASSERT_TRUE(stp->start().ok());
-  ASSERT_TRUE(wait_until([&] {
-    return q("SELECT count(*) FROM inbox_messages WHERE consumer_name = 'worker'"
-             " AND status IN ('done', 'dead')") == 3;
-  }, 10s));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q("SELECT count(*) FROM inbox_messages WHERE consumer_name = 'worker'"
+                 " AND status IN ('done', 'dead')") == 3;
+      },
+      10s));
   ASSERT_TRUE(stp->stop().ok());
   EXPECT_EQ(refused.load(), 1);
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'dee'"), 3);
-  EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE message_id = 'w-reenter' AND status = 'dead'"), 1);
+  EXPECT_EQ(
+      q("SELECT count(*) FROM inbox_messages WHERE message_id = 'w-reenter' AND status = 'dead'"),
+      1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'w-reenter'"
               " AND reason = 'handler_reentered'"
               " AND instr(reason_text, 'DeadLetterStore::add') > 0"),

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "store/dead_letters.h"
-#include "store/store.h"
 #include "store/sqlite/schema.h"
+#include "store/store.h"
 #include "support/ledger_fixture.h"
 
 namespace mqtt_inbox::test {
@@ -30,8 +30,9 @@ void apply_setpoint(SQLite::Database& db, const Message& m) {
     throw UndecodablePayload("'celsius' is missing or not an integer");
   const int64_t c = j["celsius"].get<int64_t>();
   // Written before the check on purpose: a rejection must roll this back.
-  SQLite::Statement q(db, "INSERT INTO setpoints (room, celsius) VALUES (?1, ?2)"
-                          " ON CONFLICT (room) DO UPDATE SET celsius = excluded.celsius");
+  SQLite::Statement q(db,
+                      "INSERT INTO setpoints (room, celsius) VALUES (?1, ?2)"
+                      " ON CONFLICT (room) DO UPDATE SET celsius = excluded.celsius");
   q.bind(1, j.value("room", std::string("hall")));
   q.bind(2, c);
   q.exec();
@@ -69,12 +70,13 @@ TEST_F(RejectMessageTest, ConsumerDeadLettersAtOnceAsInvalidPayloadWithTheText) 
   o.retry_backoff_initial = 1000ms;  // a retry would show in the elapsed time
   o.retry_backoff_max = 1000ms;
   std::unique_ptr<Consumer> c;
-  ASSERT_TRUE(Consumer::create(inbox_.get(), "thermostat",
-                               [&](SQLite::Database& db, const Delivery& d) {
-                                 ++calls;
-                                 apply_setpoint(db, d.message);
-                               },
-                               o, &c)
+  ASSERT_TRUE(Consumer::create(
+                  inbox_.get(), "thermostat",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    ++calls;
+                    apply_setpoint(db, d.message);
+                  },
+                  o, &c)
                   .ok());
   ASSERT_EQ(c->handle(setpoint("s-1", 21)), Outcome::kProcessed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -104,7 +106,8 @@ TEST_F(RejectMessageTest, ConsumerDeadLettersAtOnceAsInvalidPayloadWithTheText) 
   garbled.payload = R"({"message_id":"s-4","celsius":"warm"})";
   EXPECT_EQ(c->handle(garbled), Outcome::kDeadLettered);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'undecodable_payload'"
-              " AND message_id = 's-4'"), 1);
+              " AND message_id = 's-4'"),
+            1);
 }
 
 TEST_F(RejectMessageTest, StoreThenProcessHandlerAndPrepareDeadLetterAtOnce) {
@@ -120,43 +123,50 @@ TEST_F(RejectMessageTest, StoreThenProcessHandlerAndPrepareDeadLetterAtOnce) {
   };
   std::atomic<int> runs{0};
   std::unique_ptr<StoreThenProcess> stp;
-  ASSERT_TRUE(StoreThenProcess::create(inbox_.get(), "thermostat",
-                                       [&](SQLite::Database& db, const StoredDelivery& d) {
-                                         ++runs;
-                                         apply_setpoint(db, d.message);
-                                       },
-                                       o, &stp)
+  ASSERT_TRUE(StoreThenProcess::create(
+                  inbox_.get(), "thermostat",
+                  [&](SQLite::Database& db, const StoredDelivery& d) {
+                    ++runs;
+                    apply_setpoint(db, d.message);
+                  },
+                  o, &stp)
                   .ok());
   ASSERT_EQ(stp->handle(setpoint("t-1", 22)), Outcome::kProcessed);
   ASSERT_EQ(stp->handle(setpoint("t-2", 95)), Outcome::kProcessed);  // stored; rejected later
   ASSERT_EQ(stp->handle(setpoint("p-bad", 20, "attic")), Outcome::kProcessed);
   ASSERT_EQ(stp->handle(setpoint("t-3", 19)), Outcome::kProcessed);
   ASSERT_TRUE(stp->start().ok());
-  ASSERT_TRUE(wait_until([&] { return q("SELECT count(*) FROM inbox_messages WHERE status"
-                                        " IN ('done', 'dead')") == 4; },
-                         5s));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q("SELECT count(*) FROM inbox_messages WHERE status"
+                 " IN ('done', 'dead')") == 4;
+      },
+      5s));
   ASSERT_TRUE(stp->stop().ok());
   EXPECT_EQ(runs.load(), 3);  // t-1, t-2 once, t-3; p-bad never reached the handler
   EXPECT_EQ(q("SELECT celsius FROM setpoints WHERE room = 'hall'"), 19);
   EXPECT_EQ(q("SELECT count(*) FROM setpoints WHERE room = 'attic'"), 0);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE status = 'dead' AND attempts = 1"), 2);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'invalid_payload'"
-              " AND message_id = 't-2' AND reason_text = 'setpoint 95 C out of range 5..35'"), 1);
+              " AND message_id = 't-2' AND reason_text = 'setpoint 95 C out of range 5..35'"),
+            1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE reason = 'invalid_payload'"
-              " AND message_id = 'p-bad' AND reason_text = 'room ''attic'' is not heated'"), 1);
+              " AND message_id = 'p-bad' AND reason_text = 'room ''attic'' is not heated'"),
+            1);
 }
 
 // Every column of every dead letter, in id order, as one string.
 std::string dead_letter_rows(const std::string& path) {
   SQLite::Database db(path, SQLite::OPEN_READONLY);
-  SQLite::Statement s(db, "SELECT group_concat(id || '|' || consumer_name || '|' ||"
-                          " coalesce(message_id, '-') || '|' || topic || '|' || hex(payload) ||"
-                          " '|' || payload_size || '|' || coalesce(properties, '-') || '|' || qos"
-                          " || '|' || reason || '|' || reason_text || '|' || attempts || '|' ||"
-                          " first_attempt_at || '|' || last_attempt_at || '|' || dead_lettered_at"
-                          " || '|' || redeliveries || '|' || status || '|' ||"
-                          " coalesce(replayed_at, '-') || '|' || retention_at, ';')"
-                          " FROM (SELECT * FROM inbox_dead_letters ORDER BY id)");
+  SQLite::Statement s(db,
+                      "SELECT group_concat(id || '|' || consumer_name || '|' ||"
+                      " coalesce(message_id, '-') || '|' || topic || '|' || hex(payload) ||"
+                      " '|' || payload_size || '|' || coalesce(properties, '-') || '|' || qos"
+                      " || '|' || reason || '|' || reason_text || '|' || attempts || '|' ||"
+                      " first_attempt_at || '|' || last_attempt_at || '|' || dead_lettered_at"
+                      " || '|' || redeliveries || '|' || status || '|' ||"
+                      " coalesce(replayed_at, '-') || '|' || retention_at, ';')"
+                      " FROM (SELECT * FROM inbox_dead_letters ORDER BY id)");
   s.executeStep();
   return s.getColumn(0).getString();
 }
@@ -187,17 +197,18 @@ TEST(DeadLetterSchemaMigration, PreviousVersionWithRowsIsRebuiltKeepingThem) {
                          " last_attempt_at, dead_lettered_at)"
                          " VALUES ('c', 't', x'', 0, 1, 'invalid_payload', '', 0, 1, 1, 1)"),
                  SQLite::Exception);
-    db.exec("INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
-            " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
-            " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
-            " VALUES (7, 'ledger', 'm-7', 'credits/a', x'00ff', 9, '{\"a\":1}', 1, 'handler_failed',"
-            "         'boom', 5, 100, 200, 300, 2, 'dead', NULL, 300),"
-            "        (9, 'ledger', 'm-9', 'credits/b', x'7b7d', 2, NULL, 0, 'handler_crashed',"
-            "         'died', 3, 110, 210, 310, 0, 'replayed', 400, 310),"
-            "        (12, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 1, 'missing_id',"
-            "         'no id', 0, 120, 220, 320, 1, 'dead', NULL, 320),"
-            "        (15, 'ledger', 'm-15', 'credits/r', x'7b7d', 2, NULL, 1, 'retained',"
-            "         'retained', 0, 130, 230, 330, 0, 'dead', NULL, 330)");
+    db.exec(
+        "INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
+        " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
+        " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
+        " VALUES (7, 'ledger', 'm-7', 'credits/a', x'00ff', 9, '{\"a\":1}', 1, 'handler_failed',"
+        "         'boom', 5, 100, 200, 300, 2, 'dead', NULL, 300),"
+        "        (9, 'ledger', 'm-9', 'credits/b', x'7b7d', 2, NULL, 0, 'handler_crashed',"
+        "         'died', 3, 110, 210, 310, 0, 'replayed', 400, 310),"
+        "        (12, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 1, 'missing_id',"
+        "         'no id', 0, 120, 220, 320, 1, 'dead', NULL, 320),"
+        "        (15, 'ledger', 'm-15', 'credits/r', x'7b7d', 2, NULL, 1, 'retained',"
+        "         'retained', 0, 130, 230, 330, 0, 'dead', NULL, 330)");
   }
   const std::string before_rows = dead_letter_rows(path);
 
@@ -212,7 +223,10 @@ TEST(DeadLetterSchemaMigration, PreviousVersionWithRowsIsRebuiltKeepingThem) {
     for (const char* index : {"inbox_dead_letters_by_id", "inbox_dead_letters_by_time",
                               "inbox_dead_letters_retention", "inbox_dead_letters_requeued"})
       EXPECT_EQ(db.execAndGet(std::string("SELECT count(*) FROM sqlite_master WHERE type = "
-                                          "'index' AND name = '") + index + "'").getInt(), 1)
+                                          "'index' AND name = '") +
+                              index + "'")
+                    .getInt(),
+                1)
           << index;
   }
   // The library reads the old rows, and a redelivery of m-7 still finds its dead letter.
@@ -228,11 +242,12 @@ TEST(DeadLetterSchemaMigration, PreviousVersionWithRowsIsRebuiltKeepingThem) {
   EXPECT_EQ(dls[3].redeliveries, 2);
   EXPECT_TRUE(dls[2].replayed);
   std::unique_ptr<Consumer> c;
-  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger",
-                               [](SQLite::Database&, const Delivery&) {
-                                 throw RejectMessage("amount must be positive");
-                               },
-                               {}, &c)
+  ASSERT_TRUE(Consumer::create(
+                  inbox.get(), "ledger",
+                  [](SQLite::Database&, const Delivery&) {
+                    throw RejectMessage("amount must be positive");
+                  },
+                  {}, &c)
                   .ok());
   Message again;
   again.topic = "credits/a";
@@ -243,8 +258,10 @@ TEST(DeadLetterSchemaMigration, PreviousVersionWithRowsIsRebuiltKeepingThem) {
   Message fresh = again;
   fresh.payload = R"({"message_id":"m-20"})";
   EXPECT_EQ(c->handle(fresh), Outcome::kDeadLettered);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'm-20'"
-                            " AND reason = 'invalid_payload' AND id > 15"), 1);
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'm-20'"
+                      " AND reason = 'invalid_payload' AND id > 15"),
+            1);
 }
 
 // Step 9 rebuilds inbox_dead_letters again to admit 'outbox_full' (a message parked by a
@@ -264,15 +281,16 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
                          " last_attempt_at, dead_lettered_at)"
                          " VALUES ('c', 't', x'', 0, 1, 'outbox_full', '', 0, 1, 1, 1)"),
                  SQLite::Exception);
-    db.exec("INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
-            " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
-            " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
-            " VALUES (3, 'ledger', 'm-3', 'credits/a', x'7b7d', 2, NULL, 1, 'invalid_payload',"
-            "         'no', 1, 100, 200, 300, 0, 'requeued', NULL, 300),"
-            "        (4, 'ledger', 'm-4', 'credits/b', x'00', 1, '{}', 1, 'handler_reentered',"
-            "         'Inbox::claim', 1, 110, 210, 310, 4, 'dead', NULL, 310),"
-            "        (8, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'missing_id',"
-            "         'no id', 0, 120, 220, 320, 0, 'replayed', 330, 320)");
+    db.exec(
+        "INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
+        " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
+        " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
+        " VALUES (3, 'ledger', 'm-3', 'credits/a', x'7b7d', 2, NULL, 1, 'invalid_payload',"
+        "         'no', 1, 100, 200, 300, 0, 'requeued', NULL, 300),"
+        "        (4, 'ledger', 'm-4', 'credits/b', x'00', 1, '{}', 1, 'handler_reentered',"
+        "         'Inbox::claim', 1, 110, 210, 310, 4, 'dead', NULL, 310),"
+        "        (8, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'missing_id',"
+        "         'no id', 0, 120, 220, 320, 0, 'replayed', 330, 320)");
   }
   const std::string before_rows = dead_letter_rows(path);
   std::unique_ptr<Inbox> inbox;
@@ -280,9 +298,10 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
   EXPECT_EQ(dead_letter_rows(path), before_rows);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
-                            " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
-                            " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
+                      " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
+                      " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
             4);
   std::vector<int64_t> requeued;
   ASSERT_TRUE(inbox->store().dead_letters().requeued("ledger", 10, &requeued).ok());
@@ -297,10 +316,10 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
   int64_t id = 0;
   ASSERT_TRUE(inbox->store().dead_letters().add(parked, std::nullopt, &id).ok());
   EXPECT_GT(id, 8);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE id = " +
-                                std::to_string(id) +
-                                " AND reason = 'outbox_full' AND status = 'requeued'"),
-            1);
+  EXPECT_EQ(
+      query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + std::to_string(id) +
+                          " AND reason = 'outbox_full' AND status = 'requeued'"),
+      1);
 }
 
 // Step 10 rebuilds inbox_dead_letters once more to admit 'outbox_refused' (issue 27: the
@@ -321,15 +340,16 @@ TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEve
                          " last_attempt_at, dead_lettered_at)"
                          " VALUES ('c', 't', x'', 0, 1, 'outbox_refused', '', 0, 1, 1, 1)"),
                  SQLite::Exception);
-    db.exec("INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
-            " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
-            " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
-            " VALUES (5, 'ledger', 'm-5', 'credits/a', x'7b7d', 2, NULL, 1, 'outbox_full',"
-            "         'outbox full', 0, 100, 200, 300, 0, 'requeued', NULL, 300),"
-            "        (6, 'ledger', 'm-6', 'credits/b', x'00', 1, '{}', 1, 'handler_failed',"
-            "         'boom', 5, 110, 210, 310, 1, 'dead', NULL, 310),"
-            "        (11, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'invalid_payload',"
-            "         'no', 1, 120, 220, 320, 0, 'replayed', 330, 320)");
+    db.exec(
+        "INSERT INTO inbox_dead_letters (id, consumer_name, message_id, topic, payload,"
+        " payload_size, properties, qos, reason, reason_text, attempts, first_attempt_at,"
+        " last_attempt_at, dead_lettered_at, redeliveries, status, replayed_at, retention_at)"
+        " VALUES (5, 'ledger', 'm-5', 'credits/a', x'7b7d', 2, NULL, 1, 'outbox_full',"
+        "         'outbox full', 0, 100, 200, 300, 0, 'requeued', NULL, 300),"
+        "        (6, 'ledger', 'm-6', 'credits/b', x'00', 1, '{}', 1, 'handler_failed',"
+        "         'boom', 5, 110, 210, 310, 1, 'dead', NULL, 310),"
+        "        (11, 'sensors', NULL, 'sensors/x', x'', 0, '{}', 0, 'invalid_payload',"
+        "         'no', 1, 120, 220, 320, 0, 'replayed', 330, 320)");
   }
   const std::string before_rows = dead_letter_rows(path);
   std::unique_ptr<Inbox> inbox;
@@ -337,9 +357,10 @@ TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEve
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(query_int(path, "PRAGMA user_version"), kSchemaVersion);
   EXPECT_EQ(dead_letter_rows(path), before_rows);
-  EXPECT_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
-                            " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
-                            " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
+  EXPECT_EQ(query_int(path,
+                      "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name"
+                      " IN ('inbox_dead_letters_by_id', 'inbox_dead_letters_by_time',"
+                      " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
             4);
   std::vector<int64_t> requeued;
   ASSERT_TRUE(inbox->store().dead_letters().requeued("ledger", 10, &requeued).ok());

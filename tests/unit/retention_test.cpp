@@ -80,8 +80,9 @@ class RetentionTest : public ::testing::Test {
                         int64_t received_at = 0, const std::string& topic = "") {
     inbox_->with_connection([&](SQLite::Database& db) {
       db.exec("BEGIN");
-      SQLite::Statement ins(db, "INSERT INTO inbox_processed (consumer_name, message_id,"
-                                " received_at, topic) VALUES ('ledger', ?1, ?2, nullif(?3, ''))");
+      SQLite::Statement ins(db,
+                            "INSERT INTO inbox_processed (consumer_name, message_id,"
+                            " received_at, topic) VALUES ('ledger', ?1, ?2, nullif(?3, ''))");
       for (int i = 0; i < count; ++i) {
         ins.bind(1, id(i));
         ins.bind(2, received_at);
@@ -144,7 +145,8 @@ TEST_F(RetentionTest, OutboxSentRowsLiveForTheWindowDeadOnesForTheirsPendingOnes
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'dead'"), 0);
   clock_.advance(24 * 60 * kMinute);
   prune();
-  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending' AND message_id = 'p-1'"), 1);
+  EXPECT_EQ(
+      q("SELECT count(*) FROM outbox_messages WHERE state = 'pending' AND message_id = 'p-1'"), 1);
   EXPECT_EQ(q("SELECT rows FROM outbox_usage WHERE class = ''"), 1);
 }
 
@@ -211,7 +213,8 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
       ASSERT_TRUE(o->mark_sent({{r.seq, 1}}).ok());
     }
   EXPECT_TRUE(enqueue("results/r", "r-3").ok());
-  EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/' AND state = 'pending'"), 2);
+  EXPECT_EQ(
+      q("SELECT count(*) FROM outbox_messages WHERE class = 'results/' AND state = 'pending'"), 2);
 
   // The same figures in the stats and the Prometheus textfile.
   ASSERT_TRUE(inbox_->refresh_row_stats().ok());
@@ -308,7 +311,8 @@ TEST_F(RetentionTest, WindowBelowHorizonIsRefusedOrWarnsWhenOverridden) {
 TEST_F(RetentionTest, WallClockJumpsNeverExpireRowsEarly) {
   clock_.wall = 5'000;  // 1970
   reopen();
-  for (int i = 0; i < 5; ++i) consumer("ledger").handle(credit_message("j-" + std::to_string(i), "a", 1));
+  for (int i = 0; i < 5; ++i)
+    consumer("ledger").handle(credit_message("j-" + std::to_string(i), "a", 1));
   clock_.wall += 56LL * 365 * 24 * 60 * kMinute;  // NTP sync
   clock_.advance(kMinute);
   EXPECT_EQ(prune().processed_deleted, 0);
@@ -444,7 +448,8 @@ TEST_F(RetentionTest, WalStaysBoundedWithAReaderAttached) {
   });
   int64_t max_wal = 0;
   for (int i = 0; i < 4000; ++i) {
-    consumer("ledger").handle(credit_message("w-" + std::to_string(i), "acct-" + std::to_string(i % 50), 1));
+    consumer("ledger").handle(
+        credit_message("w-" + std::to_string(i), "acct-" + std::to_string(i % 50), 1));
     if (i % 100 == 0) max_wal = std::max(max_wal, file_size(db_path_ + "-wal"));
   }
   stop = true;
@@ -478,10 +483,13 @@ TEST_F(RetentionTest, CheckpointsBetweenBatchesKeepTheWalShort) {
     inbox_ = open_ledger_inbox(db_path_, o);
     const int64_t received_at = inbox_->retention_clock_ms() - 1;
     uint64_t x = 88172645463325252ull;
-    insert_processed(20000, [&x](int) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: ids spread over the key
-      return std::to_string(x);
-    }, received_at);
+    insert_processed(
+        20000,
+        [&x](int) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: ids spread over the key
+          return std::to_string(x);
+        },
+        received_at);
     RetentionOptions r = short_retention();
     r.batch_rows = 500;
     r.max_batch_ms = 1000;  // fixed 500-row batches, whatever the machine's speed
@@ -579,7 +587,8 @@ TEST_F(RetentionTest, RequeuedDeadLettersAreNeverPruned) {
 // Rows are counted by a measurement (a Pruner pass, Pruner::start, refresh_row_stats);
 // before one, the summary line says "unknown" instead of a 0 that reads as "empty".
 TEST_F(RetentionTest, RowsAreUnknownUntilMeasuredAndPrunerStartMeasuresAtOnce) {
-  for (int i = 0; i < 3; ++i) consumer("ledger").handle(credit_message("u-" + std::to_string(i), "a", 1));
+  for (int i = 0; i < 3; ++i)
+    consumer("ledger").handle(credit_message("u-" + std::to_string(i), "a", 1));
   InboxStats s = inbox_->stats();
   EXPECT_EQ(s.rows_measured_at, 0);
   EXPECT_NE(summary_line(s).find(" rows=unknown "), std::string::npos) << summary_line(s);
@@ -611,7 +620,8 @@ TEST_F(RetentionTest, AMeasuredEmptyInboxHasZeroRowsNotUnknown) {
 }
 
 TEST_F(RetentionTest, StatsSnapshotAndExports) {
-  for (int i = 0; i < 20; ++i) consumer("ledger").handle(credit_message("s-" + std::to_string(i % 15), "a", 1));
+  for (int i = 0; i < 20; ++i)
+    consumer("ledger").handle(credit_message("s-" + std::to_string(i % 15), "a", 1));
   RetentionOptions r = short_retention();
   r.prometheus_textfile = dir_.file("mqtt_inbox.prom");
   pruner(r);

@@ -58,7 +58,8 @@ class ServiceNotifierTest : public ::testing::Test {
     ConsumerOptions co;
     co.store_backoff_initial = milliseconds(10);
     co.store_backoff_max = milliseconds(50);
-    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    ASSERT_TRUE(
+        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
   }
 
   std::unique_ptr<ServiceNotifier> make_notifier(int64_t stuck_limit_ms) {
@@ -189,7 +190,7 @@ TEST_F(ServiceNotifierTest, PingsStopWhileTheStoreIsStuckPastTheLimitAndResume) 
       stuck_status = all[i].value("STATUS");
   EXPECT_NE(stuck_status.find("ledger: store failed: busy"), std::string::npos) << stuck_status;
   EXPECT_NE(stuck_status.find("over the 1 s limit"), std::string::npos) << stuck_status;
-  socket_->collect(milliseconds(150));  // a ping already on its way
+  socket_->collect(milliseconds(150));                      // a ping already on its way
   const auto quiet = socket_->collect(milliseconds(1200));  // 4 intervals of 300 ms
   for (const auto& n : quiet) EXPECT_FALSE(n.has("WATCHDOG=1")) << socket_->dump();
   EXPECT_FALSE(done.load());
@@ -232,14 +233,16 @@ TEST_F(ServiceNotifierTest, StartUpWaitExtendsTheStartTimeoutWithinTheLimit) {
   o.status_interval_ms = 100;
   std::unique_ptr<ServiceNotifier> notifier;
   ASSERT_TRUE(ServiceNotifier::create(o, &notifier).ok());
-  ASSERT_TRUE(notifier->add_source([&] {
-                ServiceHealth h;
-                h.name = "start-up";
-                std::lock_guard<std::mutex> lock(mu);
-                h.stuck = !waiting.empty();
-                h.stuck_reason = waiting;
-                return h;
-              }).ok());
+  ASSERT_TRUE(notifier
+                  ->add_source([&] {
+                    ServiceHealth h;
+                    h.name = "start-up";
+                    std::lock_guard<std::mutex> lock(mu);
+                    h.stuck = !waiting.empty();
+                    h.stuck_reason = waiting;
+                    return h;
+                  })
+                  .ok());
   ASSERT_TRUE(notifier->start().ok());
 
   std::atomic<bool> give_up{false};
@@ -345,28 +348,28 @@ TEST_F(ServiceNotifierTest, StatusLineCombinesSources) {
   ASSERT_TRUE(ServiceNotifier::create(ServiceNotifierOptions{}, &n).ok());
   EXPECT_EQ(n->status_line(), "");
   ASSERT_TRUE(n->add_source([] {
-                ServiceHealth h;
-                h.name = "mqtt";
-                h.connected = false;
-                h.note = "broker refused: not authorized";
-                return h;
-              }).ok());
+                 ServiceHealth h;
+                 h.name = "mqtt";
+                 h.connected = false;
+                 h.note = "broker refused: not authorized";
+                 return h;
+               }).ok());
   ASSERT_TRUE(n->add_source([] {
-                ServiceHealth h;
-                h.name = "a";
-                h.processed = 5;
-                h.dead_letters = 1;
-                return h;
-              }).ok());
+                 ServiceHealth h;
+                 h.name = "a";
+                 h.processed = 5;
+                 h.dead_letters = 1;
+                 return h;
+               }).ok());
   ASSERT_TRUE(n->add_source([] {
-                ServiceHealth h;
-                h.name = "b";
-                h.processed = 7;
-                h.dead_letters = 0;
-                h.stuck = true;
-                h.stuck_reason = "store failed: full: database or disk is full\nsecond line";
-                return h;
-              }).ok());
+                 ServiceHealth h;
+                 h.name = "b";
+                 h.processed = 7;
+                 h.dead_letters = 0;
+                 h.stuck = true;
+                 h.stuck_reason = "store failed: full: database or disk is full\nsecond line";
+                 return h;
+               }).ok());
   ASSERT_TRUE(n->add_source([]() -> ServiceHealth { throw std::runtime_error("boom"); }).ok());
   EXPECT_EQ(n->status_line(),
             "not connected; processed 12; dead letters 1; stuck 0 s: b: store failed: full: "

@@ -76,7 +76,7 @@ TEST_F(SessionRecordTest, LostSessionsAreCountedInTheRecordAcrossRestarts) {
   const int64_t before = Clock::system()->wall_ms();
   inbox_->sessions().note_lost("gw-17");
   inbox_->sessions().note_lost("gw-17");
-  inbox_->sessions().note_lost("gw-99");  // no record: nothing to count it in
+  inbox_->sessions().note_lost("gw-99");        // no record: nothing to count it in
   EXPECT_EQ(inbox_->stats().sessions_lost, 3);  // this process's count: every call
 
   ASSERT_TRUE(inbox_->sessions().record(r).ok());  // the next connection's record
@@ -102,8 +102,9 @@ TEST_F(SessionRecordTest, Step13KeepsTheRecordsOfAVersion12File) {
     for (const auto& step : detail::schema_steps())
       if (step.version <= 12) db.exec(step.sql);
     ASSERT_EQ(db.execAndGet("PRAGMA user_version").getInt(), 12);
-    db.exec("INSERT INTO inbox_sessions (client_id, session_expiry_ms, expiry_source, updated_at)"
-            " VALUES ('old-gw', 60000, 'granted', 1000)");
+    db.exec(
+        "INSERT INTO inbox_sessions (client_id, session_expiry_ms, expiry_source, updated_at)"
+        " VALUES ('old-gw', 60000, 'granted', 1000)");
     db.exec("INSERT INTO inbox_session_filters VALUES ('old-gw', 'a/#')");
   }
   auto inbox = open_ledger_inbox(path);

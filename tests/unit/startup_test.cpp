@@ -281,9 +281,9 @@ TEST_F(StartupTest, StoreThenProcessStartedUnderTheWriteLockAppliesStoredCredits
   ASSERT_TRUE(inbox->setup(ledger::create_tables).ok());
   {
     std::unique_ptr<StoreThenProcess> earlier;
-    ASSERT_TRUE(
-        StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &earlier)
-            .ok());
+    ASSERT_TRUE(StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(),
+                                         &earlier)
+                    .ok());
     for (int i = 1; i <= 3; ++i)
       ASSERT_EQ(earlier->handle(credit_message("c-" + std::to_string(i), "ann", 10 * i)),
                 Outcome::kProcessed);
@@ -293,7 +293,8 @@ TEST_F(StartupTest, StoreThenProcessStartedUnderTheWriteLockAppliesStoredCredits
   std::unique_ptr<StoreThenProcess> stp;
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(
-      StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &stp).ok());
+      StoreThenProcess::create(inbox.get(), "ledger", apply_stored_credit, stp_options(), &stp)
+          .ok());
   ASSERT_TRUE(stp->start().ok());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(2));
   ASSERT_TRUE(wait_until([&] { return stp->counters().worker_store_errors >= 3; }, seconds(10)))
@@ -303,7 +304,9 @@ TEST_F(StartupTest, StoreThenProcessStartedUnderTheWriteLockAppliesStoredCredits
   locker.exec("COMMIT");
 
   ASSERT_TRUE(wait_until(
-      [&] { return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 3; },
+      [&] {
+        return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 3;
+      },
       seconds(15)));
   ASSERT_TRUE(stp->stop().ok());
   EXPECT_EQ(query_int(db_, "SELECT count(*) FROM ledger_entries"), 3);
@@ -351,7 +354,9 @@ TEST_F(StartupTest, StoreThenProcessCreateAndStartWaitOutFailingOpensThenApplyCr
   for (int i = 1; i <= 4; ++i)
     ASSERT_EQ(stp->handle(credit_message("o-" + std::to_string(i), "bo", i)), Outcome::kProcessed);
   ASSERT_TRUE(wait_until(
-      [&] { return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 4; },
+      [&] {
+        return query_int(db_, "SELECT count(*) FROM inbox_messages WHERE status = 'done'") == 4;
+      },
       seconds(15)));
   ASSERT_TRUE(stp->stop().ok());
   stp.reset();

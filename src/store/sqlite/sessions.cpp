@@ -95,8 +95,8 @@ Status SqliteSessions::add_lost(const std::string& client_id, int64_t at_ms) {
       up.exec();
     });
   } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "recording the lost session of client '" +
-                                           printable(client_id) + "'"));
+    return s_.store_error(
+        to_status(e, "recording the lost session of client '" + printable(client_id) + "'"));
   }
   return Status::Ok();
 }

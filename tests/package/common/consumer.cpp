@@ -16,7 +16,10 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   mqtt_inbox::Status s = mqtt_inbox::Inbox::open(db_path, {}, &inbox);
-  if (!s.ok()) { std::fprintf(stderr, "open: %s\n", s.to_string().c_str()); return 1; }
+  if (!s.ok()) {
+    std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
+    return 1;
+  }
   inbox->with_connection([](SQLite::Database& db) {
     db.exec("CREATE TABLE IF NOT EXISTS hits (n INTEGER NOT NULL)");
   });
@@ -26,7 +29,10 @@ int main(int argc, char** argv) {
   };
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   s = mqtt_inbox::Consumer::create(inbox.get(), "package-test", handler, {}, &consumer);
-  if (!s.ok()) { std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str()); return 1; }
+  if (!s.ok()) {
+    std::fprintf(stderr, "consumer: %s\n", s.to_string().c_str());
+    return 1;
+  }
 
   mqtt_inbox::Message m;
   m.topic = "t/1";
@@ -35,16 +41,18 @@ int main(int argc, char** argv) {
   const mqtt_inbox::Outcome second = consumer->handle(m);
 
   int hits = -1;
-  inbox->with_connection([&](SQLite::Database& db) {
-    hits = db.execAndGet("SELECT count(*) FROM hits").getInt();
-  });
+  inbox->with_connection(
+      [&](SQLite::Database& db) { hits = db.execAndGet("SELECT count(*) FROM hits").getInt(); });
 
   mqtt_inbox::SubscriberOptions opts;
   opts.broker_uri = "tcp://127.0.0.1:1";
   opts.client_id = "package-test";
   std::unique_ptr<mqtt_inbox::Subscriber> sub;
   s = mqtt_inbox::Subscriber::create(opts, &sub);
-  if (!s.ok()) { std::fprintf(stderr, "subscriber: %s\n", s.to_string().c_str()); return 1; }
+  if (!s.ok()) {
+    std::fprintf(stderr, "subscriber: %s\n", s.to_string().c_str());
+    return 1;
+  }
 
   std::printf("mqtt_inbox %s: first=%s second=%s hits=%d\n", MQTT_INBOX_VERSION_STRING,
               mqtt_inbox::to_string(first), mqtt_inbox::to_string(second), hits);
