@@ -19,6 +19,7 @@
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/topic.h"
 #include "outbox/outbox_impl.h"
 #include "store/outbox_rows.h"
 #include "store/reentry.h"
@@ -236,12 +237,10 @@ std::string mqtt_string_problem(const std::string& what, const std::string& text
   return "";
 }
 
-// Why a topic name cannot be published to (`what` names it), or "".
+// Why a topic name cannot be published to (`what` names it), or "": the check every
+// program's topic options get at start (topic.h).
 std::string topic_problem(const std::string& what, const std::string& topic) {
-  if (topic.empty()) return what + " is empty";
-  if (topic.find_first_of("+#") != std::string::npos)
-    return what + " '" + detail::printable(topic) + "' holds a wildcard ('+' or '#')";
-  return mqtt_string_problem(what, topic);
+  return check_topic_name(topic, what).message();
 }
 
 // Every refusal of an outgoing message that no retry can change (outbox.h OutboxRefused)
