@@ -394,8 +394,13 @@ Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int rea
   Status s = impl_->rows->mark_dead(row, reason, reason_code, text, &changed);
   if (s.ok() && changed) {
     ++impl_->dead;
-    impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}",
-                     row.seq, to_string(reason), reason_code, detail::printable(text));
+    // A reason code only where a PUBACK gave one (as `mqtt-inbox outbox list` shows it).
+    if (reason == OutboxDeadReason::kRejectedByBroker)
+      impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}",
+                       row.seq, to_string(reason), reason_code, detail::printable(text));
+    else
+      impl_->log->warn("outbox: row {} is an outbox dead letter: {}: {}", row.seq,
+                       to_string(reason), detail::printable(text));
   }
   return s;
 }

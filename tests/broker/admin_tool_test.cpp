@@ -378,8 +378,9 @@ TEST(AdminTool, OutboxDeadLettersWithoutAPubackShowNoReasonCode) {
     EXPECT_NE(r.out.find(reason), std::string::npos) << reason << " in\n" << r.out;
   r = tool({"--json", "outbox", "list", db});
   ASSERT_EQ(r.code, 0) << r.err;
-  ASSERT_EQ(r.j()["count"], 4);
-  for (const auto& row : r.j()["rows"]) {
+  const json listed = r.j();  // the rows below refer into it: not into a temporary
+  ASSERT_EQ(listed["count"], 4);
+  for (const auto& row : listed["rows"]) {
     if (row["dead_reason"] == "rejected_by_broker")
       EXPECT_EQ(row["reason_code"], 0x97);
     else
