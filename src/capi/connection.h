@@ -31,6 +31,31 @@ struct CConnection {
   const char* client_id_lock_dir = nullptr;
 };
 
+// The connection fields of a C options struct (mqtt_inbox_subscriber_options_t and
+// mqtt_inbox_relay_options_t carry the same names), so each create reads them alike.
+template <typename COptions>
+CConnection connection_of(const COptions& o) {
+  CConnection c;
+  c.broker_uri = o.broker_uri;
+  c.client_id = o.client_id;
+  c.mqtt_version = o.mqtt_version;
+  c.keep_alive_s = o.keep_alive_s;
+  c.connect_timeout_ms = o.connect_timeout_ms;
+  c.reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
+  c.reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
+  c.tls_version = o.tls_version;
+  c.tls_insecure_skip_hostname_check = o.tls_insecure_skip_hostname_check;
+  c.username = o.username;
+  c.password_file = o.password_file;
+  c.tls_ca_file = o.tls_ca_file;
+  c.tls_ca_dir = o.tls_ca_dir;
+  c.tls_cert_file = o.tls_cert_file;
+  c.tls_key_file = o.tls_key_file;
+  c.tls_key_password_file = o.tls_key_password_file;
+  c.client_id_lock_dir = o.client_id_lock_dir;
+  return c;
+}
+
 // Fills *out from `in`. The password file is read once here, so that a missing or empty
 // file fails now rather than at the first connect, and then at every connect
 // (password_from_file); the key's password is read once. Errors name the field or the

@@ -81,24 +81,7 @@ int mqtt_inbox_subscriber_create(const mqtt_inbox_subscriber_options_t* options,
     if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err,
                                              "mqtt_inbox_subscriber_options_t"))
       return r;
-    mqtt_inbox::capi::CConnection c;
-    c.broker_uri = o.broker_uri;
-    c.client_id = o.client_id;
-    c.mqtt_version = o.mqtt_version;
-    c.keep_alive_s = o.keep_alive_s;
-    c.connect_timeout_ms = o.connect_timeout_ms;
-    c.reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
-    c.reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
-    c.tls_version = o.tls_version;
-    c.tls_insecure_skip_hostname_check = o.tls_insecure_skip_hostname_check;
-    c.username = o.username;
-    c.password_file = o.password_file;
-    c.tls_ca_file = o.tls_ca_file;
-    c.tls_ca_dir = o.tls_ca_dir;
-    c.tls_cert_file = o.tls_cert_file;
-    c.tls_key_file = o.tls_key_file;
-    c.tls_key_password_file = o.tls_key_password_file;
-    c.client_id_lock_dir = o.client_id_lock_dir;
+    const mqtt_inbox::capi::CConnection c = mqtt_inbox::capi::connection_of(o);
     mqtt_inbox::SubscriberOptions so;
     if (int r = err.set(mqtt_inbox::capi::to_connection_options(c, &so))) return r;
     so.session_expiry_s = o.session_expiry_s;
