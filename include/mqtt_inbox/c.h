@@ -456,7 +456,7 @@ typedef struct mqtt_inbox_outbox_class_t {
   size_t struct_size;       /* set by MQTT_INBOX_OUTBOX_CLASS_INIT; every element of one
                                array has the same (it is the array's stride) */
   const char* topic_prefix; /* e.g. "telemetry/"; "" matches every topic; unique among the
-                              classes; required */
+                               classes; required */
   int64_t max_rows;         /* most pending rows, >= 0; 0 = no row limit */
   int64_t max_bytes;        /* most bytes of pending rows (id, key, topic, payload and
                                properties), >= 0; 0 = no byte limit */
@@ -638,10 +638,13 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox,
 /* Stops it if running and frees it. NULL is a no-op. */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay);
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay);
-/* Starts its thread; returns at once. Errors: MQTT_INBOX_BUSY (the client-id lock),
- * _INVALID_ARGUMENT (already started). */
+/* Starts its thread; returns at once. Its own connection: takes the client-id lock, then
+ * connects in the background. A subscriber's: publishes whenever the subscriber is
+ * connected. Errors: MQTT_INBOX_BUSY (the client-id lock), _INVALID_ARGUMENT (already
+ * started; another relay already uses the subscriber's connection). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay);
-/* Stops its thread and disconnects; unacknowledged rows stay pending for the next run.
+/* Stops its thread and disconnects (its own connection; a subscriber's stays up);
+ * unacknowledged rows stay pending for the next run.
  * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay);
 /* Its counters (RelayCounters, relay.h) as a JSON object for mqtt_inbox_free. */
