@@ -211,6 +211,33 @@ TEST_P(CRelayTest, TlsVerifiesByDefaultAndTheInsecureSwitchesConnectLoudly) {
   }
 }
 
+// Backpressure end to end: a class bounded to 3 pending rows and 12 messages fed before
+// the relay starts. The handler passes MQTT_INBOX_OUTBOX_FULL on as
+// MQTT_INBOX_HANDLER_OUTBOX_FULL: 3 are processed and 9 parked as outbox_full with no
+// attempt counted; once the relay has made room, the consumer's requeue thread replays
+// them, and every event arrives downstream once.
+TEST_P(CRelayTest, MessagesParkedByAFullClassAreReplayedOnceTheRelayMakesRoom) {
+  auto child = start(broker_.uri(), {"--feed", "12", "--class-max-rows", "3"});
+  EXPECT_NE(read_file(log()).find("fed 3 processed, 9 parked"), std::string::npos)
+      << read_file(log());
+  ASSERT_TRUE(wait_until([&] { return down("SELECT count(*) FROM received") >= 12; },
+                         std::chrono::seconds(30)))
+      << read_file(log());
+  EXPECT_TRUE(wait_until(
+      [&] { return upq("SELECT count(*) FROM outbox_messages WHERE state = 'sent'") == 12; },
+      std::chrono::seconds(10)));
+  stop(*child);
+  EXPECT_EQ(down("SELECT count(*) FROM received"), 12);
+  EXPECT_EQ(down("SELECT count(DISTINCT message_id) FROM received WHERE message_id LIKE 'f-%'"),
+            12);
+  EXPECT_EQ(upq("SELECT count(*) FROM inbox_processed"), 12);
+  EXPECT_GE(upq("SELECT count(DISTINCT message_id) FROM inbox_dead_letters"
+                " WHERE reason = 'outbox_full'"),
+            9);
+  EXPECT_EQ(upq("SELECT count(*) FROM inbox_dead_letters WHERE status <> 'replayed'"), 0);
+  EXPECT_EQ(upq("SELECT count(*) FROM inbox_dead_letters WHERE attempts <> 0"), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Mqtt, CRelayTest, ::testing::Values("3.1.1", "5"), [](const auto& p) {
   return std::string(p.param) == "5" ? "V5" : "V3_1_1";
 });

@@ -4,6 +4,7 @@
  *
  *   relay_child URI DB 5|3.1.1 [--lent] [--rows N] [--big BYTES] [--max-packet-size N]
  *               [--tls-ca FILE] [--insecure-hostname] [--insecure-certificate]
+ *               [--feed N --class-max-rows M]
  *
  * Enqueues N rows (default 10) on "events/r", ids r-0 ... r-(N-1), payload
  * {"message_id":..., "key":"k", "n":i}; with --big, a row "big-1" whose payload is BYTES
@@ -11,7 +12,13 @@
  * connection of a subscriber (client id "c-lent", subscribed to "cmd/#"), else on the
  * relay's own (client id "c-relay"). The TLS flags set that connection's fields. Prints
  * "relaying" once started, waits for SIGTERM, stops the relay, prints its counters as
- * "counters: {...}" and exits 0. */
+ * "counters: {...}" and exits 0.
+ * --feed: backpressure instead. The outbox bounds the class "events/" to M pending rows
+ * (MQTT_INBOX_OUTBOX_REJECT) and no rows are enqueued at start; N messages f-0 ... f-(N-1)
+ * are fed to a consumer (mqtt_inbox_consumer_feed, before the relay starts) whose handler
+ * enqueues each as an event with the same id and payload, and passes a full class on as
+ * MQTT_INBOX_HANDLER_OUTBOX_FULL; its requeue thread (50 ms) replays what was parked once
+ * the relay makes room. Prints "fed P processed, D parked" before starting the relay. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
 #include <signal.h>
@@ -59,6 +66,21 @@ static int enqueue_rows(void* ctx, sqlite3* db) {
   return SQLITE_OK;
 }
 
+/* The --feed handler: the incoming message's payload, under its id, as an event. */
+static int forward(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
+  mqtt_inbox_outgoing_t m = MQTT_INBOX_OUTGOING_INIT;
+  size_t len = 0;
+  int rc;
+  (void)db;
+  m.topic = "events/r";
+  m.message_id = mqtt_inbox_delivery_message_id(d);
+  m.payload = mqtt_inbox_delivery_payload(d, &len);
+  m.payload_len = len;
+  rc = mqtt_inbox_outbox_enqueue((mqtt_inbox_outbox_t*)ctx, db, &m, NULL);
+  if (rc == MQTT_INBOX_OUTBOX_FULL) return MQTT_INBOX_HANDLER_OUTBOX_FULL;
+  return rc == MQTT_INBOX_OK ? MQTT_INBOX_HANDLER_OK : MQTT_INBOX_HANDLER_RETRY;
+}
+
 static int ignore(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
   (void)ctx;
   (void)db;
@@ -82,6 +104,12 @@ int main(int argc, char** argv) {
   struct rows rows;
   const char* ca = NULL;
   int lent = 0, insecure_hostname = 0, insecure_certificate = 0, version, rc, i, sig;
+  int feed = 0, processed = 0, parked = 0;
+  long long class_max_rows = 0;
+  mqtt_inbox_outbox_class_t bounded = MQTT_INBOX_OUTBOX_CLASS_INIT;
+  mqtt_inbox_outbox_options_t oo = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+  mqtt_inbox_consumer_options_t co = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  mqtt_inbox_consumer_t* fed = NULL;
   long long max_packet_size = 0;
   char *err = NULL, *json = NULL;
   sigset_t stop_signals;
@@ -106,6 +134,10 @@ int main(int argc, char** argv) {
       max_packet_size = atoll(argv[++i]);
     else if (i + 1 < argc && strcmp(argv[i], "--tls-ca") == 0)
       ca = argv[++i];
+    else if (i + 1 < argc && strcmp(argv[i], "--feed") == 0)
+      feed = atoi(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--class-max-rows") == 0)
+      class_max_rows = atoll(argv[++i]);
     else
       return 2;
   }
@@ -120,11 +152,39 @@ int main(int argc, char** argv) {
 
   if ((rc = mqtt_inbox_open(argv[2], NULL, &inbox, &err)) != MQTT_INBOX_OK)
     return fail("open", rc, err);
-  if ((rc = mqtt_inbox_outbox_create(inbox, &outbox)) != MQTT_INBOX_OK)
+  if (class_max_rows > 0) {
+    bounded.topic_prefix = "events/";
+    bounded.max_rows = class_max_rows;
+    oo.classes = &bounded;
+    oo.class_count = 1;
+  }
+  if ((rc = mqtt_inbox_outbox_create_with_options(inbox, &oo, &outbox)) != MQTT_INBOX_OK)
     return fail("outbox", rc, mqtt_inbox_errmsg(inbox));
   rows.outbox = outbox;
-  if ((rc = mqtt_inbox_setup_fn(inbox, enqueue_rows, &rows)) != MQTT_INBOX_OK)
+  if (feed > 0) {
+    co.requeue_poll_ms = 50;
+    co.max_attempts = 2;
+    co.retry_backoff_initial_ms = 1;
+    co.retry_backoff_max_ms = 1;
+    if ((rc = mqtt_inbox_consumer_create(inbox, "forward", forward, outbox, &co, &fed)))
+      return fail("consumer", rc, mqtt_inbox_errmsg(inbox));
+    for (i = 0; i < feed; ++i) {
+      char payload[128];
+      mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
+      int outcome = -1;
+      snprintf(payload, sizeof payload, "{\"message_id\":\"f-%d\",\"key\":\"k\",\"n\":%d}", i, i);
+      m.topic = "in/x";
+      m.payload = payload;
+      m.payload_len = strlen(payload);
+      if ((rc = mqtt_inbox_consumer_feed(fed, &m, &outcome)) != MQTT_INBOX_OK)
+        return fail("feed", rc, mqtt_inbox_consumer_errmsg(fed));
+      if (outcome == MQTT_INBOX_OUTCOME_PROCESSED) ++processed;
+      if (outcome == MQTT_INBOX_OUTCOME_DEAD_LETTERED) ++parked;
+    }
+    printf("fed %d processed, %d parked\n", processed, parked);
+  } else if ((rc = mqtt_inbox_setup_fn(inbox, enqueue_rows, &rows)) != MQTT_INBOX_OK) {
     return fail("enqueue", rc, mqtt_inbox_errmsg(inbox));
+  }
 
   ro.max_packet_size = max_packet_size;
   ro.poll_interval_ms = 50;
@@ -175,6 +235,7 @@ int main(int argc, char** argv) {
     return fail("subscriber stop", rc, mqtt_inbox_subscriber_errmsg(subscriber));
   mqtt_inbox_subscriber_destroy(subscriber);
   mqtt_inbox_consumer_destroy(consumer);
+  mqtt_inbox_consumer_destroy(fed);
   mqtt_inbox_outbox_destroy(outbox);
   mqtt_inbox_close(inbox);
   printf("stopped\n");
