@@ -47,6 +47,14 @@ int to_outbox_options(const mqtt_inbox_outbox_options_t& o, LastError* err,
   out->max_id_bytes = o.max_id_bytes;
   const unsigned char* at = reinterpret_cast<const unsigned char*>(o.classes);
   const size_t stride = o.class_count ? o.classes[0].struct_size : 0;
+  // Each element is read where the stride puts it: a stride that is too small or
+  // misaligned cannot be an array of these structs.
+  if (o.class_count &&
+      (stride < sizeof(size_t) || stride % alignof(mqtt_inbox_outbox_class_t) != 0))
+    return err->set(MQTT_INBOX_MISUSE,
+                    "mqtt_inbox_outbox_options_t.classes[0].struct_size is " +
+                        std::to_string(stride) +
+                        ": initialise every class with MQTT_INBOX_OUTBOX_CLASS_INIT");
   for (size_t i = 0; i < o.class_count; ++i, at += stride) {
     const auto* in = reinterpret_cast<const mqtt_inbox_outbox_class_t*>(at);
     const std::string what = "mqtt_inbox_outbox_options_t.classes[" + std::to_string(i) + "]";

@@ -443,6 +443,9 @@ static void test_outbox_options_are_checked_and_an_older_class_struct_reads_defa
   c[1].topic_prefix = "u/";
   c[1].struct_size = 8;
   refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "classes[1].struct_size");
+  c[0].struct_size = 12; /* not the size of any version: misaligned elements */
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_MISUSE, "classes[0].struct_size is 12");
+  c[0].struct_size = sizeof c[0];
   oo.classes = NULL;
   refused_outbox(f.inbox, &oo, MQTT_INBOX_MISUSE, "NULL classes");
   CHECK_EQ_INT(mqtt_inbox_outbox_create_with_options(f.inbox, NULL, NULL), MQTT_INBOX_MISUSE);
