@@ -647,7 +647,10 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay);
  * unacknowledged rows stay pending for the next run.
  * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay);
-/* Its counters (RelayCounters, relay.h) as a JSON object for mqtt_inbox_free. */
+/* Its counters (RelayCounters, relay.h: published, acked, rejected, connects,
+ * max_inflight_seen, receive_maximum and maximum_packet_size from the last CONNACK,
+ * expired, too_large, connection_dropped, connected, offline_ms) as a JSON object, in
+ * *json for mqtt_inbox_free. Never waits; any thread. Errors: _NOMEM, _MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json);
 
 /* ---- Retention (retention.h) ------------------------------------------------------- */

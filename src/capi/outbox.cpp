@@ -293,6 +293,8 @@ int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json) {
                               {"rejected", c.rejected},
                               {"connects", c.connects},
                               {"max_inflight_seen", c.max_inflight_seen},
+                              {"receive_maximum", c.receive_maximum},
+                              {"maximum_packet_size", c.maximum_packet_size},
                               {"expired", c.expired},
                               {"too_large", c.too_large},
                               {"connection_dropped", c.connection_dropped},
