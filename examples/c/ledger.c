@@ -113,12 +113,12 @@ int ledger_enqueue_credited(mqtt_inbox_outbox_t* outbox, sqlite3* db,
   sqlite3_finalize(st);
   mqtt_inbox_free(event_id);
   if (rc != MQTT_INBOX_OK) {
-    /* A refusal decides the message by itself (outbox_refused or outbox_full); any other
-     * failure (the store) is worth another attempt. */
+    /* A full class is backpressure: the message is parked (outbox_full), not at fault. A
+     * refusal decides the message by itself (outbox_refused); any other failure (the
+     * store) is worth another attempt. */
     mqtt_inbox_delivery_set_reason(d, mqtt_inbox_outbox_errmsg(outbox));
-    return rc == MQTT_INBOX_INVALID_ARGUMENT || rc == MQTT_INBOX_REJECTED
-               ? MQTT_INBOX_HANDLER_OK
-               : MQTT_INBOX_HANDLER_RETRY;
+    if (rc == MQTT_INBOX_OUTBOX_FULL) return MQTT_INBOX_HANDLER_OUTBOX_FULL;
+    return rc == MQTT_INBOX_INVALID_ARGUMENT ? MQTT_INBOX_HANDLER_OK : MQTT_INBOX_HANDLER_RETRY;
   }
   return MQTT_INBOX_HANDLER_OK;
 }

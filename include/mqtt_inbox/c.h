@@ -74,6 +74,10 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_version(const char** text);
 #define MQTT_INBOX_PERMISSION_DENIED 11 /* a file belongs to another user (see errmsg) */
 #define MQTT_INBOX_NOMEM 12             /* the library could not allocate memory */
 #define MQTT_INBOX_MISUSE 13            /* a NULL handle or argument, a bad struct_size */
+#define MQTT_INBOX_OUTBOX_FULL                         \
+  14 /* a bounded outbox class refused the row as full \
+        (backpressure, not a fault: see                \
+        mqtt_inbox_outbox_enqueue) */
 
 /* The name of a result code, e.g. "busy"; "unknown" for a code not listed. Static
  * storage; any thread. */
@@ -168,6 +172,13 @@ typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
   3 /* well-formed but refused by the application (a   \
        value out of range): rolled back, dead-lettered \
        at once as invalid_payload */
+#define MQTT_INBOX_HANDLER_OUTBOX_FULL                        \
+  4 /* mqtt_inbox_outbox_enqueue returned                     \
+       MQTT_INBOX_OUTBOX_FULL: rolled back, NOT counted as an \
+       attempt (the message is not at fault); parked as the   \
+       dead letter outbox_full with status 'requeued', which  \
+       the consumer's requeue thread replays once the relay   \
+       has made room (needs requeue_poll_ms > 0) */
 /* Any other value counts as MQTT_INBOX_HANDLER_RETRY. */
 
 /* The application's handler: applies one message's effect with `db`, the inbox's own
@@ -334,7 +345,9 @@ typedef struct mqtt_inbox_subscriber_options_t {
                                            10000 */
   int tls_version;                      /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
   int tls_insecure_skip_hostname_check; /* INSECURE: 1 accepts a certificate for another
-                                      host name (the chain is still verified); 0 */
+                                      host name (the chain is still verified, so any
+                                      certificate from a trusted CA is accepted). Logged as
+                                      a warning at every connect; 0 */
   const char* username;                 /* CONNECT user name (not a secret: logged); none */
   const char* password_file;            /* file whose content (one trailing newline removed) is
                                            the CONNECT password, read at every connect; none */
@@ -345,13 +358,30 @@ typedef struct mqtt_inbox_subscriber_options_t {
   const char* tls_key_password_file;    /* file holding the key's password; none */
   const char* client_id_lock_dir;       /* folder of the per-host client-id lock; NULL: "auto"
                                            (connection.h); "": no lock */
+  /* Appended after the first release of this struct: a program built with the older,
+   * smaller struct gets the defaults below. */
+  const char* tls_ciphers;                 /* OpenSSL cipher list for TLS 1.2
+                                              (SSL_CTX_set_cipher_list syntax, e.g.
+                                              "ECDHE-ECDSA-AES128-GCM-SHA256"); TLS 1.3 suites
+                                              stay OpenSSL's. A list that selects no cipher is
+                                              refused. NULL: OpenSSL's default list */
+  const char* const* tls_alpn;             /* ALPN protocol names offered, in order of
+                                              preference (RFC 7301), tls_alpn_count of them,
+                                              each 1..255 bytes; copied by create. AWS IoT Core
+                                              on port 443 needs "x-amzn-mqtt-ca". NULL: none */
+  size_t tls_alpn_count;                   /* entries of tls_alpn; 0 */
+  int tls_insecure_skip_certificate_check; /* INSECURE: 1 does not verify the broker's
+                                           certificate at all (nor its host name): the
+                                           connection is encrypted, but anyone on the path
+                                           can read and change it. Logged as a warning at
+                                           every connect; 0 */
 } mqtt_inbox_subscriber_options_t;
 
 #define MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT                                                         \
   {                                                                                                \
     sizeof(mqtt_inbox_subscriber_options_t), NULL, NULL, MQTT_INBOX_MQTT_3_1_1, 7u * 24u * 3600u,  \
         30, 10000, 500, 30000, 20, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, \
-        NULL, NULL, NULL                                                                           \
+        NULL, NULL, NULL, NULL, NULL, 0, 0                                                         \
   }
 
 /* Checks the options (subscriber.h: a persistent session, TLS files readable and
@@ -406,10 +436,59 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_
 typedef struct mqtt_inbox_outbox_t mqtt_inbox_outbox_t;
 typedef struct mqtt_inbox_relay_t mqtt_inbox_relay_t;
 
-/* Makes the outbox of `inbox` (one unbounded class; bounded classes are C++-only for
- * now). `inbox` must outlive it. On failure *out is NULL and the message is the inbox's
- * errmsg. Errors: MQTT_INBOX_MISUSE. */
+/* Makes the outbox of `inbox` with no bounded class (mqtt_inbox_outbox_create_with_options
+ * with NULL options). `inbox` must outlive it. On failure *out is NULL and the message is
+ * the inbox's errmsg. Errors: MQTT_INBOX_MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create(mqtt_inbox_t* inbox, mqtt_inbox_outbox_t** out);
+
+/* What an enqueue does when its class is full (OutboxFullPolicy, outbox.h). */
+#define MQTT_INBOX_OUTBOX_REJECT                     \
+  0 /* the enqueue fails with MQTT_INBOX_OUTBOX_FULL \
+       (backpressure; default) */
+#define MQTT_INBOX_OUTBOX_DROP_OLDEST                    \
+  1 /* the class's oldest pending rows are deleted until \
+       the new one fits, counted and logged (telemetry) */
+
+/* A bounded class of outgoing messages: every topic that starts with topic_prefix; a
+ * topic belongs to the class with the longest matching prefix, and a topic matching none
+ * is not bounded (OutboxClass, outbox.h). Bounds count pending rows (not yet PUBACKed). */
+typedef struct mqtt_inbox_outbox_class_t {
+  size_t struct_size;       /* set by MQTT_INBOX_OUTBOX_CLASS_INIT; every element of one
+                               array has the same (it is the array's stride) */
+  const char* topic_prefix; /* e.g. "telemetry/"; "" matches every topic; unique among the
+                               classes; required */
+  int64_t max_rows;         /* most pending rows, >= 0; 0 = no row limit */
+  int64_t max_bytes;        /* most bytes of pending rows (id, key, topic, payload and
+                               properties), >= 0; 0 = no byte limit */
+  int64_t max_age_ms;       /* oldest a pending row may be, ms on the inbox's retention
+                               clock, >= 0; 0 = no age limit. Past it, _REJECT refuses new
+                               rows until the relay sent the old one; _DROP_OLDEST drops the
+                               rows older than it */
+  int policy;               /* MQTT_INBOX_OUTBOX_REJECT (default) or _DROP_OLDEST */
+} mqtt_inbox_outbox_class_t;
+
+#define MQTT_INBOX_OUTBOX_CLASS_INIT \
+  { sizeof(mqtt_inbox_outbox_class_t), NULL, 0, 0, 0, MQTT_INBOX_OUTBOX_REJECT }
+
+typedef struct mqtt_inbox_outbox_options_t {
+  size_t struct_size;                       /* set by MQTT_INBOX_OUTBOX_OPTIONS_INIT */
+  const mqtt_inbox_outbox_class_t* classes; /* class_count bounded classes, copied by
+                                               create; NULL: none (nothing bounded) */
+  size_t class_count;                       /* 0 */
+  size_t max_id_bytes;                      /* largest message id accepted, bytes (the next
+                                               hop's limit); 256 */
+} mqtt_inbox_outbox_options_t;
+
+#define MQTT_INBOX_OUTBOX_OPTIONS_INIT \
+  { sizeof(mqtt_inbox_outbox_options_t), NULL, 0, 256 }
+
+/* Makes the outbox of `inbox` with `options` (NULL: defaults, nothing bounded). `inbox`
+ * must outlive it. On failure *out is NULL and the message is the inbox's errmsg. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT (a NULL or repeated topic_prefix, a negative bound, a
+ * policy not listed, a class struct_size that differs from the first's), _MISUSE (NULL
+ * inbox or out, NULL classes with a count, a bad struct_size). Any thread. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create_with_options(
+    mqtt_inbox_t* inbox, const mqtt_inbox_outbox_options_t* options, mqtt_inbox_outbox_t** out);
 /* Frees it; destroy its relays first. NULL is a no-op. */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox);
 /* The last failure on `outbox`, as mqtt_inbox_errmsg. */
@@ -439,12 +518,19 @@ typedef struct mqtt_inbox_outgoing_t {
  * connection the library lent: a handler's `db` (the row commits with the claim, or not
  * at all) or a set-up function's. If `message_id` is not NULL, *message_id gets the id
  * (for mqtt_inbox_free). An id already in the outbox adds nothing and succeeds.
- * In a handler, a refused enqueue also decides the message if the handler returns
- * MQTT_INBOX_HANDLER_OK anyway: MQTT_INBOX_INVALID_ARGUMENT (a topic, id or property MQTT
- * or the next hop refuses) dead-letters it at once as outbox_refused; MQTT_INBOX_REJECTED
- * ("outbox full") parks it, as outbox_full, for the consumer's requeue thread. Another
- * return code is the handler's own outcome. Errors: those two; _MISUSE (`db` is not a
- * connection the library lent on this thread, NULL arguments); store codes. */
+ * Refusals, and what a handler returns after one:
+ *  - MQTT_INBOX_INVALID_ARGUMENT: a topic, id or property MQTT or the next hop refuses
+ *    (never succeeds). The message is dead-lettered at once as outbox_refused if the
+ *    handler returns MQTT_INBOX_HANDLER_OK anyway.
+ *  - MQTT_INBOX_OUTBOX_FULL: a MQTT_INBOX_OUTBOX_REJECT class is full (rows, bytes or the
+ *    age of its oldest row). Backpressure, not a fault of the message: return
+ *    MQTT_INBOX_HANDLER_OUTBOX_FULL (MQTT_INBOX_HANDLER_OK does the same), and the message
+ *    is parked as outbox_full, with no attempt counted, for the consumer's requeue thread
+ *    to replay once the relay has made room. (It cannot wait in the handler: the relay's
+ *    PUBACKs arrive on the thread the handler holds.)
+ * Another return code (RETRY, UNDECODABLE, REJECT) after a refusal is the handler's own
+ * outcome. Errors: those two; _MISUSE (`db` is not a connection the library lent on this
+ * thread, NULL arguments); store codes. Thread: the one the connection was lent on. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
                                                   const mqtt_inbox_outgoing_t* message,
                                                   char** message_id);
@@ -455,7 +541,9 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_derived_message_id(const char* incoming_id, c
                                                       char** out);
 
 /* The relay's settings: a connection of its own (as the subscriber's fields; it
- * connects with a clean start: the outbox table is its only state) and publishing. */
+ * connects with a clean start: the outbox table is its only state) and publishing
+ * (RelayOptions, relay.h). With mqtt_inbox_relay_create_on the connection is the
+ * subscriber's: see there which fields are read. */
 typedef struct mqtt_inbox_relay_options_t {
   size_t struct_size;                   /* set by MQTT_INBOX_RELAY_OPTIONS_INIT */
   const char* broker_uri;               /* required */
@@ -478,12 +566,40 @@ typedef struct mqtt_inbox_relay_options_t {
   const char* tls_key_file;
   const char* tls_key_password_file;
   const char* client_id_lock_dir; /* NULL: "auto"; "": no lock */
+  /* Appended after the first release of this struct: a program built with the older,
+   * smaller struct gets the defaults below. */
+  const char* tls_ciphers;                 /* as the subscriber's; NULL */
+  const char* const* tls_alpn;             /* as the subscriber's; NULL */
+  size_t tls_alpn_count;                   /* 0 */
+  int tls_insecure_skip_certificate_check; /* INSECURE, as the subscriber's; 0 */
+  int mark_batch;                          /* most rows marked sent per transaction, >= 1;
+                                              256 */
+  int mark_linger_ms;                      /* longest a PUBACK waits to be marked sent, so
+                                              a burst shares one transaction, ms, >= 0; 0 =
+                                              at once; 200. A crash loses the marks not yet
+                                              written: those rows go again, same ids */
+  int wake_on_commit;                      /* 1: a commit that enqueued wakes the relay at
+                                              once (default); 0: rows are found at the poll
+                                              only */
+  int metrics_period_ms;                   /* between writes of prometheus_textfile, > 0;
+                                              10000 */
+  int64_t max_packet_size;                 /* largest PUBLISH sent, bytes, the whole packet;
+                                              a larger row becomes an outbox dead letter
+                                              payload_too_large, unsent. The smaller of this
+                                              and an MQTT 5 broker's CONNACK limit applies;
+                                              set it to the broker's limit on MQTT 3.1.1,
+                                              which cannot announce one. >= 0; 0 = no limit
+                                              of its own (default) */
+  const char* prometheus_textfile;         /* the relay's counters in Prometheus text,
+                                              rewritten every metrics_period_ms and at stop
+                                              (a ".tmp" renamed over it); NULL: none */
 } mqtt_inbox_relay_options_t;
 
 #define MQTT_INBOX_RELAY_OPTIONS_INIT                                                             \
   {                                                                                               \
     sizeof(mqtt_inbox_relay_options_t), NULL, NULL, MQTT_INBOX_MQTT_5, 30, 10000, 500, 30000, 64, \
-        1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL    \
+        1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,   \
+        NULL, NULL, 0, 0, 256, 200, 1, 10000, 0, NULL                                             \
   }
 
 /* Makes a relay that publishes `outbox`'s rows in order and marks them sent on PUBACK,
@@ -493,16 +609,48 @@ typedef struct mqtt_inbox_relay_options_t {
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox,
                                                 const mqtt_inbox_relay_options_t* options,
                                                 mqtt_inbox_relay_t** out, char** errmsg);
+/* A relay that publishes on `subscriber`'s MQTT connection instead of opening its own
+ * (Relay::create(outbox, subscriber, ...), relay.h): one connection per device, which
+ * some brokers require and every broker's connection limit likes. The subscriber keeps
+ * connecting and holding its session; the relay publishes while it is connected (before
+ * or after mqtt_inbox_subscriber_start) and publishes every pending row again, in order,
+ * after each reconnect. The MQTT version is the subscriber's: with MQTT 3.1.1 there is
+ * no "message-id" user property (the payload must carry the id) and no PUBACK reason
+ * code, and a warning is logged; use MQTT 5. If the subscriber's filters match the
+ * topics the relay publishes to, it receives them too.
+ * Of `options` (NULL: defaults) only the publishing fields are read (max_inflight,
+ * poll_interval_ms, stop_timeout_ms, mark_batch, mark_linger_ms, wake_on_commit,
+ * metrics_period_ms, max_packet_size, prometheus_textfile) and the reconnect backoff
+ * (paces a start over after a publish failed on a live connection); mqtt_version,
+ * keep_alive_s and connect_timeout_ms are the subscriber's and not read. The other
+ * connection fields (broker_uri, client_id, user name, password file, every tls_* field,
+ * client_id_lock_dir) must be left at their defaults: they belong to the subscriber, and
+ * one set would be refused rather than silently dropped.
+ * Neither `outbox` nor `subscriber` is owned: destroy the relay before either. One relay
+ * per subscriber (a second one's start fails). On failure *out is NULL and *errmsg (if
+ * not NULL) gets a message for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT (a
+ * connection field set, a count or interval out of range), _MISUSE (NULL outbox,
+ * subscriber or out, a bad struct_size). Any thread but a handler's. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox,
+                                                   mqtt_inbox_subscriber_t* subscriber,
+                                                   const mqtt_inbox_relay_options_t* options,
+                                                   mqtt_inbox_relay_t** out, char** errmsg);
 /* Stops it if running and frees it. NULL is a no-op. */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay);
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay);
-/* Starts its thread; returns at once. Errors: MQTT_INBOX_BUSY (the client-id lock),
- * _INVALID_ARGUMENT (already started). */
+/* Starts its thread; returns at once. Its own connection: takes the client-id lock, then
+ * connects in the background. A subscriber's: publishes whenever the subscriber is
+ * connected. Errors: MQTT_INBOX_BUSY (the client-id lock), _INVALID_ARGUMENT (already
+ * started; another relay already uses the subscriber's connection). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay);
-/* Stops its thread and disconnects; unacknowledged rows stay pending for the next run.
+/* Stops its thread and disconnects (its own connection; a subscriber's stays up);
+ * unacknowledged rows stay pending for the next run.
  * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay);
-/* Its counters (RelayCounters, relay.h) as a JSON object for mqtt_inbox_free. */
+/* Its counters (RelayCounters, relay.h: published, acked, rejected, connects,
+ * max_inflight_seen, receive_maximum and maximum_packet_size from the last CONNACK,
+ * expired, too_large, connection_dropped, connected, offline_ms) as a JSON object, in
+ * *json for mqtt_inbox_free. Never waits; any thread. Errors: _NOMEM, _MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json);
 
 /* ---- Retention (retention.h) ------------------------------------------------------- */

@@ -1,6 +1,8 @@
 // C connection settings to ConnectionOptions (capi/connection.h).
 #include "capi/connection.h"
 
+#include <utility>
+
 #include "mqtt_inbox/c.h"
 
 namespace mqtt_inbox::capi {
@@ -45,6 +47,16 @@ Status to_connection_options(const CConnection& in, ConnectionOptions* out) {
       return Status::InvalidArgument("tls_version must be MQTT_INBOX_TLS_DEFAULT, _1_2 or _1_3");
   }
   tls.insecure_skip_hostname_check = in.tls_insecure_skip_hostname_check != 0;
+  tls.insecure_skip_certificate_check = in.tls_insecure_skip_certificate_check != 0;
+  if (in.tls_ciphers) tls.ciphers = in.tls_ciphers;
+  if (!in.tls_alpn && in.tls_alpn_count)
+    return Status::InvalidArgument("tls_alpn is NULL with tls_alpn_count " +
+                                   std::to_string(in.tls_alpn_count));
+  for (size_t i = 0; i < in.tls_alpn_count; ++i) {
+    if (!in.tls_alpn[i])
+      return Status::InvalidArgument("tls_alpn[" + std::to_string(i) + "] is NULL");
+    tls.alpn.emplace_back(in.tls_alpn[i]);
+  }
   if (in.tls_ca_file) tls.ca_file = in.tls_ca_file;
   if (in.tls_ca_dir) tls.ca_dir = in.tls_ca_dir;
   if (in.tls_cert_file) tls.cert_file = in.tls_cert_file;
@@ -55,6 +67,33 @@ Status to_connection_options(const CConnection& in, ConnectionOptions* out) {
   }
   if (in.client_id_lock_dir) out->client_id_lock_dir = in.client_id_lock_dir;
   return Status::Ok();
+}
+
+bool sets_connection(const CConnection& in, const char** field) {
+  const std::pair<bool, const char*> fields[] = {
+      {in.broker_uri != nullptr, "broker_uri"},
+      {in.client_id != nullptr, "client_id"},
+      {in.username != nullptr, "username"},
+      {in.password_file != nullptr, "password_file"},
+      {in.tls_version != MQTT_INBOX_TLS_DEFAULT, "tls_version"},
+      {in.tls_insecure_skip_hostname_check != 0, "tls_insecure_skip_hostname_check"},
+      {in.tls_insecure_skip_certificate_check != 0, "tls_insecure_skip_certificate_check"},
+      {in.tls_ca_file != nullptr, "tls_ca_file"},
+      {in.tls_ca_dir != nullptr, "tls_ca_dir"},
+      {in.tls_cert_file != nullptr, "tls_cert_file"},
+      {in.tls_key_file != nullptr, "tls_key_file"},
+      {in.tls_key_password_file != nullptr, "tls_key_password_file"},
+      {in.tls_ciphers != nullptr, "tls_ciphers"},
+      {in.tls_alpn != nullptr || in.tls_alpn_count != 0, "tls_alpn"},
+      {in.client_id_lock_dir != nullptr, "client_id_lock_dir"},
+  };
+  for (const auto& f : fields) {
+    if (f.first) {
+      *field = f.second;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace mqtt_inbox::capi

@@ -3,6 +3,7 @@
 // checks them before anything connects.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "mqtt_inbox/connection.h"
@@ -29,6 +30,10 @@ struct CConnection {
   const char* tls_key_file = nullptr;
   const char* tls_key_password_file = nullptr;
   const char* client_id_lock_dir = nullptr;
+  const char* tls_ciphers = nullptr;
+  const char* const* tls_alpn = nullptr;
+  size_t tls_alpn_count = 0;
+  int tls_insecure_skip_certificate_check = 0;
 };
 
 // The connection fields of a C options struct (mqtt_inbox_subscriber_options_t and
@@ -53,13 +58,23 @@ CConnection connection_of(const COptions& o) {
   c.tls_key_file = o.tls_key_file;
   c.tls_key_password_file = o.tls_key_password_file;
   c.client_id_lock_dir = o.client_id_lock_dir;
+  c.tls_ciphers = o.tls_ciphers;
+  c.tls_alpn = o.tls_alpn;
+  c.tls_alpn_count = o.tls_alpn_count;
+  c.tls_insecure_skip_certificate_check = o.tls_insecure_skip_certificate_check;
   return c;
 }
 
 // Fills *out from `in`. The password file is read once here, so that a missing or empty
 // file fails now rather than at the first connect, and then at every connect
 // (password_from_file); the key's password is read once. Errors name the field or the
-// file, never a secret: kInvalidArgument, kIoError.
+// file, never a secret: kInvalidArgument, kIoError. The INSECURE switches are copied as
+// given; the connecting code logs a warning for them at every connect (connection.h).
 Status to_connection_options(const CConnection& in, ConnectionOptions* out);
+
+// True if `in` sets any field of the connection itself (URI, client id, credentials, TLS,
+// the client-id lock): what a relay lent a subscriber's connection must leave alone.
+// *field names the first one set.
+bool sets_connection(const CConnection& in, const char** field);
 
 }  // namespace mqtt_inbox::capi

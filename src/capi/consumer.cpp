@@ -47,6 +47,14 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
       throw mqtt_inbox::UndecodablePayload(text("handler returned MQTT_INBOX_HANDLER_UNDECODABLE"));
     case MQTT_INBOX_HANDLER_REJECT:
       throw mqtt_inbox::RejectMessage(text("handler returned MQTT_INBOX_HANDLER_REJECT"));
+    case MQTT_INBOX_HANDLER_OUTBOX_FULL:
+      // Backpressure, not the message's fault: parked, no attempt counted (outbox.h
+      // OutboxFull), with the outbox's own words when an enqueue here was refused as full.
+      throw mqtt_inbox::OutboxFull(mqtt_inbox::Status(
+          mqtt_inbox::Status::Code::kRejected,
+          scope.refusal() == mqtt_inbox::capi::ConnectionScope::Refusal::kFull && !view.has_reason
+              ? scope.refusal_text()
+              : text("handler returned MQTT_INBOX_HANDLER_OUTBOX_FULL")));
     case MQTT_INBOX_HANDLER_RETRY:
       throw std::runtime_error(text("handler returned MQTT_INBOX_HANDLER_RETRY"));
     default:

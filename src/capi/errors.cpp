@@ -91,6 +91,8 @@ const char* mqtt_inbox_errstr(int rc) {
       return "out of memory";
     case MQTT_INBOX_MISUSE:
       return "misuse";
+    case MQTT_INBOX_OUTBOX_FULL:
+      return "outbox full";
     default:
       return "unknown";
   }

@@ -1,12 +1,15 @@
-// The transactional outbox from C: enqueue through the connection the library lent to a
-// handler or set-up function (capi/connection_scope.h), derived ids, and the relay with a
-// connection of its own (c.h, "The transactional outbox and its relay").
+// The transactional outbox from C: its bounded classes, enqueue through the connection the
+// library lent to a handler or set-up function (capi/connection_scope.h), derived ids, and
+// the relay, with a connection of its own or a subscriber's (c.h, "The transactional
+// outbox and its relay").
 #include "mqtt_inbox/outbox.h"
 
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Exception.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "capi/connection.h"
 #include "capi/connection_scope.h"
@@ -32,19 +35,98 @@ namespace {
 
 constexpr mqtt_inbox_outgoing_t kOutgoingDefaults = MQTT_INBOX_OUTGOING_INIT;
 constexpr mqtt_inbox_relay_options_t kRelayDefaults = MQTT_INBOX_RELAY_OPTIONS_INIT;
+constexpr mqtt_inbox_outbox_options_t kOutboxDefaults = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+constexpr mqtt_inbox_outbox_class_t kClassDefaults = MQTT_INBOX_OUTBOX_CLASS_INIT;
+
+// The C outbox options as OutboxOptions. The classes are an array whose stride is the
+// first element's struct_size (a program built with an older c.h has smaller elements).
+int to_outbox_options(const mqtt_inbox_outbox_options_t& o, LastError* err,
+                      mqtt_inbox::OutboxOptions* out) {
+  if (!o.classes && o.class_count)
+    return err->set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_options_t: NULL classes with a count");
+  out->max_id_bytes = o.max_id_bytes;
+  const unsigned char* at = reinterpret_cast<const unsigned char*>(o.classes);
+  const size_t stride = o.class_count ? o.classes[0].struct_size : 0;
+  // Each element is read where the stride puts it: a stride that is too small or
+  // misaligned cannot be an array of these structs.
+  if (o.class_count &&
+      (stride < sizeof(size_t) || stride % alignof(mqtt_inbox_outbox_class_t) != 0))
+    return err->set(MQTT_INBOX_MISUSE,
+                    "mqtt_inbox_outbox_options_t.classes[0].struct_size is " +
+                        std::to_string(stride) +
+                        ": initialise every class with MQTT_INBOX_OUTBOX_CLASS_INIT");
+  for (size_t i = 0; i < o.class_count; ++i, at += stride) {
+    const auto* in = reinterpret_cast<const mqtt_inbox_outbox_class_t*>(at);
+    const std::string what = "mqtt_inbox_outbox_options_t.classes[" + std::to_string(i) + "]";
+    if (in->struct_size != stride)
+      return err->set(MQTT_INBOX_INVALID_ARGUMENT,
+                      what +
+                          ".struct_size differs from classes[0]'s: initialise every class "
+                          "with MQTT_INBOX_OUTBOX_CLASS_INIT");
+    mqtt_inbox_outbox_class_t c;
+    if (int r = mqtt_inbox::capi::read_sized(in, kClassDefaults, &c, err, what.c_str())) return r;
+    if (!c.topic_prefix)
+      return err->set(MQTT_INBOX_INVALID_ARGUMENT, what + ".topic_prefix is required");
+    mqtt_inbox::OutboxClass oc;
+    oc.topic_prefix = c.topic_prefix;
+    oc.max_rows = c.max_rows;
+    oc.max_bytes = c.max_bytes;
+    oc.max_age_ms = c.max_age_ms;
+    switch (c.policy) {
+      case MQTT_INBOX_OUTBOX_REJECT:
+        oc.policy = mqtt_inbox::OutboxFullPolicy::kReject;
+        break;
+      case MQTT_INBOX_OUTBOX_DROP_OLDEST:
+        oc.policy = mqtt_inbox::OutboxFullPolicy::kDropOldest;
+        break;
+      default:
+        return err->set(MQTT_INBOX_INVALID_ARGUMENT,
+                        what + ".policy must be MQTT_INBOX_OUTBOX_REJECT or _DROP_OLDEST");
+    }
+    out->classes.push_back(std::move(oc));
+  }
+  return MQTT_INBOX_OK;
+}
+
+// The publishing fields of the C relay options (those a lent relay reads too).
+void to_publishing(const mqtt_inbox_relay_options_t& o, mqtt_inbox::RelayOptions* ro) {
+  ro->max_inflight = o.max_inflight;
+  ro->poll_interval_ms = o.poll_interval_ms;
+  ro->stop_timeout_ms = o.stop_timeout_ms;
+  ro->mark_batch = o.mark_batch;
+  ro->mark_linger_ms = o.mark_linger_ms;
+  ro->wake_on_commit = o.wake_on_commit != 0;
+  ro->metrics_period_ms = o.metrics_period_ms;
+  ro->max_packet_size = o.max_packet_size;
+  if (o.prometheus_textfile) ro->prometheus_textfile = o.prometheus_textfile;
+  ro->reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
+  ro->reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
+}
 
 }  // namespace
 
 extern "C" {
 
 int mqtt_inbox_outbox_create(mqtt_inbox_t* inbox, mqtt_inbox_outbox_t** out) {
+  return mqtt_inbox_outbox_create_with_options(inbox, nullptr, out);
+}
+
+int mqtt_inbox_outbox_create_with_options(mqtt_inbox_t* inbox,
+                                          const mqtt_inbox_outbox_options_t* options,
+                                          mqtt_inbox_outbox_t** out) {
   if (out) *out = nullptr;
   if (!inbox) return MQTT_INBOX_MISUSE;
   auto& err = inbox->error;
   return guarded(&err, [&] {
     if (!out) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_create: NULL out");
+    mqtt_inbox_outbox_options_t o;
+    if (int r = mqtt_inbox::capi::read_sized(options, kOutboxDefaults, &o, &err,
+                                             "mqtt_inbox_outbox_options_t"))
+      return r;
+    mqtt_inbox::OutboxOptions oo;
+    if (int r = to_outbox_options(o, &err, &oo)) return r;
     auto h = std::make_unique<mqtt_inbox_outbox_t>();
-    if (int r = err.set(mqtt_inbox::Outbox::create(inbox->inbox.get(), {}, &h->outbox))) return r;
+    if (int r = err.set(mqtt_inbox::Outbox::create(inbox->inbox.get(), oo, &h->outbox))) return r;
     *out = h.release();
     return MQTT_INBOX_OK;
   });
@@ -97,8 +179,12 @@ int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
     const mqtt_inbox::Status s = outbox->outbox->enqueue(scope->db(), o, &id);
     if (s.code() == mqtt_inbox::Status::Code::kInvalidArgument)
       scope->note_refusal(ConnectionScope::Refusal::kRefused, s.message());
-    else if (s.code() == mqtt_inbox::Status::Code::kRejected)
+    else if (s.code() == mqtt_inbox::Status::Code::kRejected) {
+      // Outbox::enqueue's kRejected is "outbox full" only (outbox.h): a code of its own in
+      // C, so that a handler can tell backpressure from a store's refusal.
       scope->note_refusal(ConnectionScope::Refusal::kFull, s.message());
+      return err.set(MQTT_INBOX_OUTBOX_FULL, s.message());
+    }
     if (int r = err.set(s)) return r;
     if (message_id) {
       *message_id = mqtt_inbox::capi::malloc_copy(id);
@@ -137,11 +223,42 @@ int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox, const mqtt_inbox_relay_
     const mqtt_inbox::capi::CConnection c = mqtt_inbox::capi::connection_of(o);
     mqtt_inbox::RelayOptions ro;
     if (int r = err.set(mqtt_inbox::capi::to_connection_options(c, &ro))) return r;
-    ro.max_inflight = o.max_inflight;
-    ro.poll_interval_ms = o.poll_interval_ms;
-    ro.stop_timeout_ms = o.stop_timeout_ms;
+    to_publishing(o, &ro);
     auto h = std::make_unique<mqtt_inbox_relay_t>();
     if (int r = err.set(mqtt_inbox::Relay::create(outbox->outbox.get(), ro, &h->relay))) return r;
+    *out = h.release();
+    return MQTT_INBOX_OK;
+  });
+  if (rc != MQTT_INBOX_OK && errmsg) *errmsg = mqtt_inbox::capi::malloc_copy(err.read());
+  return rc;
+}
+
+int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox, mqtt_inbox_subscriber_t* subscriber,
+                               const mqtt_inbox_relay_options_t* options, mqtt_inbox_relay_t** out,
+                               char** errmsg) {
+  if (out) *out = nullptr;
+  if (errmsg) *errmsg = nullptr;
+  LastError err;
+  const int rc = guarded(&err, [&] {
+    if (!outbox || !subscriber || !out)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_relay_create_on: outbox, subscriber and out must not be NULL");
+    mqtt_inbox_relay_options_t o;
+    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err,
+                                             "mqtt_inbox_relay_options_t"))
+      return r;
+    const char* field = nullptr;
+    if (mqtt_inbox::capi::sets_connection(mqtt_inbox::capi::connection_of(o), &field))
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     std::string("mqtt_inbox_relay_create_on: ") + field +
+                         " is set, but the connection is the subscriber's: leave it at its "
+                         "default (set it in the subscriber's options)");
+    mqtt_inbox::RelayOptions ro;
+    to_publishing(o, &ro);
+    auto h = std::make_unique<mqtt_inbox_relay_t>();
+    if (int r = err.set(mqtt_inbox::Relay::create(
+            outbox->outbox.get(), mqtt_inbox::capi::subscriber_of(subscriber), ro, &h->relay)))
+      return r;
     *out = h.release();
     return MQTT_INBOX_OK;
   });
@@ -176,6 +293,8 @@ int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json) {
                               {"rejected", c.rejected},
                               {"connects", c.connects},
                               {"max_inflight_seen", c.max_inflight_seen},
+                              {"receive_maximum", c.receive_maximum},
+                              {"maximum_packet_size", c.maximum_packet_size},
                               {"expired", c.expired},
                               {"too_large", c.too_large},
                               {"connection_dropped", c.connection_dropped},

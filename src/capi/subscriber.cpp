@@ -60,6 +60,11 @@ struct mqtt_inbox_subscriber_t {
   }
 };
 
+mqtt_inbox::Subscriber* mqtt_inbox::capi::subscriber_of(
+    mqtt_inbox_subscriber_t* subscriber) noexcept {
+  return subscriber->subscriber.get();
+}
+
 namespace {
 
 constexpr mqtt_inbox_subscriber_options_t kDefaults = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;

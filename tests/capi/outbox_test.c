@@ -9,7 +9,7 @@
 #include "c_check.h"
 #include "ledger.h"
 
-enum mode { EMIT, EMIT_THEN_RETRY, EMIT_BAD_TOPIC, EMIT_TWICE, FAIL_UNTIL_FIXED };
+enum mode { EMIT, EMIT_THEN_RETRY, EMIT_BAD_TOPIC, EMIT_TWICE, FAIL_UNTIL_FIXED, EMIT_RAW };
 
 struct script {
   enum mode mode;
@@ -43,6 +43,16 @@ static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
       s->enqueue_rc = mqtt_inbox_outbox_enqueue(s->outbox, db, &m, NULL);
       return MQTT_INBOX_HANDLER_OK; /* the refusal decides */
     }
+    case EMIT_RAW: { /* the enqueue's own code, and the handler code for a full class */
+      mqtt_inbox_outgoing_t m = MQTT_INBOX_OUTGOING_INIT;
+      m.topic = "events/raw";
+      m.message_id = mqtt_inbox_delivery_message_id(d);
+      m.payload = "{}";
+      m.payload_len = 2;
+      s->enqueue_rc = mqtt_inbox_outbox_enqueue(s->outbox, db, &m, NULL);
+      if (s->enqueue_rc == MQTT_INBOX_OUTBOX_FULL) return MQTT_INBOX_HANDLER_OUTBOX_FULL;
+      return s->enqueue_rc == MQTT_INBOX_OK ? MQTT_INBOX_HANDLER_OK : MQTT_INBOX_HANDLER_RETRY;
+    }
     case EMIT_TWICE:
       rc = ledger_enqueue_credited(s->outbox, db, d, "events/credited");
       if (rc == MQTT_INBOX_HANDLER_OK)
@@ -61,13 +71,18 @@ struct fixture {
   struct script script;
 };
 
-static void start(struct fixture* f, enum mode mode, int64_t requeue_poll_ms) {
+static void start_bounded(struct fixture* f, enum mode mode, int64_t requeue_poll_ms,
+                          const mqtt_inbox_outbox_options_t* outbox_options) {
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
   memset(f, 0, sizeof *f);
   f->path = c_temp_path("ledger.db");
   REQUIRE(mqtt_inbox_open(f->path, NULL, &f->inbox, NULL) == MQTT_INBOX_OK);
   REQUIRE(mqtt_inbox_setup(f->inbox, LEDGER_TABLES) == MQTT_INBOX_OK);
-  REQUIRE(mqtt_inbox_outbox_create(f->inbox, &f->outbox) == MQTT_INBOX_OK);
+  if (outbox_options)
+    REQUIRE(mqtt_inbox_outbox_create_with_options(f->inbox, outbox_options, &f->outbox) ==
+            MQTT_INBOX_OK);
+  else
+    REQUIRE(mqtt_inbox_outbox_create(f->inbox, &f->outbox) == MQTT_INBOX_OK);
   f->script.mode = mode;
   f->script.outbox = f->outbox;
   o.max_attempts = 2;
@@ -76,6 +91,10 @@ static void start(struct fixture* f, enum mode mode, int64_t requeue_poll_ms) {
   o.requeue_poll_ms = requeue_poll_ms;
   REQUIRE(mqtt_inbox_consumer_create(f->inbox, "ledger", handler, &f->script, &o, &f->consumer) ==
           MQTT_INBOX_OK);
+}
+
+static void start(struct fixture* f, enum mode mode, int64_t requeue_poll_ms) {
+  start_bounded(f, mode, requeue_poll_ms, NULL);
 }
 
 static void stop(struct fixture* f) {
@@ -316,6 +335,244 @@ static void test_relay_create_refuses_misuse_and_bad_options(void) {
   stop(&f);
 }
 
+/* A full MQTT_INBOX_OUTBOX_REJECT class: the enqueue says MQTT_INBOX_OUTBOX_FULL (not a
+ * store's code), and a handler that passes it on with MQTT_INBOX_HANDLER_OUTBOX_FULL gets
+ * its message parked, not blamed: one handler call (max_attempts is 2), no attempt
+ * counted, the dead letter outbox_full 'requeued', the effect rolled back. */
+static void test_a_full_class_parks_the_message_without_counting_an_attempt(void) {
+  struct fixture f;
+  mqtt_inbox_outbox_class_t c = MQTT_INBOX_OUTBOX_CLASS_INIT;
+  mqtt_inbox_outbox_options_t oo = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+  c.topic_prefix = "events/";
+  c.max_rows = 2;
+  oo.classes = &c;
+  oo.class_count = 1;
+  start_bounded(&f, EMIT_RAW, 0, &oo);
+  CHECK_EQ_INT(credit(&f, "f-1", "gina", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(credit(&f, "f-2", "gina", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  f.script.calls = 0;
+  CHECK_EQ_INT(credit(&f, "f-3", "gina", 1), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  CHECK_EQ_INT(f.script.enqueue_rc, MQTT_INBOX_OUTBOX_FULL);
+  CHECK(strcmp(mqtt_inbox_errstr(MQTT_INBOX_OUTBOX_FULL), "outbox full") == 0);
+  CHECK_CONTAINS(mqtt_inbox_outbox_errmsg(f.outbox), "outbox full");
+  CHECK_EQ_INT(f.script.calls, 1);
+  CHECK_EQ_INT(q(&f,
+                 "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'f-3'"
+                 " AND reason = 'outbox_full' AND status = 'requeued' AND attempts = 0"),
+               1);
+  CHECK_EQ_INT(q(&f, "SELECT balance FROM accounts WHERE account = 'gina'"), 2);
+  CHECK_EQ_INT(q(&f, "SELECT count(*) FROM outbox_messages"), 2);
+  stop(&f);
+}
+
+/* The ledger's handler (examples/c/ledger.c) passes MQTT_INBOX_OUTBOX_FULL on the same
+ * way. */
+static void test_the_ledger_handler_parks_a_message_its_full_class_refused(void) {
+  struct fixture f;
+  mqtt_inbox_outbox_class_t c = MQTT_INBOX_OUTBOX_CLASS_INIT;
+  mqtt_inbox_outbox_options_t oo = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+  c.topic_prefix = "events/";
+  c.max_rows = 2;
+  oo.classes = &c;
+  oo.class_count = 1;
+  start_bounded(&f, EMIT, 0, &oo);
+  CHECK_EQ_INT(credit(&f, "l-1", "hal", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(credit(&f, "l-2", "hal", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(credit(&f, "l-3", "hal", 1), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  CHECK_EQ_INT(q(&f,
+                 "SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'l-3'"
+                 " AND reason = 'outbox_full' AND status = 'requeued'"),
+               1);
+  CHECK_EQ_INT(q(&f, "SELECT balance FROM accounts WHERE account = 'hal'"), 2);
+  stop(&f);
+}
+
+/* A MQTT_INBOX_OUTBOX_DROP_OLDEST class makes room by dropping its oldest pending rows:
+ * every message is processed, the class keeps its newest rows, and a topic outside it is
+ * not bounded. */
+static void test_a_drop_oldest_class_keeps_the_newest_rows(void) {
+  struct fixture f;
+  mqtt_inbox_outbox_class_t c[2] = {MQTT_INBOX_OUTBOX_CLASS_INIT, MQTT_INBOX_OUTBOX_CLASS_INIT};
+  mqtt_inbox_outbox_options_t oo = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+  c[0].topic_prefix = "events/";
+  c[0].max_rows = 2;
+  c[0].policy = MQTT_INBOX_OUTBOX_DROP_OLDEST;
+  c[1].topic_prefix = "alarms/";
+  c[1].max_rows = 1;
+  oo.classes = c;
+  oo.class_count = 2;
+  start_bounded(&f, EMIT_RAW, 0, &oo);
+  CHECK_EQ_INT(credit(&f, "o-1", "ida", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(credit(&f, "o-2", "ida", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(credit(&f, "o-3", "ida", 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(f.script.enqueue_rc, MQTT_INBOX_OK);
+  CHECK_EQ_INT(q(&f, "SELECT balance FROM accounts WHERE account = 'ida'"), 3);
+  CHECK_EQ_INT(q(&f, "SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 2);
+  CHECK_EQ_INT(q(&f, "SELECT count(*) FROM outbox_messages WHERE message_id = 'o-1'"), 0);
+  CHECK_EQ_INT(q(&f, "SELECT count(*) FROM inbox_dead_letters"), 0);
+  stop(&f);
+}
+
+static void refused_outbox(mqtt_inbox_t* inbox, const mqtt_inbox_outbox_options_t* oo, int rc,
+                           const char* part) {
+  mqtt_inbox_outbox_t* o = (mqtt_inbox_outbox_t*)&o;
+  CHECK_EQ_INT(mqtt_inbox_outbox_create_with_options(inbox, oo, &o), rc);
+  CHECK(o == NULL);
+  CHECK_CONTAINS(mqtt_inbox_errmsg(inbox), part);
+}
+
+static void test_outbox_options_are_checked_and_an_older_class_struct_reads_defaults(void) {
+  struct fixture f;
+  mqtt_inbox_outbox_class_t c[2] = {MQTT_INBOX_OUTBOX_CLASS_INIT, MQTT_INBOX_OUTBOX_CLASS_INIT};
+  mqtt_inbox_outbox_options_t oo = MQTT_INBOX_OUTBOX_OPTIONS_INIT;
+  mqtt_inbox_outbox_t* o = NULL;
+  start(&f, EMIT, 0);
+  oo.classes = c;
+  oo.class_count = 1;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "topic_prefix");
+  c[0].topic_prefix = "t/";
+  c[0].policy = 7;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "policy");
+  c[0].policy = MQTT_INBOX_OUTBOX_REJECT;
+  c[0].max_rows = -1;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "t/");
+  c[0].max_rows = 1;
+  c[1].topic_prefix = "t/";
+  oo.class_count = 2;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "twice");
+  c[1].topic_prefix = "u/";
+  c[1].struct_size = 8;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_INVALID_ARGUMENT, "classes[1].struct_size");
+  c[0].struct_size = 12; /* not the size of any version: misaligned elements */
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_MISUSE, "classes[0].struct_size is 12");
+  c[0].struct_size = sizeof c[0];
+  oo.classes = NULL;
+  refused_outbox(f.inbox, &oo, MQTT_INBOX_MISUSE, "NULL classes");
+  CHECK_EQ_INT(mqtt_inbox_outbox_create_with_options(f.inbox, NULL, NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_outbox_create_with_options(NULL, NULL, &o), MQTT_INBOX_MISUSE);
+  /* A class struct from before `policy`: the policy 7 past its end is not read. */
+  c[0].struct_size = offsetof(mqtt_inbox_outbox_class_t, policy);
+  c[0].policy = 7;
+  oo.classes = c;
+  oo.class_count = 1;
+  CHECK_EQ_INT(mqtt_inbox_outbox_create_with_options(f.inbox, &oo, &o), MQTT_INBOX_OK);
+  mqtt_inbox_outbox_destroy(o);
+  stop(&f);
+}
+
+static void refused_relay(mqtt_inbox_outbox_t* outbox, const mqtt_inbox_relay_options_t* o,
+                          const char* part) {
+  mqtt_inbox_relay_t* r = (mqtt_inbox_relay_t*)&r;
+  char* err = NULL;
+  CHECK_EQ_INT(mqtt_inbox_relay_create(outbox, o, &r, &err), MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK(r == NULL);
+  CHECK_CONTAINS(err, part);
+  mqtt_inbox_free(err);
+}
+
+/* The publishing fields appended to the relay's struct reach RelayOptions' checks, and a
+ * program built with the struct before them (struct_size up to tls_ciphers) gets their
+ * defaults: values create would refuse are then never read. */
+static void test_relay_publishing_options_are_checked_and_an_older_struct_reads_defaults(void) {
+  struct fixture f;
+  mqtt_inbox_relay_options_t o = MQTT_INBOX_RELAY_OPTIONS_INIT;
+  mqtt_inbox_relay_t* r = NULL;
+  char* err = NULL;
+  start(&f, EMIT, 0);
+  o.broker_uri = "tcp://127.0.0.1:1";
+  o.client_id = "relay-1";
+  o.client_id_lock_dir = "";
+  o.max_packet_size = -1;
+  refused_relay(f.outbox, &o, "max_packet_size");
+  o.max_packet_size = 1024;
+  o.mark_batch = 0;
+  refused_relay(f.outbox, &o, "mark_batch");
+  o.mark_batch = 1;
+  o.mark_linger_ms = -1;
+  refused_relay(f.outbox, &o, "mark_linger_ms");
+  o.mark_linger_ms = 0;
+  o.metrics_period_ms = 0;
+  refused_relay(f.outbox, &o, "intervals");
+  o.metrics_period_ms = 50;
+  o.tls_insecure_skip_certificate_check = 1; /* TLS setting on a plaintext URI */
+  refused_relay(f.outbox, &o, "plaintext");
+  o.tls_insecure_skip_certificate_check = 0;
+  o.wake_on_commit = 0;
+  o.prometheus_textfile = c_temp_path("relay.prom");
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, &o, &r, &err), MQTT_INBOX_OK);
+  CHECK(err == NULL);
+  mqtt_inbox_relay_destroy(r);
+  r = NULL;
+
+  /* The older struct: everything past client_id_lock_dir set to refused values. */
+  o.struct_size = offsetof(mqtt_inbox_relay_options_t, tls_ciphers);
+  o.tls_ciphers = "NO-SUCH-CIPHER";
+  o.tls_insecure_skip_certificate_check = 1;
+  o.max_packet_size = -1;
+  o.mark_batch = 0;
+  o.mark_linger_ms = -1;
+  o.metrics_period_ms = 0;
+  CHECK_EQ_INT(mqtt_inbox_relay_create(f.outbox, &o, &r, &err), MQTT_INBOX_OK);
+  CHECK(err == NULL);
+  mqtt_inbox_relay_destroy(r);
+  stop(&f);
+}
+
+/* A relay on a subscriber's connection: the connection fields are the subscriber's, so
+ * one set is refused by name instead of dropped; the publishing fields are checked; one
+ * relay per subscriber. No broker: start only attaches to the subscriber. */
+static void test_a_lent_relay_refuses_connection_fields_and_a_second_relay(void) {
+  struct fixture f;
+  mqtt_inbox_subscriber_options_t so = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
+  mqtt_inbox_relay_options_t o = MQTT_INBOX_RELAY_OPTIONS_INIT;
+  mqtt_inbox_subscriber_t* sub = NULL;
+  mqtt_inbox_relay_t *r = (mqtt_inbox_relay_t*)&r, *second = NULL;
+  char* err = NULL;
+  start(&f, EMIT, 0);
+  so.broker_uri = "tcp://127.0.0.1:1";
+  so.client_id = "lender";
+  so.client_id_lock_dir = "";
+  REQUIRE(mqtt_inbox_subscriber_create(&so, &sub, NULL) == MQTT_INBOX_OK);
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(NULL, sub, NULL, &r, NULL), MQTT_INBOX_MISUSE);
+  CHECK(r == NULL);
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, NULL, NULL, &r, NULL), MQTT_INBOX_MISUSE);
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, sub, NULL, NULL, NULL), MQTT_INBOX_MISUSE);
+  o.broker_uri = "tcp://127.0.0.1:1";
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, sub, &o, &r, &err),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(err, "broker_uri");
+  mqtt_inbox_free(err);
+  o.broker_uri = NULL;
+  o.tls_ca_file = "ca.pem";
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, sub, &o, &r, &err),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(err, "tls_ca_file");
+  mqtt_inbox_free(err);
+  o.tls_ca_file = NULL;
+  o.tls_insecure_skip_hostname_check = 1;
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, sub, &o, &r, &err),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(err, "tls_insecure_skip_hostname_check");
+  mqtt_inbox_free(err);
+  o.tls_insecure_skip_hostname_check = 0;
+  o.max_packet_size = -1;
+  CHECK_EQ_INT(mqtt_inbox_relay_create_on(f.outbox, sub, &o, &r, &err),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(err, "max_packet_size");
+  mqtt_inbox_free(err);
+  o.max_packet_size = 4096;
+  REQUIRE(mqtt_inbox_relay_create_on(f.outbox, sub, &o, &r, NULL) == MQTT_INBOX_OK);
+  REQUIRE(mqtt_inbox_relay_create_on(f.outbox, sub, NULL, &second, NULL) == MQTT_INBOX_OK);
+  CHECK_EQ_INT(mqtt_inbox_relay_start(r), MQTT_INBOX_OK);
+  CHECK_EQ_INT(mqtt_inbox_relay_start(second), MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK(strlen(mqtt_inbox_relay_errmsg(second)) > 0);
+  CHECK_EQ_INT(mqtt_inbox_relay_stop(r), MQTT_INBOX_OK);
+  mqtt_inbox_relay_destroy(second);
+  mqtt_inbox_relay_destroy(r);
+  mqtt_inbox_subscriber_destroy(sub);
+  stop(&f);
+}
+
 #define CASE(name) \
   { #name, test_##name }
 static const struct c_test tests[] = {
@@ -328,6 +585,12 @@ static const struct c_test tests[] = {
     CASE(the_pruner_checks_its_window_and_deletes_old_ids),
     CASE(a_dead_letter_is_listed_requeued_and_replayed_once),
     CASE(relay_create_refuses_misuse_and_bad_options),
+    CASE(a_full_class_parks_the_message_without_counting_an_attempt),
+    CASE(the_ledger_handler_parks_a_message_its_full_class_refused),
+    CASE(a_drop_oldest_class_keeps_the_newest_rows),
+    CASE(outbox_options_are_checked_and_an_older_class_struct_reads_defaults),
+    CASE(relay_publishing_options_are_checked_and_an_older_struct_reads_defaults),
+    CASE(a_lent_relay_refuses_connection_fields_and_a_second_relay),
 };
 
 int main(int argc, char** argv) {

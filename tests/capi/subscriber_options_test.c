@@ -101,6 +101,55 @@ static void test_an_older_options_struct_gets_defaults_for_the_rest(void) {
   mqtt_inbox_subscriber_destroy(s);
 }
 
+/* The TLS fields appended to the struct (cipher list, ALPN, the INSECURE certificate
+ * switch) reach the checks create makes, and a program built with the struct before them
+ * (struct_size up to tls_ciphers) gets their defaults: values create would refuse are
+ * then never read. */
+static void test_tls_ciphers_alpn_and_the_insecure_switch_are_read_only_when_the_struct_has_them(
+    void) {
+  mqtt_inbox_subscriber_options_t o = options();
+  mqtt_inbox_subscriber_t* s = NULL;
+  const char* alpn[] = {"x-amzn-mqtt-ca", "mqtt"};
+  const char* empty_name[] = {""};
+  o.broker_uri = "ssl://127.0.0.1:1";
+  o.tls_ciphers = "NO-SUCH-CIPHER";
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "NO-SUCH-CIPHER");
+  o.tls_ciphers = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256";
+  o.tls_alpn = empty_name;
+  o.tls_alpn_count = 1;
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "alpn");
+  o.tls_alpn = NULL;
+  o.tls_alpn_count = 2;
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "tls_alpn is NULL");
+  o.tls_alpn = alpn;
+  o.tls_insecure_skip_certificate_check = 1;
+  CHECK_EQ_INT(mqtt_inbox_subscriber_create(&o, &s, NULL), MQTT_INBOX_OK);
+  mqtt_inbox_subscriber_destroy(s);
+  s = NULL;
+
+  /* On a plaintext URI each of them is a TLS setting there is no TLS for: refused. */
+  o = options();
+  o.tls_insecure_skip_certificate_check = 1;
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "plaintext");
+  o = options();
+  o.tls_ciphers = "ECDHE-RSA-AES128-GCM-SHA256";
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "plaintext");
+  o = options();
+  o.tls_alpn = alpn;
+  o.tls_alpn_count = 1;
+  refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "plaintext");
+
+  /* The older struct: all three set to what a plaintext URI refuses, past its end. */
+  o = options();
+  o.struct_size = offsetof(mqtt_inbox_subscriber_options_t, tls_ciphers);
+  o.tls_ciphers = "NO-SUCH-CIPHER";
+  o.tls_alpn = empty_name;
+  o.tls_alpn_count = 1;
+  o.tls_insecure_skip_certificate_check = 1;
+  CHECK_EQ_INT(mqtt_inbox_subscriber_create(&o, &s, NULL), MQTT_INBOX_OK);
+  mqtt_inbox_subscriber_destroy(s);
+}
+
 static int never(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
   (void)ctx;
   (void)db;
@@ -150,6 +199,7 @@ static const struct c_test tests[] = {
     CASE(create_refuses_what_would_lose_messages_or_secrets),
     CASE(a_password_file_with_a_user_name_is_accepted),
     CASE(an_older_options_struct_gets_defaults_for_the_rest),
+    CASE(tls_ciphers_alpn_and_the_insecure_switch_are_read_only_when_the_struct_has_them),
     CASE(misuse_and_a_stop_request_without_a_start),
 };
 
