@@ -434,6 +434,7 @@ Status SqliteClaims::claim(const std::string& consumer, const Message& message,
   } catch (const SQLite::Exception& e) {
     return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
+  const RollbackOnThrow rollback_on_throw(*m.db);
   try {
     if (!m.insert_claim(consumer, message, message_id, false)) {
       // Someone else's claim won (a concurrent delivery). Our begin_attempt may have
@@ -480,6 +481,7 @@ Status SqliteClaims::process(const std::string& consumer, const Message& message
   } catch (const SQLite::Exception& e) {
     return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
+  const RollbackOnThrow rollback_on_throw(*m.db);
   bool marked = false;       // the marker counts this attempt while the handler runs
   bool attempt_row = false;  // inbox_attempts has a row for the id
   bool counted = false;      // this attempt is already counted in inbox_attempts
