@@ -393,7 +393,11 @@ typedef struct mqtt_inbox_message_t {
  * when it has a durable outcome, in *outcome (MQTT_INBOX_OUTCOME_*); acknowledge it to
  * its sender only then. Runs the handler on the calling thread. Blocks while the store
  * fails, for as long as it fails. Safe from several threads at once. Errors:
- * MQTT_INBOX_MISUSE (NULL arguments, no topic, a bad struct_size), _NOMEM. */
+ * MQTT_INBOX_MISUSE (NULL arguments, no topic, a NULL pointer with a length, a bad
+ * struct_size), _INVALID_ARGUMENT (payload_format_indicator not 0, 1 or -1;
+ * message_expiry_interval_s not -1 or 0..4294967295), _NOMEM (nothing was recorded, or the
+ * outcome is durable but could not be reported: feed the message again, it is then a
+ * duplicate; never acknowledge it before OK). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer,
                                                  const mqtt_inbox_message_t* message, int* outcome);
 
