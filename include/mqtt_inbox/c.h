@@ -87,6 +87,39 @@ MQTT_INBOX_C_EXPORT const char* mqtt_inbox_errstr(int rc);
  * letters as JSON, open's error message). NULL is a no-op. */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_free(void* p);
 
+/* ---- Logging ------------------------------------------------------------------------
+ * What the library logs (a store that waits, a handler that failed, a connection lost,
+ * dead letters; untrusted bytes escaped, secrets never) goes by default to stderr, from
+ * the shared spdlog logger "mqtt_inbox" that every object made through this header logs
+ * to. mqtt_inbox_set_log_callback sends it to the program instead. */
+#define MQTT_INBOX_LOG_TRACE 0
+#define MQTT_INBOX_LOG_DEBUG 1
+#define MQTT_INBOX_LOG_INFO 2
+#define MQTT_INBOX_LOG_WARN 3
+#define MQTT_INBOX_LOG_ERROR 4
+#define MQTT_INBOX_LOG_CRITICAL 5
+#define MQTT_INBOX_LOG_OFF 6 /* as min_level: nothing */
+
+/* One log line: `level` (MQTT_INBOX_LOG_TRACE..CRITICAL) and the text, NUL-terminated,
+ * without time, level or a trailing newline; valid only during the call. */
+typedef void (*mqtt_inbox_log_fn)(void* ctx, int level, const char* msg);
+
+/* Process-wide, like SQLITE_CONFIG_LOG: every line of level >= min_level that any inbox,
+ * consumer, subscriber, relay or pruner of this process logs goes to fn(ctx, ...) instead
+ * of stderr; fn NULL sends them to stderr again (still filtered by min_level; the
+ * default is MQTT_INBOX_LOG_INFO). Call it before or after making objects: it applies to
+ * lines logged after it returns, and once it returns the previous callback is not
+ * running and is never called again (its ctx may be freed).
+ * The callback runs on the thread that logs (Paho's receive thread, a handler's caller,
+ * the relay's, the pruner's or the requeue thread, the caller of an mqtt_inbox_* call),
+ * one call at a time across the process, possibly while the library holds an inbox's
+ * lock: it must return quickly and must not call any mqtt_inbox_* function (errstr
+ * excepted), this one included (it would wait for itself).
+ * Errors: MQTT_INBOX_INVALID_ARGUMENT for a min_level outside 0..6, or when a C++ part of
+ * the program registered its own spdlog logger named "mqtt_inbox" before the library
+ * made one (its sinks are the program's: nothing changes); _NOMEM. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_set_log_callback(mqtt_inbox_log_fn fn, void* ctx, int min_level);
+
 /* ---- The inbox: the SQLite file (inbox.h) -------------------------------------------- */
 typedef struct mqtt_inbox_t mqtt_inbox_t;
 
@@ -192,11 +225,14 @@ typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
  *    finalize or reset every statement before returning. Do not keep `db`, close it,
  *    or change its settings (busy handler, hooks, authorizer, PRAGMAs).
  *  - The library owns the transaction: BEGIN, COMMIT, ROLLBACK and END are refused at
- *    prepare time with SQLITE_AUTH ("not authorized"), so nothing the handler wrote can
- *    commit apart from the claim; SAVEPOINT, RELEASE and ROLLBACK TO a savepoint of your
- *    own are allowed. A handler that returns MQTT_INBOX_HANDLER_OK although the
- *    transaction ended (an error that rolled it back) fails that attempt with
- *    "handler ended the inbox transaction".
+ *    prepare time with SQLITE_AUTH ("not authorized"), and the attempt then fails,
+ *    whatever the handler returns (OK included), with the reason text "handler ended the
+ *    transaction: it ran COMMIT" (END is named COMMIT; ROLLBACK, BEGIN likewise): nothing
+ *    the handler wrote commits, the message is not marked processed, and it is retried,
+ *    then dead-lettered as handler_failed with that text. A handler that returns
+ *    MQTT_INBOX_HANDLER_OK after an SQLite error rolled the transaction back fails the
+ *    same way ("... it was rolled back inside the handler"). SAVEPOINT, RELEASE and
+ *    ROLLBACK TO a savepoint of your own are allowed.
  *  - Return a failure code for any SQL error; set its reason text with
  *    mqtt_inbox_delivery_set_reason (it becomes the dead letter's text).
  *  - Do not call the library for this inbox (its consumer, outbox enqueue excepted):
@@ -232,10 +268,53 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_user_property(const mqtt_inbox_deliv
                                                           size_t* value_len);
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_user_property_get(
     const mqtt_inbox_delivery_t* d, const char* name);
+/* The MQTT 5 PUBLISH properties other than user properties (MQTT 5.0 section 3.3.2.3;
+ * message.h MessageProperties), as received or fed in; none with MQTT 3.1.1. Each returns
+ * NULL (or -1, or 0) when the message does not carry the property:
+ *  - _content_type, _response_topic: the text (NUL-terminated too), its byte count in *len
+ *    (len may be NULL);
+ *  - _correlation_data: raw bytes (a NUL follows them), their count in *len;
+ *  - _payload_format_indicator: 0 (bytes) or 1 (UTF-8 text), -1 if absent;
+ *  - _message_expiry_interval: 1 and *seconds (may be NULL) if present, else 0.
+ * Pointers are valid for the handler call only; any thread the handler runs on. */
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_content_type(const mqtt_inbox_delivery_t* d,
+                                                                 size_t* len);
+MQTT_INBOX_C_EXPORT const char* mqtt_inbox_delivery_response_topic(const mqtt_inbox_delivery_t* d,
+                                                                   size_t* len);
+MQTT_INBOX_C_EXPORT const void* mqtt_inbox_delivery_correlation_data(const mqtt_inbox_delivery_t* d,
+                                                                     size_t* len);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_payload_format_indicator(
+    const mqtt_inbox_delivery_t* d);
+MQTT_INBOX_C_EXPORT int mqtt_inbox_delivery_message_expiry_interval(const mqtt_inbox_delivery_t* d,
+                                                                    uint32_t* seconds);
 /* The reason text of a failure the handler is about to return (copied; the last call
  * wins). Without one, the text names the return code. */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_delivery_set_reason(const mqtt_inbox_delivery_t* d,
                                                         const char* text);
+
+/* The application's message id function (MessageIdOptions::extractor, options.h): the
+ * third source of the id, after the user property and the JSON field. It reads the
+ * message through `d` (topic, payload, flags, properties; the message id is "" and the
+ * attempt 0, as none is known yet), writes the id's bytes to `buf` (`cap` bytes:
+ * max_id_bytes + 1; no NUL needed) and returns their count. It returns
+ *  - n in 0..cap: the id is buf[0..n), then checked as any id (empty, longer than
+ *    max_id_bytes, not UTF-8, control characters: dead-lettered as invalid_id);
+ *  - n > cap: an id longer than the buffer: invalid_id;
+ *  - MQTT_INBOX_ID_NONE: no id here: missing_id (or the next source);
+ *  - MQTT_INBOX_ID_UNDECODABLE (or any other negative value): the payload can never be
+ *    decoded: dead-lettered at once as undecodable_payload, with the text set by
+ *    mqtt_inbox_delivery_set_reason if any.
+ * Runs on the thread that delivered the message (as the handler), before the claim
+ * transaction, with no connection: it must not call the library for this inbox. */
+#define MQTT_INBOX_ID_NONE (-1)
+#define MQTT_INBOX_ID_UNDECODABLE (-2)
+typedef int (*mqtt_inbox_id_extractor)(void* ctx, const mqtt_inbox_delivery_t* d, char* buf,
+                                       size_t cap);
+
+/* The user property and the JSON field both hold an id, and they differ (IdDisagreement,
+ * options.h). */
+#define MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER 0        /* invalid_id, both values in the text */
+#define MQTT_INBOX_ID_DISAGREEMENT_USER_PROPERTY_WINS 1 /* the JSON field is not read */
 
 #define MQTT_INBOX_RETAINED_SKIP 0        /* ack a retained message unprocessed (default) */
 #define MQTT_INBOX_RETAINED_DEAD_LETTER 1 /* dead-letter it as retained */
@@ -254,18 +333,25 @@ typedef struct mqtt_inbox_consumer_options_t {
                                        "message-id"; "": not read */
   const char* id_json_field;        /* top-level string field of a JSON payload holding it;
                                        NULL: "message_id"; "": not read */
+  /* Since 0.4.0 (an older program's struct gets the defaults): */
+  mqtt_inbox_id_extractor id_extractor; /* the third id source; NULL: none */
+  void* id_extractor_ctx;               /* its ctx */
+  size_t max_id_bytes;                  /* longest id accepted, bytes, >= 1; 256 */
+  int id_disagreement;                  /* MQTT_INBOX_ID_DISAGREEMENT_*; _DEAD_LETTER */
 } mqtt_inbox_consumer_options_t;
 
 #define MQTT_INBOX_CONSUMER_OPTIONS_INIT                                                        \
   {                                                                                             \
     sizeof(mqtt_inbox_consumer_options_t), 5, 100, 2000, MQTT_INBOX_RETAINED_SKIP, 1024 * 1024, \
-        1024 * 1024, 2000, NULL, NULL                                                           \
+        1024 * 1024, 2000, NULL, NULL, NULL, NULL, 256, MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER  \
   }
 
 /* Makes the consumer named `name` (non-empty, at most 200 bytes: recorded in every row)
  * on `inbox`, with `handler` and its `ctx`, and `options` (NULL: defaults). `inbox` must
  * outlive it. On failure *out is NULL and the message is the inbox's errmsg. Errors:
- * MQTT_INBOX_INVALID_ARGUMENT (name, options), _MISUSE (NULL inbox, handler or out). */
+ * MQTT_INBOX_INVALID_ARGUMENT (name, options: max_attempts < 1, an unknown retained or
+ * id_disagreement value, max_id_bytes 0, no id source left), _MISUSE (NULL inbox, handler
+ * or out), _NOMEM. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name,
                                                    mqtt_inbox_handler handler, void* ctx,
                                                    const mqtt_inbox_consumer_options_t* options,
@@ -295,10 +381,17 @@ typedef struct mqtt_inbox_message_t {
   int retained;                                      /* 0 */
   const mqtt_inbox_user_property_t* user_properties; /* user_property_count entries */
   size_t user_property_count;
+  /* Since 0.4.0, the other MQTT 5 properties (an older program's struct has none): */
+  const char* content_type;     /* NUL-terminated; NULL: none */
+  const char* response_topic;   /* NUL-terminated; NULL: none */
+  const void* correlation_data; /* correlation_data_len bytes; NULL: none */
+  size_t correlation_data_len;
+  int payload_format_indicator;      /* 0 or 1; -1: none */
+  int64_t message_expiry_interval_s; /* 0..4294967295 s; -1: none */
 } mqtt_inbox_message_t;
 
 #define MQTT_INBOX_MESSAGE_INIT \
-  { sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, 0, 0, NULL, 0 }
+  { sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, 0, 0, NULL, 0, NULL, NULL, NULL, 0, -1, -1 }
 
 /* Outcomes of one delivery (Outcome, message.h). */
 #define MQTT_INBOX_OUTCOME_PROCESSED 0             /* the effect committed with the claim */
@@ -311,9 +404,45 @@ typedef struct mqtt_inbox_message_t {
  * when it has a durable outcome, in *outcome (MQTT_INBOX_OUTCOME_*); acknowledge it to
  * its sender only then. Runs the handler on the calling thread. Blocks while the store
  * fails, for as long as it fails. Safe from several threads at once. Errors:
- * MQTT_INBOX_MISUSE (NULL arguments, no topic, a bad struct_size), _NOMEM. */
+ * MQTT_INBOX_MISUSE (NULL arguments, no topic, a NULL pointer with a length, a bad
+ * struct_size), _INVALID_ARGUMENT (payload_format_indicator not 0, 1 or -1;
+ * message_expiry_interval_s not -1 or 0..4294967295), _NOMEM (nothing was recorded, or the
+ * outcome is durable but could not be reported: feed the message again, it is then a
+ * duplicate; never acknowledge it before OK). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer,
                                                  const mqtt_inbox_message_t* message, int* outcome);
+
+/* The consumer's counters since it was made (ConsumerCounters, consumer.h). */
+typedef struct mqtt_inbox_consumer_counters_t {
+  size_t struct_size;            /* set by MQTT_INBOX_CONSUMER_COUNTERS_INIT */
+  int64_t processed;             /* effects committed */
+  int64_t duplicates;            /* deliveries skipped as already processed */
+  int64_t dead_lettered;         /* messages written to the dead letters */
+  int64_t already_dead_lettered; /* redeliveries of dead-lettered messages */
+  int64_t handler_failures;      /* handler attempts that failed (RETRY, ...) */
+  int64_t store_retries;         /* store operations retried after a failure */
+  int64_t retained_skipped;      /* retained messages acked unprocessed */
+  int64_t outbox_full_parked;    /* deliveries parked because the outbox was full */
+} mqtt_inbox_consumer_counters_t;
+
+#define MQTT_INBOX_CONSUMER_COUNTERS_INIT \
+  { sizeof(mqtt_inbox_consumer_counters_t), 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Fills *counters with a snapshot: the fields its struct_size covers (a program built
+ * against an older c.h gets those it knows; struct_size is left as it was). Never waits
+ * for the store; any thread, a handler's included. Errors: MQTT_INBOX_MISUSE (NULL
+ * arguments, a struct_size smaller than the field itself). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
+                                                     mqtt_inbox_consumer_counters_t* counters);
+/* The consumer's health (Consumer::health, health.h: its message path waiting for the
+ * store) as a JSON object, the shape of mqtt_inbox_health_json: "level" ("green",
+ * "amber" while a delivery waits for a locked, full or failing store, "red" once the
+ * file is unusable), "stuck", "stuck_since_ms", "stuck_for_ms", "retries",
+ * "total_store_errors", "last_error", "starting", "operation", "fatal", "database". In
+ * *json for mqtt_inbox_free. Never waits for the store; any thread, a handler's
+ * included. Errors: MQTT_INBOX_NOMEM, _MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_health_json(mqtt_inbox_consumer_t* consumer,
+                                                        char** json);
 
 /* ---- The MQTT subscriber (subscriber.h, connection.h, tls.h) -------------------------- */
 typedef struct mqtt_inbox_subscriber_t mqtt_inbox_subscriber_t;

@@ -3,8 +3,14 @@
 // A handler runs inside the inbox's write transaction (BEGIN IMMEDIATE), on the inbox's
 // own SQLite connection, right after the claim row was inserted. Everything it writes
 // through `db` commits atomically with the claim, or not at all. Rules:
-//  - Do not BEGIN, COMMIT or ROLLBACK: the inbox owns the transaction (a handler that
-//    ends it is reported as failed). SAVEPOINTs are fine.
+//  - Do not BEGIN, COMMIT, ROLLBACK or END: the inbox owns the transaction. While the
+//    handler runs they are refused at prepare time (SQLite::Exception, SQLITE_AUTH), and
+//    the attempt fails with the text "handler ended the transaction: it ran COMMIT" (or
+//    ROLLBACK, BEGIN) whatever the handler did with the error, so nothing it wrote commits
+//    apart from the claim; a run that returns after an error rolled the transaction back
+//    fails by the same name. Such a failure counts as an attempt (retried, then
+//    handler_failed). SAVEPOINT, RELEASE and ROLLBACK TO of your own are fine. The same
+//    holds for a store-then-process handler (store_then_process.h).
 //  - Signal failure by throwing. Any exception rolls back the claim and the handler's
 //    writes; the message is retried (ConsumerOptions::max_attempts) and then
 //    dead-lettered as handler_failed. For input that can never succeed, throw one of the

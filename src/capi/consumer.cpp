@@ -4,11 +4,15 @@
 #include <SQLiteCpp/Database.h>
 #include <sqlite3.h>
 
+#include <functional>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "capi/connection_scope.h"
 #include "capi/delivery.h"
 #include "capi/handles.h"
+#include "capi/json_text.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"
@@ -39,9 +43,8 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
       if (scope.refusal() == mqtt_inbox::capi::ConnectionScope::Refusal::kFull)
         throw mqtt_inbox::OutboxFull(
             mqtt_inbox::Status(mqtt_inbox::Status::Code::kRejected, scope.refusal_text()));
-      // The store checks this too; said here in the C handler's own words.
-      if (sqlite3_get_autocommit(db.getHandle()))
-        throw std::runtime_error("handler ended the inbox transaction");
+      // A handler that ended (or tried to end) the transaction: the store's fence judges it
+      // (store/sqlite/txn_fence.h), whatever the handler returned.
       return;
     case MQTT_INBOX_HANDLER_UNDECODABLE:
       throw mqtt_inbox::UndecodablePayload(text("handler returned MQTT_INBOX_HANDLER_UNDECODABLE"));
@@ -61,6 +64,29 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
       throw std::runtime_error(
           text(("handler returned " + std::to_string(rc) + ", taken as RETRY").c_str()));
   }
+}
+
+// The C id extractor as MessageIdOptions::extractor: it sees the message through a
+// delivery view (no id yet, attempt 0) and writes the id into a buffer of cap bytes.
+std::function<std::optional<std::string>(const mqtt_inbox::Message&)> adapt_extractor(
+    mqtt_inbox_id_extractor fn, void* ctx, size_t max_id_bytes) {
+  const size_t cap = max_id_bytes + 1;
+  return [fn, ctx, cap](const mqtt_inbox::Message& m) -> std::optional<std::string> {
+    static const std::string kNoIdYet;
+    const mqtt_inbox::Delivery d{m, kNoIdYet, 0, nullptr};
+    mqtt_inbox_delivery_t view;
+    view.delivery = &d;
+    std::string id(cap, '\0');
+    const int n = fn(ctx, &view, &id[0], cap);
+    if (n == MQTT_INBOX_ID_NONE) return std::nullopt;
+    // Thrown from the extractor: undecodable_payload, with this text (message_id.cpp).
+    if (n < 0)
+      throw std::runtime_error(view.has_reason ? view.reason
+                                               : "the C extractor returned " + std::to_string(n));
+    // Longer than the buffer: cap bytes, one more than max_id_bytes, refused as invalid_id.
+    id.resize(static_cast<size_t>(n) < cap ? static_cast<size_t>(n) : cap);
+    return id;
+  };
 }
 
 int to_outcome(mqtt_inbox::Outcome o) {
@@ -120,6 +146,27 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
     co.requeue_poll_ms = o.requeue_poll_ms;
     if (o.id_user_property) co.message_id.user_property = o.id_user_property;
     if (o.id_json_field) co.message_id.json_field = o.id_json_field;
+    if (o.max_id_bytes < 1)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     "mqtt_inbox_consumer_options_t.max_id_bytes must be at least 1");
+    co.message_id.max_id_bytes = o.max_id_bytes;
+    switch (o.id_disagreement) {
+      case MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER:
+        co.message_id.on_disagreement = mqtt_inbox::IdDisagreement::kDeadLetter;
+        break;
+      case MQTT_INBOX_ID_DISAGREEMENT_USER_PROPERTY_WINS:
+        co.message_id.on_disagreement = mqtt_inbox::IdDisagreement::kUserPropertyWins;
+        break;
+      default:
+        return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                       "mqtt_inbox_consumer_options_t.id_disagreement must be "
+                       "MQTT_INBOX_ID_DISAGREEMENT_*");
+    }
+    if (o.id_extractor)
+      co.message_id.extractor = adapt_extractor(o.id_extractor, o.id_extractor_ctx, o.max_id_bytes);
+    // A C handler has no accessor for Delivery::payload_json: a document nobody reads would
+    // cost about a quarter more than reading the id alone (options.h).
+    co.message_id.json_document_max_bytes = 0;
     auto h = std::make_unique<mqtt_inbox_consumer_t>();
     h->owner = inbox;
     h->handler = handler;
@@ -166,6 +213,25 @@ int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_m
     msg.qos = m.qos;
     msg.dup = m.dup != 0;
     msg.retain = m.retained != 0;
+    if (m.content_type) msg.content_type = m.content_type;
+    if (m.response_topic) msg.response_topic = m.response_topic;
+    if (m.correlation_data)
+      msg.correlation_data.emplace(static_cast<const char*>(m.correlation_data),
+                                   m.correlation_data_len);
+    else if (m.correlation_data_len > 0)
+      return err.set(MQTT_INBOX_MISUSE,
+                     "mqtt_inbox_consumer_feed: NULL correlation_data with a length");
+    if (m.payload_format_indicator == 0 || m.payload_format_indicator == 1)
+      msg.payload_format_indicator = static_cast<uint8_t>(m.payload_format_indicator);
+    else if (m.payload_format_indicator != -1)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     "mqtt_inbox_message_t.payload_format_indicator must be 0, 1 or -1 (none)");
+    if (m.message_expiry_interval_s >= 0 && m.message_expiry_interval_s <= 0xffffffffLL)
+      msg.message_expiry_interval_s = static_cast<uint32_t>(m.message_expiry_interval_s);
+    else if (m.message_expiry_interval_s != -1)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     "mqtt_inbox_message_t.message_expiry_interval_s must be 0..4294967295 or -1 "
+                     "(none)");
     for (size_t i = 0; i < m.user_property_count; ++i) {
       const mqtt_inbox_user_property_t& p = m.user_properties[i];
       if ((!p.name && p.name_len) || (!p.value && p.value_len))
@@ -175,6 +241,36 @@ int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_m
     }
     *outcome = to_outcome(consumer->consumer->handle(msg));
     return MQTT_INBOX_OK;
+  });
+}
+
+int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
+                                 mqtt_inbox_consumer_counters_t* counters) {
+  if (!consumer) return MQTT_INBOX_MISUSE;
+  auto& err = consumer->error;
+  return guarded(&err, [&] {
+    if (!counters) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_counters: NULL counters");
+    const mqtt_inbox::ConsumerCounters c = consumer->consumer->counters();
+    mqtt_inbox_consumer_counters_t v = MQTT_INBOX_CONSUMER_COUNTERS_INIT;
+    v.processed = c.processed;
+    v.duplicates = c.duplicates;
+    v.dead_lettered = c.dead_lettered;
+    v.already_dead_lettered = c.already_dead_lettered;
+    v.handler_failures = c.handler_failures;
+    v.store_retries = c.store_retries;
+    v.retained_skipped = c.retained_skipped;
+    v.outbox_full_parked = c.outbox_full_parked;
+    return mqtt_inbox::capi::write_sized(v, counters, &err, "mqtt_inbox_consumer_counters_t");
+  });
+}
+
+int mqtt_inbox_consumer_health_json(mqtt_inbox_consumer_t* consumer, char** json) {
+  if (!consumer) return MQTT_INBOX_MISUSE;
+  auto& err = consumer->error;
+  return guarded(&err, [&] {
+    if (!json) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_health_json: NULL json");
+    return mqtt_inbox::capi::hand_out_json(
+        mqtt_inbox::capi::health_json(consumer->consumer->health()), &err, json);
   });
 }
 

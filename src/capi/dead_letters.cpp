@@ -1,9 +1,12 @@
 // Dead letters from C: the list as JSON and the requeue (c.h, "Dead letters").
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "capi/handles.h"
+#include "capi/json_text.h"
 
 using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::JsonObject;
 
 extern "C" {
 
@@ -18,31 +21,34 @@ int mqtt_inbox_dead_letters_json(mqtt_inbox_t* inbox, const char* consumer_name,
     f.limit = limit;
     std::vector<mqtt_inbox::DeadLetter> rows;
     if (int r = err.set(inbox->inbox->list_dead_letters(f, &rows))) return r;
-    nlohmann::json a = nlohmann::json::array();
+    // As text, not an nlohmann document (capi/json_text.h: out of memory must be NOMEM).
+    std::string a = "[";
     for (const auto& d : rows) {
-      a.push_back({{"id", d.id},
-                   {"consumer", d.consumer_name},
-                   {"message_id", d.message_id ? nlohmann::json(*d.message_id) : nullptr},
-                   {"topic", d.topic},
-                   {"payload", d.payload},
-                   {"payload_size", d.payload_size},
-                   {"qos", d.qos},
-                   {"reason", mqtt_inbox::to_string(d.reason)},
-                   {"reason_text", d.reason_text},
-                   {"attempts", d.attempts},
-                   {"first_attempt_at_ms", d.first_attempt_at_ms},
-                   {"last_attempt_at_ms", d.last_attempt_at_ms},
-                   {"dead_lettered_at_ms", d.dead_lettered_at_ms},
-                   {"redeliveries", d.redeliveries},
-                   {"status", d.replayed   ? "replayed"
-                              : d.requeued ? "requeued"
-                                           : "dead"}});
+      if (a.size() > 1) a += ',';
+      JsonObject o;
+      o.number("id", d.id).text("consumer", d.consumer_name);
+      if (d.message_id)
+        o.text("message_id", *d.message_id);
+      else
+        o.null("message_id");
+      a += o.text("topic", d.topic)
+               .text("payload", d.payload)
+               .number("payload_size", d.payload_size)
+               .number("qos", d.qos)
+               .text("reason", mqtt_inbox::to_string(d.reason))
+               .text("reason_text", d.reason_text)
+               .number("attempts", d.attempts)
+               .number("first_attempt_at_ms", d.first_attempt_at_ms)
+               .number("last_attempt_at_ms", d.last_attempt_at_ms)
+               .number("dead_lettered_at_ms", d.dead_lettered_at_ms)
+               .number("redeliveries", d.redeliveries)
+               .text("status", d.replayed   ? "replayed"
+                               : d.requeued ? "requeued"
+                                            : "dead")
+               .done();
     }
-    char* p = mqtt_inbox::capi::malloc_copy(
-        a.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (!p) return err.set(MQTT_INBOX_NOMEM, "out of memory");
-    *json = p;
-    return MQTT_INBOX_OK;
+    a += ']';
+    return mqtt_inbox::capi::hand_out_json(a, &err, json);
   });
 }
 

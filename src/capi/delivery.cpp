@@ -64,6 +64,41 @@ const char* mqtt_inbox_delivery_user_property_get(const mqtt_inbox_delivery_t* d
   return nullptr;
 }
 
+namespace {
+
+const char* optional_text(const std::optional<std::string>& v, size_t* len) {
+  if (len) *len = v ? v->size() : 0;
+  return v ? v->c_str() : nullptr;
+}
+
+}  // namespace
+
+const char* mqtt_inbox_delivery_content_type(const mqtt_inbox_delivery_t* d, size_t* len) {
+  static const std::optional<std::string> kNone;
+  return optional_text(d ? d->delivery->message.content_type : kNone, len);
+}
+
+const char* mqtt_inbox_delivery_response_topic(const mqtt_inbox_delivery_t* d, size_t* len) {
+  static const std::optional<std::string> kNone;
+  return optional_text(d ? d->delivery->message.response_topic : kNone, len);
+}
+
+const void* mqtt_inbox_delivery_correlation_data(const mqtt_inbox_delivery_t* d, size_t* len) {
+  static const std::optional<std::string> kNone;
+  return optional_text(d ? d->delivery->message.correlation_data : kNone, len);
+}
+
+int mqtt_inbox_delivery_payload_format_indicator(const mqtt_inbox_delivery_t* d) {
+  if (!d || !d->delivery->message.payload_format_indicator) return -1;
+  return *d->delivery->message.payload_format_indicator;
+}
+
+int mqtt_inbox_delivery_message_expiry_interval(const mqtt_inbox_delivery_t* d, uint32_t* seconds) {
+  if (!d || !d->delivery->message.message_expiry_interval_s) return 0;
+  if (seconds) *seconds = *d->delivery->message.message_expiry_interval_s;
+  return 1;
+}
+
 void mqtt_inbox_delivery_set_reason(const mqtt_inbox_delivery_t* d, const char* text) {
   if (!d) return;
   try {

@@ -20,7 +20,18 @@ static_assert(MQTT_INBOX_INVALID_ARGUMENT == static_cast<int>(Status::Code::kInv
                   MQTT_INBOX_PERMISSION_DENIED == static_cast<int>(Status::Code::kPermissionDenied),
               "c.h's result codes follow Status::Code");
 
-int to_rc(const Status& s) noexcept { return static_cast<int>(s.code()); }
+int to_rc(const Status& s) noexcept {
+  // The C++ Status has no out-of-memory code: a core call that caught std::bad_alloc as a
+  // std::exception reports kInternal ending with its what(), "std::bad_alloc" (libstdc++
+  // and libc++ alike). c.h promises MQTT_INBOX_NOMEM for that (tests/capi/nomem_test.c).
+  static constexpr char kBadAlloc[] = "std::bad_alloc";
+  constexpr size_t n = sizeof kBadAlloc - 1;
+  const std::string& m = s.message();
+  if (s.code() == Status::Code::kInternal && m.size() >= n &&
+      m.compare(m.size() - n, n, kBadAlloc) == 0)
+    return MQTT_INBOX_NOMEM;
+  return static_cast<int>(s.code());
+}
 
 namespace {
 thread_local std::string read_buffer;
@@ -54,6 +65,14 @@ const char* LastError::read() const noexcept {
 char* malloc_copy(const std::string& s) noexcept {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
   if (p) std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+char* malloc_copy(const char* s) noexcept {
+  if (!s) return nullptr;
+  const size_t n = std::strlen(s) + 1;
+  char* p = static_cast<char*>(std::malloc(n));
+  if (p) std::memcpy(p, s, n);
   return p;
 }
 

@@ -51,5 +51,9 @@ int guarded(LastError* err, Body&& body) noexcept {
 
 // A copy of `s` in memory from malloc (for mqtt_inbox_free), or nullptr.
 char* malloc_copy(const std::string& s) noexcept;
+// The same for a C string, with no std::string on the way: callable outside guarded()
+// (an error message handed out after the guarded body, as mqtt_inbox_open does), where a
+// std::string temporary's std::bad_alloc would cross into C. nullptr for nullptr.
+char* malloc_copy(const char* s) noexcept;
 
 }  // namespace mqtt_inbox::capi

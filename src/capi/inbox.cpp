@@ -3,10 +3,9 @@
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Exception.h>
 
-#include <nlohmann/json.hpp>
-
 #include "capi/connection_scope.h"
 #include "capi/handles.h"
+#include "capi/json_text.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/version.h"
 
@@ -95,47 +94,51 @@ int mqtt_inbox_stats_json(mqtt_inbox_t* inbox, char** json) {
   if (!inbox) return MQTT_INBOX_MISUSE;
   return guarded(&inbox->error, [&] {
     if (!json) return misuse(&inbox->error, "mqtt_inbox_stats_json: NULL json");
+    using mqtt_inbox::capi::JsonObject;
     const mqtt_inbox::InboxStats s = inbox->inbox->stats();
-    nlohmann::json consumers = nlohmann::json::object();
+    // Topics and consumer names are raw bytes: JsonObject replaces what is not UTF-8.
+    JsonObject consumers;
     for (const auto& [name, rows] : s.consumers)
-      consumers[name] = {{"rows", rows.rows},
-                         {"oldest_received_at", rows.oldest_received_at},
-                         {"newest_received_at", rows.newest_received_at}};
-    nlohmann::json classes = nlohmann::json::object();
+      consumers.raw_at(name, JsonObject()
+                                 .number("rows", rows.rows)
+                                 .number("oldest_received_at", rows.oldest_received_at)
+                                 .number("newest_received_at", rows.newest_received_at)
+                                 .done());
+    JsonObject classes;
     for (const auto& [prefix, c] : s.outbox.classes)
-      classes[prefix] = {{"pending_rows", c.pending_rows},
-                         {"pending_bytes", c.pending_bytes},
-                         {"dropped", c.dropped}};
-    const nlohmann::json j = {{"processed", s.processed},
-                              {"duplicates", s.duplicates},
-                              {"dead_lettered", s.dead_lettered},
-                              {"retries", s.retries},
-                              {"store_errors", s.store_errors},
-                              {"pruned", s.pruned},
-                              {"dead_letters_pruned", s.dead_letters_pruned},
-                              {"sessions_lost", s.sessions_lost},
-                              {"duplicate_ratio", s.duplicate_ratio},
-                              {"commit_p50_us", s.commit_p50_us},
-                              {"commit_p99_us", s.commit_p99_us},
-                              {"commit_max_us", s.commit_max_us},
-                              {"db_bytes", s.db_bytes},
-                              {"wal_bytes", s.wal_bytes},
-                              {"schema_version", s.schema_version},
-                              {"retention_clock_ms", s.retention_clock_ms},
-                              {"rows_measured_at", s.rows_measured_at},
-                              {"consumers", consumers},
-                              {"outbox",
-                               {{"classes", classes},
-                                {"sent_rows", s.outbox.sent_rows},
-                                {"dead_rows", s.outbox.dead_rows},
-                                {"oldest_pending_age_ms", s.outbox.oldest_pending_age_ms}}}};
-    // Topics and consumer names are raw bytes: replace what is not UTF-8 instead of
-    // throwing.
-    char* p = mqtt_inbox::capi::malloc_copy(
-        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (!p) return inbox->error.set(MQTT_INBOX_NOMEM, "out of memory");
-    *json = p;
-    return MQTT_INBOX_OK;
+      classes.raw_at(prefix, JsonObject()
+                                 .number("pending_rows", c.pending_rows)
+                                 .number("pending_bytes", c.pending_bytes)
+                                 .number("dropped", c.dropped)
+                                 .done());
+    const std::string outbox = JsonObject()
+                                   .raw("classes", classes.done())
+                                   .number("sent_rows", s.outbox.sent_rows)
+                                   .number("dead_rows", s.outbox.dead_rows)
+                                   .number("oldest_pending_age_ms", s.outbox.oldest_pending_age_ms)
+                                   .done();
+    return mqtt_inbox::capi::hand_out_json(JsonObject()
+                                               .number("processed", s.processed)
+                                               .number("duplicates", s.duplicates)
+                                               .number("dead_lettered", s.dead_lettered)
+                                               .number("retries", s.retries)
+                                               .number("store_errors", s.store_errors)
+                                               .number("pruned", s.pruned)
+                                               .number("dead_letters_pruned", s.dead_letters_pruned)
+                                               .number("sessions_lost", s.sessions_lost)
+                                               .real("duplicate_ratio", s.duplicate_ratio)
+                                               .number("commit_p50_us", s.commit_p50_us)
+                                               .number("commit_p99_us", s.commit_p99_us)
+                                               .number("commit_max_us", s.commit_max_us)
+                                               .number("db_bytes", s.db_bytes)
+                                               .number("wal_bytes", s.wal_bytes)
+                                               .number("schema_version", s.schema_version)
+                                               .number("retention_clock_ms", s.retention_clock_ms)
+                                               .number("rows_measured_at", s.rows_measured_at)
+                                               .raw("consumers", consumers.done())
+                                               .raw("outbox", outbox)
+                                               .done(),
+                                           &inbox->error, json);
   });
 }
 
@@ -143,22 +146,8 @@ int mqtt_inbox_health_json(mqtt_inbox_t* inbox, char** json) {
   if (!inbox) return MQTT_INBOX_MISUSE;
   return guarded(&inbox->error, [&] {
     if (!json) return misuse(&inbox->error, "mqtt_inbox_health_json: NULL json");
-    const mqtt_inbox::Health h = inbox->inbox->health();
-    const nlohmann::json j = {{"level", mqtt_inbox::to_string(mqtt_inbox::level(h))},
-                              {"stuck", h.stuck},
-                              {"stuck_since_ms", h.stuck_since_ms},
-                              {"retries", h.retries},
-                              {"total_store_errors", h.total_store_errors},
-                              {"last_error", h.last_error},
-                              {"starting", h.starting},
-                              {"operation", h.operation},
-                              {"fatal", h.fatal},
-                              {"database", h.database}};
-    char* p = mqtt_inbox::capi::malloc_copy(
-        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (!p) return inbox->error.set(MQTT_INBOX_NOMEM, "out of memory");
-    *json = p;
-    return MQTT_INBOX_OK;
+    return mqtt_inbox::capi::hand_out_json(mqtt_inbox::capi::health_json(inbox->inbox->health()),
+                                           &inbox->error, json);
   });
 }
 

@@ -43,4 +43,21 @@ int read_sized(const T* in, const T& defaults, T* out, LastError* err, const cha
   return MQTT_INBOX_OK;
 }
 
+// Writes `value` into the caller's *out, which carries its own size: only the first
+// out->struct_size bytes (an older program's struct gets the fields it knows), and never
+// struct_size itself. A struct_size too small to hold that field is misuse.
+template <typename T>
+int write_sized(const T& value, T* out, LastError* err, const char* what) {
+  const size_t n = out->struct_size;
+  if (n < sizeof(size_t)) {
+    std::string m = std::string(what) + ".struct_size is " + std::to_string(n) +
+                    ": initialise the struct with its _INIT macro";
+    return err ? err->set(MQTT_INBOX_MISUSE, m) : MQTT_INBOX_MISUSE;
+  }
+  const size_t copy = (n < sizeof(T) ? n : sizeof(T)) - sizeof(size_t);
+  std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
+              reinterpret_cast<const unsigned char*>(&value) + sizeof(size_t), copy);
+  return MQTT_INBOX_OK;
+}
+
 }  // namespace mqtt_inbox::capi

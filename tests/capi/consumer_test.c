@@ -1,30 +1,31 @@
 /* The consumer from C (c.h, "The consumer and its handler"): each handler return code
  * ends as the rows say (balances, ledger entries, claims, dead letters with their
- * reason and text), transaction control inside the handler is refused and cannot commit
- * anything apart from the claim, a call back into the inbox is caught, and the delivery
- * view carries what was fed in. Messages are fed with mqtt_inbox_consumer_feed; the
- * subscriber's path to the same consumer is tested in subscriber_test.c. */
+ * reason and text), transaction control inside the handler is refused, commits nothing
+ * and fails the attempt by name whatever the handler returns, a call back into the inbox is caught,
+ * and the delivery view carries what was fed in. Messages are fed with mqtt_inbox_consumer_feed;
+ * the subscriber's path to the same consumer is tested in subscriber_test.c. */
 #include <mqtt_inbox/c.h>
 
 #include "c_check.h"
 #include "ledger.h"
 
 enum mode {
-  LEDGER,          /* the ledger's own codes */
-  RETRY_ALWAYS,    /* writes, then RETRY with a reason */
-  RETRY_FIRST,     /* RETRY on attempt 1, the ledger after */
-  COMMIT_INSIDE,   /* writes, tries COMMIT, then returns `after` */
-  ROLLBACK_INSIDE, /* tries ROLLBACK, then the ledger */
-  REENTER,         /* calls mqtt_inbox_setup on its own inbox */
-  CODE_42,         /* returns a code c.h does not define */
-  RECORD           /* copies what the delivery view shows */
+  LEDGER,           /* the ledger's own codes */
+  RETRY_ALWAYS,     /* writes, then RETRY with a reason */
+  RETRY_FIRST,      /* RETRY on attempt 1, the ledger after */
+  TX_INSIDE,        /* writes, runs `tx_sql` (COMMIT, ROLLBACK, BEGIN), returns `after` */
+  SAVEPOINT_INSIDE, /* the ledger inside a SAVEPOINT of its own, RELEASEd */
+  REENTER,          /* calls mqtt_inbox_setup on its own inbox */
+  CODE_42,          /* returns a code c.h does not define */
+  RECORD            /* copies what the delivery view shows */
 };
 
 struct script {
   enum mode mode;
-  int after; /* COMMIT_INSIDE: the code returned after the refused COMMIT */
+  int after;          /* TX_INSIDE: the code returned after the refused statement */
+  const char* tx_sql; /* TX_INSIDE: the statement */
   int calls;
-  int tx_rc; /* the COMMIT/ROLLBACK's result */
+  int tx_rc; /* its result */
   int reenter_rc;
   mqtt_inbox_t* inbox;
   /* RECORD */
@@ -48,15 +49,21 @@ static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
     case RETRY_FIRST:
       if (mqtt_inbox_delivery_attempt(d) == 1) return MQTT_INBOX_HANDLER_RETRY;
       return ledger_apply_credit(db, d);
-    case COMMIT_INSIDE:
+    case TX_INSIDE:
       if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK)
         return MQTT_INBOX_HANDLER_UNDECODABLE;
-      s->tx_rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+      s->tx_rc = sqlite3_exec(db, s->tx_sql, NULL, NULL, NULL);
       if (s->after != MQTT_INBOX_HANDLER_OK) mqtt_inbox_delivery_set_reason(d, sqlite3_errmsg(db));
       return s->after;
-    case ROLLBACK_INSIDE:
-      s->tx_rc = sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-      return ledger_apply_credit(db, d);
+    case SAVEPOINT_INSIDE:
+      if (sqlite3_exec(db, "SAVEPOINT mine", NULL, NULL, NULL) != SQLITE_OK)
+        return MQTT_INBOX_HANDLER_RETRY;
+      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK) {
+        sqlite3_exec(db, "ROLLBACK TO mine; RELEASE mine", NULL, NULL, NULL);
+        return MQTT_INBOX_HANDLER_UNDECODABLE;
+      }
+      s->tx_rc = sqlite3_exec(db, "RELEASE mine", NULL, NULL, NULL);
+      return s->tx_rc == SQLITE_OK ? MQTT_INBOX_HANDLER_OK : MQTT_INBOX_HANDLER_RETRY;
     case REENTER:
       s->reenter_rc = mqtt_inbox_setup(s->inbox, "SELECT 1");
       return ledger_apply_credit(db, d);
@@ -262,48 +269,68 @@ static void test_an_unknown_return_code_is_a_failed_attempt(void) {
   stop(&f);
 }
 
-/* COMMIT inside the handler is refused at prepare time (SQLITE_AUTH): the writes made
- * before it cannot commit apart from the claim. A handler that passes the error on is a
- * failed attempt with SQLite's text, and nothing of it is left. */
-static void test_commit_inside_the_handler_is_refused_and_commits_nothing(void) {
+/* A handler that ends or nests the library's transaction (COMMIT, ROLLBACK, BEGIN): the
+ * statement is refused at prepare time (SQLITE_AUTH), and the attempt fails with the named
+ * text "handler ended the transaction: it ran <statement>" whatever the handler returns
+ * next, OK included (END is SQLite's COMMIT and named so). So the write it made before the
+ * statement never commits: no balance, no ledger entry, no claim; after max_attempts (3) a
+ * handler_failed dead letter says why. */
+static void expect_ended_transaction(const char* sql, const char* named, int after, const char* id,
+                                     const char* account) {
   struct fixture f;
-  char reason[64], text[256];
+  char reason[64], text[512], expected[64];
   long long attempts;
-  start(&f, COMMIT_INSIDE);
-  f.script.after = MQTT_INBOX_HANDLER_RETRY;
-  CHECK_EQ_INT(credit(&f, "t-1", "gina", 9), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  start(&f, TX_INSIDE);
+  f.script.tx_sql = sql;
+  f.script.after = after;
+  CHECK_EQ_INT(credit(&f, id, account, 9), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
   CHECK_EQ_INT(f.script.tx_rc, SQLITE_AUTH);
   CHECK_EQ_INT(f.script.calls, 3);
-  CHECK_EQ_INT(balance(&f, "gina"), 0);
+  CHECK_EQ_INT(balance(&f, account), 0);
   CHECK_EQ_INT(rows(&f, "ledger_entries"), 0);
   CHECK_EQ_INT(rows(&f, "inbox_processed"), 0);
-  dead_letter(&f, "t-1", reason, sizeof reason, text, sizeof text, &attempts);
+  dead_letter(&f, id, reason, sizeof reason, text, sizeof text, &attempts);
   CHECK(strcmp(reason, "handler_failed") == 0);
-  CHECK_CONTAINS(text, "not authorized");
+  CHECK_EQ_INT(attempts, 3);
+  snprintf(expected, sizeof expected, "handler ended the transaction: it ran %s", named);
+  CHECK_CONTAINS(text, expected);
+  /* A redelivery stays dead-lettered; the next message is processed as usual. */
+  CHECK_EQ_INT(credit(&f, id, account, 9), MQTT_INBOX_OUTCOME_ALREADY_DEAD_LETTERED);
+  f.script.mode = LEDGER;
+  CHECK_EQ_INT(credit(&f, "next-1", account, 4), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(balance(&f, account), 4);
   stop(&f);
 }
 
-/* A handler that ignores the refusal and returns OK: its writes still commit only
- * together with the claim, once; a redelivery is a duplicate. */
-static void test_commit_ignored_by_the_handler_still_commits_once_with_the_claim(void) {
-  struct fixture f;
-  start(&f, COMMIT_INSIDE);
-  f.script.after = MQTT_INBOX_HANDLER_OK;
-  CHECK_EQ_INT(credit(&f, "t-2", "hank", 6), MQTT_INBOX_OUTCOME_PROCESSED);
-  CHECK_EQ_INT(f.script.tx_rc, SQLITE_AUTH);
-  CHECK_EQ_INT(credit(&f, "t-2", "hank", 6), MQTT_INBOX_OUTCOME_DUPLICATE);
-  CHECK_EQ_INT(balance(&f, "hank"), 6);
-  CHECK_EQ_INT(rows(&f, "ledger_entries"), 1);
-  CHECK_EQ_INT(rows(&f, "inbox_processed"), 1);
-  stop(&f);
+static void test_a_handler_that_commits_and_returns_ok_fails_by_name(void) {
+  expect_ended_transaction("COMMIT", "COMMIT", MQTT_INBOX_HANDLER_OK, "t-1", "gina");
 }
 
-static void test_rollback_inside_the_handler_is_refused(void) {
+static void test_a_handler_that_commits_and_returns_retry_fails_by_name(void) {
+  expect_ended_transaction("COMMIT", "COMMIT", MQTT_INBOX_HANDLER_RETRY, "t-2", "hank");
+}
+
+static void test_a_handler_that_rolls_back_fails_by_name(void) {
+  expect_ended_transaction("ROLLBACK", "ROLLBACK", MQTT_INBOX_HANDLER_OK, "t-3", "iris");
+}
+
+static void test_a_handler_that_begins_a_nested_transaction_fails_by_name(void) {
+  expect_ended_transaction("BEGIN", "BEGIN", MQTT_INBOX_HANDLER_OK, "t-4", "ivan");
+}
+
+static void test_a_handler_that_ends_the_transaction_with_end_fails_by_name(void) {
+  expect_ended_transaction("END", "COMMIT", MQTT_INBOX_HANDLER_OK, "t-5", "ines");
+}
+
+/* SAVEPOINT, RELEASE and ROLLBACK TO of the handler's own are allowed: the effect commits
+ * once with the claim. */
+static void test_a_savepoint_of_the_handlers_own_is_allowed(void) {
   struct fixture f;
-  start(&f, ROLLBACK_INSIDE);
-  CHECK_EQ_INT(credit(&f, "t-3", "iris", 2), MQTT_INBOX_OUTCOME_PROCESSED);
-  CHECK_EQ_INT(f.script.tx_rc, SQLITE_AUTH);
-  CHECK_EQ_INT(balance(&f, "iris"), 2);
+  start(&f, SAVEPOINT_INSIDE);
+  CHECK_EQ_INT(credit(&f, "s-1", "jill", 3), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(f.script.tx_rc, SQLITE_OK);
+  CHECK_EQ_INT(credit(&f, "s-1", "jill", 3), MQTT_INBOX_OUTCOME_DUPLICATE);
+  CHECK_EQ_INT(balance(&f, "jill"), 3);
   CHECK_EQ_INT(rows(&f, "inbox_processed"), 1);
   stop(&f);
 }
@@ -443,9 +470,12 @@ static const struct c_test tests[] = {
     CASE(undecodable_is_dead_lettered_at_once),
     CASE(reject_is_dead_lettered_at_once_with_its_text),
     CASE(an_unknown_return_code_is_a_failed_attempt),
-    CASE(commit_inside_the_handler_is_refused_and_commits_nothing),
-    CASE(commit_ignored_by_the_handler_still_commits_once_with_the_claim),
-    CASE(rollback_inside_the_handler_is_refused),
+    CASE(a_handler_that_commits_and_returns_ok_fails_by_name),
+    CASE(a_handler_that_commits_and_returns_retry_fails_by_name),
+    CASE(a_handler_that_rolls_back_fails_by_name),
+    CASE(a_handler_that_begins_a_nested_transaction_fails_by_name),
+    CASE(a_handler_that_ends_the_transaction_with_end_fails_by_name),
+    CASE(a_savepoint_of_the_handlers_own_is_allowed),
     CASE(a_call_back_into_the_inbox_is_refused_and_dead_lettered),
     CASE(the_delivery_view_shows_what_was_fed),
     CASE(feed_and_create_refuse_misuse),

@@ -60,7 +60,8 @@ class ErrorClassTest : public ::testing::Test {
  protected:
   void SetUp() override { db_ = dir_.file("ledger.db"); }
 
-  void open(const std::function<void(SQLite::Database&)>& schema, InboxOptions o = {}) {
+  void open(const std::function<void(SQLite::Database&)>& schema, InboxOptions o = {},
+            Handler handler = ledger::apply_credit) {
     o.busy_timeout_ms = 100;
     ASSERT_TRUE(Inbox::open(db_, o, &inbox_).ok());
     ASSERT_TRUE(inbox_->setup(schema).ok());
@@ -70,8 +71,7 @@ class ErrorClassTest : public ::testing::Test {
     co.retry_backoff_max = milliseconds(2);
     co.store_backoff_initial = milliseconds(2);
     co.store_backoff_max = milliseconds(20);
-    ASSERT_TRUE(
-        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    ASSERT_TRUE(Consumer::create(inbox_.get(), "ledger", std::move(handler), co, &consumer_).ok());
   }
 
   // `bad` is refused by the store in its transaction: three attempts, then a dead letter
@@ -127,7 +127,8 @@ TEST_F(ErrorClassTest, CheckConstraintIsAFailureOfTheMessage) {
 class StoreThenProcessErrorClassTest : public ErrorClassTest {
  protected:
   void expect_row_dead_then_stream_goes_on(const std::function<void(SQLite::Database&)>& schema,
-                                           const Message& bad, const std::string& error_text) {
+                                           const Message& bad, const std::string& error_text,
+                                           Handler handler = ledger::apply_credit) {
     // The library's default busy timeout: the pool's maintenance connection reaps and
     // prunes at start while the worker claims, and under a loaded machine (ctest -j2
     // under qemu in CI) a 100 ms timeout let one of them give up on the other's commit,
@@ -146,8 +147,8 @@ class StoreThenProcessErrorClassTest : public ErrorClassTest {
     std::unique_ptr<StoreThenProcess> stp;
     ASSERT_TRUE(StoreThenProcess::create(
                     inbox_.get(), "ledger",
-                    [](SQLite::Database& db, const StoredDelivery& d) {
-                      ledger::apply_credit(db, Delivery{d.message, d.message_id, d.attempt});
+                    [handler](SQLite::Database& db, const StoredDelivery& d) {
+                      handler(db, Delivery{d.message, d.message_id, d.attempt});
                     },
                     so, &stp)
                     .ok());
@@ -185,6 +186,51 @@ TEST_F(StoreThenProcessErrorClassTest, CheckInTheHandlersStatementEndsTheRowDead
   expect_row_dead_then_stream_goes_on(check_schema, credit_message("chk-1", "known", 5000),
                                       "CHECK");
 }
+
+// A handler that ends the library's transaction itself (COMMIT, ROLLBACK, or BEGIN to
+// nest one) and swallows the refusal: the statement is refused at prepare time, and the
+// run fails by name whatever the handler did next, so its write before the statement
+// never commits apart from the claim (or the row's done state) and is never applied twice.
+// `statement` runs after the credit, for the "stranger" account only.
+Handler ending_transaction(const std::string& statement) {
+  return [statement](SQLite::Database& db, const Delivery& d) {
+    ledger::apply_credit(db, d);
+    if (d.message.payload.find("stranger") == std::string::npos) return;
+    try {
+      db.exec(statement);
+    } catch (const SQLite::Exception&) {
+      // swallowed: the fence still judges the run
+    }
+  };
+}
+
+class HandlerEndsTransactionTest : public ErrorClassTest,
+                                   public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(HandlerEndsTransactionTest, ConsumerRunFailsByNameAndCommitsNothing) {
+  open(ledger::create_tables, {}, ending_transaction(GetParam()));
+  expect_dead_letter_then_stream_goes_on(
+      credit_message("tx-1", "stranger", 5),
+      std::string("handler ended the transaction: it ran ") + GetParam());
+  EXPECT_EQ(q("SELECT count(*) FROM accounts WHERE account = 'stranger'"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Statements, HandlerEndsTransactionTest,
+                         ::testing::Values("COMMIT", "ROLLBACK", "BEGIN"));
+
+class StoreThenProcessEndsTransactionTest : public StoreThenProcessErrorClassTest,
+                                            public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(StoreThenProcessEndsTransactionTest, WorkerRunFailsByNameAndCommitsNothing) {
+  expect_row_dead_then_stream_goes_on(
+      ledger::create_tables, credit_message("tx-1", "stranger", 5),
+      std::string("handler ended the transaction: it ran ") + GetParam(),
+      ending_transaction(GetParam()));
+  EXPECT_EQ(q("SELECT count(*) FROM accounts WHERE account = 'stranger'"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Statements, StoreThenProcessEndsTransactionTest,
+                         ::testing::Values("COMMIT", "ROLLBACK", "BEGIN"));
 
 // The application's commit hook vetoes the commit (SQLITE_CONSTRAINT_COMMITHOOK). A
 // commit hook may not run SQL, so a pre-update hook marks a transaction that inserts a

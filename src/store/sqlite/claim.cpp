@@ -19,6 +19,7 @@
 #include "store/reentry.h"
 #include "store/sqlite/errors.h"
 #include "store/sqlite/store.h"
+#include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
 #include "store/txn.h"
 #include "store/verdict.h"
@@ -142,14 +143,6 @@ void run(SQLite::Statement& q) {
 }
 
 }  // namespace
-
-int SqliteStore::authorize(void* self, int action, const char*, const char*, const char*,
-                           const char*) {
-  // While the handler runs, BEGIN/COMMIT/ROLLBACK are refused at prepare time: a handler
-  // that ended the inbox's transaction would commit its effect apart from the claim.
-  const bool handler = static_cast<SqliteStore*>(self)->handler_running;
-  return handler && action == SQLITE_TRANSACTION ? SQLITE_DENY : SQLITE_OK;
-}
 
 void SqliteStore::prepare_statements() {
   SQLite::Database& d = *db;
@@ -384,10 +377,12 @@ Status SqliteStore::claim_locked(const std::string& consumer, const Message& mes
   try {
     const Delivery delivery{message, message_id, attempt, payload_json};
     const TypedTxn<SQLite::Database> txn(d);
-    handler_running = true;
-    const HandlerVerdict v =
-        run_handler(owner, &classify_sqlite_exception, [&] { handler(txn, delivery); });
-    handler_running = false;
+    HandlerVerdict v;
+    {
+      const TxnFence fence(d.getHandle());
+      v = run_handler(owner, &classify_sqlite_exception, [&] { handler(txn, delivery); });
+      fence.judge(&v);
+    }
     switch (v.kind) {
       case HandlerVerdict::Kind::kOk:
         break;
@@ -398,30 +393,23 @@ Status SqliteStore::claim_locked(const std::string& consumer, const Message& mes
       case HandlerVerdict::Kind::kDeadLetter:
       case HandlerVerdict::Kind::kOutboxFull:
         rollback_quietly(d);
+        if (v.text.rfind(kHandlerEndedTransaction, 0) == 0)
+          log->error("consumer '{}', message '{}': {}", printable(consumer), printable(message_id),
+                     v.text);
         *result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
                   : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
                                                                 : claim_result_for(v.reason);
         *handler_error = v.text;
         return Status::Ok();
     }
-    if (sqlite3_get_autocommit(d.getHandle())) {
-      // The handler ran COMMIT or ROLLBACK itself: the claim and its effect may be split.
-      *result = ClaimResult::kHandlerFailed;
-      *handler_error = "handler ended the inbox transaction (COMMIT/ROLLBACK is not allowed)";
-      log->error("consumer '{}', message '{}': {}", printable(consumer), printable(message_id),
-                 *handler_error);
-      return Status::Ok();
-    }
     if (delete_attempt_row_after) delete_attempt_row(consumer, message_id);
     if (replayed_dead_letter) mark_replayed_row(*replayed_dead_letter);
     run(*commit);
   } catch (const SQLite::Exception& e) {
-    handler_running = false;
     rollback_quietly(d);
     if (refused_message(e, result, handler_error)) return Status::Ok();
     return store_error(to_status(e, "claim transaction"));
   } catch (const std::exception& e) {
-    handler_running = false;
     rollback_quietly(d);
     return Status::Internal(std::string("claim transaction: ") + e.what());
   }
@@ -446,6 +434,7 @@ Status SqliteClaims::claim(const std::string& consumer, const Message& message,
   } catch (const SQLite::Exception& e) {
     return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
+  const RollbackOnThrow rollback_on_throw(*m.db);
   try {
     if (!m.insert_claim(consumer, message, message_id, false)) {
       // Someone else's claim won (a concurrent delivery). Our begin_attempt may have
@@ -492,6 +481,7 @@ Status SqliteClaims::process(const std::string& consumer, const Message& message
   } catch (const SQLite::Exception& e) {
     return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
   }
+  const RollbackOnThrow rollback_on_throw(*m.db);
   bool marked = false;       // the marker counts this attempt while the handler runs
   bool attempt_row = false;  // inbox_attempts has a row for the id
   bool counted = false;      // this attempt is already counted in inbox_attempts

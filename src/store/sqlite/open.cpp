@@ -22,6 +22,7 @@
 #include "store/reentry.h"
 #include "store/sqlite/schema.h"
 #include "store/sqlite/store.h"
+#include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
 #include "util/file_access.h"
 #include "util/log.h"
@@ -242,9 +243,8 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
       if (size_limit < 0 || size_limit > wal_bytes) size_limit = wal_bytes;
     }
     c.exec("PRAGMA journal_size_limit = " + std::to_string(size_limit));
-    // Installed once: setting an authorizer expires every prepared statement, so doing it
-    // around each handler run would re-prepare the cached statements for every message.
-    sqlite3_set_authorizer(c.getHandle(), &SqliteStore::authorize, this);
+    // The handler's transaction fence (store/sqlite/txn_fence.h), installed once.
+    detail::TxnFence::install(c.getHandle());
     prepare_statements();
     // A marker left in the lock file means the last owner died inside a handler: count
     // that attempt before anything is delivered (store/sqlite/attempt_marker.h).

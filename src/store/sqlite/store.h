@@ -127,11 +127,6 @@ struct SqliteStore final : Store {
   // Which handler is running, outside the database (store/sqlite/attempt_marker.h). Null without
   // the lock file (exclusive = false): attempts are then committed before each handler run.
   std::unique_ptr<AttemptMarker> marker;
-  // True while a handler runs: the authorizer then refuses BEGIN, COMMIT and ROLLBACK.
-  bool handler_running = false;
-
-  // sqlite3_set_authorizer callback, installed once at open with `this`.
-  static int authorize(void* self, int action, const char*, const char*, const char*, const char*);
   void prepare_statements();  // on a connection just opened (open_connection)
   // Turns a marker left by a process that died inside a handler into a 'running' attempt
   // (one committed transaction), then clears it. Throws SQLite::Exception.

@@ -20,6 +20,7 @@
 
 #include "store/sqlite/errors.h"
 #include "store/sqlite/store.h"
+#include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
 #include "store/sqlite/wal_guard.h"
 #include "store/txn.h"
@@ -138,6 +139,7 @@ std::unique_ptr<SQLite::Database> open_connection(const SqliteStore& store,
   db->exec(s == Synchronous::kFull ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
   db->exec("PRAGMA foreign_keys = ON");
   db->exec("PRAGMA cache_size = -" + std::to_string(io.cache_size_kib));
+  TxnFence::install(db->getHandle());  // a worker's handler runs on it (txn_fence.h)
   return db;
 }
 
@@ -260,19 +262,17 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
       // The worker's transaction holds SQLite's write lock: a call back into the inbox
       // from the handler would wait for it (store/reentry.h).
       const TypedTxn<SQLite::Database> txn(db);
-      const HandlerVerdict v =
-          run_handler(store_.owner, &classify_sqlite_exception, [&] { handler(txn, d); });
+      HandlerVerdict v;
+      {
+        const TxnFence fence(db.getHandle());
+        v = run_handler(store_.owner, &classify_sqlite_exception, [&] { handler(txn, d); });
+        fence.judge(&v);
+      }
       if (v.kind != HandlerVerdict::Kind::kOk) {
         rollback_quietly(db);
         if (v.kind == HandlerVerdict::Kind::kStoreError) return v.store;  // run it again
         out->kind = StoredRunResult::Kind::kNotDone;
         out->verdict = v;
-        return Status::Ok();
-      }
-      if (sqlite3_get_autocommit(db.getHandle())) {
-        out->kind = StoredRunResult::Kind::kNotDone;
-        out->verdict.kind = HandlerVerdict::Kind::kFailed;
-        out->verdict.text = "handler ended the transaction (COMMIT/ROLLBACK is not allowed)";
         return Status::Ok();
       }
       const int64_t now = store_.retention_clock();
