@@ -8,13 +8,13 @@
 //
 // TLS and credentials: the flags of connection_flags.h, as for the consumers.
 //
-// A connection lost on the way (a broker restart) is retried every 1..5 s; the session is
-// persistent (clean session off; MQTT 5: session expiry --session-expiry-s), so Paho
-// sends the messages still waiting for their PUBACK again once it is back (one Paho gave
-// up on without a PUBACK is published again by the publisher itself). If no PUBACK
-// arrives for --ack-timeout-ms (30 s), it gives up with exit 1, saying how many were
-// acked: running it again is safe, the ids are the producer's and the inbox drops the
-// duplicates.
+// A connection lost on the way (a broker restart) is made again by the publisher itself,
+// not by Paho's automatic reconnect: a new Paho client after 1 s, then 2 s, 4 s, 5 s, 5 s
+// ... between attempts, and every message the lost connection left without a PUBACK is
+// published again, oldest first, before the next new one. If no PUBACK arrives for
+// --ack-timeout-ms (30 s; reconnects included), it gives up with exit 1, saying how many
+// were acked: running it again is safe, the ids are the producer's and the inbox drops
+// the duplicates.
 //
 // Exit codes: 0 every message acked; 1 a usage error, the broker unreachable or refusing,
 // or no PUBACK for --ack-timeout-ms; 2 a connection flag or file that cannot be used.
@@ -24,12 +24,15 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "command_line.h"
@@ -83,12 +86,9 @@ int main(int argc, char** argv) {
   app.add_option("--id-prefix", prefix, "Prefix of the message ids");
   app.add_option("--rate", rate, "Messages per second (0 = as fast as PUBACKs allow)");
   app.add_option("--window", window, "PUBACKs outstanding at most")->check(CLI::PositiveNumber);
-  int ack_timeout_ms = 30000, session_expiry_s = 300;
+  int ack_timeout_ms = 30000;
   app.add_option("--ack-timeout-ms", ack_timeout_ms,
                  "Give up (exit 1) when no PUBACK arrived for this long, ms, reconnects included")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--session-expiry-s", session_expiry_s,
-                 "MQTT 5: how long the broker keeps the session across a lost connection, s")
       ->check(CLI::PositiveNumber);
   if (int rc = command_line::parse(app, argc, argv, "publisher"); rc >= 0) return rc;
   const bool v5 = connection.mqtt_version == "5";
@@ -120,90 +120,216 @@ int main(int argc, char** argv) {
                   malformed(k, prefix));
 
   mqtt::ssl_options ssl;  // outlives opts (Paho C++ 1.2.0 bug #337, connection_flags.h)
-  auto opts = mqtt::connect_options_builder()
-                  .mqtt_version(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1)
-                  .clean_session(false)
-                  .clean_start(false)
-                  .max_inflight(window)
-                  .automatic_reconnect(std::chrono::seconds(1), std::chrono::seconds(5))
-                  .finalize();
-  // A persistent session: with a clean one, Paho C forgets the messages in flight when the
-  // connection drops and their tokens never complete (the publisher used to hang there
-  // after a broker restart). With it, Paho sends them again after the reconnect.
+  // A clean session, and Paho's automatic reconnect off: each connection is a new Paho
+  // client, and the messages the last one left without a PUBACK are published again here,
+  // oldest first. Nothing of the publisher's lives on the broker between connections (a
+  // QoS 1 PUBLISH the broker took is already on its way to the subscribers), so a session
+  // would hold nothing it needs. Paho's own resend of its in-flight publishes on a session
+  // is what the library's Subscriber found sent malformed after a broker restart
+  // (src/mqtt/subscriber.cpp, renew_client), and Paho C's automatic reconnect freed a
+  // string its receive thread still read (ThreadSanitizer, programs_test).
+  mqtt::connect_options_builder builder;
   if (v5)
-    opts.set_properties(
-        {{mqtt::property::SESSION_EXPIRY_INTERVAL, static_cast<int>(session_expiry_s)}});
+    builder.mqtt_version(MQTTVERSION_5).clean_start(true);
+  else
+    builder.mqtt_version(MQTTVERSION_3_1_1).clean_session(true);
+  auto opts = builder.max_inflight(window).automatic_reconnect(false).finalize();
   if (auto s = connection_flags::to_paho_options(connection, &ssl, &opts); !s.ok()) {
     std::fprintf(stderr, "publisher: %s\n", s.to_string().c_str());
     return 2;
   }
-  try {
-    mqtt::async_client cli(
-        connection.broker, connection.client_id,
-        mqtt::create_options(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10), nullptr);
-    std::mutex lost_mu;
-    std::string lost_cause;  // why the connection was last lost, for the give-up message
-    cli.set_connection_lost_handler([&](const std::string& cause) {
-      std::lock_guard<std::mutex> lock(lost_mu);
-      lost_cause = cause.empty() ? "connection lost" : "connection lost: " + cause;
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  // Why the last connection ended: set by Paho's thread, read by the main one. Outlives
+  // every client (declared before `cli`).
+  struct Link {
+    std::mutex mu;
+    bool lost = false;
+    std::string cause;
+  } link;
+  auto lost = [&link] {
+    std::lock_guard<std::mutex> lock(link.mu);
+    return link.lost;
+  };
+  std::unique_ptr<mqtt::async_client> cli;
+  // A new client, without buffering while disconnected: a publish after a drop fails at
+  // once instead of waiting in Paho for a connection this client will never make.
+  auto make_client = [&] {
+    mqtt::create_options co(v5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1, window + 10);
+    co.set_send_while_disconnected(false);
+    auto c =
+        std::make_unique<mqtt::async_client>(connection.broker, connection.client_id, co, nullptr);
+    c->set_connection_lost_handler([&link](const std::string& cause) {
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.lost = true;
+      link.cause = cause.empty() ? "connection lost" : "connection lost: " + cause;
     });
-    cli.connect(opts)->wait();
-    auto publish = [&](size_t n) {
-      auto msg = mqtt::make_message(topic, stream[n].payload, 1, false);
-      if (v5 && !stream[n].id.empty())
-        msg->set_properties({{mqtt::property::USER_PROPERTY, "message-id", stream[n].id}});
-      return cli.publish(msg);
-    };
-    std::deque<std::pair<mqtt::delivery_token_ptr, size_t>> inflight;  // token, stream index
-    size_t acked = 0;
-    int failed_in_a_row = 0;
-    // The oldest publish's PUBACK, or exit 1 once none came for --ack-timeout-ms.
-    auto wait_front = [&]() -> bool {
-      bool done = false;
-      try {
-        done = inflight.front().first->wait_for(std::chrono::milliseconds(ack_timeout_ms));
-      } catch (const mqtt::exception& e) {
-        // Paho gave up on it without a PUBACK (the broker answered a reconnect without our
-        // session, say): publish it again, after the others. A few failures in a row
-        // without one PUBACK between them are not a passing outage: report it.
-        if (++failed_in_a_row > window + 10) throw;
-        const size_t n = inflight.front().second;
-        inflight.pop_front();
-        inflight.emplace_back(publish(n), n);
-        return true;
-      }
-      if (done) {
-        inflight.pop_front();
-        ++acked;
-        failed_in_a_row = 0;
-        return true;
-      }
-      std::lock_guard<std::mutex> lock(lost_mu);
-      std::fprintf(stderr,
-                   "publisher: no PUBACK for %d ms (%s); %zu of %zu messages acked. Publishing "
-                   "again is safe: the ids are stable and the inbox drops duplicates\n",
-                   ack_timeout_ms, lost_cause.empty() ? "broker not answering" : lost_cause.c_str(),
-                   acked, stream.size());
-      return false;
-    };
-    const auto start = std::chrono::steady_clock::now();
-    for (size_t n = 0; n < stream.size(); ++n) {
-      inflight.emplace_back(publish(n), n);
-      while (static_cast<int>(inflight.size()) >= window)
-        if (!wait_front()) std::_Exit(1);  // the broker's PUBACK: it has the message
-      if (rate > 0)
-        std::this_thread::sleep_until(
-            start + std::chrono::microseconds(static_cast<int64_t>((n + 1) * 1e6 / rate)));
-    }
-    while (!inflight.empty())
-      if (!wait_front()) std::_Exit(1);  // not destroying a client that still has work
+    return c;
+  };
+  // One CONNECT, waiting until Paho ends the attempt; the wait is in the same expression
+  // as connect(), whose copy of the options Paho C reads during it (Paho C++ 1.2.0 bug
+  // #325, src/mqtt/connect.cpp). Throws mqtt::exception when it fails.
+  auto connect = [&](int timeout_s) {
+    opts.set_connect_timeout(std::chrono::seconds(timeout_s));
+    cli->connect(opts)->wait();
+  };
 
-    cli.disconnect()->wait();
+  std::deque<std::pair<mqtt::delivery_token_ptr, size_t>> inflight;  // token, stream index
+  std::deque<size_t> again;  // stream indices to publish (again) before the next new one
+  size_t next = 0, acked = 0;
+  int failed_in_a_row = 0, backoff_ms = 1000;
+  constexpr int kBackoffMaxMs = 5000;
+  std::string why_away;  // the last failed reconnect, for the give-up message
+  const auto start = Clock::now();
+  auto last_progress = start;  // the last PUBACK, or the first publish after none due
+  const auto deadline = [&] { return last_progress + milliseconds(ack_timeout_ms); };
+  auto give_up = [&] {
+    std::string cause;
+    {
+      std::lock_guard<std::mutex> lock(link.mu);
+      cause = !why_away.empty() ? why_away : link.lost ? link.cause : "broker not answering";
+    }
+    std::fprintf(stderr,
+                 "publisher: no PUBACK for %d ms (%s); %zu of %zu messages acked. Publishing "
+                 "again is safe: the ids are stable and the inbox drops duplicates\n",
+                 ack_timeout_ms, cause.c_str(), acked, stream.size());
+    std::_Exit(1);  // not destroying a client that may still be connecting
+  };
+  // When --rate lets the next new message go.
+  auto due = [&](size_t n) {
+    return start + std::chrono::microseconds(rate > 0 ? static_cast<int64_t>(n * 1e6 / rate) : 0);
+  };
+  auto publish = [&](size_t n) {
+    auto msg = mqtt::make_message(topic, stream[n].payload, 1, false);
+    if (v5 && !stream[n].id.empty())
+      msg->set_properties({{mqtt::property::USER_PROPERTY, "message-id", stream[n].id}});
+    return cli->publish(msg);
+  };
+  // The connection is gone: what it left without a PUBACK goes first in line, in its
+  // order, and the client goes (no one waits on its tokens any more).
+  auto drop_connection = [&] {
+    for (auto it = inflight.rbegin(); it != inflight.rend(); ++it) again.push_front(it->second);
+    if (inflight.empty()) last_progress = Clock::now();  // the wait for a PUBACK starts
+    inflight.clear();
+    cli.reset();
+  };
+
+  try {
+    cli = make_client();
+    connect(30);  // the first CONNECT: failing it is exit 1, with the reason
   } catch (const mqtt::exception& e) {
     // Paho says "TCP/TLS connect failure" for every transport failure: find out why.
     const std::string why =
         e.get_return_code() < 0 ? connection_flags::diagnose(connection, 5000) : "";
     std::fprintf(stderr, "publisher: %s%s%s\n", e.what(), why.empty() ? "" : ": ", why.c_str());
+    return 1;
+  }
+  try {
+    while (acked < stream.size()) {
+      if (!cli) {
+        // Reconnect: backoff doubled from 1 s up to 5 s, never past the give-up time.
+        const auto now = Clock::now();
+        if (now >= deadline()) give_up();
+        std::this_thread::sleep_until(std::min(now + milliseconds(backoff_ms), deadline()));
+        backoff_ms = std::min(backoff_ms * 2, kBackoffMaxMs);
+        const auto left = deadline() - Clock::now();
+        if (left <= Clock::duration::zero()) give_up();
+        const int timeout_s = static_cast<int>(std::min<int64_t>(
+            30, 1 + std::chrono::duration_cast<std::chrono::seconds>(left).count()));
+        {
+          std::lock_guard<std::mutex> lock(link.mu);
+          link.lost = false;
+        }
+        try {
+          cli = make_client();
+          connect(timeout_s);
+        } catch (const mqtt::exception& e) {
+          why_away = std::string("reconnect failed: ") + e.what();
+          cli.reset();
+          continue;
+        }
+        std::fprintf(
+            stderr,
+            "publisher: reconnected; %zu of %zu acked, publishing again the %zu without a PUBACK\n",
+            acked, stream.size(), again.size());
+        why_away.clear();
+        backoff_ms = 1000;
+      }
+      // Publish while the window has room: first what a lost connection left, then the
+      // next new message when --rate lets it go.
+      while (static_cast<int>(inflight.size()) < window) {
+        const bool redo = !again.empty();
+        if (!redo && (next >= stream.size() || Clock::now() < due(next))) break;
+        const size_t n = redo ? again.front() : next;
+        mqtt::delivery_token_ptr tok;
+        try {
+          tok = publish(n);
+        } catch (const mqtt::exception&) {
+          if (lost() || !cli->is_connected()) break;  // handled below
+          throw;
+        }
+        if (inflight.empty()) last_progress = Clock::now();  // the wait for a PUBACK starts
+        inflight.emplace_back(std::move(tok), n);
+        if (redo)
+          again.pop_front();
+        else
+          ++next;
+      }
+      if (lost() || !cli->is_connected()) {
+        {
+          std::lock_guard<std::mutex> lock(link.mu);
+          if (!link.lost) link.cause = "connection lost";
+          link.lost = true;
+          std::fprintf(stderr, "publisher: %s; %zu of %zu acked, reconnecting\n",
+                       link.cause.c_str(), acked, stream.size());
+        }
+        drop_connection();
+        continue;
+      }
+      // Until the oldest publish's PUBACK, in slices of at most 50 ms so that neither a
+      // lost connection nor the time of the next message under --rate is missed.
+      auto slice = milliseconds(50);
+      if (next < stream.size() && static_cast<int>(inflight.size()) < window)
+        slice = std::max(
+            milliseconds(0),
+            std::min(slice, std::chrono::duration_cast<milliseconds>(due(next) - Clock::now())));
+      if (inflight.empty()) {
+        std::this_thread::sleep_for(slice);
+        continue;
+      }
+      try {
+        if (inflight.front().first->wait_for(slice)) {
+          inflight.pop_front();
+          ++acked;
+          failed_in_a_row = 0;
+          last_progress = Clock::now();
+          continue;
+        }
+      } catch (const mqtt::exception& e) {
+        if (!lost() && cli->is_connected()) {
+          // Refused on a live connection (an MQTT 5 PUBACK with an error code, say): publish
+          // it again, after the others. Many in a row without one PUBACK between them are
+          // not a passing refusal: report it and exit 1.
+          if (++failed_in_a_row > window + 10) {
+            std::fprintf(stderr, "publisher: %d publishes in a row failed without a PUBACK: %s\n",
+                         failed_in_a_row, e.what());
+            std::_Exit(1);
+          }
+          again.push_back(inflight.front().second);
+          inflight.pop_front();
+        }
+        continue;  // a lost connection: handled above
+      }
+      if (Clock::now() >= deadline()) give_up();
+    }
+    try {
+      cli->disconnect()->wait_for(milliseconds(5000));
+    } catch (const mqtt::exception&) {
+      // Every message has its PUBACK: a failed DISCONNECT loses nothing.
+    }
+  } catch (const mqtt::exception& e) {  // Paho refused a publish on a live connection
+    std::fprintf(stderr, "publisher: %s; %zu of %zu messages acked\n", e.what(), acked,
+                 stream.size());
     return 1;
   }
   std::printf("publisher: unique=%d duplicates=%d malformed=%d total_amount=%lld\n", count,
