@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "publisher: %s%s%s\n", e.what(), why.empty() ? "" : ": ", why.c_str());
     return 1;
   }
+  std::fprintf(stderr, "publisher: connected; publishing %zu messages\n", stream.size());
   try {
     while (acked < stream.size()) {
       if (!cli) {

@@ -177,6 +177,18 @@ TEST_F(ProgramsTest, EveryTopicOptionIsCheckedAtStart) {
 // Paho client; Paho's automatic reconnect, which it used before, showed a use-after-free
 // inside Paho C under TSan), publishes again what had no PUBACK, and exits 0; every credit
 // is applied exactly once at the ledger.
+// Waits until the publisher has connected (its log says so) and then a moment more, so
+// that the broker goes away mid-stream rather than before the first CONNECT (on a loaded
+// machine the program may take more than a second to get there).
+void publishing(Child& pub, const std::string& log) {
+  ASSERT_TRUE(
+      wait_until([&] { return read_text(log).find("publisher: connected") != std::string::npos; },
+                 seconds(30)))
+      << read_text(log);
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(pub.running()) << read_text(log);
+}
+
 class PublisherRestartTest : public ProgramsTest,
                              public ::testing::WithParamInterface<std::string> {};
 
@@ -190,8 +202,7 @@ TEST_P(PublisherRestartTest, PublisherRidesOutABrokerRestart) {
                "--count", std::to_string(kCredits), "--accounts", "7", "--id-prefix", "r" + version,
                "--client-id", "pub-" + client_id_, "--mqtt-version", version, "--rate", "1000"},
               dir_.file(log));
-    std::this_thread::sleep_for(milliseconds(1000));
-    ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
+    ASSERT_NO_FATAL_FAILURE(publishing(pub, dir_.file(log)));
     broker_.stop();
     std::this_thread::sleep_for(milliseconds(1500));
     broker_.start();
@@ -231,8 +242,7 @@ TEST_F(ProgramsTest, PublisherGivesUpWhenTheBrokerStaysAway) {
                "--count", "5000", "--client-id", "pub-" + client_id_, "--mqtt-version", version,
                "--rate", "500", "--ack-timeout-ms", "3000"},
               dir_.file(log));
-    std::this_thread::sleep_for(milliseconds(1000));
-    ASSERT_TRUE(pub.running()) << read_text(dir_.file(log));
+    ASSERT_NO_FATAL_FAILURE(publishing(pub, dir_.file(log)));
     broker_.stop();
     const auto t0 = std::chrono::steady_clock::now();
     const int st = pub.wait(seconds(20));
