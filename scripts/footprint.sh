@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Footprint of mqtt-inbox (issue 7 part 5): stripped sizes for x86-64 and aarch64, peak
-# RSS of examples/ledger_consumer idle and while draining N queued messages, and the
-# measured effect of the knobs that shrink it. Prints the tables docs/packaging.md#footprint
-# shows.
+# Footprint of mqtt-inbox (issue 7 part 5, issue 29): stripped sizes for x86-64 and
+# aarch64, peak RSS of examples/ledger_consumer idle and while draining N queued messages,
+# the measured effect of the knobs that shrink it, and the C++ and the C consumer
+# (examples/c/ledger_consumer.c) side by side as VmRSS, RssAnon and Pss, with where the
+# anonymous memory is. Prints the tables docs/packaging.md#footprint shows.
 #
-#   scripts/footprint.sh [--no-cross] [--no-build] [--only-sizes]
+#   scripts/footprint.sh [--no-cross] [--no-build] [--only-sizes] [--only-c]
+#
+# --only-c: only the side-by-side table of the C++ and C consumers (and an idle mosquitto).
 #
 # Builds (own folders, -j$JOBS, tests/bench/tools off):
 #   $BUILD_PREFIX-x86     RelWithDebInfo (the default build type)  -> installed to $WORK/prefix
@@ -35,12 +38,13 @@ JOBS="${JOBS:-2}"
 IDLE_S="${IDLE_S:-5}"
 WORK="${WORK:-/tmp/mqtt-inbox-footprint}"
 BUILD_PREFIX="${BUILD_PREFIX:-$ROOT/build-footprint}"
-DO_CROSS=1 DO_BUILD=1 DO_RSS=1
+DO_CROSS=1 DO_BUILD=1 DO_RSS=1 ONLY_C=0
 for arg in "$@"; do
   case "$arg" in
     --no-cross) DO_CROSS=0 ;;
     --no-build) DO_BUILD=0 ;;
     --only-sizes) DO_RSS=0 ;;
+    --only-c) ONLY_C=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -54,13 +58,14 @@ build() {  # build DIR BUILD_TYPE [cmake args...]
   local dir="$1" type="$2"; shift 2
   cmake -S "$ROOT" -B "$dir" "${COMMON_ARGS[@]}" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
   cmake --build "$dir" -j "$JOBS" --target mqtt_inbox_core mqtt_inbox mqtt_inbox_core_shared \
-    mqtt_inbox_shared ledger_consumer publisher
+    mqtt_inbox_shared ledger_consumer publisher c_ledger_consumer
 }
 
+if [ "$ONLY_C" = 1 ]; then DO_CROSS=0; fi
 if [ "$DO_BUILD" = 1 ]; then
   build "$BUILD_PREFIX-x86" RelWithDebInfo
   rm -rf "$WORK/prefix" && cmake --install "$BUILD_PREFIX-x86" --prefix "$WORK/prefix" >/dev/null
-  build "$BUILD_PREFIX-x86-os" MinSizeRel
+  [ "$ONLY_C" = 1 ] || build "$BUILD_PREFIX-x86-os" MinSizeRel
   if [ "$DO_CROSS" = 1 ]; then
     build "$BUILD_PREFIX-arm" RelWithDebInfo -DCMAKE_TOOLCHAIN_FILE="$ROOT/toolchains/aarch64-linux-gnu.cmake"
     build "$BUILD_PREFIX-arm-os" MinSizeRel -DCMAKE_TOOLCHAIN_FILE="$ROOT/toolchains/aarch64-linux-gnu.cmake"
@@ -78,18 +83,18 @@ stripped() {  # stripped STRIP FILE -> bytes
 size_row() {  # size_row LABEL STRIP DIR
   local label="$1" s="$2" d="$3"
   [ -d "$d" ] || return 0
-  printf '| %-24s | %9s | %9s | %9s | %9s | %10s |\n' "$label" \
+  printf '| %-24s | %9s | %9s | %9s | %9s | %10s | %10s |\n' "$label" \
     "$(stripped "$s" "$d/libmqtt_inbox_core.a")" "$(stripped "$s" "$d/libmqtt_inbox.a")" \
     "$(stripped "$s" "$(readlink -f "$d/libmqtt_inbox_core.so")")" \
     "$(stripped "$s" "$(readlink -f "$d/libmqtt_inbox.so")")" \
-    "$(stripped "$s" "$d/examples/ledger_consumer")"
+    "$(stripped "$s" "$d/examples/ledger_consumer")" "$(stripped "$s" "$d/examples/c/c_ledger_consumer")"
 }
 echo
 echo "Stripped sizes, bytes (ledger_consumer links libmqtt_inbox*.a and SQLiteCpp statically,"
 echo "the Debian shared libraries sqlite3, paho, spdlog, fmt, libstdc++ dynamically)"
 echo
-echo "| build                    | core .a   | mqtt .a   | core .so  | mqtt .so  | ledger_consumer |"
-echo "|---|---|---|---|---|---|"
+echo "| build                    | core .a   | mqtt .a   | core .so  | mqtt .so  | ledger_consumer | c_ledger_consumer |"
+echo "|---|---|---|---|---|---|---|"
 size_row "x86-64 -O2 (RelWithDebInfo)" strip "$BUILD_PREFIX-x86"
 size_row "x86-64 -Os (MinSizeRel)" strip "$BUILD_PREFIX-x86-os"
 if [ "$DO_CROSS" = 1 ]; then
@@ -99,6 +104,7 @@ fi
 [ "$DO_RSS" = 1 ] || exit 0
 
 # ------------------------------------------------------------- knob variant --
+if [ "$ONLY_C" = 0 ]; then
 mkdir -p "$WORK/knobs"
 sed -e 's|^  if (normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;|&\
   if (const char* e = std::getenv("FP_CACHE_KIB")) store.cache_size_kib = std::atoi(e);|' \
@@ -126,6 +132,7 @@ EOF
 cmake -S "$WORK/knobs" -B "$WORK/knobs/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_PREFIX_PATH="$WORK/prefix" >/dev/null
 cmake --build "$WORK/knobs/build" -j "$JOBS" >/dev/null
+fi
 
 # ------------------------------------------------------------------- broker --
 BROKER_PID=""
@@ -193,6 +200,7 @@ measure() {
     "$(echo "$t1 - $t0" | bc)" "$db_kib"
 }
 
+if [ "$ONLY_C" = 0 ]; then
 echo
 echo "Peak RSS (VmHWM, KiB) of ledger_consumer, x86-64, N=$N credits queued while offline"
 echo
@@ -209,3 +217,95 @@ measure "-Os (MinSizeRel)" "$BUILD_PREFIX-x86-os/examples/ledger_consumer"
 start_broker "max_inflight_messages 1000"
 measure "broker max_inflight_messages 1000" "$BUILD_PREFIX-x86/examples/ledger_consumer"
 stop_broker
+fi
+
+# ------------------------------------------------- C++ and C side by side --
+# VmRSS counts every resident page, most of them shared library code that other
+# processes share too; RssAnon is what this process alone made (heap, stacks, the
+# libraries' written data); Pss shares each shared page among the processes mapping it.
+status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
+pss_kib() { awk '$1 == "Pss:" {print $2}' "/proc/$1/smaps_rollup"; }
+# anon_breakdown PID: where RssAnon is, KiB per kind of mapping (from /proc/PID/smaps).
+# A glibc malloc arena of a thread is a 64 MiB-aligned anonymous mapping (HEAP_MAX_SIZE
+# on 64-bit); a thread stack is an anonymous 8 MiB mapping (RLIMIT_STACK); an unnamed
+# mapping right after a library's is that library's .bss.
+anon_breakdown() {
+  local line start end name kind lastfile_end=-1 f1 f2
+  declare -A kib=()
+  while read -r f1 f2 _ _ _ name; do
+    if [[ "$f1" =~ ^([0-9a-f]+)-([0-9a-f]+)$ ]]; then
+      start=$((16#${BASH_REMATCH[1]})); end=$((16#${BASH_REMATCH[2]}))
+      if [ "$name" = "[heap]" ]; then kind="main heap (brk)"
+      elif [ "$name" = "[stack]" ]; then kind="main thread stack"
+      elif [[ "$name" == /* ]]; then kind="libraries: written data (relocations, .data)"
+      elif [ -n "$name" ]; then kind="other $name"
+      elif [ "$start" -eq "$lastfile_end" ]; then kind="libraries: .bss"
+      elif [ $((start % 67108864)) -eq 0 ]; then kind="malloc arenas of threads"
+      elif [ $((end - start)) -eq 8388608 ] || [ $((end - start)) -eq 8392704 ]; then kind="thread stacks"
+      else kind="other anonymous mmap (large allocations)"
+      fi
+      if [[ "$name" == /* ]]; then lastfile_end=$end; else lastfile_end=-1; fi
+    elif [ "$f1" = "Anonymous:" ]; then
+      kib[$kind]=$(( ${kib[$kind]:-0} + f2 ))
+    fi
+  done < "/proc/$1/smaps"
+  for kind in "${!kib[@]}"; do
+    [ "${kib[$kind]}" -gt 0 ] && printf '  %-48s %6d KiB\n' "$kind" "${kib[$kind]}"
+  done | sort -k1,1
+}
+
+# measure_mem LABEL BINARY [VAR=value...]: idle and drain, VmRSS / RssAnon / Pss.
+measure_mem() {
+  local label="$1" bin="$2"; shift 2
+  local tag; tag="mem_$(echo "$label" | tr -c 'A-Za-z0-9\n' '_')"
+  local db="$WORK/$tag.db" cid="fp-$tag-$RANDOM" topic="credits/$tag"
+  rm -f "$db" "$db-wal" "$db-shm" "$db.lock"
+  local args=(--broker "$BROKER" --client-id "$cid" --topic "$topic" --db "$db")
+  case "$(basename "$bin")" in c_*) ;; *) args+=(--log-level warn) ;; esac
+  env "$@" "$bin" "${args[@]}" >/dev/null 2>"$WORK/$tag.idle.err" &
+  CONSUMER_PID=$!
+  sleep "$IDLE_S"
+  local pid=$CONSUMER_PID
+  local i_rss i_anon i_pss
+  i_rss="$(status_kib "$pid" VmRSS)"; i_anon="$(status_kib "$pid" RssAnon)"; i_pss="$(pss_kib "$pid")"
+  anon_breakdown "$pid" > "$WORK/$tag.anon"
+  stop_consumer
+  "$BUILD_PREFIX-x86/examples/publisher" --broker "$BROKER" --topic "$topic" --count "$N" \
+    --duplicates 0 --id-prefix "$tag" --client-id "pub-$cid" --window 200 >"$WORK/$tag.pub" 2>&1
+  env "$@" "$bin" "${args[@]}" >"$WORK/$tag.out" 2>"$WORK/$tag.err" &
+  CONSUMER_PID=$!
+  local rows=0 anon=0 pss=0 a p deadline=$((SECONDS + 600))
+  while [ "$rows" -lt "$N" ] && [ $SECONDS -lt $deadline ]; do
+    sleep 0.5
+    a="$(status_kib "$CONSUMER_PID" RssAnon)"; [ "${a:-0}" -gt "$anon" ] && anon=$a
+    p="$(pss_kib "$CONSUMER_PID")"; [ "${p:-0}" -gt "$pss" ] && pss=$p
+    rows="$(sqlite3 "$db" "SELECT count(*) FROM ledger_entries" 2>/dev/null || echo 0)"
+  done
+  local hwm; hwm="$(status_kib "$CONSUMER_PID" VmHWM)"
+  stop_consumer
+  printf '| %-34s | %7s | %7s | %7s | %8s | %8s | %8s | %6s |\n' "$label" "$i_rss" "$i_anon" \
+    "$i_pss" "$hwm" "$anon" "$pss" "$rows"
+}
+
+echo
+echo "The C++ and the C consumer side by side, x86-64 RelWithDebInfo, KiB. Idle after"
+echo "${IDLE_S} s; drain: N=$N credits queued while offline (VmHWM, and the highest RssAnon"
+echo "and Pss seen, sampled every 0.5 s)."
+echo
+echo "| program                            | idle VmRSS | idle RssAnon | idle Pss | drain VmHWM | drain RssAnon | drain Pss | rows |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+start_broker
+measure_mem "ledger_consumer (C++)" "$BUILD_PREFIX-x86/examples/ledger_consumer"
+cp "$WORK/mem_ledger_consumer__C___.anon" "$WORK/anon_cxx.txt" 2>/dev/null || true
+measure_mem "c_ledger_consumer (C)" "$BUILD_PREFIX-x86/examples/c/c_ledger_consumer"
+measure_mem "c_ledger_consumer, arena_max=1" "$BUILD_PREFIX-x86/examples/c/c_ledger_consumer" \
+  GLIBC_TUNABLES=glibc.malloc.arena_max=1
+printf '| %-34s | %7s | %7s | %7s | %8s | %8s | %8s | %6s |\n' "mosquitto (the broker, idle)" \
+  "$(status_kib "$BROKER_PID" VmRSS)" "$(status_kib "$BROKER_PID" RssAnon)" "$(pss_kib "$BROKER_PID")" \
+  "" "" "" ""
+stop_broker
+for f in "$WORK"/mem_*.anon; do
+  echo
+  echo "Idle RssAnon of $(basename "$f" .anon | sed 's/^mem_//'), by mapping:"
+  cat "$f"
+done
