@@ -14,11 +14,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <mqtt_inbox/consumer.h>
@@ -153,8 +155,12 @@ TEST(PgStore, SchemaNameIsTheUsers) {
   const std::string db = fresh_db("schema_opt");
   InboxOptions o;
   o.postgres_schema = "edge_inbox";
+  // Handed to libpq as passfile= (the cluster trusts its socket, so it is never read);
+  // the location shown stays the one given.
+  o.postgres_password_file = "/nonexistent dir/pgpass";
   auto inbox = open_inbox(uri_of(db), o);
   ASSERT_TRUE(inbox);
+  EXPECT_EQ(inbox->path(), uri_of(db));
   std::unique_ptr<Consumer> c;
   ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", apply_credit, fast_options(), &c).ok());
   EXPECT_EQ(c->handle(credit("m-1", "a", 1)), Outcome::kProcessed);
@@ -535,6 +541,68 @@ TEST(PgStore, BackendTerminatedMidStreamLosesAndDoublesNothing) {
               terminated.load(), kMessages, static_cast<long long>(inbox->stats().store_errors));
 }
 
+// The server restarts (fast shutdown: 57P01 to the client, then no server at all) while a
+// message waits: it is not acknowledged while its commit is not known; the consumer waits
+// with backoff (health stuck, with the error), then goes on by itself once the server is
+// back, and the stream applies every message once.
+TEST(PgStore, ServerRestartMidStreamWaitsThenGoesOn) {
+  const std::string db = fresh_db("restart");
+  auto inbox = open_inbox(uri_of(db));
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", apply_credit, fast_options(), &c).ok());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(c->handle(credit("s-" + std::to_string(i), "acct", 1)), Outcome::kProcessed);
+  server().stop();
+  auto during = std::async(std::launch::async, [&] { return c->handle(credit("s-5", "acct", 1)); });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!c->health().stuck && std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(c->health().stuck);
+  EXPECT_FALSE(c->health().last_error.empty());
+  EXPECT_EQ(during.wait_for(300ms), std::future_status::timeout);  // not acknowledged
+  server().start();
+  ASSERT_EQ(during.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(during.get(), Outcome::kProcessed);
+  EXPECT_FALSE(c->health().stuck);
+  for (int i = 6; i < 10; ++i)
+    EXPECT_EQ(c->handle(credit("s-" + std::to_string(i), "acct", 1)), Outcome::kProcessed);
+  EXPECT_EQ(c->handle(credit("s-5", "acct", 1, true)), Outcome::kDuplicate);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM ledger_entries"), 10);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'acct'"), 10);
+}
+
+// A permission the inbox needs is taken away mid-stream (42501 insufficient_privilege):
+// nothing is acknowledged, the consumer waits with the error in its health, and goes on
+// once the grant is back. The message is not counted against: no attempt, no dead letter.
+TEST(PgStore, PermissionLostMidStreamWaitsWithHealthThenGoesOn) {
+  const std::string db = fresh_db("privilege");
+  server().execute("CREATE ROLE app LOGIN; GRANT CREATE ON DATABASE privilege TO app", db);
+  server().execute("GRANT ALL ON accounts, ledger_entries TO app", db);
+  std::string uri = uri_of(db);
+  uri.replace(uri.find("user=postgres"), 13, "user=app");
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  std::unique_ptr<Consumer> c;
+  ConsumerOptions o = fast_options();
+  o.max_attempts = 1;
+  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", apply_credit, o, &c).ok());
+  ASSERT_EQ(c->handle(credit("p-1", "acct", 1)), Outcome::kProcessed);
+  server().execute("REVOKE INSERT ON mqtt_inbox.inbox_processed FROM app", db);
+  auto during = std::async(std::launch::async, [&] { return c->handle(credit("p-2", "acct", 2)); });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!c->health().stuck && std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(c->health().stuck);
+  EXPECT_NE(c->health().last_error.find("42501"), std::string::npos) << c->health().last_error;
+  EXPECT_EQ(during.wait_for(300ms), std::future_status::timeout);
+  server().execute("GRANT INSERT ON mqtt_inbox.inbox_processed TO app", db);
+  ASSERT_EQ(during.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(during.get(), Outcome::kProcessed);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'acct'"), 3);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_attempts"), 0);
+}
+
 // The connection drops during COMMIT (a proxy the test controls cuts it on the COMMIT
 // message): the outcome is unknown, the message is not acknowledged, the store reconnects
 // and the claim row decides. After forwarding (the server committed, the client never heard
@@ -622,6 +690,63 @@ TEST(PgStore, RetentionDeletesByReceivedAtInBatchesWithTheHorizonCheck) {
   EXPECT_EQ(inbox->stats().consumers.at("ledger").rows, 5);
 }
 
+// Session records and the dead letters' requeue and replay run on the same store.
+TEST(PgStore, SessionRecordsAndRequeuedDeadLetters) {
+  const std::string db = fresh_db("sessions");
+  auto inbox = open_inbox(uri_of(db));
+  SessionRecord r;
+  r.client_id = "gw-1";
+  r.topic_filters = {"b/#", "a/+", "b/#"};
+  r.session_expiry_ms = 3600000;
+  ASSERT_TRUE(inbox->sessions().record(r).ok());
+  SessionRecord back;
+  ASSERT_TRUE(inbox->sessions().load("gw-1", &back).ok());
+  EXPECT_EQ(back.topic_filters, (std::vector<std::string>{"a/+", "b/#"}));
+  EXPECT_EQ(back.session_expiry_ms, 3600000);
+  inbox->sessions().note_lost("gw-1");
+  std::vector<SessionRecord> all;
+  ASSERT_TRUE(inbox->sessions().list(&all).ok());
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].sessions_lost, 1);
+  bool removed = false;
+  ASSERT_TRUE(inbox->sessions().forget("gw-1", &removed).ok());
+  EXPECT_TRUE(removed);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_session_filters"), 0);
+
+  // A message rejected while its account was unknown, requeued once the application can
+  // take it, is replayed through the handler, once.
+  std::atomic<bool> accept{false};
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(Consumer::create(
+                  inbox.get(), "ledger",
+                  [&](pqxx::transaction_base& t, const Delivery& d) {
+                    if (!accept.load()) throw RejectMessage("unknown account");
+                    apply_credit(t, d);
+                  },
+                  fast_options(), &c)
+                  .ok());
+  EXPECT_EQ(c->handle(credit("late", "acct", 4)), Outcome::kDeadLettered);
+  std::vector<DeadLetter> dls;
+  ASSERT_TRUE(inbox->list_dead_letters(DeadLetterFilter{}, &dls).ok());
+  ASSERT_EQ(dls.size(), 1u);
+  EXPECT_EQ(dls[0].reason, DeadLetterReason::kInvalidPayload);
+  accept = true;
+  ASSERT_TRUE(inbox->requeue_dead_letter(dls[0].id).ok());
+  EXPECT_EQ(inbox->requeue_dead_letter(dls[0].id).code(), Status::Code::kInvalidArgument);
+  int64_t replayed = 0;
+  ASSERT_TRUE(c->replay_requeued(&replayed).ok());
+  EXPECT_EQ(replayed, 1);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'acct'"), 4);
+  EXPECT_EQ(server().query_value("SELECT status FROM mqtt_inbox.inbox_dead_letters", db),
+            "replayed");
+  EXPECT_EQ(c->handle(credit("late", "acct", 4, true)), Outcome::kDuplicate);
+  int64_t purged = 0;
+  DeadLetterFilter all_rows;
+  all_rows.include_replayed = true;
+  ASSERT_TRUE(inbox->purge_dead_letters(all_rows, &purged).ok());
+  EXPECT_EQ(purged, 1);
+}
+
 TEST(PgErrors, SqlstateClasses) {
   using detail::classify_sqlstate;
   using detail::PgErrorKind;
@@ -636,6 +761,51 @@ TEST(PgErrors, SqlstateClasses) {
   EXPECT_EQ(classify_sqlstate("25006").status, Status::Code::kReadOnly);
   EXPECT_EQ(classify_sqlstate("42501").status, Status::Code::kReadOnly);
   EXPECT_TRUE(Status(classify_sqlstate("55P03").status, "").is_transient_store_error());
+}
+
+// libpqxx 6.4 throws 40001 and 40P01 as types that are not sql_error, and some server
+// errors with an empty sqlstate(): the type decides (postgres_fixture_test shows which).
+TEST(PgErrors, ExceptionTypesWithoutSqlstateAreClassifiedByType) {
+  struct Case {
+    std::function<void()> raise;
+    std::string state;
+    bool message_fault;
+    Status::Code code;
+  };
+  const std::vector<Case> cases = {
+      {[] { throw pqxx::serialization_failure("could not serialize"); }, "40001", false,
+       Status::Code::kBusy},
+      {[] { throw pqxx::deadlock_detected("deadlock detected"); }, "40P01", false,
+       Status::Code::kBusy},
+      {[] { throw pqxx::insufficient_privilege("permission denied"); }, "42501", false,
+       Status::Code::kReadOnly},
+      {[] { throw pqxx::disk_full("no space"); }, "53100", false, Status::Code::kFull},
+      {[] { throw pqxx::check_violation("violates check constraint"); }, "23514", true,
+       Status::Code::kRejected},
+      {[] { throw pqxx::undefined_table("no such table"); }, "42P01", true,
+       Status::Code::kRejected},
+  };
+  for (const Case& c : cases) {
+    try {
+      c.raise();
+      FAIL() << "nothing thrown";
+    } catch (const std::exception& e) {
+      EXPECT_EQ(detail::pg_sqlstate(e), c.state) << e.what();
+      Status s;
+      bool message_fault = !c.message_fault;
+      EXPECT_TRUE(detail::classify_pg_exception(e, &s, &message_fault)) << e.what();
+      EXPECT_EQ(message_fault, c.message_fault) << e.what();
+      EXPECT_EQ(s.code(), c.code) << s.to_string();
+    }
+  }
+  // A broken connection is the store's, never the message's; a plain exception is not a
+  // store error at all.
+  Status s;
+  bool message_fault = true;
+  EXPECT_TRUE(detail::classify_pg_exception(pqxx::broken_connection("gone"), &s, &message_fault));
+  EXPECT_FALSE(message_fault);
+  EXPECT_TRUE(s.is_transient_store_error());
+  EXPECT_FALSE(detail::classify_pg_exception(std::runtime_error("app"), &s, &message_fault));
 }
 
 }  // namespace

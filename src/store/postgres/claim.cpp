@@ -64,8 +64,10 @@ ClaimResult claim_result_for(DeadLetterReason reason) {
 // A change of this message refused (a constraint, a data error), also at COMMIT: a
 // failed attempt, not a store failure.
 bool refused_message(const std::exception& e, ClaimResult* result, std::string* error) {
-  const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e);
-  if (!sql || classify_sqlstate(sql->sqlstate()).kind != PgErrorKind::kMessage) return false;
+  const bool server_error = dynamic_cast<const pqxx::sql_error*>(&e) ||
+                            dynamic_cast<const pqxx::transaction_rollback*>(&e);
+  if (!server_error || classify_sqlstate(pg_sqlstate(e)).kind != PgErrorKind::kMessage)
+    return false;
   *result = ClaimResult::kHandlerFailed;
   *error = std::string("the store refused this message's transaction: ") + e.what();
   while (!error->empty() && error->back() == '\n') error->pop_back();

@@ -48,7 +48,46 @@ constexpr Row kRows[] = {
     {"23", M, C::kRejected, "integrity_constraint_violation"},
 };
 
+template <typename E>
+bool is(const std::exception& e) {
+  return dynamic_cast<const E*>(&e) != nullptr;
+}
+
 }  // namespace
+
+std::string pg_sqlstate(const std::exception& e) {
+  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e))
+    if (!sql->sqlstate().empty()) return sql->sqlstate();
+  // Most derived first.
+  if (is<pqxx::serialization_failure>(e)) return "40001";
+  if (is<pqxx::deadlock_detected>(e)) return "40P01";
+  if (is<pqxx::statement_completion_unknown>(e)) return "40003";
+  if (is<pqxx::transaction_rollback>(e)) return "40000";
+  if (is<pqxx::unique_violation>(e)) return "23505";
+  if (is<pqxx::check_violation>(e)) return "23514";
+  if (is<pqxx::foreign_key_violation>(e)) return "23503";
+  if (is<pqxx::not_null_violation>(e)) return "23502";
+  if (is<pqxx::restrict_violation>(e)) return "23001";
+  if (is<pqxx::integrity_constraint_violation>(e)) return "23000";
+  if (is<pqxx::data_exception>(e)) return "22000";
+  if (is<pqxx::insufficient_privilege>(e)) return "42501";
+  if (is<pqxx::disk_full>(e)) return "53100";
+  if (is<pqxx::out_of_memory>(e)) return "53200";
+  if (is<pqxx::insufficient_resources>(e)) return "53000";
+  if (is<pqxx::undefined_table>(e)) return "42P01";
+  if (is<pqxx::undefined_column>(e)) return "42703";
+  if (is<pqxx::undefined_function>(e)) return "42883";
+  if (is<pqxx::syntax_error>(e)) return "42601";
+  if (is<pqxx::feature_not_supported>(e)) return "0A000";
+  if (is<pqxx::invalid_cursor_state>(e)) return "24000";
+  if (is<pqxx::invalid_sql_statement_name>(e)) return "26000";
+  if (is<pqxx::invalid_cursor_name>(e)) return "34000";
+  if (is<pqxx::plpgsql_raise>(e)) return "P0001";
+  if (is<pqxx::plpgsql_no_data_found>(e)) return "P0002";
+  if (is<pqxx::plpgsql_too_many_rows>(e)) return "P0003";
+  if (is<pqxx::plpgsql_error>(e)) return "P0000";
+  return "";
+}
 
 PgErrorClass classify_sqlstate(const std::string& sqlstate) {
   for (const Row& r : kRows)
@@ -61,37 +100,52 @@ PgErrorClass classify_sqlstate(const std::string& sqlstate) {
   return {PgErrorKind::kMessage, Status::Code::kRejected, "other"};
 }
 
+namespace {
+
+std::string trimmed(const char* what) {
+  std::string s = what;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// A server error: an sql_error, or one of libpqxx's types for a server error that is not
+// one (transaction_rollback).
+bool server_error(const std::exception& e) {
+  return is<pqxx::sql_error>(e) || is<pqxx::transaction_rollback>(e);
+}
+
+bool connection_error(const std::exception& e) {
+  return is<pqxx::in_doubt_error>(e) || is<pqxx::broken_connection>(e);
+}
+
+}  // namespace
+
 Status pg_to_status(const std::exception& e, const std::string& context, bool* connection_lost) {
   if (connection_lost) *connection_lost = false;
-  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
-    const std::string& state = sql->sqlstate();
+  if (connection_error(e)) {
+    if (connection_lost) *connection_lost = true;
+    return Status(Status::Code::kIoError,
+                  context + ": the connection to the server was lost (" + trimmed(e.what()) + ")");
+  }
+  if (server_error(e)) {
+    const std::string state = pg_sqlstate(e);
     const PgErrorClass c = classify_sqlstate(state);
     if (connection_lost)
       *connection_lost = state.compare(0, 2, "08") == 0 || state.compare(0, 3, "57P") == 0;
-    std::string what = e.what();
-    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
-    return Status(c.status, context + ": " + what + " (SQLSTATE " + state + " " + c.name + ")");
-  }
-  if (dynamic_cast<const pqxx::in_doubt_error*>(&e) ||
-      dynamic_cast<const pqxx::broken_connection*>(&e)) {
-    if (connection_lost) *connection_lost = true;
-    std::string what = e.what();
-    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
-    return Status(Status::Code::kIoError,
-                  context + ": the connection to the server was lost (" + what + ")");
+    return Status(c.status, context + ": " + trimmed(e.what()) + " (SQLSTATE " +
+                                (state.empty() ? "unknown" : state) + " " + c.name + ")");
   }
   return Status::Internal(context + ": " + e.what());
 }
 
 bool classify_pg_exception(const std::exception& e, Status* status, bool* message_fault) {
-  if (const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e)) {
-    *message_fault = classify_sqlstate(sql->sqlstate()).kind == PgErrorKind::kMessage;
+  if (connection_error(e)) {
+    *message_fault = false;
     *status = pg_to_status(e, "handler");
     return true;
   }
-  if (dynamic_cast<const pqxx::in_doubt_error*>(&e) ||
-      dynamic_cast<const pqxx::broken_connection*>(&e)) {
-    *message_fault = false;
+  if (server_error(e)) {
+    *message_fault = classify_sqlstate(pg_sqlstate(e)).kind == PgErrorKind::kMessage;
     *status = pg_to_status(e, "handler");
     return true;
   }

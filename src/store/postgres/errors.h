@@ -45,6 +45,14 @@ struct PgErrorClass {
 // its class's (first two characters), else kMessage / kRejected.
 PgErrorClass classify_sqlstate(const std::string& sqlstate);
 
+// The SQLSTATE behind a libpqxx exception, "" if it has none (not a server error, or a
+// broken connection). libpqxx 6.4 does not always carry it: 40001 and 40P01 come as
+// serialization_failure and deadlock_detected, which derive from pqxx::failure, not from
+// sql_error; and a subclass such as insufficient_privilege comes with an empty sqlstate()
+// (tests/postgres/postgres_fixture_test.cpp). So the exception's type decides where
+// sqlstate() is empty, most derived first.
+std::string pg_sqlstate(const std::exception& e);
+
 // The Status for an exception thrown by libpqxx (or by anything else: kInternal),
 // "<context>: <what>" with the SQLSTATE, classified as above. *connection_lost (may be
 // null) says whether the connection is gone (class 08, 57P0x, broken_connection,
