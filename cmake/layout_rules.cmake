@@ -28,6 +28,11 @@ set(MQTT_INBOX_LAYERS
 # Which library target each folder's .cpp files make up (rule 7).
 set(MQTT_INBOX_CORE_FOLDERS util store store/sqlite store/postgres inbox outbox retention stp
   service)
+# A build without the PostgreSQL store (MQTT_INBOX_WITH_POSTGRES=OFF) leaves its folder out
+# of the core: the check is told so with -DMQTT_INBOX_LAYOUT_WITHOUT_POSTGRES=1.
+if(MQTT_INBOX_LAYOUT_WITHOUT_POSTGRES)
+  list(REMOVE_ITEM MQTT_INBOX_CORE_FOLDERS store/postgres)
+endif()
 set(MQTT_INBOX_MQTT_FOLDERS mqtt capi)
 # The MQTT library's public headers: the core's public headers never include them.
 set(MQTT_INBOX_MQTT_HEADERS subscriber.h relay.h connection.h tls.h)

@@ -77,12 +77,20 @@ else()
 endif()
 
 # libmqtt-inbox-dev: the library (CPACK_DEBIAN_PACKAGE_DEPENDS of the shared block, plus
-# libsystemd's .pc file, which the config and .pc files look for when it was built in).
+# libsystemd's and libpqxx's .pc files, which the config and .pc files look for when they
+# were built in).
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "libmqtt-inbox-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION "libdevel")
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${CPACK_DEBIAN_PACKAGE_DEPENDS}")
 if(MQTT_INBOX_HAVE_LIBSYSTEMD)
-  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", libsystemd-dev, pkg-config")
+  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", libsystemd-dev")
+endif()
+# libpqxx's .pc file likewise, with the PostgreSQL store (MQTT_INBOX_WITH_POSTGRES).
+if(MQTT_INBOX_WITH_POSTGRES)
+  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", libpqxx-dev")
+endif()
+if(MQTT_INBOX_HAVE_LIBSYSTEMD OR MQTT_INBOX_WITH_POSTGRES)
+  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", pkg-config")
 endif()
 set(CPACK_DEBIAN_DEV_DESCRIPTION "${CPACK_PACKAGE_DESCRIPTION_SUMMARY}
 Headers, static and shared libraries, CMake package and pkg-config files of mqtt-inbox.")

@@ -37,6 +37,12 @@ std::shared_ptr<spdlog::logger> tool_logger() {
 }  // namespace
 
 void require_file(const std::string& path) {
+  // The PostgreSQL store (docs/postgres.md) has no admin commands yet: say so, rather than
+  // look for a file of that name.
+  if (path.rfind("postgresql://", 0) == 0 || path.rfind("postgres://", 0) == 0)
+    fail(kRefused,
+         "the admin tool does not support the PostgreSQL store yet "
+         "(docs/postgres.md#what-is-supported)");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);
   if (!S_ISREG(st.st_mode)) fail(kStoreError, "not a regular file: " + path);

@@ -63,6 +63,10 @@ int64_t min_free_bytes(int page_size_bytes);
 
 class Inbox {
  public:
+  // The store is chosen by `path`: a PostgreSQL connection URI ("postgresql://...",
+  // "postgres://...") opens the PostgreSQL store (postgres.h, docs/postgres.md: its own
+  // errors, and a URI holding a password is kInvalidArgument); anything else is an SQLite
+  // file, as follows.
   // Opens (creating if needed) the database at `path` in WAL mode (refused where the file
   // system cannot do WAL), brings its schema to kSchemaVersion and applies `options`;
   // docs/design.md#opening-an-inbox says how. On success *out owns the inbox.

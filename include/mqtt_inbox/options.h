@@ -82,6 +82,24 @@ struct InboxOptions {
   // database on a network file system shared by two hosts (don't do that with SQLite).
   bool exclusive = true;
 
+  // --- The PostgreSQL store (postgres.h, docs/postgres.md); ignored by the SQLite store.
+  // On PostgreSQL, busy_timeout_ms is the connection's lock_timeout (the handler's
+  // statements included): a claim waiting behind another consumer's uncommitted claim of
+  // the same id gives up after it, as "not yet" (SQLSTATE 55P03: retried with the store
+  // backoff, never counted against the message); synchronous,
+  // page_size_bytes, cache_size_kib, journal_size_limit_bytes, wal_autocheckpoint_pages,
+  // exclusive and vfs do not apply (the server's synchronous_commit decides durability).
+
+  // The schema that holds the inbox's tables, created if missing (with its versioned
+  // migrations, under an advisory lock so consumers starting together do not race).
+  // Default "mqtt_inbox". 1..63 characters of [a-z0-9_], not starting with a digit.
+  std::string postgres_schema = "mqtt_inbox";
+
+  // A libpq password file (https://www.postgresql.org/docs/15/libpq-pgpass.html) to take
+  // the password from, passed to libpq as `passfile`. Default "" = libpq's own choice
+  // (PGPASSFILE, else ~/.pgpass). The location itself may not hold a password.
+  std::string postgres_password_file;
+
   // SQLite VFS to open the file with (https://sqlite.org/vfs.html). Default "" = the
   // platform default. The fault-injection tests pass a wrapping VFS here.
   std::string vfs;

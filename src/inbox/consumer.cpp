@@ -398,6 +398,25 @@ Consumer::~Consumer() {
 Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
                         const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  detail::StoreHandler bound;
+  if (Status s = inbox->store().bind_consumer_handler(std::move(handler), &bound); !s.ok())
+    return s;
+  return create_bound(inbox, name, std::move(bound), options, out);
+}
+
+Status Consumer::create(Inbox* inbox, const std::string& name, PgHandler handler,
+                        const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  detail::StoreHandler bound;
+  if (Status s = inbox->store().bind_consumer_handler(std::move(handler), &bound); !s.ok())
+    return s;
+  return create_bound(inbox, name, std::move(bound), options, out);
+}
+
+Status Consumer::create_bound(Inbox* inbox, const std::string& name, detail::StoreHandler handler,
+                              const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
   if (!handler) return Status::InvalidArgument("handler is empty");
@@ -421,7 +440,7 @@ Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
   impl->dead_letters = &store.dead_letters();
   impl->sessions = &inbox->sessions();
   impl->name = name;
-  impl->handler = detail::bind_sqlite_handler(std::move(handler));
+  impl->handler = std::move(handler);
   impl->options = options;
   impl->clock = store.clock;
   impl->log = store.log;

@@ -21,6 +21,14 @@ Inbox::Inbox(std::unique_ptr<detail::Store> store) : store_(std::move(store)) {
 
 Inbox::~Inbox() = default;
 
+Status Inbox::open(const std::string& location, const InboxOptions& options,
+                   std::unique_ptr<Inbox>* out) {
+  std::unique_ptr<detail::Store> store;
+  if (Status s = detail::open_store(location, options, &store); !s.ok()) return s;
+  out->reset(new Inbox(std::move(store)));
+  return Status::Ok();
+}
+
 detail::Store& Inbox::store() const { return *store_; }
 
 const std::string& Inbox::path() const { return store_->location(); }

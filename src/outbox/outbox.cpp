@@ -196,6 +196,7 @@ Status Outbox::Impl::make_room(const detail::Txn& txn, const OutboxClass& c, int
 
 Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_ptr<Outbox>* out) {
   if (!inbox) return Status::InvalidArgument("Outbox::create: inbox is null");
+  if (Status s = inbox->store().supports("the outbox (Outbox::create)"); !s.ok()) return s;
   for (size_t i = 0; i < options.classes.size(); ++i) {
     const auto& c = options.classes[i];
     if (c.max_rows < 0 || c.max_bytes < 0 || c.max_age_ms < 0)

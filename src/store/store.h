@@ -31,11 +31,15 @@
 #include <string>
 
 #include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/health.h"
+#include "mqtt_inbox/options.h"
+#include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 #include "store/retention_rows.h"
 #include "store/retry.h"
+#include "store/txn.h"
 
 namespace mqtt_inbox {
 
@@ -49,9 +53,45 @@ class DeadLetterStore;
 class SessionStore;
 class OutboxStore;
 
+// The kinds of store (Store::kind()).
+enum class StoreKind { kSqlite, kPostgres };
+
 class Store {
  public:
   virtual ~Store() = default;
+
+  // Which store this is, and the options it was opened with.
+  virtual StoreKind kind() const = 0;
+  virtual const InboxOptions& inbox_options() const = 0;
+
+  // The application's handler, bound for this store's transaction (store/txn.h): an
+  // SQLite Handler on the SQLite store, a PgHandler on the PostgreSQL store. A handler
+  // for the other store is refused with kInvalidArgument naming both.
+  virtual Status bind_consumer_handler(Handler handler, StoreHandler* out) {
+    (void)handler;
+    (void)out;
+    return Status::InvalidArgument(
+        "an SQLite handler (Handler, taking SQLite::Database&) was given to an inbox on " +
+        location() + ", which is not an SQLite store: write a PgHandler (postgres.h)");
+  }
+  virtual Status bind_consumer_handler(PgHandler handler, StoreHandler* out) {
+    (void)handler;
+    (void)out;
+    return Status::InvalidArgument(
+        "a PostgreSQL handler (PgHandler, postgres.h) was given to the "
+        "SQLite inbox " +
+        location() + ": write a Handler (handler.h)");
+  }
+
+  // OK if this store has `what` (e.g. "the outbox"); else kInvalidArgument saying so.
+  virtual Status supports(const std::string& what) const {
+    (void)what;
+    return Status::Ok();
+  }
+
+  // Inbox::setup_sql: runs `sql` (statements separated by ';') in one transaction, with
+  // the start-up waits. Errors: as Inbox::setup_sql.
+  virtual Status setup_sql(const std::string& sql) = 0;
 
   // The store's parts, one per concept; each lives as long as the store.
   virtual ClaimStore& claims() = 0;
@@ -155,6 +195,19 @@ class Store {
   // The start-up waits' state (wait_at_startup) and Health.
   std::unique_ptr<StoreRetry> startup;
 };
+
+// Opens the store at `location` (Inbox::open): a PostgreSQL connection URI
+// ("postgresql://", "postgres://") opens the PostgreSQL store, anything else the SQLite
+// file (store/open.cpp).
+Status open_store(const std::string& location, const InboxOptions& options,
+                  std::unique_ptr<Store>* out);
+// True for a location that names a PostgreSQL server.
+bool is_postgres_location(const std::string& location);
+// Each store's open (store/sqlite/open.cpp, store/postgres/open.cpp).
+Status open_sqlite_store(const std::string& path, const InboxOptions& options,
+                         std::unique_ptr<Store>* out);
+Status open_postgres_store(const std::string& uri, const InboxOptions& options,
+                           std::unique_ptr<Store>* out);
 
 }  // namespace detail
 }  // namespace mqtt_inbox

@@ -103,6 +103,8 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
                                 std::unique_ptr<StoreThenProcess>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
   if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
+  if (Status s = inbox->store().supports("store-then-process (StoreThenProcess::create)"); !s.ok())
+    return s;
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
   if (!handler) return Status::InvalidArgument("handler is empty");

@@ -113,13 +113,14 @@ Status SqliteStore::measure_rows(SQLite::Database* reader) {
 
 }  // namespace detail
 
-const InboxOptions& Inbox::options() const {
-  return static_cast<const detail::SqliteStore&>(*store_).options;
-}
+const InboxOptions& Inbox::options() const { return store_->inbox_options(); }
 
 void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::with_connection"); !r.ok())
     throw std::logic_error(r.message());
+  if (store_->kind() != detail::StoreKind::kSqlite)
+    throw std::logic_error("Inbox::with_connection: " + store_->location() +
+                           " is not an SQLite store");
   detail::SqliteStore& m = static_cast<detail::SqliteStore&>(*store_);
   std::lock_guard<std::mutex> lock(m.mu);
   if (m.fatal.load()) throw SQLite::Exception(m.fatal_status().message(), SQLITE_CORRUPT);

@@ -60,8 +60,8 @@ Status take_lock_file(const std::string& path, int* fd_out) {
 
 }  // namespace
 
-Status Inbox::open(const std::string& path, const InboxOptions& options,
-                   std::unique_ptr<Inbox>* out) {
+Status detail::open_sqlite_store(const std::string& path, const InboxOptions& options,
+                                 std::unique_ptr<detail::Store>* out) {
   if (path.empty()) return Status::InvalidArgument("database path is empty");
   if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
   if (options.cache_size_kib <= 0) return Status::InvalidArgument("cache_size_kib <= 0");
@@ -109,7 +109,7 @@ Status Inbox::open(const std::string& path, const InboxOptions& options,
     impl->lock_fd = -1;
     return s;
   }
-  out->reset(new Inbox(std::move(impl)));
+  *out = std::move(impl);
   return Status::Ok();
 }
 
@@ -267,7 +267,15 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
 
 Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
-  detail::SqliteStore& m = static_cast<detail::SqliteStore&>(*store_);
+  if (store_->kind() != detail::StoreKind::kSqlite)
+    return Status::InvalidArgument("Inbox::setup takes an SQLite::Database, and " +
+                                   store_->location() +
+                                   " is not an SQLite store: use Inbox::setup_sql");
+  return static_cast<detail::SqliteStore&>(*store_).setup(fn);
+}
+
+Status detail::SqliteStore::setup(const std::function<void(SQLite::Database&)>& fn) {
+  detail::SqliteStore& m = *this;
   return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.fatal.load()) return m.fatal_status();
@@ -285,8 +293,11 @@ Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
   });
 }
 
-Status Inbox::setup_sql(const std::string& sql) {
-  return setup([&](SQLite::Database& db) { db.exec(sql); });
+Status Inbox::setup_sql(const std::string& sql) { return store_->setup_sql(sql); }
+
+Status detail::SqliteStore::setup_sql(const std::string& sql) {
+  if (Status r = refuse_if_in_handler(owner, "Inbox::setup_sql"); !r.ok()) return r;
+  return setup([&](SQLite::Database& d) { d.exec(sql); });
 }
 
 void detail::SqliteStore::latch_fatal(const Status& s) {

@@ -109,6 +109,16 @@ struct SqliteStore final : Store {
   // then the lock file (store/sqlite/inbox.cpp).
   ~SqliteStore() override;
 
+  StoreKind kind() const override { return StoreKind::kSqlite; }
+  const InboxOptions& inbox_options() const override { return options; }
+  Status bind_consumer_handler(Handler handler, StoreHandler* out) override {
+    *out = bind_sqlite_handler(std::move(handler));
+    return Status::Ok();
+  }
+  using Store::bind_consumer_handler;
+  Status setup_sql(const std::string& sql) override;
+  // Inbox::setup on this store (store/sqlite/open.cpp).
+  Status setup(const std::function<void(SQLite::Database&)>& fn);
   ClaimStore& claims() override { return claims_; }
   DeadLetterStore& dead_letters() override { return dead_letters_; }
   SessionStore& sessions() override { return sessions_; }

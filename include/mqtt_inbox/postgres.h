@@ -1,0 +1,62 @@
+// The PostgreSQL store: what an application writes for an inbox on a PostgreSQL server.
+//
+// The store chooses itself from the location given to Inbox::open: a libpq connection URI
+// ("postgresql://..." or "postgres://...",
+// https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-CONNSTRING) opens the PostgreSQL
+// store, anything else is an SQLite file path. Built when the library was configured with
+// MQTT_INBOX_WITH_POSTGRES (the default on a host build where libpqxx is found); without it,
+// opening such a location fails with kInvalidArgument.
+//
+//   std::unique_ptr<Inbox> inbox;
+//   InboxOptions o;
+//   o.postgres_schema = "mqtt_inbox";          // where the inbox's tables live (default)
+//   Status s = Inbox::open("postgresql:///ledger?host=/run/postgresql", o, &inbox);
+//   std::unique_ptr<Consumer> consumer;
+//   s = Consumer::create(inbox.get(), "ledger",
+//       [](pqxx::transaction_base& txn, const Delivery& d) {
+//         txn.exec_params("UPDATE accounts SET balance = balance + $1 WHERE id = $2", ...);
+//       },
+//       ConsumerOptions{}, &consumer);
+//
+// A password never comes with the location: Inbox::open refuses a URI that holds one
+// (kInvalidArgument, without repeating it). It comes from a password file: libpq's
+// PGPASSFILE (default ~/.pgpass) or InboxOptions::postgres_password_file. Inbox::path()
+// and every log line show the location as given, which therefore holds no password.
+//
+// What is supported so far, the READ COMMITTED rule, whose clock counts, retention and
+// partitioning: docs/postgres.md.
+#pragma once
+
+#include <functional>
+
+#include "mqtt_inbox/message.h"
+
+namespace pqxx {
+class transaction_base;
+}
+
+namespace mqtt_inbox {
+
+// The business change of one message on the PostgreSQL store (Consumer::create): runs
+// inside the library's transaction `txn`, right after the claim row was inserted, on the
+// inbox's own connection, at READ COMMITTED. Everything it executes through `txn` commits
+// atomically with the claim, or not at all. The rules of handler.h hold, read for
+// PostgreSQL:
+//  - Do not commit or abort `txn`, nor run COMMIT/ROLLBACK/BEGIN through it: the inbox
+//    commits it. SAVEPOINTs (pqxx::subtransaction) are fine.
+//  - Throw to fail: any exception rolls back the claim and the handler's writes; the
+//    message is retried up to ConsumerOptions::max_attempts, then dead-lettered
+//    (handler_failed). UndecodablePayload and RejectMessage dead-letter it at once.
+//  - A pqxx error is judged by its SQLSTATE (src/store/postgres/errors.h): a failure of
+//    the server or the connection (40001, 40P01, 55P03, 57P01, 08xxx, a broken
+//    connection; 53100 disk full, 25006 read only, 42501 permission) is retried until
+//    the server recovers and never counts as an attempt; the message's own (23xxx
+//    constraints, 22xxx data errors, and any other SQLSTATE) is a failed attempt.
+//  - Do not change the session's isolation level (SET default_transaction_isolation):
+//    the claim needs READ COMMITTED (docs/postgres.md#read-committed).
+//  - `txn` and `delivery` are valid only during the call.
+//  - Do not call back into the library for the inbox it runs for (handler.h).
+// Thread safety: called on the thread that called Consumer::handle.
+using PgHandler = std::function<void(pqxx::transaction_base& txn, const Delivery& delivery)>;
+
+}  // namespace mqtt_inbox

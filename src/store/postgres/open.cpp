@@ -1,0 +1,341 @@
+// Opening the PostgreSQL store: the location (a libpq URI that may not hold a password),
+// the connection with its READ COMMITTED check and lock_timeout, the schema in versioned
+// steps under an advisory lock, the server's clock, start-up waits and the fatal latch.
+#include <pqxx/pqxx>
+
+#include <cctype>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "store/postgres/errors.h"
+#include "store/postgres/store.h"
+#include "store/reentry.h"
+#include "util/log.h"
+
+namespace mqtt_inbox::detail {
+
+namespace {
+
+// The schema's steps: step N brings version N-1 to N, in one transaction. `@` stands for
+// the quoted schema name. Never edit a step that was released: add one.
+struct PgSchemaStep {
+  int version;
+  const char* sql;
+};
+
+constexpr PgSchemaStep kSteps[] = {
+    {1,
+     // The claims: the UNIQUE key is the deduplication; received_at is the server's time
+     // (retention reads it). The metadata columns are filled with record_metadata only.
+     "CREATE TABLE @.inbox_processed ("
+     "  consumer_name text NOT NULL,"
+     "  message_id text NOT NULL,"
+     "  received_at timestamptz NOT NULL DEFAULT now(),"
+     "  topic text,"
+     "  message_type text,"
+     "  correlation_id bytea,"
+     "  payload_hash bigint,"
+     "  CONSTRAINT inbox_processed_key UNIQUE (consumer_name, message_id));"
+     "CREATE INDEX inbox_processed_received_at ON @.inbox_processed (received_at);"
+     // Attempts of messages not yet processed (docs/design.md#attempts-and-crash-loops).
+     "CREATE TABLE @.inbox_attempts ("
+     "  consumer_name text NOT NULL,"
+     "  message_id text NOT NULL,"
+     "  attempts integer NOT NULL,"
+     "  first_attempt_at bigint NOT NULL,"
+     "  last_attempt_at bigint NOT NULL,"
+     "  state text NOT NULL CHECK (state IN ('running', 'failed')),"
+     "  last_error text,"
+     "  PRIMARY KEY (consumer_name, message_id));"
+     "CREATE TABLE @.inbox_dead_letters ("
+     "  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     "  consumer_name text NOT NULL,"
+     "  message_id text,"
+     "  topic text NOT NULL,"
+     "  payload bytea NOT NULL,"
+     "  payload_size bigint NOT NULL,"
+     "  properties text,"
+     "  qos integer NOT NULL,"
+     "  reason text NOT NULL,"
+     "  reason_text text NOT NULL,"
+     "  attempts integer NOT NULL,"
+     "  first_attempt_at bigint NOT NULL,"
+     "  last_attempt_at bigint NOT NULL,"
+     "  dead_lettered_at bigint NOT NULL,"
+     "  retention_at bigint NOT NULL,"
+     "  redeliveries integer NOT NULL DEFAULT 0,"
+     "  status text NOT NULL DEFAULT 'dead' CHECK (status IN ('dead', 'requeued', 'replayed')),"
+     "  replayed_at bigint);"
+     "CREATE INDEX inbox_dead_letters_by_id ON @.inbox_dead_letters (consumer_name, message_id);"
+     "CREATE INDEX inbox_dead_letters_by_time ON @.inbox_dead_letters (dead_lettered_at);"
+     "CREATE INDEX inbox_dead_letters_retention ON @.inbox_dead_letters (retention_at);"
+     "CREATE INDEX inbox_dead_letters_requeued ON @.inbox_dead_letters (consumer_name, id)"
+     "  WHERE status = 'requeued';"
+     "CREATE TABLE @.inbox_sessions ("
+     "  client_id text PRIMARY KEY,"
+     "  session_expiry_ms bigint NOT NULL,"
+     "  expiry_source text NOT NULL,"
+     "  updated_at bigint NOT NULL,"
+     "  sessions_lost bigint NOT NULL DEFAULT 0,"
+     "  last_lost_at bigint);"
+     "CREATE TABLE @.inbox_session_filters ("
+     "  client_id text NOT NULL REFERENCES @.inbox_sessions (client_id) ON DELETE CASCADE,"
+     "  topic_filter text NOT NULL,"
+     "  PRIMARY KEY (client_id, topic_filter));"},
+};
+
+std::string with_schema(const char* sql, const std::string& schema) {
+  std::string out;
+  for (const char* p = sql; *p; ++p) {
+    if (*p == '@')
+      out += schema;
+    else
+      out += *p;
+  }
+  return out;
+}
+
+bool valid_schema_name(const std::string& s) {
+  if (s.empty() || s.size() > 63 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!(std::islower(static_cast<unsigned char>(c)) ||
+          std::isdigit(static_cast<unsigned char>(c)) || c == '_'))
+      return false;
+  return true;
+}
+
+// True if the URI carries a password: in its user information ("user:secret@host") or as
+// a "password" parameter. Never says which, so the caller cannot echo it.
+bool uri_has_password(const std::string& uri) {
+  const size_t start = uri.find("://") + 3;
+  const size_t end = uri.find_first_of("/?", start);
+  const std::string authority =
+      uri.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  const size_t at = authority.rfind('@');
+  if (at != std::string::npos && authority.substr(0, at).find(':') != std::string::npos)
+    return true;
+  const size_t q = uri.find('?');
+  if (q == std::string::npos) return false;
+  size_t pos = q + 1;
+  while (pos <= uri.size()) {
+    size_t amp = uri.find('&', pos);
+    if (amp == std::string::npos) amp = uri.size();
+    const std::string param = uri.substr(pos, amp - pos);
+    if (param.rfind("password=", 0) == 0) return true;
+    pos = amp + 1;
+  }
+  return false;
+}
+
+std::string percent_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+// A failed connection attempt that waiting cannot cure: the server refused who we are.
+bool refused_identity(const std::string& what) {
+  for (const char* s : {"password authentication failed", "no pg_hba.conf entry", "does not exist",
+                        "no password supplied", "authentication failed"})
+    if (what.find(s) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+void prepare_pg_statements(PgStore& s);  // claim.cpp
+
+Status PgStore::connect_locked(bool migrate) {
+  if (conn && conn->is_open()) return Status::Ok();
+  conn.reset();
+  try {
+    conn = std::make_unique<pqxx::connection>(conninfo);
+  } catch (const std::exception& e) {
+    conn.reset();
+    std::string what = e.what();
+    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    if (refused_identity(what))
+      return Status(Status::Code::kPermissionDenied, "connecting to " + uri + ": " + what);
+    return store_error(Status(Status::Code::kIoError, "connecting to " + uri + ": " + what));
+  }
+  try {
+    {
+      pqxx::nontransaction n(*conn);
+      const std::string iso = n.exec1("SHOW default_transaction_isolation")[0].as<std::string>();
+      if (iso != "read committed") {
+        conn.reset();
+        return Status::InvalidArgument(
+            uri + ": default_transaction_isolation is '" + iso +
+            "'; the inbox's claim needs READ COMMITTED (under a higher level ON CONFLICT DO "
+            "NOTHING fails with 40001 against a claim committed after the snapshot "
+            "instead of skipping it): set it to 'read committed' for the inbox's role or "
+            "database (docs/postgres.md#read-committed)");
+      }
+      n.exec0("SET lock_timeout = " + std::to_string(options.busy_timeout_ms));
+    }
+    if (migrate) {
+      pqxx::work w(*conn);
+      // One migrator at a time per schema: consumers starting together wait here.
+      w.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", "mqtt_inbox schema " + schema);
+      w.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
+      w.exec0("CREATE TABLE IF NOT EXISTS " + t("inbox_meta") +
+              " (key text PRIMARY KEY, value text NOT NULL)");
+      int version = 0;
+      const pqxx::result r =
+          w.exec("SELECT value FROM " + t("inbox_meta") + " WHERE key = 'schema_version'");
+      if (!r.empty()) version = std::stoi(r[0][0].as<std::string>());
+      if (version > kPgSchemaVersion) {
+        w.abort();
+        conn.reset();
+        return Status(Status::Code::kCorruption,
+                      uri + ": schema " + schema + " is at version " + std::to_string(version) +
+                          ", newer than this library's " + std::to_string(kPgSchemaVersion));
+      }
+      for (const PgSchemaStep& step : kSteps) {
+        if (step.version <= version) continue;
+        w.exec0(with_schema(step.sql, schema));
+        w.exec_params0("INSERT INTO " + t("inbox_meta") +
+                           " (key, value) VALUES ('schema_version', $1)"
+                           " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       std::to_string(step.version));
+        if (version > 0)
+          log->info("{}: schema {} migrated to version {}", uri, schema, step.version);
+      }
+      w.commit();
+    }
+    {
+      pqxx::nontransaction n(*conn);
+      const int64_t now = n.exec1(std::string("SELECT ") + kPgNowMs)[0].as<int64_t>();
+      clock_base_ms = now;
+      steady_base_ms = clock->steady_ms();
+    }
+    prepare_pg_statements(*this);
+  } catch (const std::exception& e) {
+    Status s = pg_to_status(e, "opening " + uri);
+    conn.reset();
+    return store_error(s);
+  }
+  return Status::Ok();
+}
+
+Status PgStore::failed(const std::exception& e, const std::string& context) {
+  bool lost = false;
+  Status s = pg_to_status(e, context, &lost);
+  if (lost || (conn && !conn->is_open())) conn.reset();  // the next call reconnects
+  return store_error(s);
+}
+
+Status PgStore::with_txn(const std::string& context, const std::function<void(pqxx::work&)>& fn) {
+  if (fatal.load()) return fatal_status();
+  std::lock_guard<std::mutex> lock(mu);
+  if (Status s = connect_locked(false); !s.ok()) return s;
+  try {
+    pqxx::work w(*conn);
+    fn(w);
+    w.commit();
+  } catch (const std::exception& e) {
+    return failed(e, context);
+  }
+  return Status::Ok();
+}
+
+Status PgStore::setup_sql(const std::string& sql) {
+  if (Status r = refuse_if_in_handler(owner, "Inbox::setup_sql"); !r.ok()) return r;
+  return wait_at_startup("running the application's set-up", [&](int) -> Status {
+    return with_txn("application set-up", [&](pqxx::work& w) { w.exec(sql); });
+  });
+}
+
+Status PgStore::wait_at_startup(const char* what, const std::function<Status(int)>& op) {
+  return startup->until_ready(
+      what,
+      [&]() -> Status {
+        if (fatal.load()) return fatal_status();
+        return op(options.busy_timeout_ms);
+      },
+      options.startup_deadline_ms, options.startup_progress);
+}
+
+void PgStore::latch_fatal(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    if (fatal.load()) return;
+    fatal_error = s.to_string();
+    fatal = true;
+  }
+  log->error(
+      "{}: the server reports corruption ({}); the inbox stops taking messages and "
+      "acknowledges none until it is restarted (docs/postgres.md)",
+      uri, s.to_string());
+}
+
+Status PgStore::fatal_status() const {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  return Status(Status::Code::kCorruption,
+                uri + " reported corruption (" + fatal_error + "); the inbox no longer uses it");
+}
+
+StpRows& PgStore::stp_rows() {
+  throw std::logic_error("store-then-process is not yet supported on the PostgreSQL store");
+}
+
+OutboxStore& PgStore::outbox() {
+  throw std::logic_error("the outbox is not yet supported on the PostgreSQL store");
+}
+
+PgStore::~PgStore() {
+  std::lock_guard<std::mutex> lock(mu);
+  conn.reset();
+}
+
+Status open_postgres_store(const std::string& uri, const InboxOptions& options,
+                           std::unique_ptr<Store>* out) {
+  if (uri_has_password(uri))
+    return Status::InvalidArgument(
+        "the PostgreSQL location holds a password: put it in a password file (PGPASSFILE or "
+        "InboxOptions::postgres_password_file), never in the location (docs/postgres.md)");
+  if (!valid_schema_name(options.postgres_schema))
+    return Status::InvalidArgument("postgres_schema '" + printable(options.postgres_schema) +
+                                   "' must be 1..63 characters of [a-z0-9_], not starting with "
+                                   "a digit");
+  if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
+  if (options.startup_backoff_initial.count() < 1 ||
+      options.startup_backoff_max < options.startup_backoff_initial ||
+      options.startup_deadline_ms < 0 || options.startup_log_interval_ms < 0)
+    return Status::InvalidArgument(
+        "start-up options: need 1 ms <= startup_backoff_initial <= startup_backoff_max, "
+        "startup_deadline_ms >= 0, startup_log_interval_ms >= 0");
+  auto impl = std::make_unique<PgStore>();
+  impl->uri = uri;
+  impl->conninfo = uri;
+  if (!options.postgres_password_file.empty())
+    impl->conninfo += std::string(uri.find('?') == std::string::npos ? "?" : "&") +
+                      "passfile=" + percent_encode(options.postgres_password_file);
+  impl->options = options;
+  impl->schema = "\"" + options.postgres_schema + "\"";
+  impl->clock = options.clock ? options.clock : Clock::system();
+  impl->log = logger_or_default(options.logger);
+  impl->startup = std::make_unique<StoreRetry>(
+      "inbox " + uri, uri, options.startup_backoff_initial.count(),
+      options.startup_backoff_max.count(), options.startup_log_interval_ms, impl->clock, impl->log);
+  PgStore* m = impl.get();
+  const Status s = m->wait_at_startup("connecting to PostgreSQL", [m](int) {
+    std::lock_guard<std::mutex> lock(m->mu);
+    return m->connect_locked(/*migrate=*/true);
+  });
+  if (!s.ok()) return s;
+  *out = std::move(impl);
+  return Status::Ok();
+}
+
+}  // namespace mqtt_inbox::detail
