@@ -7,13 +7,13 @@
 #include <SQLiteCpp/Database.h>
 #include <SQLiteCpp/Exception.h>
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
 #include "capi/connection.h"
 #include "capi/connection_scope.h"
 #include "capi/handles.h"
+#include "capi/json_text.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/relay.h"
 
@@ -288,22 +288,22 @@ int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json) {
     if (!json)
       return relay->error.set(MQTT_INBOX_MISUSE, "mqtt_inbox_relay_counters_json: NULL json");
     const mqtt_inbox::RelayCounters c = relay->relay->counters();
-    const nlohmann::json j = {{"published", c.published},
-                              {"acked", c.acked},
-                              {"rejected", c.rejected},
-                              {"connects", c.connects},
-                              {"max_inflight_seen", c.max_inflight_seen},
-                              {"receive_maximum", c.receive_maximum},
-                              {"maximum_packet_size", c.maximum_packet_size},
-                              {"expired", c.expired},
-                              {"too_large", c.too_large},
-                              {"connection_dropped", c.connection_dropped},
-                              {"connected", c.connected},
-                              {"offline_ms", c.offline_ms}};
-    char* p = mqtt_inbox::capi::malloc_copy(j.dump());
-    if (!p) return relay->error.set(MQTT_INBOX_NOMEM, "out of memory");
-    *json = p;
-    return MQTT_INBOX_OK;
+    // Written as text (capi/json_text.h): an allocation failure is MQTT_INBOX_NOMEM.
+    return mqtt_inbox::capi::hand_out_json(mqtt_inbox::capi::JsonObject()
+                                               .number("published", c.published)
+                                               .number("acked", c.acked)
+                                               .number("rejected", c.rejected)
+                                               .number("connects", c.connects)
+                                               .number("max_inflight_seen", c.max_inflight_seen)
+                                               .number("receive_maximum", c.receive_maximum)
+                                               .number("maximum_packet_size", c.maximum_packet_size)
+                                               .number("expired", c.expired)
+                                               .number("too_large", c.too_large)
+                                               .number("connection_dropped", c.connection_dropped)
+                                               .flag("connected", c.connected)
+                                               .number("offline_ms", c.offline_ms)
+                                               .done(),
+                                           &relay->error, json);
   });
 }
 

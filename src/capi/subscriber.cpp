@@ -11,10 +11,10 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
-#include <nlohmann/json.hpp>
 
 #include "capi/connection.h"
 #include "capi/handles.h"
+#include "capi/json_text.h"
 #include "capi/sized_struct.h"
 
 using mqtt_inbox::capi::guarded;
@@ -172,25 +172,25 @@ int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber, char*
       return subscriber->error.set(MQTT_INBOX_MISUSE,
                                    "mqtt_inbox_subscriber_health_json: NULL json");
     const mqtt_inbox::SubscriberHealth h = subscriber->subscriber->health();
-    const nlohmann::json j = {{"connected", h.connected},
-                              {"since_ms", h.since_ms},
-                              {"connect_attempts", h.connect_attempts},
-                              {"connects", h.connects},
-                              {"consecutive_failures", h.consecutive_failures},
-                              {"last_failure", mqtt_inbox::to_string(h.last_failure)},
-                              {"last_error", h.last_error},
-                              {"last_error_ms", h.last_error_ms},
-                              {"connack_code", h.connack_code},
-                              {"connack_reason", h.connack_reason},
-                              {"sessions_lost", h.sessions_lost},
-                              {"session_lost_ms", h.session_lost_ms},
-                              {"session_lost", h.session_lost},
-                              {"messages_received", subscriber->subscriber->messages_received()}};
-    char* p = mqtt_inbox::capi::malloc_copy(
-        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (!p) return subscriber->error.set(MQTT_INBOX_NOMEM, "out of memory");
-    *json = p;
-    return MQTT_INBOX_OK;
+    // Written as text (capi/json_text.h): an allocation failure is MQTT_INBOX_NOMEM.
+    return mqtt_inbox::capi::hand_out_json(
+        mqtt_inbox::capi::JsonObject()
+            .flag("connected", h.connected)
+            .number("since_ms", h.since_ms)
+            .number("connect_attempts", h.connect_attempts)
+            .number("connects", h.connects)
+            .number("consecutive_failures", h.consecutive_failures)
+            .text("last_failure", mqtt_inbox::to_string(h.last_failure))
+            .text("last_error", h.last_error)
+            .number("last_error_ms", h.last_error_ms)
+            .number("connack_code", h.connack_code)
+            .text("connack_reason", h.connack_reason)
+            .number("sessions_lost", h.sessions_lost)
+            .number("session_lost_ms", h.session_lost_ms)
+            .text("session_lost", h.session_lost)
+            .number("messages_received", subscriber->subscriber->messages_received())
+            .done(),
+        &subscriber->error, json);
   });
 }
 

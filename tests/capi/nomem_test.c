@@ -251,13 +251,65 @@ static void test_observing_calls_return_nomem(void) {
   mqtt_inbox_close(s.inbox);
 }
 
+/* The subscriber's and the relay's JSON, made without connecting (nothing listens on
+ * port 1; neither is started). */
+struct connection_state {
+  mqtt_inbox_subscriber_t* subscriber;
+  mqtt_inbox_relay_t* relay;
+};
+
+static int call_subscriber_health(void* p) {
+  struct connection_state* s = (struct connection_state*)p;
+  char* json = NULL;
+  int rc = mqtt_inbox_subscriber_health_json(s->subscriber, &json);
+  CHECK((rc == MQTT_INBOX_OK) == (json != NULL));
+  if (rc == MQTT_INBOX_OK) CHECK_CONTAINS(json, "\"connected\":false");
+  mqtt_inbox_free(json);
+  return rc;
+}
+
+static int call_relay_counters(void* p) {
+  struct connection_state* s = (struct connection_state*)p;
+  char* json = NULL;
+  int rc = mqtt_inbox_relay_counters_json(s->relay, &json);
+  CHECK((rc == MQTT_INBOX_OK) == (json != NULL));
+  if (rc == MQTT_INBOX_OK) CHECK_CONTAINS(json, "\"published\":0");
+  mqtt_inbox_free(json);
+  return rc;
+}
+
+static void test_subscriber_and_relay_json_return_nomem(void) {
+  struct inbox_state s;
+  struct connection_state c;
+  mqtt_inbox_outbox_t* outbox = NULL;
+  mqtt_inbox_subscriber_options_t so = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
+  mqtt_inbox_relay_options_t ro = MQTT_INBOX_RELAY_OPTIONS_INIT;
+  memset(&c, 0, sizeof c);
+  open_inbox(&s);
+  REQUIRE(mqtt_inbox_setup(s.inbox, LEDGER_TABLES) == MQTT_INBOX_OK);
+  so.broker_uri = "tcp://127.0.0.1:1";
+  so.client_id = "nomem-subscriber";
+  so.client_id_lock_dir = "";
+  REQUIRE(mqtt_inbox_subscriber_create(&so, &c.subscriber, NULL) == MQTT_INBOX_OK);
+  REQUIRE(mqtt_inbox_outbox_create(s.inbox, &outbox) == MQTT_INBOX_OK);
+  ro.broker_uri = "tcp://127.0.0.1:1";
+  ro.client_id = "nomem-relay";
+  ro.client_id_lock_dir = "";
+  REQUIRE(mqtt_inbox_relay_create(outbox, &ro, &c.relay, NULL) == MQTT_INBOX_OK);
+  CHECK(every_n("mqtt_inbox_subscriber_health_json", call_subscriber_health, &c) > 0);
+  CHECK(every_n("mqtt_inbox_relay_counters_json", call_relay_counters, &c) > 0);
+  mqtt_inbox_relay_destroy(c.relay);
+  mqtt_inbox_outbox_destroy(outbox);
+  mqtt_inbox_subscriber_destroy(c.subscriber);
+  mqtt_inbox_close(s.inbox);
+}
+
 #define CASE(name) \
   { #name, test_##name }
 static const struct c_test tests[] = {
-    CASE(open_returns_nomem_and_leaves_no_lock),
-    CASE(setup_and_consumer_create_return_nomem),
-    CASE(feed_returns_nomem_and_stays_exactly_once),
-    CASE(observing_calls_return_nomem),
+    CASE(open_returns_nomem_and_leaves_no_lock),     CASE(setup_and_consumer_create_return_nomem),
+    CASE(feed_returns_nomem_and_stays_exactly_once), CASE(observing_calls_return_nomem),
+    CASE(subscriber_and_relay_json_return_nomem),
 };
 
 int main(int argc, char** argv) {
