@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 
+#include "mqtt_inbox/dead_letter.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/status.h"
 #include "store/txn.h"
@@ -76,6 +77,32 @@ struct ProcessReport {
   // kOutboxRefused; the refused call, for kReentered.
   std::string handler_error;
 };
+
+// The claim result of a handler that asked for (or earned) an immediate dead letter as
+// `reason` (HandlerVerdict::kDeadLetter, store/verdict.h); one mapping for every store.
+inline ClaimResult claim_result_for(DeadLetterReason reason) {
+  switch (reason) {
+    case DeadLetterReason::kInvalidPayload:
+      return ClaimResult::kRejected;
+    case DeadLetterReason::kHandlerReentered:
+      return ClaimResult::kReentered;
+    case DeadLetterReason::kOutboxRefused:
+      return ClaimResult::kOutboxRefused;
+    default:
+      return ClaimResult::kUndecodable;
+  }
+}
+
+// The payload's fingerprint a claim keeps with InboxOptions::record_metadata: 64-bit
+// FNV-1a, cheap, for debugging (not security); the same on every store.
+inline int64_t claim_payload_hash(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return static_cast<int64_t>(h);
+}
 
 class ClaimStore {
  public:

@@ -39,28 +39,6 @@ namespace mqtt_inbox::detail {
 
 namespace {
 
-int64_t payload_hash(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return static_cast<int64_t>(h);
-}
-
-ClaimResult claim_result_for(DeadLetterReason reason) {
-  switch (reason) {
-    case DeadLetterReason::kInvalidPayload:
-      return ClaimResult::kRejected;
-    case DeadLetterReason::kHandlerReentered:
-      return ClaimResult::kReentered;
-    case DeadLetterReason::kOutboxRefused:
-      return ClaimResult::kOutboxRefused;
-    default:
-      return ClaimResult::kUndecodable;
-  }
-}
-
 // A change of this message refused (a constraint, a data error), also at COMMIT: a
 // failed attempt, not a store failure.
 bool refused_message(const std::exception& e, ClaimResult* result, std::string* error) {
@@ -161,7 +139,7 @@ struct ClaimTxn {
     const pqxx::result r =
         w.exec_prepared(only_if_nothing_recorded ? "mi_claim_if_nothing" : "mi_claim", consumer, id,
                         meta ? message.topic : "", meta ? message.content_type.value_or("") : "",
-                        corr, meta ? std::to_string(payload_hash(message.payload)) : "");
+                        corr, meta ? std::to_string(claim_payload_hash(message.payload)) : "");
     return r.affected_rows() == 1;
   }
 

@@ -33,16 +33,6 @@ StoreHandler bind_sqlite_handler(Handler handler) {
 
 namespace {
 
-// 64-bit FNV-1a: a cheap fingerprint of the payload for debugging (not security).
-int64_t payload_hash(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return static_cast<int64_t>(h);
-}
-
 constexpr const char* kLookupSql =
     "SELECT EXISTS(SELECT 1 FROM inbox_processed"
     "              WHERE consumer_name = ?1 AND message_id = ?2),"
@@ -109,20 +99,6 @@ constexpr const char* kDeleteAttemptsSql =
 
 constexpr const char* kMarkReplayedSql =
     "UPDATE inbox_dead_letters SET status = 'replayed', replayed_at = ?2 WHERE id = ?1";
-
-// The claim result of a handler that asked for (or earned) an immediate dead letter.
-ClaimResult claim_result_for(DeadLetterReason reason) {
-  switch (reason) {
-    case DeadLetterReason::kInvalidPayload:
-      return ClaimResult::kRejected;
-    case DeadLetterReason::kHandlerReentered:
-      return ClaimResult::kReentered;
-    case DeadLetterReason::kOutboxRefused:
-      return ClaimResult::kOutboxRefused;
-    default:
-      return ClaimResult::kUndecodable;
-  }
-}
 
 // A change of this message refused at any point of its transaction, COMMIT included (a
 // deferred foreign key, a CHECK, the commit hook's veto): a failure of this message, not
@@ -325,7 +301,7 @@ bool SqliteStore::insert_claim(const std::string& consumer, const Message& messa
     if (message.content_type) q.bindNoCopy(5, *message.content_type);
     if (message.correlation_data && is_valid_utf8(*message.correlation_data))
       q.bindNoCopy(6, *message.correlation_data);
-    q.bind(7, payload_hash(message.payload));
+    q.bind(7, claim_payload_hash(message.payload));
   }
   q.exec();
   return m.db->getChanges() > 0;
