@@ -51,9 +51,12 @@ for arg in "$@"; do
 done
 mkdir -p "$WORK"
 
+# A firmware build: without the PostgreSQL store (the default of a cross build; on a host
+# build it links libpqxx and libpq, which bring GnuTLS, Kerberos and LDAP into every
+# program: docs/packaging.md#footprint measures what that costs).
 COMMON_ARGS=(-G Ninja -DMQTT_INBOX_BUILD_TESTS=OFF -DMQTT_INBOX_BUILD_BENCH=OFF
              -DMQTT_INBOX_BUILD_TOOLS=OFF -DMQTT_INBOX_BUILD_EXAMPLES=ON
-             -DMQTT_INBOX_INSTALL=ON)
+             -DMQTT_INBOX_INSTALL=ON -DMQTT_INBOX_WITH_POSTGRES=OFF)
 build() {  # build DIR BUILD_TYPE [cmake args...]
   local dir="$1" type="$2"; shift 2
   cmake -S "$ROOT" -B "$dir" "${COMMON_ARGS[@]}" -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
@@ -77,6 +80,7 @@ fi
 # .so: strip --strip-unneeded; executables: strip --strip-all.
 stripped() {  # stripped STRIP FILE -> bytes
   local s="$1" f="$2" t="$WORK/strip.tmp" mode=--strip-all
+  [ -f "$f" ] || { echo "-"; return 0; }
   case "$f" in *.a) mode=--strip-debug ;; *.so*) mode=--strip-unneeded ;; esac
   cp "$f" "$t" && "$s" $mode "$t" && stat -c %s "$t" && rm -f "$t"
 }
@@ -87,7 +91,7 @@ size_row() {  # size_row LABEL STRIP DIR
     "$(stripped "$s" "$d/libmqtt_inbox_core.a")" "$(stripped "$s" "$d/libmqtt_inbox.a")" \
     "$(stripped "$s" "$(readlink -f "$d/libmqtt_inbox_core.so")")" \
     "$(stripped "$s" "$(readlink -f "$d/libmqtt_inbox.so")")" \
-    "$(stripped "$s" "$d/examples/ledger_consumer")" "$(stripped "$s" "$d/examples/c/c_ledger_consumer")"
+    "$(stripped "$s" "$d/examples/ledger_consumer")" "$(stripped "$s" "$d/examples/c_ledger_consumer")"
 }
 echo
 echo "Stripped sizes, bytes (ledger_consumer links libmqtt_inbox*.a and SQLiteCpp statically,"
@@ -250,7 +254,7 @@ anon_breakdown() {
     fi
   done < "/proc/$1/smaps"
   for kind in "${!kib[@]}"; do
-    [ "${kib[$kind]}" -gt 0 ] && printf '  %-48s %6d KiB\n' "$kind" "${kib[$kind]}"
+    if [ "${kib[$kind]}" -gt 0 ]; then printf '  %-48s %6d KiB\n' "$kind" "${kib[$kind]}"; fi
   done | sort -k1,1
 }
 
@@ -277,8 +281,8 @@ measure_mem() {
   local rows=0 anon=0 pss=0 a p deadline=$((SECONDS + 600))
   while [ "$rows" -lt "$N" ] && [ $SECONDS -lt $deadline ]; do
     sleep 0.5
-    a="$(status_kib "$CONSUMER_PID" RssAnon)"; [ "${a:-0}" -gt "$anon" ] && anon=$a
-    p="$(pss_kib "$CONSUMER_PID")"; [ "${p:-0}" -gt "$pss" ] && pss=$p
+    a="$(status_kib "$CONSUMER_PID" RssAnon)"; if [ "${a:-0}" -gt "$anon" ]; then anon=$a; fi
+    p="$(pss_kib "$CONSUMER_PID")"; if [ "${p:-0}" -gt "$pss" ]; then pss=$p; fi
     rows="$(sqlite3 "$db" "SELECT count(*) FROM ledger_entries" 2>/dev/null || echo 0)"
   done
   local hwm; hwm="$(status_kib "$CONSUMER_PID" VmHWM)"
@@ -296,9 +300,8 @@ echo "| program                            | idle VmRSS | idle RssAnon | idle Ps
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 start_broker
 measure_mem "ledger_consumer (C++)" "$BUILD_PREFIX-x86/examples/ledger_consumer"
-cp "$WORK/mem_ledger_consumer__C___.anon" "$WORK/anon_cxx.txt" 2>/dev/null || true
-measure_mem "c_ledger_consumer (C)" "$BUILD_PREFIX-x86/examples/c/c_ledger_consumer"
-measure_mem "c_ledger_consumer, arena_max=1" "$BUILD_PREFIX-x86/examples/c/c_ledger_consumer" \
+measure_mem "c_ledger_consumer (C)" "$BUILD_PREFIX-x86/examples/c_ledger_consumer"
+measure_mem "c_ledger_consumer, arena_max=1" "$BUILD_PREFIX-x86/examples/c_ledger_consumer" \
   GLIBC_TUNABLES=glibc.malloc.arena_max=1
 printf '| %-34s | %7s | %7s | %7s | %8s | %8s | %8s | %6s |\n' "mosquitto (the broker, idle)" \
   "$(status_kib "$BROKER_PID" VmRSS)" "$(status_kib "$BROKER_PID" RssAnon)" "$(pss_kib "$BROKER_PID")" \

@@ -223,7 +223,9 @@ TEST_F(InboxTest, HandlerThatRecoversIsAppliedOnce) {
 }
 
 // A handler cannot end the inbox's transaction: ROLLBACK is refused at prepare time, so
-// its later writes cannot commit apart from the claim (once per attempt).
+// its later writes cannot commit apart from the claim, and the attempt fails by name even
+// when the handler swallows the refusal (src/store/sqlite/txn_fence.h): every attempt
+// fails alike, and the message ends as a dead letter saying why, with nothing applied.
 TEST_F(InboxTest, HandlerCannotEndTheInboxTransaction) {
   ConsumerOptions o;
   o.max_attempts = 3;
@@ -237,9 +239,15 @@ TEST_F(InboxTest, HandlerCannotEndTheInboxTransaction) {
         ledger::apply_credit(db, d);
       },
       o);
-  EXPECT_EQ(c->handle(credit_message("sneaky-1", "ivan", 3)), Outcome::kProcessed);
-  EXPECT_EQ(count("ledger_entries"), 1);
-  EXPECT_EQ(balance("ivan"), 3);
+  EXPECT_EQ(c->handle(credit_message("sneaky-1", "ivan", 3)), Outcome::kDeadLettered);
+  EXPECT_EQ(count("ledger_entries"), 0);
+  EXPECT_EQ(count("accounts", "account = 'ivan'"), 0);
+  EXPECT_EQ(count("inbox_processed"), 0);
+  EXPECT_EQ(count("inbox_dead_letters",
+                  "reason = 'handler_failed' AND attempts = 3 AND"
+                  " reason_text LIKE 'handler ended the transaction: it"
+                  " ran ROLLBACK%'"),
+            1);
 }
 
 TEST_F(InboxTest, UndecodablePayloadIsDeadLetteredWithoutRetries) {
