@@ -86,7 +86,8 @@ struct InboxOptions {
   // On PostgreSQL, busy_timeout_ms is the connection's lock_timeout (the handler's
   // statements included): a claim waiting behind another consumer's uncommitted claim of
   // the same id gives up after it, as "not yet" (SQLSTATE 55P03: retried with the store
-  // backoff, never counted against the message); synchronous,
+  // backoff, never counted against the message). 0 means "do not wait" on both stores
+  // (lock_timeout 1 ms here: PostgreSQL's 0 would wait for ever); synchronous,
   // page_size_bytes, cache_size_kib, journal_size_limit_bytes, wal_autocheckpoint_pages,
   // exclusive and vfs do not apply (the server's synchronous_commit decides durability).
 

@@ -3,6 +3,7 @@
 // steps under an advisory lock, the server's clock, start-up waits and the fatal latch.
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 #include <string>
@@ -181,7 +182,9 @@ Status PgStore::connect_locked(bool migrate) {
             "instead of skipping it): set it to 'read committed' for the inbox's role or "
             "database (docs/postgres.md#read-committed)");
       }
-      n.exec0("SET lock_timeout = " + std::to_string(options.busy_timeout_ms));
+      // 0 is "do not wait", as on SQLite (PRAGMA busy_timeout = 0), not PostgreSQL's
+      // lock_timeout = 0, which waits for ever behind a stuck node.
+      n.exec0("SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)));
     }
     if (migrate) {
       pqxx::work w(*conn);
