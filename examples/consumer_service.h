@@ -41,8 +41,8 @@ namespace consumer_service {
 
 struct Flags {
   connection_flags::Flags connection;
-  std::string topic, db_path, db_password_file, consumer_name, log_level = "info",
-                                                               prometheus_textfile;
+  std::string topic, db_path, consumer_name, log_level = "info", prometheus_textfile;
+  std::string db_password_file;  // PostgreSQL: InboxOptions::postgres_password_file
   bool normal_sync = false;
   int64_t startup_deadline_ms = 0;
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
