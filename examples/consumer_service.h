@@ -7,7 +7,10 @@
 //
 //   Flags (besides connection_flags.h's):
 //   --topic FILTER            topic filter to consume (required)
-//   --db PATH                 SQLite database file (required)
+//   --db LOCATION             SQLite database file, or a PostgreSQL URI
+//                             (postgresql://..., without a password) (required)
+//   --db-password-file PATH   PostgreSQL: a libpq password file (else PGPASSFILE,
+//                             ~/.pgpass); the password is never on the command line
 //   --consumer NAME           consumer name recorded with each message id
 //   --log-level LEVEL         trace|debug|info|warn|error (default info)
 //   --stuck-limit-ms MS       under systemd: stop watchdog pings once stuck this long
@@ -39,6 +42,7 @@ namespace consumer_service {
 struct Flags {
   connection_flags::Flags connection;
   std::string topic, db_path, consumer_name, log_level = "info", prometheus_textfile;
+  std::string db_password_file;  // PostgreSQL: InboxOptions::postgres_password_file
   bool normal_sync = false;
   int64_t startup_deadline_ms = 0;
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
@@ -70,7 +74,11 @@ inline void add(CLI::App& app, Flags* f) {
   app.add_option("--topic", f->topic, "Topic filter to consume")
       ->required()
       ->check(command_line::topic_filter());
-  app.add_option("--db", f->db_path, "SQLite database file")->required();
+  app.add_option("--db", f->db_path,
+                 "SQLite database file, or a PostgreSQL URI (postgresql://..., no password)")
+      ->required();
+  app.add_option("--db-password-file", f->db_password_file,
+                 "PostgreSQL: libpq password file (default: PGPASSFILE, ~/.pgpass)");
   app.add_option("--consumer", f->consumer_name, "Consumer name recorded with each message id");
   app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error");
   app.add_option("--stuck-limit-ms", f->stuck_limit_ms,
@@ -99,21 +107,16 @@ class Service {
   // says so and the start timeout is extended. Returns kExitOk, or the exit code for
   // main() to return (STATUS= says why).
   int open(const Flags& f, const std::function<void(SQLite::Database&)>& create_tables) {
-    flags_ = f;
-    if (int rc = frame_.begin(frame_options(f, log_name_)); rc != examples::kExitOk) return rc;
-    log_ = frame_.log();
-    if (auto s = connection_flags::to_subscriber_options(f.connection, &mqtt_); !s.ok())
-      return frame_.fail(examples::kExitSubscriber, s);
-    mqtt_.logger = log_;
-    mqtt_.stop_timeout_ms = f.stop_timeout_ms;
-
-    mqtt_inbox::InboxOptions store;
-    frame_.store(&store);
-    store.startup_deadline_ms = f.startup_deadline_ms;
-    if (f.normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;
-    if (auto s = mqtt_inbox::Inbox::open(f.db_path, store, &inbox_); !s.ok())
-      return frame_.fail(examples::startup_exit_code(s), s);
+    if (int rc = open_store(f); rc != examples::kExitOk) return rc;
     if (auto s = inbox_->setup(create_tables); !s.ok())
+      return frame_.fail(examples::startup_exit_code(s), s);
+    return examples::kExitOk;
+  }
+  // The same with the business tables as SQL text (Inbox::setup_sql): how a program on
+  // the PostgreSQL store creates them.
+  int open(const Flags& f, const std::string& create_tables_sql) {
+    if (int rc = open_store(f); rc != examples::kExitOk) return rc;
+    if (auto s = inbox_->setup_sql(create_tables_sql); !s.ok())
       return frame_.fail(examples::startup_exit_code(s), s);
     return examples::kExitOk;
   }
@@ -136,8 +139,10 @@ class Service {
   // exit code: 0, 7 (refused), or 3 (std::_Exit) when a message was still waiting for the
   // store, or `stopping` failed (the relay was still waiting for the store). `relay`, if
   // given, is a health source of STATUS and is watched for refusals (--refused-limit-ms)
-  // like the subscriber; it must outlive run().
-  int run(mqtt_inbox::Handler handler, const std::function<void()>& started = {},
+  // like the subscriber; it must outlive run(). `handler` is a Handler (SQLite) or a
+  // PgHandler (PostgreSQL), as the store opened by open() takes.
+  template <typename AnyHandler>
+  int run(AnyHandler handler, const std::function<void()>& started = {},
           const std::function<mqtt_inbox::Status()>& stopping = {},
           const mqtt_inbox::Relay* relay = nullptr) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
@@ -145,7 +150,35 @@ class Service {
                                               std::move(handler), {}, &consumer);
         !s.ok())
       return frame_.fail(examples::kExitFailed, s);
+    return run_consumer(consumer.get(), started, stopping, relay);
+  }
 
+ private:
+  // open(), up to the business tables: the log, the signals, the notifier, the subscriber
+  // options, and the store (SQLite or PostgreSQL, chosen by --db).
+  int open_store(const Flags& f) {
+    flags_ = f;
+    if (int rc = frame_.begin(frame_options(f, log_name_)); rc != examples::kExitOk) return rc;
+    log_ = frame_.log();
+    if (auto s = connection_flags::to_subscriber_options(f.connection, &mqtt_); !s.ok())
+      return frame_.fail(examples::kExitSubscriber, s);
+    mqtt_.logger = log_;
+    mqtt_.stop_timeout_ms = f.stop_timeout_ms;
+
+    mqtt_inbox::InboxOptions store;
+    frame_.store(&store);
+    store.startup_deadline_ms = f.startup_deadline_ms;
+    if (f.normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;
+    store.postgres_password_file = f.db_password_file;
+    if (auto s = mqtt_inbox::Inbox::open(f.db_path, store, &inbox_); !s.ok())
+      return frame_.fail(examples::startup_exit_code(s), s);
+    return examples::kExitOk;
+  }
+
+  // run(), from the Consumer on.
+  int run_consumer(mqtt_inbox::Consumer* consumer, const std::function<void()>& started,
+                   const std::function<mqtt_inbox::Status()>& stopping,
+                   const mqtt_inbox::Relay* relay) {
     // Retention: forget ids once the broker can no longer redeliver them. The window
     // must cover the session expiry the subscriber asks for. The subscriber records that
     // expiry in the inbox when it connects (SessionRecords::record), and the Pruner checks
@@ -164,7 +197,7 @@ class Service {
     std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
     if (auto s = mqtt_inbox::Subscriber::create(mqtt_, &subscriber); !s.ok())
       return frame_.fail(examples::subscriber_exit_code(s), s);
-    if (auto s = subscriber->subscribe(flags_.topic, consumer.get()); !s.ok())
+    if (auto s = subscriber->subscribe(flags_.topic, consumer); !s.ok())
       return frame_.fail(examples::subscriber_exit_code(s), s);
     if (auto s = subscriber->start(); !s.ok())
       return frame_.fail(examples::subscriber_exit_code(s), s);
@@ -208,7 +241,6 @@ class Service {
     return examples::kExitOk;
   }
 
- private:
   std::string program_, log_name_;
   Flags flags_;
   // Declared before the inbox: destroyed after it (the notifier stops first, in end()).

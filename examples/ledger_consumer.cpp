@@ -3,6 +3,7 @@
 //
 //   ledger_consumer --broker tcp://127.0.0.1:1883 --client-id ledger-1
 //                   --topic credits/# --db ledger.db [--mqtt-version 3.1.1|5]
+//                   [--db-password-file PATH]
 //                   [--startup-deadline-ms 0] [--stop-timeout-ms 10000]
 //                   [--emit-topic events/credited] [--max-packet-size 0]
 //
@@ -17,14 +18,54 @@
 // (RelayOptions::max_packet_size; 0 = none). The flags, start-up and stop are
 // consumer_service.h's; the relay's stop shares --stop-timeout-ms with the subscriber's.
 //
+// --db postgresql:///ledger?host=/run/postgresql keeps the inbox and the business tables
+// (accounts, ledger_entries) in PostgreSQL instead
+// (docs/postgres.md#the-ledger-consumer-on-postgresql): the same credit, applied by a PgHandler in
+// the claim's transaction (ledger_postgres.h). The URI holds no password: it comes from a password
+// file (--db-password-file, or libpq's PGPASSFILE, ~/.pgpass). --emit-topic is refused there (exit
+// 1): the outbox is not on the PostgreSQL store yet.
+//
 #include <mqtt_inbox/mqtt_inbox.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 
 #include "command_line.h"
 #include "consumer_service.h"
 #include "exit_codes.h"
 #include "ledger.h"
+#if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
+#include "ledger_postgres.h"
+#endif
+
+namespace {
+
+bool is_postgres_uri(const std::string& db) {
+  return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
+}
+
+// The ledger on PostgreSQL: the store, the business tables, the PgHandler.
+int run_on_postgres(const consumer_service::Flags& flags, const std::string& emit_topic) {
+  if (!emit_topic.empty()) {
+    std::fprintf(stderr,
+                 "ledger_consumer: --emit-topic needs the outbox, which the PostgreSQL store "
+                 "does not have yet (docs/postgres.md#what-is-supported)\n");
+    return examples::kExitFailed;
+  }
+#if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
+  mqtt_inbox::enable_postgres_store();  // the store lives in mqtt_inbox::postgres
+  consumer_service::Service service("ledger_consumer", "ledger");
+  if (int rc = service.open(flags, ledger::postgres::kCreateTables); rc != examples::kExitOk)
+    return rc;
+  return service.run(mqtt_inbox::PgHandler(ledger::postgres::apply_credit));
+#else
+  // Inbox::open says why: this build of mqtt-inbox has no PostgreSQL store.
+  consumer_service::Service service("ledger_consumer", "ledger");
+  return service.open(flags, std::string());
+#endif
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Apply JSON credits from MQTT exactly once (mqtt-inbox example)"};
@@ -41,6 +82,7 @@ int main(int argc, char** argv) {
                  "max_packet_size; MQTT 3.1.1 cannot announce it); 0 = none")
       ->check(CLI::NonNegativeNumber);
   if (int rc = command_line::parse(app, argc, argv, "ledger_consumer"); rc >= 0) return rc;
+  if (is_postgres_uri(flags.db_path)) return run_on_postgres(flags, emit_topic);
 
   // 1. The store, with the business tables, before anything connects.
   consumer_service::Service service("ledger_consumer", "ledger");

@@ -1,12 +1,20 @@
 // The PostgreSQL store: what an application writes for an inbox on a PostgreSQL server.
 //
+// The PostgreSQL store is a library of its own, so that a program on SQLite never loads
+// libpq and what it brings (GnuTLS, Kerberos, LDAP): link mqtt_inbox_postgres (CMake
+// `find_package(mqtt_inbox COMPONENTS mqtt_inbox postgres)` and `mqtt_inbox::postgres`;
+// pkg-config `mqtt_inbox_postgres`) and call enable_postgres_store() once, before the
+// first Inbox::open of a PostgreSQL location. Built when the library was configured with
+// MQTT_INBOX_WITH_POSTGRES (the default on a host build where libpqxx is found).
+//
 // The store chooses itself from the location given to Inbox::open: a libpq connection URI
 // ("postgresql://..." or "postgres://...",
 // https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-CONNSTRING) opens the PostgreSQL
-// store, anything else is an SQLite file path. Built when the library was configured with
-// MQTT_INBOX_WITH_POSTGRES (the default on a host build where libpqxx is found); without it,
-// opening such a location fails with kInvalidArgument.
+// store, anything else is an SQLite file path. Without enable_postgres_store(), opening
+// such a location fails with kInvalidArgument saying what to link and call; in a build
+// configured with MQTT_INBOX_WITH_POSTGRES=OFF, with kInvalidArgument saying so.
 //
+//   mqtt_inbox::enable_postgres_store();
 //   std::unique_ptr<Inbox> inbox;
 //   InboxOptions o;
 //   o.postgres_schema = "mqtt_inbox";          // where the inbox's tables live (default)
@@ -36,6 +44,14 @@ class transaction_base;
 }
 
 namespace mqtt_inbox {
+
+// Makes Inbox::open accept PostgreSQL locations ("postgresql://", "postgres://") in this
+// process: registers the PostgreSQL store, which this function's library
+// (mqtt_inbox_postgres) holds, with the core. Call it before the first such Inbox::open;
+// an explicit call (not a static initialiser) so that it works when the library is linked
+// statically too. Idempotent: a second call does nothing more. Thread safety: any thread,
+// at any time, also while other threads open inboxes.
+void enable_postgres_store();
 
 // The business change of one message on the PostgreSQL store (Consumer::create): runs
 // inside the library's transaction `txn`, right after the claim row was inserted, on the

@@ -203,11 +203,21 @@ Status open_store(const std::string& location, const InboxOptions& options,
                   std::unique_ptr<Store>* out);
 // True for a location that names a PostgreSQL server.
 bool is_postgres_location(const std::string& location);
-// Each store's open (store/sqlite/open.cpp, store/postgres/open.cpp).
+// Each store's open (store/sqlite/open.cpp, store/postgres/open.cpp). The PostgreSQL
+// store is a library of its own (mqtt_inbox_postgres): the core has no PostgreSQL code
+// and reaches open_postgres_store only through the opener that library registers.
 Status open_sqlite_store(const std::string& path, const InboxOptions& options,
                          std::unique_ptr<Store>* out);
 Status open_postgres_store(const std::string& uri, const InboxOptions& options,
                            std::unique_ptr<Store>* out);
+
+// The registry of the PostgreSQL opener (store/open.cpp): enable_postgres_store()
+// (postgres.h, in mqtt_inbox_postgres) registers open_postgres_store; until then
+// open_store refuses a PostgreSQL location, saying what to link and call. Registering is
+// idempotent; any thread (an atomic pointer, constant-initialised: no start-up order).
+using StoreOpener = Status (*)(const std::string& location, const InboxOptions& options,
+                               std::unique_ptr<Store>* out);
+void register_postgres_opener(StoreOpener opener);
 
 }  // namespace detail
 }  // namespace mqtt_inbox

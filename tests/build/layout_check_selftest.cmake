@@ -38,10 +38,11 @@ endfunction()
 
 set(core src/store/sqlite/claim.cpp src/inbox/consumer.cpp)
 set(mqtt src/mqtt/subscriber.cpp)
+set(pg "")
 
 # expect(NAME DIR PATTERN): the rules report a violation matching PATTERN ("" = none).
 function(expect name dir pattern)
-  mqtt_inbox_layout_violations(errors ROOT "${dir}" CORE ${core} MQTT ${mqtt})
+  mqtt_inbox_layout_violations(errors ROOT "${dir}" CORE ${core} MQTT ${mqtt} POSTGRES ${pg})
   if(pattern STREQUAL "")
     if(errors)
       message("FAIL ${name}: expected no violation, got: ${errors}")
@@ -164,6 +165,21 @@ list(APPEND core src/mqtt/subscriber.cpp)
 expect("an MQTT file in the core library" "${t}"
   "^src/mqtt/subscriber.cpp is a source of the CORE library but not in one of its folders")
 list(REMOVE_ITEM core src/mqtt/subscriber.cpp)
+
+# The PostgreSQL store is its own library: its files in the core are refused (a program
+# on SQLite would load libpq), and so are its files left out of its library.
+make_tree("${t}")
+file(WRITE "${t}/src/store/postgres/claim.cpp" "#include \"store/store.h\"\n")
+set(pg src/store/postgres/claim.cpp)
+expect("the PostgreSQL store in its own library" "${t}" "")
+list(APPEND core src/store/postgres/claim.cpp)
+expect("a PostgreSQL store file in the core library" "${t}"
+  "^src/store/postgres/claim.cpp is a source of the CORE library but not in one of its folders")
+list(REMOVE_ITEM core src/store/postgres/claim.cpp)
+file(WRITE "${t}/src/store/postgres/open.cpp" "int z;\n")
+expect("a PostgreSQL store file left out of its library" "${t}"
+  "^src/store/postgres/open.cpp is in a folder of the POSTGRES library but not among its sources")
+set(pg "")
 
 # Debts shrink: one that matches nothing is reported.
 make_tree("${t}")

@@ -1,6 +1,7 @@
 # cpack -G DEB in the build: two packages (cmake/packaging.cmake).
 #  - libmqtt-inbox-dev, unpacked with dpkg -x into a scratch root: the find_package consumer
-#    and a pkg-config compile against that root.
+#    and a pkg-config compile against that root (and one of the PostgreSQL store's program
+#    with mqtt_inbox_postgres.pc, when the package has it).
 #  - mqtt-inbox, unpacked into another scratch root (service_deb_test.cmake): the files
 #    where docs/operations.md#installing-and-starting-a-unit says, the programs run,
 #    systemd-analyze verify on its units, its postinst creating the service user in the
@@ -59,6 +60,19 @@ if(PKG_CONFIG AND CXX)
   get_filename_component(libdir "${libdir}" DIRECTORY)
   run(${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${libdir}" ${WORK}/pc_consumer
       ${WORK}/pc_consumer.db)
+  # The PostgreSQL store's own .pc file, when the package has the store.
+  if(EXISTS "${pcdir}/mqtt_inbox_postgres.pc")
+    execute_process(COMMAND ${PKG_CONFIG} --cflags --libs mqtt_inbox_postgres
+      OUTPUT_VARIABLE pgflags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "pkg-config mqtt_inbox_postgres failed")
+    endif()
+    message(STATUS "pkg-config --cflags --libs mqtt_inbox_postgres: ${pgflags}")
+    separate_arguments(pgflags UNIX_COMMAND "${pgflags}")
+    run(${CXX} -std=c++17 ${SRC}/find_package/postgres_only.cpp -o ${WORK}/pc_postgres_only
+        ${pgflags})
+    run(${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${libdir}" ${WORK}/pc_postgres_only)
+  endif()
 endif()
 
 # The service package.

@@ -40,6 +40,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The PostgreSQL store is a library of its own (mqtt_inbox::postgres): a program enables it
+// before opening a postgresql:// location (pg_enable_check proves the refusal without).
+const bool kPostgresEnabled = (enable_postgres_store(), true);
+
 // One cluster per test process (each case runs as its own process under ctest).
 Postgres& server() {
   static Postgres pg;

@@ -342,3 +342,9 @@ Status open_postgres_store(const std::string& uri, const InboxOptions& options,
 }
 
 }  // namespace mqtt_inbox::detail
+
+namespace mqtt_inbox {
+
+void enable_postgres_store() { detail::register_postgres_opener(&detail::open_postgres_store); }
+
+}  // namespace mqtt_inbox
