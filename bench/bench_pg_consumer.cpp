@@ -69,16 +69,14 @@ int main(int argc, char** argv) {
 
   bench::Drain done(count);
   bench::PgWalSpan wal(uri, count);
-  std::vector<double> txn_us;
-  txn_us.reserve(static_cast<size_t>(count));
-  int64_t t_claim = 0;  // the Consumer's thread only (one message at a time)
+  bench::PgTxnTimes times;  // the Consumer's thread only (one message at a time)
   auto log =
       std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
   mqtt_inbox::InboxOptions io;
   io.logger = log;
-  io.before_claim_hook = [&](const std::string&, const std::string&) { t_claim = bench::now_ns(); };
+  io.before_claim_hook = [&](const std::string&, const std::string&) { times.begin_txn(); };
   io.after_commit_hook = [&](const std::string&, const std::string&) {
-    txn_us.push_back(static_cast<double>(bench::now_ns() - t_claim) / 1e3);
+    times.end_txn();
     wal.before_one(done.done());
     done.one();
   };
@@ -147,16 +145,20 @@ int main(int argc, char** argv) {
                  static_cast<long long>(c.processed), static_cast<long long>(c.dead_lettered),
                  static_cast<long long>(c.duplicates));
   bench::Json j;
-  j.add("bench", "consumer").add("label", label).add("mode", "inbox_pg").add("sync", "on");
+  j.add("bench", "consumer")
+      .add("label", label)
+      .add("mode", "inbox_pg")
+      .add("sync", bench::pg_synchronous_commit(uri));
   j.add("count", count)
       .add("msgs_per_s", done.rate())
       .add("seconds", done.seconds())
       .add("measured", done.measured())
       .add("wal_bytes_per_msg", wal.bytes_per_msg());
-  bench::add_us(j, "txn", txn_us);
+  bench::add_us(j, "txn", times.txn_us);
+  bench::add_us(j, "between", times.between_us);
   j.print();
   std::fprintf(stderr, "inbox_pg[%s]: %.0f msgs in %.2f s = %.0f msg/s; txn p50 %.0f us\n",
                label.c_str(), done.measured(), done.seconds(), done.rate(),
-               bench::percentile(txn_us, 50));
+               bench::percentile(times.txn_us, 50));
   return 0;
 }

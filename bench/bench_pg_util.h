@@ -63,6 +63,30 @@ class PgWalSpan {
   int64_t warm_, target_, at_warm_ = 0, at_end_ = 0;
 };
 
+// Per-message times of a consumer: the transaction (BEGIN to COMMIT returned) and what
+// lies between one message's commit and the next one's BEGIN (the PUBACK, Paho's receipt
+// of the next PUBLISH, parsing it: everything outside the transaction). One thread.
+struct PgTxnTimes {
+  std::vector<double> txn_us, between_us;
+  int64_t last_end = 0, begin = 0;
+  void begin_txn() {
+    begin = now_ns();
+    if (last_end) between_us.push_back(static_cast<double>(begin - last_end) / 1e3);
+  }
+  void end_txn() {
+    last_end = now_ns();
+    txn_us.push_back(static_cast<double>(last_end - begin) / 1e3);
+  }
+};
+
+// The server's synchronous_commit for a new session ("on" for the reference runs), for the
+// JSON line's "sync".
+inline std::string pg_synchronous_commit(const std::string& uri) {
+  pqxx::connection c(uri);
+  pqxx::nontransaction n(c);
+  return n.exec1("SHOW synchronous_commit")[0].as<std::string>();
+}
+
 // Adds "<name>_p50_us", "<name>_p99_us" of `us` to a JSON line (nothing if empty).
 inline void add_us(Json& j, const std::string& name, const std::vector<double>& us) {
   if (us.empty()) return;

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     bench::Json j;
     j.add("bench", "raw_pg")
         .add("label", label)
-        .add("sync", "on")
+        .add("sync", bench::pg_synchronous_commit(uri))
         .add("count", count)
         .add("skipped", skipped)
         .add("seconds", secs)

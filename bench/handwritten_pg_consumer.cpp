@@ -83,8 +83,7 @@ int main(int argc, char** argv) {
   bench::Drain drain(count);
   bench::PgWalSpan wal(uri, count);
   int64_t processed = 0, duplicates = 0, undecodable = 0;
-  std::vector<double> txn_us;
-  txn_us.reserve(static_cast<size_t>(count));
+  bench::PgTxnTimes times;
   cli.set_message_callback([&](mqtt::const_message_ptr m) {
     std::string id, account;
     int64_t amount = 0;
@@ -99,7 +98,7 @@ int main(int argc, char** argv) {
       return;  // acked: nothing to store
     }
     try {
-      const int64_t b = bench::now_ns();
+      times.begin_txn();
       pqxx::work w(*db);
       if (w.exec_prepared("claim", id).affected_rows() == 0) {
         w.abort();
@@ -108,7 +107,7 @@ int main(int argc, char** argv) {
         w.exec_prepared0("credit", account, amount);
         w.exec_prepared0("entry", id, account, amount);
         w.commit();
-        txn_us.push_back(static_cast<double>(bench::now_ns() - b) / 1e3);
+        times.end_txn();
         ++processed;
       }
     } catch (const std::exception& e) {
@@ -144,16 +143,20 @@ int main(int argc, char** argv) {
                  static_cast<long long>(processed), static_cast<long long>(duplicates),
                  static_cast<long long>(undecodable));
   bench::Json j;
-  j.add("bench", "consumer").add("label", label).add("mode", "handwritten_pg").add("sync", "on");
+  j.add("bench", "consumer")
+      .add("label", label)
+      .add("mode", "handwritten_pg")
+      .add("sync", bench::pg_synchronous_commit(uri));
   j.add("count", count)
       .add("msgs_per_s", drain.rate())
       .add("seconds", drain.seconds())
       .add("measured", drain.measured())
       .add("wal_bytes_per_msg", wal.bytes_per_msg());
-  bench::add_us(j, "txn", txn_us);
+  bench::add_us(j, "txn", times.txn_us);
+  bench::add_us(j, "between", times.between_us);
   j.print();
   std::fprintf(stderr, "handwritten_pg[%s]: %.0f msgs in %.2f s = %.0f msg/s; txn p50 %.0f us\n",
                label.c_str(), drain.measured(), drain.seconds(), drain.rate(),
-               bench::percentile(txn_us, 50));
+               bench::percentile(times.txn_us, 50));
   return 0;
 }
