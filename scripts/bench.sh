@@ -4,7 +4,7 @@
 #   scripts/bench.sh [--quick] [--n N] [--rounds R] [--prefill M] [--skip-scale]
 #                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
 #                    [--out FILE] [--relay-only] [--relay-rounds R]
-#                    [--pg | --skip-pg | --pg-only]
+#                    [--pg | --skip-pg | --pg-only] [--pg-sync on|off]
 #
 # --pg (the default) also runs the PostgreSQL comparison (issue 30): the library on
 # PostgreSQL, the minimal raw libpqxx transaction and a hand-written Paho + libpqxx consumer,
@@ -12,6 +12,9 @@
 # starts (as the `postgres` user when run as root; socket in a temporary folder, no TCP;
 # data folder under --dir; fsync = on, synchronous_commit = on). --skip-pg leaves it out;
 # --pg-only runs it alone (e.g. scripts/bench.sh --pg-only --n 5000 --rounds 4).
+# --pg-sync off starts the cluster with synchronous_commit = off instead: a diagnostic
+# (COMMIT no longer waits for its WAL flush, so what is left is the round trips and the
+# work of each consumer), never the reference.
 #
 # --relay-only runs the outbox relay's stage alone (ledger credits whose handler enqueues
 # one event each, relayed: a steady 200 msg/s and a burst, woken by each commit and by the
@@ -46,6 +49,7 @@ RELAY_ONLY=0       # the outbox relay's stage alone
 RELAY_ROUNDS=2     # interleaved rounds of the relay's four runs (medians)
 PG=1               # the PostgreSQL comparison (issue 30)
 PG_ONLY=0          # ... alone
+PG_SYNC=on         # its synchronous_commit (off: a diagnostic only)
 SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
@@ -57,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --pg) PG=1; shift ;;
     --skip-pg) PG=0; shift ;;
     --pg-only) PG=1; PG_ONLY=1; shift ;;
+    --pg-sync) PG_SYNC=$2; shift 2 ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
@@ -66,7 +71,7 @@ while [[ $# -gt 0 ]]; do
     --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -308,7 +313,7 @@ if [[ $PG -eq 1 ]]; then
     { cat "$WORK/pg/initdb.log" >&2; exit 1; }
   PG_DATA=$WORK/pg/data
   as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 \
-    -o "-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=on -c full_page_writes=on" \
+    -o "-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on" \
     start >/dev/null ||
     { cat "$WORK/pg/postgres.log" >&2; exit 1; }
   pg_uri() { echo "postgresql:///$1?host=$PG_SOCK&port=5432&user=postgres"; }
@@ -555,17 +560,21 @@ done
 fi  # ROUNDS
 if [[ $PG -eq 1 && $PG_ROUNDS -gt 0 ]]; then
   echo "== PostgreSQL (issue 30): drain of N=$N queued credits, median of $PG_ROUNDS interleaved"
-  echo "   rounds, synchronous_commit = on, fsync = on (÷ raw = median over rounds of the ratio"
-  echo "   within the round; txn = BEGIN to COMMIT returned per message, p50 / p99 in us; WAL ="
-  echo "   bytes of WAL the server wrote per message, pg_current_wal_lsn over the timed span)"
-  printf '  %-40s %9s %7s %17s %7s\n' consumer "msg/s" "÷ raw" "txn p50 / p99" "WAL B"
+  echo "   rounds, synchronous_commit = $PG_SYNC, fsync = on (÷ raw = median over rounds of the ratio"
+  echo "   within the round; txn = BEGIN to COMMIT returned per message, p50 / p99 in us;"
+  echo "   between = p50 us from one COMMIT's return to the next BEGIN: PUBACK, next PUBLISH,"
+  echo "   parsing; WAL = bytes of WAL the server wrote per message, pg_current_wal_lsn over"
+  echo "   the timed span)"
+  printf '  %-40s %9s %7s %17s %8s %7s\n' consumer "msg/s" "÷ raw" "txn p50 / p99" between \
+    "WAL B"
   for pair in "raw_pg:minimal raw transaction (libpqxx, no MQTT)" \
               "hand_pg:hand-written (Paho C++ + libpqxx)" \
               "inbox_pg:mqtt-inbox on PostgreSQL (defaults)"; do
     l=${pair%%:*}
-    printf '  %-40s %9.0f %7.3f %8.0f / %6.0f %7.0f\n' "${pair#*:}" \
+    printf '  %-40s %9.0f %7.3f %8.0f / %6.0f %8s %7.0f\n' "${pair#*:}" \
       "$(jmed "$(lab "$l")" msgs_per_s)" "$(ROUNDS=$PG_ROUNDS rmed "$l" raw_pg)" \
       "$(jmed "$(lab "$l")" txn_p50_us)" "$(jmed "$(lab "$l")" txn_p99_us)" \
+      "$(printf %.0f "$(jmed "$(lab "$l")" between_p50_us)")" \
       "$(jmed "$(lab "$l")" wal_bytes_per_msg)"
   done
   echo "  raw COMMIT round trip alone: p50 $(jmed "$(lab raw_pg)" commit_p50_us) us," \
@@ -579,15 +588,18 @@ if [[ $PG -eq 1 && $PG_ROUNDS -gt 0 ]]; then
       "hand-written $(printf %.0f "$(jmed "$(lab hand_full)" msgs_per_s)")," \
       "mqtt-inbox $(printf %.0f "$(jmed "$(lab inbox_full_drain)" msgs_per_s)") msg/s"
   fi
-  echo "  per round, msg/s raw / hand-written / inbox (inbox ÷ hand-written):"
+  echo "  per round, msg/s raw / hand-written / inbox (inbox ÷ hand-written), and the raw"
+  echo "  loop's COMMIT p50 in us (the disk's state in that round):"
   for r in $(seq 1 "$PG_ROUNDS"); do
     v=()
     for l in raw_pg hand_pg inbox_pg; do
       v+=("$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
              sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')")
     done
-    printf '    round %d: %6.0f / %6.0f / %6.0f  (%s)\n' "$r" "${v[0]:-0}" "${v[1]:-0}" \
-      "${v[2]:-0}" "$(ratio "${v[2]:-0}" "${v[1]:-0}")"
+    c=$(grep -F -- '"label":"raw_pg"' "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+        sed -n 's/.*"commit_p50_us":\([^,}]*\).*/\1/p')
+    printf '    round %d: %6.0f / %6.0f / %6.0f  (%s)  COMMIT %6.0f us\n' "$r" "${v[0]:-0}" \
+      "${v[1]:-0}" "${v[2]:-0}" "$(ratio "${v[2]:-0}" "${v[1]:-0}")" "${c:-0}"
   done
 fi
 if [[ $SKIP_EXTRA -eq 0 ]]; then
