@@ -1,8 +1,8 @@
 // bench_pg_consumer: the library on PostgreSQL (issue 30), as bench_consumer --mode inbox
-// is on SQLite. Inbox::open("postgresql://...") + Consumer::create with a PgHandler doing
-// the ledger's credit (the accounts upsert and the ledger entry, prepared once per
-// connection) in the claim transaction + Subscriber (the PUBACK after the commit) + the
-// Pruner as ledger_consumer runs it: library defaults.
+// is on SQLite. enable_postgres_store(), Inbox::open("postgresql://...") +
+// Consumer::create with a PgHandler doing the ledger's credit (the accounts upsert and the
+// ledger entry, prepared once per connection) in the claim transaction + Subscriber (the
+// PUBACK after the commit) + the Pruner as ledger_consumer runs it: library defaults.
 //   --phase setup   connect once with the persistent session, subscribe, disconnect.
 //   --phase run     consume until --count messages are committed, then print one JSON
 //                   line (the bench_util Drain figures; txn_p50_us: the claim transaction
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     wal.before_one(done.done());
     done.one();
   };
+  mqtt_inbox::enable_postgres_store();
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(uri, io, &inbox); !s.ok()) {
     std::fprintf(stderr, "open: %s\n", s.to_string().c_str());
