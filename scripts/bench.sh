@@ -4,6 +4,17 @@
 #   scripts/bench.sh [--quick] [--n N] [--rounds R] [--prefill M] [--skip-scale]
 #                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
 #                    [--out FILE] [--relay-only] [--relay-rounds R]
+#                    [--pg | --skip-pg | --pg-only] [--pg-sync on|off]
+#
+# --pg (the default) also runs the PostgreSQL comparison (issue 30): the library on
+# PostgreSQL, the minimal raw libpqxx transaction and a hand-written Paho + libpqxx consumer,
+# N credits each, in interleaved rounds, against a private PostgreSQL 15 cluster the script
+# starts (as the `postgres` user when run as root; socket in a temporary folder, no TCP;
+# data folder under --dir; fsync = on, synchronous_commit = on). --skip-pg leaves it out;
+# --pg-only runs it alone (e.g. scripts/bench.sh --pg-only --n 5000 --rounds 4).
+# --pg-sync off starts the cluster with synchronous_commit = off instead: a diagnostic
+# (COMMIT no longer waits for its WAL flush, so what is left is the round trips and the
+# work of each consumer), never the reference.
 #
 # --relay-only runs the outbox relay's stage alone (ledger credits whose handler enqueues
 # one event each, relayed: a steady 200 msg/s and a burst, woken by each commit and by the
@@ -36,6 +47,9 @@ SKIP_MICRO=0
 SKIP_EXTRA=0       # live runs, latency, window sweep, the outbox relay
 RELAY_ONLY=0       # the outbox relay's stage alone
 RELAY_ROUNDS=2     # interleaved rounds of the relay's four runs (medians)
+PG=1               # the PostgreSQL comparison (issue 30)
+PG_ONLY=0          # ... alone
+PG_SYNC=on         # its synchronous_commit (off: a diagnostic only)
 SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
@@ -44,6 +58,10 @@ while [[ $# -gt 0 ]]; do
     --quick) N=2000; ROUNDS=4; LAT_COUNT=600; PREFILL=1000000; SCALE_N=600; WEAR_N=400; shift ;;
     --relay-only) RELAY_ONLY=1; shift ;;
     --relay-rounds) RELAY_ROUNDS=$2; shift 2 ;;
+    --pg) PG=1; shift ;;
+    --skip-pg) PG=0; shift ;;
+    --pg-only) PG=1; PG_ONLY=1; shift ;;
+    --pg-sync) PG_SYNC=$2; shift 2 ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
@@ -53,12 +71,14 @@ while [[ $# -gt 0 ]]; do
     --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 DIR=${DIR:-$BUILD/run}
-if [[ $RELAY_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; fi
+if [[ $RELAY_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; PG=0; fi
+PG_ROUNDS=$ROUNDS  # the PostgreSQL comparison's rounds (--rounds)
+if [[ $PG_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; fi
 OUT=${OUT:-$BUILD/bench-results.jsonl}
 
 T_ALL=$SECONDS
@@ -75,6 +95,12 @@ stage() {  # prints how long the previous stage took, then the new stage's name
 # --- processes we start, stopped on any exit ------------------------------------------
 PIDS=()
 WORK=""
+PG_DATA=""  # the PostgreSQL cluster's data folder once started (section 1b)
+PG_SOCK=""
+PG_BIN=""
+as_pg() {  # runs a PostgreSQL server program: initdb and postgres refuse to run as root
+  if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
 cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do
@@ -83,6 +109,9 @@ cleanup() {
   for pid in "${PIDS[@]}"; do
     wait "$pid" 2>/dev/null || true
   done
+  [[ -n ${PG_DATA:-} ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m immediate -w stop \
+    >/dev/null 2>&1
+  [[ -n ${PG_SOCK:-} && -d $PG_SOCK ]] && rm -rf "$PG_SOCK"
   [[ -n $WORK && -d $WORK ]] && rm -rf "$WORK"
   return 0
 }
@@ -93,6 +122,7 @@ trap 'exit 130' INT TERM
 stage "packages"
 PKGS=(build-essential cmake pkg-config libsqlite3-dev libsqlitecpp-dev libpaho-mqttpp-dev
       libpaho-mqtt-dev libspdlog-dev libssl-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev mosquitto)
+[[ $PG -eq 1 ]] && PKGS+=(libpqxx-dev postgresql-15)
 MISSING=()
 ARCH=$(dpkg --print-architecture)
 installed() {  # multi-arch packages need the :arch qualifier when several are installed
@@ -118,8 +148,11 @@ EXTRA=(-DMQTT_INBOX_BUILD_BENCH=ON -DMQTT_INBOX_BUILD_TESTS=OFF -DMQTT_INBOX_BUI
        -DMQTT_INBOX_BUILD_TOOLS=OFF)
 BENCH_BIN=$BIN/bench
 cmake -S "$SRC" -B "$BIN" -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}" >/dev/null
-cmake --build "$BIN" -j2 --target bench_raw_sqlite bench_publisher bench_consumer bench_core \
-  bench_micro nodelay_preload handwritten_consumer >/dev/null
+TARGETS=(bench_publisher)
+[[ $PG_ONLY -eq 0 ]] && TARGETS+=(bench_consumer bench_raw_sqlite bench_core bench_micro nodelay_preload
+                                  handwritten_consumer)
+[[ $PG -eq 1 ]] && TARGETS+=(bench_raw_pg bench_pg_consumer handwritten_pg_consumer)
+cmake --build "$BIN" -j2 --target "${TARGETS[@]}" >/dev/null
 
 # --- brokers ------------------------------------------------------------------------------
 stage "brokers"
@@ -252,6 +285,72 @@ quiet_disk() { sync; }
 
 echo "N=$N rounds=$ROUNDS latency_count=$LAT_COUNT prefill=$PREFILL dir=$WORK out=$OUT"
 
+# --- 0: the PostgreSQL cluster (issue 30) -------------------------------------------------
+# A private PostgreSQL cluster (initdb into the run folder: the repository's file system,
+# never tmpfs; unix socket in a temporary folder, no TCP; fsync = on, synchronous_commit =
+# on, the rest initdb's defaults) for the PostgreSQL comparison: per round of section 1,
+# after the SQLite consumers, in a Latin-square order, three drains of N credits, each into
+# a database of its own made for the run:
+#   raw    bench_raw_pg: BEGIN; claim INSERT ... ON CONFLICT DO NOTHING; the credit's upsert
+#          and ledger entry; COMMIT, in a libpqxx loop (no MQTT): the limit;
+#   hand   handwritten_pg_consumer: Paho C++ + libpqxx, the same transaction in the message
+#          callback, the PUBACK after it;
+#   inbox  bench_pg_consumer: the library (Inbox::open("postgresql://..."), Consumer with a
+#          PgHandler doing the same credit, Subscriber, Pruner), library defaults.
+# Before each timed run: CHECKPOINT and sync(1), so no run inherits the previous one's dirty
+# pages or a checkpoint half-way.
+if [[ $PG -eq 1 ]]; then
+  stage "PostgreSQL cluster"
+  PG_BIN=/usr/lib/postgresql/15/bin
+  [[ -x $PG_BIN/postgres ]] || PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  [[ -x $PG_BIN/postgres ]] || { echo "PostgreSQL server not found (postgresql-15)" >&2; exit 1; }
+  chmod 711 "$WORK"  # the postgres user must reach its folder inside ours
+  mkdir -p "$WORK/pg"
+  PG_SOCK=$(mktemp -d /tmp/mqtt_inbox_bench_pg.XXXXXX)
+  if [[ $(id -u) -eq 0 ]]; then chown postgres: "$WORK/pg" "$PG_SOCK"; fi
+  as_pg "$PG_BIN/initdb" -D "$WORK/pg/data" -U postgres -A trust -E UTF8 --locale=C \
+    --no-instructions >"$WORK/pg/initdb.log" 2>&1 ||
+    { cat "$WORK/pg/initdb.log" >&2; exit 1; }
+  PG_DATA=$WORK/pg/data
+  as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 \
+    -o "-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on" \
+    start >/dev/null ||
+    { cat "$WORK/pg/postgres.log" >&2; exit 1; }
+  pg_uri() { echo "postgresql:///$1?host=$PG_SOCK&port=5432&user=postgres"; }
+  pg_sql() { "$PG_BIN/psql" -X -q -A -t -d "$(pg_uri postgres)" -c "$1"; }
+  echo "PostgreSQL $(pg_sql 'SHOW server_version') in $PG_DATA (socket $PG_SOCK):" \
+    "fsync=$(pg_sql 'SHOW fsync') synchronous_commit=$(pg_sql 'SHOW synchronous_commit')" \
+    "wal_sync_method=$(pg_sql 'SHOW wal_sync_method')" \
+    "shared_buffers=$(pg_sql 'SHOW shared_buffers')"
+  pg_quiet() { pg_sql CHECKPOINT; sync; }
+  pg_run() {  # pg_run WHICH: one drain of N credits into a new database
+    RUN_ID=$((RUN_ID + 1))
+    local label=${1}_pg db=bench_$RUN_ID
+    pg_sql "CREATE DATABASE $db"
+    local uri
+    uri=$(pg_uri "$db")
+    if [[ $1 == raw ]]; then
+      pg_quiet
+      "$BENCH_BIN/bench_raw_pg" --uri "$uri" --count "$N" --label "$label" | record
+    else
+      local prog=("$BENCH_BIN/bench_pg_consumer")
+      [[ $1 == hand ]] && prog=("$BENCH_BIN/handwritten_pg_consumer")
+      local common=(--broker "$BROKER" --topic "bench/$RUN_ID/credits" --client-id
+                    "bench-$RUN_ID-$label" --uri "$uri" --count "$N" --label "$label")
+      "${prog[@]}" "${common[@]}" --phase setup
+      "$BENCH_BIN/bench_publisher" --broker "$BROKER" --topic "bench/$RUN_ID/credits" \
+        --count "$N" --client-id "pub-$RUN_ID" --label "pub_$label" --seed "$RUN_ID" 2>&1 >/dev/null
+      pg_quiet
+      "${prog[@]}" "${common[@]}" --phase run | record
+    fi
+    # The business rows, checked: N credits, each once.
+    local rows
+    rows=$("$PG_BIN/psql" -X -q -A -t -d "$uri" -c "SELECT count(*) FROM ledger_entries")
+    [[ $rows == "$N" ]] || echo "WARNING: $label: $rows ledger entries, expected $N" >&2
+    pg_sql "DROP DATABASE $db"
+  }
+fi
+
 # --- 1: the comparison (issue 14): four consumers in interleaved rounds -------------------
 # Per round and per synchronous mode: the minimal raw transaction (in-process, no MQTT), the
 # hand-written consumer (bench/handwritten_consumer.cpp) and the library (Inbox + Consumer +
@@ -278,12 +377,22 @@ comparison_run() {  # comparison_run WHICH SYNC
 }
 ORDERS=("raw limit inbox hand" "limit hand raw inbox" "hand inbox limit raw"
         "inbox raw hand limit")
-for ROUND in $(seq 1 "$ROUNDS"); do
+PG_ORDERS=("raw hand inbox" "hand inbox raw" "inbox raw hand")
+ALL_ROUNDS=$ROUNDS
+[[ $PG -eq 1 && $PG_ROUNDS -gt $ALL_ROUNDS ]] && ALL_ROUNDS=$PG_ROUNDS
+for ROUND in $(seq 1 "$ALL_ROUNDS"); do
   order=${ORDERS[$(((ROUND - 1) % 4))]}
-  for sync in $SYNCS; do
-    stage "round $ROUND: $sync: ${order// /, }"
-    for which in $order; do comparison_run "$which" "$sync"; done
-  done
+  if [[ $ROUND -le $ROUNDS ]]; then
+    for sync in $SYNCS; do
+      stage "round $ROUND: $sync: ${order// /, }"
+      for which in $order; do comparison_run "$which" "$sync"; done
+    done
+  fi
+  if [[ $PG -eq 1 && $ROUND -le $PG_ROUNDS ]]; then
+    order=${PG_ORDERS[$(((ROUND - 1) % 3))]}
+    stage "round $ROUND: PostgreSQL: ${order// /, }"
+    for which in $order; do pg_run "$which"; done
+  fi
 done
 ROUND=0
 
@@ -364,7 +473,7 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   rm -f "$WORK"/scale.db*
 fi
 
-if [[ $RELAY_ONLY -eq 0 ]]; then
+if [[ $RELAY_ONLY -eq 0 && $PG_ONLY -eq 0 ]]; then
 # --- 7: pages per commit: what each part of the claim row costs ---------------------------
 # Raw loop, NORMAL (the frames a commit writes do not depend on the fsync), N messages:
 # the minimal shape, then one part added at a time, then the shape of schema version 3.
@@ -449,6 +558,50 @@ for sync in $SYNCS; do
   done
 done
 fi  # ROUNDS
+if [[ $PG -eq 1 && $PG_ROUNDS -gt 0 ]]; then
+  echo "== PostgreSQL (issue 30): drain of N=$N queued credits, median of $PG_ROUNDS interleaved"
+  echo "   rounds, synchronous_commit = $PG_SYNC, fsync = on (÷ raw = median over rounds of the ratio"
+  echo "   within the round; txn = BEGIN to COMMIT returned per message, p50 / p99 in us;"
+  echo "   between = p50 us from one COMMIT's return to the next BEGIN: PUBACK, next PUBLISH,"
+  echo "   parsing; WAL = bytes of WAL the server wrote per message, pg_current_wal_lsn over"
+  echo "   the timed span)"
+  printf '  %-40s %9s %7s %17s %8s %7s\n' consumer "msg/s" "÷ raw" "txn p50 / p99" between \
+    "WAL B"
+  for pair in "raw_pg:minimal raw transaction (libpqxx, no MQTT)" \
+              "hand_pg:hand-written (Paho C++ + libpqxx)" \
+              "inbox_pg:mqtt-inbox on PostgreSQL (defaults)"; do
+    l=${pair%%:*}
+    printf '  %-40s %9.0f %7.3f %8.0f / %6.0f %8s %7.0f\n' "${pair#*:}" \
+      "$(jmed "$(lab "$l")" msgs_per_s)" "$(ROUNDS=$PG_ROUNDS rmed "$l" raw_pg)" \
+      "$(jmed "$(lab "$l")" txn_p50_us)" "$(jmed "$(lab "$l")" txn_p99_us)" \
+      "$(printf %.0f "$(jmed "$(lab "$l")" between_p50_us)")" \
+      "$(jmed "$(lab "$l")" wal_bytes_per_msg)"
+  done
+  echo "  raw COMMIT round trip alone: p50 $(jmed "$(lab raw_pg)" commit_p50_us) us," \
+    "p99 $(jmed "$(lab raw_pg)" commit_p99_us) us"
+  echo "  inbox / hand-written $(ROUNDS=$PG_ROUNDS r3 inbox_pg hand_pg)" \
+    "(goal >= 1; $(ROUNDS=$PG_ROUNDS rspread inbox_pg hand_pg)),"
+  echo "  inbox / raw $(ROUNDS=$PG_ROUNDS r3 inbox_pg raw_pg) (goal >= 0.8)," \
+    "hand-written / raw $(ROUNDS=$PG_ROUNDS r3 hand_pg raw_pg)"
+  if [[ $ROUNDS -gt 0 && $SYNCS == *full* ]]; then
+    echo "  SQLite FULL in this run, for comparison: raw $(printf %.0f "$(jmed "$(lab raw_min_full)" msgs_per_s)")," \
+      "hand-written $(printf %.0f "$(jmed "$(lab hand_full)" msgs_per_s)")," \
+      "mqtt-inbox $(printf %.0f "$(jmed "$(lab inbox_full_drain)" msgs_per_s)") msg/s"
+  fi
+  echo "  per round, msg/s raw / hand-written / inbox (inbox ÷ hand-written), and the raw"
+  echo "  loop's COMMIT p50 in us (the disk's state in that round):"
+  for r in $(seq 1 "$PG_ROUNDS"); do
+    v=()
+    for l in raw_pg hand_pg inbox_pg; do
+      v+=("$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+             sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')")
+    done
+    c=$(grep -F -- '"label":"raw_pg"' "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+        sed -n 's/.*"commit_p50_us":\([^,}]*\).*/\1/p')
+    printf '    round %d: %6.0f / %6.0f / %6.0f  (%s)  COMMIT %6.0f us\n' "$r" "${v[0]:-0}" \
+      "${v[1]:-0}" "${v[2]:-0}" "$(ratio "${v[2]:-0}" "${v[1]:-0}")" "${c:-0}"
+  done
+fi
 if [[ $SKIP_EXTRA -eq 0 ]]; then
   echo "== transport ceiling and live streams (msg/s, one run each)"
   printf '  %-24s %10.0f\n' "ceiling drain" "$(jget "$(lab ceiling_drain)" msgs_per_s)" \
@@ -502,7 +655,7 @@ if [[ $SKIP_SCALE -eq 0 ]]; then
   echo "  FULL   empty $(printf %.0f "$SE_F")  retained $(printf %.0f "$SB_F")  ratio $(ratio "$SB_F" "$SE_F")  (goal >= 0.9)"
   echo "  NORMAL empty $(printf %.0f "$SE_N")  retained $(printf %.0f "$SB_N")  ratio $(ratio "$SB_N" "$SE_N")"
 fi
-if [[ $RELAY_ONLY -eq 0 ]]; then
+if [[ $RELAY_ONLY -eq 0 && $PG_ONLY -eq 0 ]]; then
 echo "== pages per commit (raw loop, NORMAL, N=$N): WAL frames per message, and / minimal"
 PM=$(jget "$(lab parts_minimal)" vfs_wal_frames_per_msg)
 grep -F '"label":"parts_' "$OUT" | while IFS= read -r line; do
