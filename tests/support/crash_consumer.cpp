@@ -40,12 +40,14 @@ bool is_postgres_uri(const std::string& db) {
   return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
 }
 
-// What ledger_consumer runs, on either store.
-void apply_credit(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
-  ledger::CreditHandler{}(db, d);
+// What ledger_consumer runs, on either store (`sqlite`: its statements prepared once).
+void apply_credit(const ledger::CreditHandler& sqlite, SQLite::Database& db,
+                  const mqtt_inbox::Delivery& d) {
+  sqlite(db, d);
 }
 #if MQTT_INBOX_TEST_WITH_POSTGRES
-void apply_credit(pqxx::transaction_base& txn, const mqtt_inbox::Delivery& d) {
+void apply_credit(const ledger::CreditHandler&, pqxx::transaction_base& txn,
+                  const mqtt_inbox::Delivery& d) {
   ledger::postgres::apply_credit(txn, d);
 }
 #endif
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
   if (!postgres) inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
 
   // The handler for either store's transaction (SQLite::Database& or pqxx's).
+  const ledger::CreditHandler credit;  // what ledger_consumer runs on SQLite
   auto handler = [&](auto& db, const mqtt_inbox::Delivery& d) {
     if (d.message_id == crash_in_handler) {
       if (d.attempt <= fail_attempts) {
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
       raise(SIGKILL);
     }
     if (d.message_id == fail_handler) throw std::runtime_error("poison: " + d.message_id);
-    apply_credit(db, d);
+    apply_credit(credit, db, d);
   };
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   mqtt_inbox::Status created;
