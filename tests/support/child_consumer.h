@@ -1,7 +1,8 @@
 // Test support: runs support/crash_consumer as a child process against a real broker and
-// a real SQLite file, and reads back what happened. ChildConsumers works against any
-// broker (the core cases run it against mosquitto and RabbitMQ, support/core_cases.h);
-// ChildConsumerTest is the fixture with a mosquitto of its own per test.
+// a real SQLite file (or, after use_store(), a PostgreSQL database), and reads back what
+// happened. ChildConsumers works against any broker (the core cases run it against
+// mosquitto and RabbitMQ, support/core_cases.h); ChildConsumerTest is the fixture with a
+// mosquitto of its own per test.
 #pragma once
 
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include "support/ledger_fixture.h"
 #include "support/publisher.h"
+#include "support/store_under_test.h"
 
 namespace mqtt_inbox::test {
 
@@ -29,7 +31,14 @@ class ChildConsumers {
 
   const std::string& uri() const { return uri_; }
   bool mqtt5() const { return version_ == "5"; }
-  std::string db_path() const { return dir_ + "/ledger.db"; }
+  std::string db_path() const { return location_.empty() ? dir_ + "/ledger.db" : location_; }
+  // The children keep the ledger in `store` at a new location of it (the client-id lock
+  // stays in the folder); q() reads there. Without it: ledger.db in the folder, SQLite.
+  void use_store(const StoreUnderTest& store) {
+    store_ = store;
+    location_ = store.make_location(dir_);
+  }
+  const StoreUnderTest& store() const { return store_; }
   // The MQTT session the children share; a test may move later children to a new one.
   void set_client_id(std::string client_id) { client_id_ = std::move(client_id); }
 
@@ -41,6 +50,7 @@ class ChildConsumers {
                                      db_path(),
                                      "--mqtt-version",
                                      version_};
+    if (!location_.empty()) argv.insert(argv.end(), {"--lock-dir", dir_});
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(argv, log_path());
   }
@@ -83,10 +93,12 @@ class ChildConsumers {
     return last.empty() ? -1 : std::stoll(last);
   }
 
-  int64_t q(const std::string& sql) const { return query_int(db_path(), sql); }
+  int64_t q(const std::string& sql) const { return store_.query(db_path(), sql); }
 
  private:
   std::string dir_, uri_, version_, client_id_;
+  StoreUnderTest store_ = sqlite_store();
+  std::string location_;  // "" = ledger.db in dir_
 };
 
 class ChildConsumerTest : public ::testing::Test {

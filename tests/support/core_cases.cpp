@@ -10,18 +10,19 @@ namespace mqtt_inbox::test {
 
 namespace {
 
-// An inbox with the ledger's tables in its own folder, one Consumer on it, and
-// subscribers for it on demand.
+// An inbox with the ledger's tables at a location of its own in `store` (its own folder
+// for SQLite), one Consumer on it, and subscribers for it on demand.
 class LedgerRig {
  public:
-  LedgerRig(const BrokerUnderTest& broker, const std::string& filter)
-      : broker_(broker), filter_(filter), db_path_(dir_.file("ledger.db")) {
-    inbox_ = open_ledger_inbox(db_path_);
+  LedgerRig(const BrokerUnderTest& broker, const std::string& filter, const StoreUnderTest& store)
+      : broker_(broker),
+        store_(store),
+        filter_(filter),
+        location_(store.make_location(dir_.path())) {
     ConsumerOptions co;
     co.retry_backoff_initial = std::chrono::milliseconds(1);
     co.retry_backoff_max = std::chrono::milliseconds(2);
-    EXPECT_TRUE(
-        Consumer::create(inbox_.get(), "ledger", ledger::apply_credit, co, &consumer_).ok());
+    store_.open_ledger(location_, co, &inbox_, &consumer_);
   }
 
   std::unique_ptr<Subscriber> subscriber(const std::string& client_id,
@@ -40,15 +41,16 @@ class LedgerRig {
     return s;
   }
 
-  int64_t rows() const { return query_int(db_path_, "SELECT count(*) FROM ledger_entries"); }
-  int64_t balance() const { return query_int(db_path_, "SELECT sum(balance) FROM accounts"); }
+  int64_t rows() const { return store_.query(location_, "SELECT count(*) FROM ledger_entries"); }
+  int64_t balance() const { return store_.query(location_, "SELECT sum(balance) FROM accounts"); }
   Inbox& inbox() const { return *inbox_; }
 
  private:
   const BrokerUnderTest& broker_;
+  const StoreUnderTest& store_;
   std::string filter_;
   TempDir dir_;
-  std::string db_path_;
+  std::string location_;
   std::unique_ptr<Inbox> inbox_;
   std::unique_ptr<Consumer> consumer_;
 };
@@ -74,13 +76,15 @@ void core_case_exactly_once_under_sigkill(const ChildConsumers& c) {
   EXPECT_GE(c.stop_and_count(*restarted, "duplicates"), 1);  // c-5 came back and was skipped
   EXPECT_EQ(c.q("SELECT count(*) FROM ledger_entries WHERE message_id = 'c-5'"), 1);
   EXPECT_EQ(c.q("SELECT sum(balance) FROM accounts"), 10 * 10 + 45);
-  EXPECT_EQ(c.q("SELECT count(*) FROM inbox_processed"), 10);
-  EXPECT_EQ(c.q("SELECT count(*) FROM inbox_attempts"), 0);
+  const std::string& inbox = c.store().inbox_tables;
+  EXPECT_EQ(c.q("SELECT count(*) FROM " + inbox + "inbox_processed"), 10);
+  EXPECT_EQ(c.q("SELECT count(*) FROM " + inbox + "inbox_attempts"), 0);
 }
 
 void core_case_offline_messages_are_delivered(const BrokerUnderTest& broker,
-                                              const std::string& prefix) {
-  LedgerRig rig(broker, prefix + "/#");
+                                              const std::string& prefix,
+                                              const StoreUnderTest& store) {
+  LedgerRig rig(broker, prefix + "/#", store);
   const std::string client = prefix + "-offline";
   {
     auto sub = rig.subscriber(client);
@@ -103,9 +107,11 @@ void core_case_offline_messages_are_delivered(const BrokerUnderTest& broker,
 }
 
 void core_case_broker_restart_keeps_sessions(const BrokerUnderTest& broker,
-                                             const std::string& prefix) {
+                                             const std::string& prefix,
+                                             const StoreUnderTest& store) {
   const bool v5 = broker.version == MqttVersion::kV5;
-  LedgerRig online(broker, prefix + "/online/#"), offline(broker, prefix + "/offline/#");
+  LedgerRig online(broker, prefix + "/online/#", store),
+      offline(broker, prefix + "/offline/#", store);
   auto a = online.subscriber(prefix + "-online");
   ASSERT_TRUE(a->start().ok());
   ASSERT_TRUE(a->wait_connected(10000));
@@ -145,11 +151,11 @@ void core_case_broker_restart_keeps_sessions(const BrokerUnderTest& broker,
 
 void core_case_session_lost_while_stopped(
     const BrokerUnderTest& broker, const std::string& prefix,
-    const std::function<void(const std::string& client_id)>& destroy) {
+    const std::function<void(const std::string& client_id)>& destroy, const StoreUnderTest& store) {
   const bool v5 = broker.version == MqttVersion::kV5;
   auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(500);
   auto log = std::make_shared<spdlog::logger>(prefix, ring);
-  LedgerRig rig(broker, prefix + "/#");
+  LedgerRig rig(broker, prefix + "/#", store);
   const std::string client = prefix + "-lost";
   {
     auto sub = rig.subscriber(client, log);

@@ -13,6 +13,10 @@
 // --fail-attempts N        with --crash-in-handler: attempts 1..N of ID throw instead (a
 //                          handler that fails, then kills the process).
 // --fail-handler ID        the handler throws whenever ID is processed (a poison message).
+// --lock-dir DIR           the client-id lock's folder (default: DB's folder).
+// DB may be a PostgreSQL URI (postgresql://..., in builds with the PostgreSQL store): the
+// ledger's tables and the credit are then examples/ledger_postgres.h's, the same switches
+// apply (the core cases on PostgreSQL, tests/postgres/core_pg_test.cpp).
 // SIGTERM: stops and prints the consumer's counters as "key=value" words on one line.
 #include <signal.h>
 
@@ -26,6 +30,29 @@
 #include <spdlog/spdlog.h>
 
 #include "ledger.h"
+#if MQTT_INBOX_TEST_WITH_POSTGRES
+#include "ledger_postgres.h"
+#endif
+
+namespace {
+
+bool is_postgres_uri(const std::string& db) {
+  return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
+}
+
+// What ledger_consumer runs, on either store (`sqlite`: its statements prepared once).
+void apply_credit(const ledger::CreditHandler& sqlite, SQLite::Database& db,
+                  const mqtt_inbox::Delivery& d) {
+  sqlite(db, d);
+}
+#if MQTT_INBOX_TEST_WITH_POSTGRES
+void apply_credit(const ledger::CreditHandler&, pqxx::transaction_base& txn,
+                  const mqtt_inbox::Delivery& d) {
+  ledger::postgres::apply_credit(txn, d);
+}
+#endif
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
@@ -58,6 +85,8 @@ int main(int argc, char** argv) {
       copts.max_attempts = std::stoi(value);
     else if (flag == "--max-payload")
       copts.max_payload_bytes = std::stoul(value);
+    else if (flag == "--lock-dir")
+      mqtt.client_id_lock_dir = value;
     else if (flag == "--requeue-poll-ms")
       copts.requeue_poll_ms = std::stoll(value);
     else if (flag == "--mqtt-version")
@@ -87,15 +116,28 @@ int main(int argc, char** argv) {
       raise(SIGKILL);
     }
   };
+  const bool postgres = is_postgres_uri(db_path);
+#if MQTT_INBOX_TEST_WITH_POSTGRES
+  if (postgres) mqtt_inbox::enable_postgres_store();
+#endif
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   if (auto s = mqtt_inbox::Inbox::open(db_path, iopts, &inbox); !s.ok()) {
     log->error("{}", s.to_string());
     return 1;
   }
-  inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
+#if MQTT_INBOX_TEST_WITH_POSTGRES
+  if (postgres) {
+    if (auto s = inbox->setup_sql(ledger::postgres::kCreateTables); !s.ok()) {
+      log->error("{}", s.to_string());
+      return 1;
+    }
+  }
+#endif
+  if (!postgres) inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
 
-  const ledger::CreditHandler credit;  // what ledger_consumer runs
-  auto handler = [&](SQLite::Database& db, const mqtt_inbox::Delivery& d) {
+  // The handler for either store's transaction (SQLite::Database& or pqxx's).
+  const ledger::CreditHandler credit;  // what ledger_consumer runs on SQLite
+  auto handler = [&](auto& db, const mqtt_inbox::Delivery& d) {
     if (d.message_id == crash_in_handler) {
       if (d.attempt <= fail_attempts) {
         log->info("failure inside the handler on {} (attempt {}, dup {})", d.message_id, d.attempt,
@@ -107,11 +149,19 @@ int main(int argc, char** argv) {
       raise(SIGKILL);
     }
     if (d.message_id == fail_handler) throw std::runtime_error("poison: " + d.message_id);
-    credit(db, d);
+    apply_credit(credit, db, d);
   };
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
-  if (auto s = mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, copts, &consumer);
-      !s.ok()) {
+  mqtt_inbox::Status created;
+#if MQTT_INBOX_TEST_WITH_POSTGRES
+  if (postgres)
+    created = mqtt_inbox::Consumer::create(inbox.get(), "ledger", mqtt_inbox::PgHandler(handler),
+                                           copts, &consumer);
+  else
+#endif
+    created = mqtt_inbox::Consumer::create(inbox.get(), "ledger", mqtt_inbox::Handler(handler),
+                                           copts, &consumer);
+  if (auto s = created; !s.ok()) {
     log->error("{}", s.to_string());
     return 1;
   }
