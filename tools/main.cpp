@@ -20,7 +20,8 @@
 //   0 ok; 1 usage; 2 check or probe found problems; 3 store error (missing file, not an
 //   inbox, SQLite error); 4 refused (safety rule, no confirmation, already replayed);
 //   5 schema version differs from this tool's (older: run `migrate`; newer: upgrade the
-//   tool); 6 not possible without a library change (see the message); 7 broker
+//   tool); 6 not possible on this store (PostgreSQL: export, outbox, replay, reap) or
+//   without a library change (see the message); 7 broker
 //   unreachable or protocol error; 8 nothing matched (unknown id or consumer).
 
 #include <CLI/CLI.hpp>
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
       ": inspect, repair and verify an mqtt-inbox database "
       "(docs/admin-tool.md).\nExit codes: 0 ok, 1 usage, 2 problems found, 3 store error, 4 "
       "refused, "
-      "5 schema version mismatch, 6 needs a library change, 7 broker error, 8 nothing matched."};
+      "5 schema version mismatch, 6 not on this store or needs a library change, 7 broker error, 8 "
+      "nothing matched."};
   app.require_subcommand(1);
   app.fallthrough();
   app.add_flag("--json", g.json, "Print JSON instead of tables");

@@ -44,7 +44,10 @@ detail::PgInspection pg_inspect(const std::string& uri) {
 #if MQTT_INBOX_WITH_POSTGRES
   detail::PgInspection f;
   const mi::Status s = detail::inspect_postgres(uri, tool_inbox_options(), &f);
-  if (s.code() == mi::Status::Code::kInvalidArgument) fail(kUsage, s.message());
+  if (s.code() == mi::Status::Code::kInvalidArgument)
+    fail(kUsage, s.message() + (s.message().find("password") != std::string::npos
+                                    ? "; for mqtt-inbox: --password-file FILE"
+                                    : ""));
   if (!s.ok()) fail(kStoreError, s.to_string());
   return f;
 #else
