@@ -17,6 +17,8 @@ namespace mqtt_inbox::cli {
 
 namespace mi = mqtt_inbox;
 
+#if MQTT_INBOX_WITH_POSTGRES
+
 namespace {
 
 // What `check` and `stats` cannot say on PostgreSQL, because it is SQLite's alone.
@@ -31,17 +33,9 @@ const std::vector<std::string>& sqlite_only_items() {
   return items;
 }
 
-#if !MQTT_INBOX_WITH_POSTGRES
-[[noreturn]] void no_postgres() {
-  fail(kUnsupported,
-       "this mqtt-inbox was built without the PostgreSQL store (MQTT_INBOX_WITH_POSTGRES=OFF)");
-}
-#endif
-
 }  // namespace
 
 detail::PgInspection pg_inspect(const std::string& uri) {
-#if MQTT_INBOX_WITH_POSTGRES
   detail::PgInspection f;
   const mi::Status s = detail::inspect_postgres(uri, tool_inbox_options(), &f);
   if (s.code() == mi::Status::Code::kInvalidArgument)
@@ -50,10 +44,6 @@ detail::PgInspection pg_inspect(const std::string& uri) {
                                     : ""));
   if (!s.ok()) fail(kStoreError, s.to_string());
   return f;
-#else
-  (void)uri;
-  no_postgres();
-#endif
 }
 
 void pg_require_current_schema(const std::string& uri, const detail::PgInspection& f) {
@@ -87,16 +77,10 @@ std::unique_ptr<mi::Inbox> pg_open_inbox(const std::string& uri) {
 
 void pg_count_expired(const std::string& uri, int64_t claims_cutoff, int64_t dead_letters_cutoff,
                       std::map<std::string, int64_t>* claims_by_consumer, int64_t* dead_letters) {
-#if MQTT_INBOX_WITH_POSTGRES
   check_status(
       detail::count_expired_postgres(uri, tool_inbox_options(), claims_cutoff, dead_letters_cutoff,
                                      claims_by_consumer, dead_letters),
       "counting expired rows");
-#else
-  (void)uri, (void)claims_cutoff, (void)dead_letters_cutoff, (void)claims_by_consumer,
-      (void)dead_letters;
-  no_postgres();
-#endif
 }
 
 int cmd_pg_stats(const std::string& uri) {
@@ -344,5 +328,27 @@ int cmd_pg_migrate(const std::string& uri) {
               << " to " << after.schema_version << "\n";
   return kOk;
 }
+
+#else  // A build without the PostgreSQL store: every PostgreSQL location is refused.
+
+namespace {
+[[noreturn]] void no_postgres() {
+  fail(kUnsupported,
+       "this mqtt-inbox was built without the PostgreSQL store (MQTT_INBOX_WITH_POSTGRES=OFF)");
+}
+}  // namespace
+
+detail::PgInspection pg_inspect(const std::string&) { no_postgres(); }
+void pg_require_current_schema(const std::string&, const detail::PgInspection&) { no_postgres(); }
+std::unique_ptr<mi::Inbox> pg_open_inbox(const std::string&) { no_postgres(); }
+void pg_count_expired(const std::string&, int64_t, int64_t, std::map<std::string, int64_t>*,
+                      int64_t*) {
+  no_postgres();
+}
+int cmd_pg_stats(const std::string&) { no_postgres(); }
+int cmd_pg_check(const std::string&) { no_postgres(); }
+int cmd_pg_migrate(const std::string&) { no_postgres(); }
+
+#endif  // MQTT_INBOX_WITH_POSTGRES
 
 }  // namespace mqtt_inbox::cli
