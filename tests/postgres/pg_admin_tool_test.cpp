@@ -234,6 +234,16 @@ TEST(PgAdminTool, CheckReportsSchemaTablesIsolationAndRowsWithoutWriting) {
   ASSERT_EQ(m.code, 0) << m.out << m.err;
   EXPECT_EQ(m.j()["to_version"], 1);
   EXPECT_EQ(tool({"check", uri_of("empty")}).code, 0);
+
+  // An inbox in a schema of the application's naming: --pg-schema.
+  InboxOptions o;
+  o.postgres_schema = "site7";
+  std::unique_ptr<Inbox> site7;
+  ASSERT_TRUE(Inbox::open(uri_of(l.db), o, &site7).ok());
+  const ToolRun s7 = tool({"--pg-schema", "site7", "--json", "check", uri_of(l.db)});
+  ASSERT_EQ(s7.code, 0) << s7.out << s7.err;
+  EXPECT_EQ(s7.j()["schema"], "site7");
+  EXPECT_EQ(s7.j()["row_counts"]["inbox_processed"], 0);  // the ledger's claims are elsewhere
 }
 
 TEST(PgAdminTool, StatsCountsClaimsDeadLettersAndSessions) {
@@ -374,6 +384,18 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
   EXPECT_EQ(std::to_string(required),
             server().query_value(
                 "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'required_window_ms'", l.db));
+  // Dead letters go only when asked for, by their own window.
+  EXPECT_EQ(run.j()["dead_letters_deleted"], 0);
+  const ToolRun dl_dry = tool({"--json", "prune", uri_of(l.db), "--older-than", "4d",
+                               "--dead-letters-older-than", "1ms", "--dry-run"});
+  ASSERT_EQ(dl_dry.code, 0) << dl_dry.err;
+  EXPECT_EQ(dl_dry.j()["would_delete_dead_letters"], 2);
+  EXPECT_EQ(dl_dry.j()["would_delete_processed"], 0);
+  const ToolRun dl_run = tool(
+      {"--json", "prune", uri_of(l.db), "--older-than", "4d", "--dead-letters-older-than", "1ms"});
+  ASSERT_EQ(dl_run.code, 0) << dl_run.err;
+  EXPECT_EQ(dl_run.j()["dead_letters_deleted"], 2);
+  EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
   // With --force a window below the horizon is accepted (and said so).
   const ToolRun forced = tool({"--json", "prune", uri_of(l.db), "--older-than", "2d", "--force"});
   EXPECT_EQ(forced.code, 0) << forced.err;
