@@ -17,6 +17,7 @@
 #include <memory>
 #include <pqxx/pqxx>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -35,9 +36,27 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-// fsync on: `check` reports a server without it as a problem.
+// The role that must log in with a password (scram-sha-256 on the socket); every other
+// role is trusted there, as in every test cluster.
+constexpr const char* kPwRole = "inbox_pw";
+
+// fsync on: `check` reports a server without it as a problem. The server reads its
+// pg_hba file at start (it is not restarted here), so the file goes once it runs.
 Postgres& server() {
-  static Postgres pg;
+  static const std::string hba = [] {
+    const std::string path = std::filesystem::temp_directory_path() /
+                             ("mqtt-inbox-pg-hba-" + std::to_string(getpid()) + ".conf");
+    std::ofstream(path) << "local all " << kPwRole << " scram-sha-256\nlocal all all trust\n";
+    ::chmod(path.c_str(), 0644);  // the server may run as the postgres user
+    return path;
+  }();
+  static Postgres pg([] {
+    Postgres::Options o;
+    o.settings.push_back("hba_file=" + hba);
+    return o;
+  }());
+  static const bool removed = std::filesystem::remove(hba);
+  (void)removed;
   return pg;
 }
 
@@ -63,7 +82,8 @@ std::string slurp(const std::string& path) {
 }
 
 // Runs the real tool with stdin from an empty pipe (never a terminal), output captured.
-ToolRun tool(std::vector<std::string> args) {
+ToolRun tool(std::vector<std::string> args,
+             const std::vector<std::pair<std::string, std::string>>& env = {}) {
   args.insert(args.begin(), built_program("mqtt-inbox"));
   args = with_emulator(std::move(args));
   const std::string base =
@@ -79,6 +99,7 @@ ToolRun tool(std::vector<std::string> args) {
     const int e = open((base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -423,19 +444,34 @@ TEST(PgAdminTool, PasswordsOnlyFromAFileAndSqliteOnlyCommandsSaySo) {
       EXPECT_NE(r.err.find("password file"), std::string::npos) << r.err;
     }
   }
-  // A password file is taken (the test cluster trusts its socket, so it is not needed to
-  // log in; what counts is that the tool hands it to libpq and works).
+  // A role that must give its password (scram-sha-256): from --password-file or
+  // PGPASSFILE it logs in; without one the server refuses it (exit 3); the password is
+  // never printed.
+  server().execute(std::string("CREATE ROLE ") + kPwRole + " LOGIN PASSWORD '" + secret + "'");
+  server().execute(std::string("GRANT USAGE ON SCHEMA mqtt_inbox TO ") + kPwRole +
+                       "; GRANT SELECT ON ALL TABLES IN SCHEMA mqtt_inbox TO " + kPwRole,
+                   l.db);
+  std::string pw_uri = uri_of(l.db);
+  pw_uri.replace(pw_uri.find("user=postgres"), std::string("user=postgres").size(),
+                 std::string("user=") + kPwRole);
   const std::string passfile =
       std::filesystem::temp_directory_path() / ("pgpass-" + std::to_string(getpid()));
-  {
-    std::ofstream f(passfile);
-    f << "*:*:*:postgres:" << secret << "\n";
+  std::ofstream(passfile) << "*:*:*:" << kPwRole << ":" << secret << "\n";
+  ::chmod(passfile.c_str(), 0600);  // libpq ignores a password file others can read
+  const std::vector<std::pair<std::string, std::string>> no_default = {
+      {"PGPASSFILE", "/nonexistent/pgpass"}};
+  const ToolRun ok = tool({"--password-file", passfile, "--json", "check", pw_uri}, no_default);
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_EQ(ok.j()["row_counts"]["inbox_processed"], 6);
+  const ToolRun env = tool({"--json", "check", pw_uri}, {{"PGPASSFILE", passfile}});
+  EXPECT_EQ(env.code, 0) << env.out << env.err;
+  const ToolRun none = tool({"check", pw_uri}, no_default);
+  EXPECT_EQ(none.code, 3) << none.out << none.err;
+  EXPECT_NE(none.err.find("password"), std::string::npos) << none.err;
+  for (const ToolRun* r : {&ok, &env, &none}) {
+    EXPECT_EQ(r->out.find(secret), std::string::npos) << r->out;
+    EXPECT_EQ(r->err.find(secret), std::string::npos) << r->err;
   }
-  ::chmod(passfile.c_str(), 0600);
-  const ToolRun ok = tool({"--password-file", passfile, "--json", "stats", uri_of(l.db)});
-  EXPECT_EQ(ok.code, 0) << ok.err;
-  EXPECT_EQ(ok.out.find(secret), std::string::npos);
-  EXPECT_EQ(ok.err.find(secret), std::string::npos);
   std::filesystem::remove(passfile);
 
   // What is SQLite's alone says so (exit 6), naming no file.
