@@ -1,6 +1,7 @@
 // The admin tool on the PostgreSQL store (see pg_admin.h).
 #include "pg_admin.h"
 
+#include <algorithm>
 #include <iostream>
 #include <set>
 #include <string>
@@ -31,6 +32,28 @@ const std::vector<std::string>& sqlite_only_items() {
       "file size, free pages and free disk space (the server's files are not the client's)",
       "the persisted retention clock (the server's clock is the retention clock)"};
   return items;
+}
+
+// Why Inbox::open with this role would fail at every attempt ("" if it would not): it
+// runs CREATE SCHEMA / CREATE TABLE ... IF NOT EXISTS each time, and PostgreSQL checks the
+// privilege before it looks whether the object exists.
+std::string open_privilege_problem(const detail::PgInspection& f) {
+  if (f.can_create_in_database && (!f.schema_exists || f.can_create_in_schema)) return "";
+  return "role '" + f.role + "' has no CREATE privilege on " +
+         (f.can_create_in_database ? "schema '" + g.pg_schema + "'" : "the database") +
+         ": Inbox::open runs CREATE SCHEMA / CREATE TABLE ... IF NOT EXISTS at every open, "
+         "which PostgreSQL refuses (42501) even when they exist, so this role cannot open the "
+         "inbox (stats, prune, dead-letters, migrate). Run mqtt-inbox as the application's "
+         "role, or GRANT CREATE on the database and schema to this one "
+         "(docs/admin-tool.md#postgresql)";
+}
+
+// The tool never waits for ever at start-up: a server that stays unavailable, or refuses
+// the role, is a store error after the busy timeout (at least 2 s).
+mi::InboxOptions pg_inbox_options() {
+  mi::InboxOptions o = tool_inbox_options();
+  o.startup_deadline_ms = std::max(g.busy_timeout_ms, 2000);
+  return o;
 }
 
 }  // namespace
@@ -66,9 +89,11 @@ void pg_require_current_schema(const std::string& uri, const detail::PgInspectio
 }
 
 std::unique_ptr<mi::Inbox> pg_open_inbox(const std::string& uri) {
-  pg_require_current_schema(uri, pg_inspect(uri));
+  const detail::PgInspection f = pg_inspect(uri);
+  pg_require_current_schema(uri, f);
+  if (const std::string why = open_privilege_problem(f); !why.empty()) fail(kStoreError, why);
   std::unique_ptr<mi::Inbox> inbox;
-  const mi::Status s = mi::Inbox::open(uri, tool_inbox_options(), &inbox);
+  const mi::Status s = mi::Inbox::open(uri, pg_inbox_options(), &inbox);
   if (s.code() == mi::Status::Code::kInvalidArgument) fail(kUsage, s.message());
   if (!s.ok())
     fail(s.code() == mi::Status::Code::kCorruption ? kSchema : kStoreError, s.to_string());
@@ -245,6 +270,7 @@ int cmd_pg_check(const std::string& uri) {
     for (const auto& t : f.missing_tables) missing += (missing.empty() ? "" : ", ") + t;
     problems.push_back("tables missing from schema '" + g.pg_schema + "': " + missing);
   }
+  if (const std::string why = open_privilege_problem(f); !why.empty()) warnings.push_back(why);
   if (f.schema_exists && !f.meta.count("required_window_ms"))
     warnings.push_back(
         "no retention horizon recorded (no Pruner has run): `prune` falls back to the library "
@@ -261,6 +287,8 @@ int cmd_pg_check(const std::string& uri) {
             {"missing_tables", f.missing_tables},
             {"row_counts", f.row_counts},
             {"isolation", f.isolation},
+            {"role", f.role},
+            {"role_can_open", open_privilege_problem(f).empty()},
             {"synchronous_commit", f.synchronous_commit},
             {"fsync", f.fsync},
             {"attempts_running", f.attempts_running},
@@ -306,7 +334,7 @@ int cmd_pg_migrate(const std::string& uri) {
   {
     std::unique_ptr<mi::Inbox> inbox;
     // Inbox::open creates the schema or applies its missing steps, under an advisory lock.
-    const mi::Status s = mi::Inbox::open(uri, tool_inbox_options(), &inbox);
+    const mi::Status s = mi::Inbox::open(uri, pg_inbox_options(), &inbox);
     if (s.code() == mi::Status::Code::kInvalidArgument) fail(kUsage, s.message());
     if (!s.ok())
       fail(s.code() == mi::Status::Code::kCorruption ? kSchema : kStoreError,

@@ -463,12 +463,22 @@ TEST(PgAdminTool, PasswordsOnlyFromAFileAndSqliteOnlyCommandsSaySo) {
   const ToolRun ok = tool({"--password-file", passfile, "--json", "check", pw_uri}, no_default);
   EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
   EXPECT_EQ(ok.j()["row_counts"]["inbox_processed"], 6);
+  // A role with SELECT only can check, but not open the inbox: Inbox::open's CREATE ... IF
+  // NOT EXISTS needs CREATE even where the objects exist. check warns; stats says so at
+  // once (exit 3) rather than waiting for ever on 42501.
+  EXPECT_FALSE(ok.j()["role_can_open"].get<bool>());
+  EXPECT_NE(ok.out.find("no CREATE privilege"), std::string::npos) << ok.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const ToolRun st = tool({"--password-file", passfile, "stats", pw_uri}, no_default);
+  EXPECT_EQ(st.code, 3) << st.out << st.err;
+  EXPECT_NE(st.err.find("no CREATE privilege on the database"), std::string::npos) << st.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
   const ToolRun env = tool({"--json", "check", pw_uri}, {{"PGPASSFILE", passfile}});
   EXPECT_EQ(env.code, 0) << env.out << env.err;
   const ToolRun none = tool({"check", pw_uri}, no_default);
   EXPECT_EQ(none.code, 3) << none.out << none.err;
   EXPECT_NE(none.err.find("password"), std::string::npos) << none.err;
-  for (const ToolRun* r : {&ok, &env, &none}) {
+  for (const ToolRun* r : {&ok, &env, &none, &st}) {
     EXPECT_EQ(r->out.find(secret), std::string::npos) << r->out;
     EXPECT_EQ(r->err.find(secret), std::string::npos) << r->err;
   }

@@ -81,10 +81,17 @@ Status inspect_postgres(const std::string& uri, const InboxOptions& o, PgInspect
         f.synchronous_commit = r.exec1("SHOW synchronous_commit")[0].as<std::string>();
         f.fsync = r.exec1("SHOW fsync")[0].as<std::string>();
         f.server_now_ms = r.exec1(std::string("SELECT ") + kPgNowMs)[0].as<int64_t>();
+        const pqxx::row who =
+            r.exec1("SELECT current_user, has_database_privilege(current_database(), 'CREATE')");
+        f.role = who[0].as<std::string>();
+        f.can_create_in_database = who[1].as<bool>();
         const std::string& schema = o.postgres_schema;
         f.schema_exists =
             r.exec_params1("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema)[0]
                 .as<int64_t>() > 0;
+        if (f.schema_exists)
+          f.can_create_in_schema =
+              r.exec_params1("SELECT has_schema_privilege($1, 'CREATE')", schema)[0].as<bool>();
         if (!f.schema_exists) {
           f.missing_tables = postgres_inbox_tables();
           return;

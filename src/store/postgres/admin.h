@@ -39,14 +39,21 @@ struct PgDeadLetterCount {
 };
 
 struct PgInspection {
-  std::string server_version;       // SHOW server_version
-  std::string isolation;            // SHOW default_transaction_isolation: what the role gets
-  std::string synchronous_commit;   // SHOW synchronous_commit
-  std::string fsync;                // SHOW fsync
-  int64_t server_now_ms = 0;        // the server's clock (retention reads it)
-  bool schema_exists = false;       // the schema InboxOptions::postgres_schema names
-  int schema_version = 0;           // inbox_meta 'schema_version'; 0 if absent
-  std::vector<std::string> tables;  // of postgres_inbox_tables(), present
+  std::string server_version;      // SHOW server_version
+  std::string isolation;           // SHOW default_transaction_isolation: what the role gets
+  std::string synchronous_commit;  // SHOW synchronous_commit
+  std::string fsync;               // SHOW fsync
+  int64_t server_now_ms = 0;       // the server's clock (retention reads it)
+  std::string role;                // current_user: the role the location logs in as
+  // CREATE on the database and on the schema (false if it does not exist). Inbox::open
+  // runs CREATE SCHEMA / CREATE TABLE ... IF NOT EXISTS at every open, and PostgreSQL
+  // checks the privilege before it looks whether the object exists: without both, every
+  // open fails with 42501 (which the store waits out as a server-side condition).
+  bool can_create_in_database = false;
+  bool can_create_in_schema = false;
+  bool schema_exists = false;                 // the schema InboxOptions::postgres_schema names
+  int schema_version = 0;                     // inbox_meta 'schema_version'; 0 if absent
+  std::vector<std::string> tables;            // of postgres_inbox_tables(), present
   std::vector<std::string> missing_tables;    // of postgres_inbox_tables(), absent
   std::map<std::string, int64_t> row_counts;  // per table present (exact count)
   std::map<std::string, std::string> meta;    // inbox_meta, key -> value
