@@ -50,7 +50,7 @@ void require_sqlite(const std::string& location, const std::string& command) {
 
 void require_file(const std::string& path) {
   // Every command that reaches here is for SQLite files (a PostgreSQL location goes to
-  // postgres.h first): say so, rather than look for a file of that name.
+  // pg_admin.h first): say so, rather than look for a file of that name.
   require_sqlite(path, "this command");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);

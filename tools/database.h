@@ -20,7 +20,7 @@
 namespace mqtt_inbox::cli {
 
 // True for a PostgreSQL location ("postgresql://...", "postgres://..."): the commands that
-// work on that store go to postgres.h.
+// work on that store go to pg_admin.h.
 bool is_postgres(const std::string& location);
 
 // fail(kUnsupported) for a PostgreSQL location: `command` works on SQLite files only
@@ -49,7 +49,7 @@ InboxOptions tool_inbox_options();
 void require_current_schema(const std::string& path, const FileFacts& f);
 
 // Opens through the library once the schema is known to be current, so Inbox::open applies
-// no migration (on SQLite or, for a PostgreSQL location, on its schema: postgres.h). Inbox::open
+// no migration (on SQLite or, for a PostgreSQL location, on its schema: pg_admin.h). Inbox::open
 // switches the file to WAL if it was not (a repair) and persists the retention clock when closed
 // (only ever a value the clock already had).
 std::unique_ptr<Inbox> open_inbox(const std::string& path);
