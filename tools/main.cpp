@@ -31,6 +31,7 @@
 #include <iostream>
 #include <string>
 
+#include <mqtt_inbox/postgres.h>
 #include <mqtt_inbox/version.h>
 
 #include "command_line.h"
@@ -233,8 +234,11 @@ int main(int argc, char** argv) {
 
   if (int rc = command_line::parse(app, argc, argv, "mqtt-inbox"); rc >= 0)
     return rc == 0 ? kOk : kUsage;
-  // PG-REGISTER: the PostgreSQL store's registration call (postgres.h) goes here, once,
-  // before any command opens a postgresql:// location.
+#if MQTT_INBOX_WITH_POSTGRES
+  // Before any command opens a postgresql:// location: the store lives in
+  // mqtt_inbox::postgres (postgres.h).
+  mqtt_inbox::enable_postgres_store();
+#endif
   try {
     return run();
   } catch (const ToolError& e) {

@@ -40,6 +40,9 @@ using nlohmann::json;
 // role is trusted there, as in every test cluster.
 constexpr const char* kPwRole = "inbox_pw";
 
+// The store lives in mqtt_inbox::postgres: registered before any Inbox::open here.
+const bool kPostgresEnabled = (enable_postgres_store(), true);
+
 // fsync on: `check` reports a server without it as a problem. The server reads its
 // pg_hba file at start (it is not restarted here), so the file goes once it runs.
 Postgres& server() {
