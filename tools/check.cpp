@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "database.h"
 #include "format.h"
+#include "pg_admin.h"
 #include "store/sqlite/errors.h"
 #include "store/sqlite/wal_guard.h"
 #include "tool.h"
@@ -37,6 +38,7 @@ std::string recovery_hint(const std::string& path) {
 }  // namespace
 
 int cmd_check(const std::string& path) {
+  if (is_postgres(path)) return cmd_pg_check(path);
   require_file(path);
   json j;
   json problems = json::array(), warnings = json::array();
@@ -232,6 +234,7 @@ int cmd_check(const std::string& path) {
 }
 
 int cmd_migrate(const std::string& path) {
+  if (is_postgres(path)) return cmd_pg_migrate(path);
   const FileFacts f = read_facts(path);
   if (f.user_version > mi::kSchemaVersion) require_current_schema(path, f);
   const int before = f.user_version;

@@ -1,6 +1,7 @@
 // Opening an inbox database next to a running consumer (see database.h).
 #include "database.h"
 
+#include "pg_admin.h"
 #include "util/file_access.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -36,13 +37,21 @@ std::shared_ptr<spdlog::logger> tool_logger() {
 
 }  // namespace
 
+bool is_postgres(const std::string& location) {
+  return location.rfind("postgresql://", 0) == 0 || location.rfind("postgres://", 0) == 0;
+}
+
+void require_sqlite(const std::string& location, const std::string& command) {
+  if (is_postgres(location))
+    fail(kUnsupported, "`" + command +
+                           "` works on SQLite files only: the PostgreSQL store has no such "
+                           "rows or file (docs/admin-tool.md#postgresql)");
+}
+
 void require_file(const std::string& path) {
-  // The PostgreSQL store (docs/postgres.md) has no admin commands yet: say so, rather than
-  // look for a file of that name.
-  if (path.rfind("postgresql://", 0) == 0 || path.rfind("postgres://", 0) == 0)
-    fail(kRefused,
-         "the admin tool does not support the PostgreSQL store yet "
-         "(docs/postgres.md#what-is-supported)");
+  // Every command that reaches here is for SQLite files (a PostgreSQL location goes to
+  // pg_admin.h first): say so, rather than look for a file of that name.
+  require_sqlite(path, "this command");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(kStoreError, "no such database: " + path);
   if (!S_ISREG(st.st_mode)) fail(kStoreError, "not a regular file: " + path);
@@ -87,6 +96,8 @@ mi::InboxOptions tool_inbox_options() {
   mi::InboxOptions o;
   o.busy_timeout_ms = g.busy_timeout_ms;
   o.logger = tool_logger();
+  o.postgres_password_file = g.password_file;
+  o.postgres_schema = g.pg_schema;
   set_non_exclusive(o, 0);
   return o;
 }
@@ -105,6 +116,7 @@ void require_current_schema(const std::string& path, const FileFacts& f) {
 }
 
 std::unique_ptr<mi::Inbox> open_inbox(const std::string& path) {
+  if (is_postgres(path)) return pg_open_inbox(path);
   const FileFacts f = read_facts(path);
   require_current_schema(path, f);
   std::unique_ptr<mi::Inbox> inbox;

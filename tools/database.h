@@ -19,6 +19,14 @@
 
 namespace mqtt_inbox::cli {
 
+// True for a PostgreSQL location ("postgresql://...", "postgres://..."): the commands that
+// work on that store go to pg_admin.h.
+bool is_postgres(const std::string& location);
+
+// fail(kUnsupported) for a PostgreSQL location: `command` works on SQLite files only
+// (docs/admin-tool.md#postgresql).
+void require_sqlite(const std::string& location, const std::string& command);
+
 // What a read-only look at the file says.
 struct FileFacts {
   int user_version = 0;
@@ -41,8 +49,9 @@ InboxOptions tool_inbox_options();
 void require_current_schema(const std::string& path, const FileFacts& f);
 
 // Opens through the library once the schema is known to be current, so Inbox::open applies
-// no migration. Inbox::open switches the file to WAL if it was not (a repair) and persists
-// the retention clock when closed (only ever a value the clock already had).
+// no migration (on SQLite or, for a PostgreSQL location, on its schema: pg_admin.h). Inbox::open
+// switches the file to WAL if it was not (a repair) and persists the retention clock when closed
+// (only ever a value the clock already had).
 std::unique_ptr<Inbox> open_inbox(const std::string& path);
 
 // fail(kNotFound) for a kNotFound status, fail(kStoreError) for any other error.

@@ -175,13 +175,15 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
                            std::to_string(d.id) + ").");
   // Store-then-process: is the message a stored row the workers dead-lettered?
   std::optional<std::string> status;
-  read_sql(*inbox, "looking up the stored message", [&](SQLite::Database& db) {
-    SQLite::Statement q(
-        db, "SELECT status FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2");
-    q.bind(1, d.consumer_name);
-    q.bind(2, *d.message_id);
-    if (q.executeStep()) status = q.getColumn(0).getString();
-  });
+  // The PostgreSQL store has no store-then-process rows (docs/postgres.md#what-is-supported).
+  if (!is_postgres(path))
+    read_sql(*inbox, "looking up the stored message", [&](SQLite::Database& db) {
+      SQLite::Statement q(
+          db, "SELECT status FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2");
+      q.bind(1, d.consumer_name);
+      q.bind(2, *d.message_id);
+      if (q.executeStep()) status = q.getColumn(0).getString();
+    });
   if (!status) {
     // Consumer mode: only the application has the handler. Mark the row 'requeued'; the
     // running Consumer replays it on its own thread (ConsumerOptions::requeue_poll_ms).

@@ -17,6 +17,7 @@ namespace mqtt_inbox::cli {
 namespace mi = mqtt_inbox;
 
 int cmd_export(const std::string& path, const ExportArgs& a) {
+  require_sqlite(path, "export");
   auto inbox = open_inbox(path);
   const int64_t clock = inbox->retention_clock_ms();
   const int64_t wall = wall_now_ms();

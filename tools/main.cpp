@@ -7,6 +7,8 @@
 //   mqtt-inbox dead-letters list|show|replay|purge DB ...
 //   mqtt-inbox outbox stats|list|show|replay|purge DB ...
 //   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
+//   DB: an SQLite file, or a PostgreSQL URI for stats, check, migrate, prune and
+//   dead-letters (docs/admin-tool.md#postgresql; --password-file, --pg-schema)
 //                                              [--cafile/--cert/--key/--username/... as
 //                                               every example: connection_flags.h]
 //
@@ -18,7 +20,8 @@
 //   0 ok; 1 usage; 2 check or probe found problems; 3 store error (missing file, not an
 //   inbox, SQLite error); 4 refused (safety rule, no confirmation, already replayed);
 //   5 schema version differs from this tool's (older: run `migrate`; newer: upgrade the
-//   tool); 6 not possible without a library change (see the message); 7 broker
+//   tool); 6 not possible on this store (PostgreSQL: export, outbox, replay, reap) or
+//   without a library change (see the message); 7 broker
 //   unreachable or protocol error; 8 nothing matched (unknown id or consumer).
 
 #include <CLI/CLI.hpp>
@@ -28,6 +31,7 @@
 #include <iostream>
 #include <string>
 
+#include <mqtt_inbox/postgres.h>
 #include <mqtt_inbox/version.h>
 
 #include "command_line.h"
@@ -42,26 +46,35 @@ int main(int argc, char** argv) {
       ": inspect, repair and verify an mqtt-inbox database "
       "(docs/admin-tool.md).\nExit codes: 0 ok, 1 usage, 2 problems found, 3 store error, 4 "
       "refused, "
-      "5 schema version mismatch, 6 needs a library change, 7 broker error, 8 nothing matched."};
+      "5 schema version mismatch, 6 not on this store or needs a library change, 7 broker error, 8 "
+      "nothing matched."};
   app.require_subcommand(1);
   app.fallthrough();
   app.add_flag("--json", g.json, "Print JSON instead of tables");
   app.add_option("--busy-timeout-ms", g.busy_timeout_ms,
                  "How long to wait for another connection's lock (default 5000)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--password-file", g.password_file,
+                 "PostgreSQL: libpq password file for the location (default: PGPASSFILE, "
+                 "~/.pgpass); a password is never taken on the command line");
+  app.add_option("--pg-schema", g.pg_schema,
+                 "PostgreSQL: the schema the inbox's tables are in (default mqtt_inbox)");
   app.set_version_flag("--version", MQTT_INBOX_VERSION_STRING);
+  // What every command's DB argument may be (docs/admin-tool.md#postgresql).
+  const char* const kDb =
+      "Database file, or postgresql:// URI (stats, check, migrate, prune, dead-letters)";
 
   std::string db;
   std::function<int()> run;
 
   auto* stats = app.add_subcommand(
       "stats", "Rows per consumer, sizes, schema, dead letters, store-then-process counts");
-  stats->add_option("DB", db, "Database file")->required();
+  stats->add_option("DB", db, kDb)->required();
   stats->callback([&] { run = [&] { return cmd_stats(db); }; });
 
   PruneArgs pa;
   auto* prune = app.add_subcommand("prune", "One pruning pass with the library's Pruner");
-  prune->add_option("DB", db, "Database file")->required();
+  prune->add_option("DB", db, kDb)->required();
   prune->add_option("--older-than", pa.older_than,
                     "Window: forget ids older than this (default: the recorded horizon)");
   prune->add_option("--dead-letters-older-than", pa.dead_letters_older_than,
@@ -84,7 +97,7 @@ int main(int argc, char** argv) {
   dl->require_subcommand(1);
   dl->fallthrough();
   auto add_dl_filters = [&](CLI::App* c, bool filters) {
-    c->add_option("DB", db, "Database file")->required();
+    c->add_option("DB", db, kDb)->required();
     c->add_option("--id", da.id, "Dead-letter row id");
     if (!filters) return;
     c->add_option("--consumer", da.consumer, "Consumer name");
@@ -122,29 +135,29 @@ int main(int argc, char** argv) {
   ob->fallthrough();
   auto* ob_stats = ob->add_subcommand(
       "stats", "Pending rows and bytes per class, oldest pending, sent and dead counts");
-  ob_stats->add_option("DB", db, "Database file")->required();
+  ob_stats->add_option("DB", db, kDb)->required();
   ob_stats->callback([&] { run = [&] { return cmd_outbox_stats(db); }; });
   auto* ob_list = ob->add_subcommand("list", "Rows in one state, oldest first");
-  ob_list->add_option("DB", db, "Database file")->required();
+  ob_list->add_option("DB", db, kDb)->required();
   ob_list->add_option("--state", oa.state, "pending|sent|dead (default dead)")
       ->check(CLI::IsMember({"pending", "sent", "dead"}));
   ob_list->add_option("--limit", oa.limit, "Rows at most (default 100)")
       ->check(CLI::PositiveNumber);
   ob_list->callback([&] { run = [&] { return cmd_outbox_list(db, oa); }; });
   auto* ob_show = ob->add_subcommand("show", "One row with its payload");
-  ob_show->add_option("DB", db, "Database file")->required();
+  ob_show->add_option("DB", db, kDb)->required();
   ob_show->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
   ob_show->add_option("--payload-encoding", oa.payload_encoding, "base64|hex (JSON output)")
       ->check(CLI::IsMember({"base64", "hex"}));
   ob_show->callback([&] { run = [&] { return cmd_outbox_show(db, oa); }; });
   auto* ob_replay = ob->add_subcommand(
       "replay", "Make an outbox dead letter pending again (same id, end of the queue)");
-  ob_replay->add_option("DB", db, "Database file")->required();
+  ob_replay->add_option("DB", db, kDb)->required();
   ob_replay->add_option("--message-id", oa.message_id, "The outgoing message id")->required();
   ob_replay->callback([&] { run = [&] { return cmd_outbox_replay(db, oa); }; });
   auto* ob_purge = ob->add_subcommand(
       "purge", "Delete dead (default) or sent rows; never pending ones (asks unless --yes)");
-  ob_purge->add_option("DB", db, "Database file")->required();
+  ob_purge->add_option("DB", db, kDb)->required();
   ob_purge->add_option("--state", oa.state, "dead|sent (default dead)")
       ->check(CLI::IsMember({"dead", "sent"}));
   ob_purge->add_option("--message-id", oa.message_id, "Only this outgoing message id");
@@ -157,7 +170,7 @@ int main(int argc, char** argv) {
   ReplayArgs ra;
   auto* replay = app.add_subcommand(
       "replay", "Store-then-process: reset rows to pending so the workers run them again");
-  replay->add_option("DB", db, "Database file")->required();
+  replay->add_option("DB", db, kDb)->required();
   replay->add_option("--consumer", ra.consumer, "Store-then-process consumer name")->required();
   replay->add_option("--since", ra.since,
                      "Received at or after (retention clock ms, 2h = 2 hours ago, or a UTC time)");
@@ -172,7 +185,7 @@ int main(int argc, char** argv) {
   int64_t reap_lease_ms = 0;
   auto* reap = app.add_subcommand(
       "reap", "Store-then-process: return claims that make no progress for a lease to pending");
-  reap->add_option("DB", db, "Database file")->required();
+  reap->add_option("DB", db, kDb)->required();
   reap->add_option("--consumer", reap_consumer, "Store-then-process consumer name")->required();
   reap->add_option("--lease-ms", reap_lease_ms,
                    "How long to watch the claims for progress, ms (default: the library's 60000)");
@@ -180,17 +193,17 @@ int main(int argc, char** argv) {
 
   auto* check =
       app.add_subcommand("check", "Schema, integrity, WAL and settings that void the guarantee");
-  check->add_option("DB", db, "Database file")->required();
+  check->add_option("DB", db, kDb)->required();
   check->callback([&] { run = [&] { return cmd_check(db); }; });
 
   auto* migrate = app.add_subcommand("migrate", "Apply the schema migrations of this release");
-  migrate->add_option("DB", db, "Database file")->required();
+  migrate->add_option("DB", db, kDb)->required();
   migrate->callback([&] { run = [&] { return cmd_migrate(db); }; });
 
   ExportArgs ea;
   auto* exp = app.add_subcommand(
       "export", "JSON Lines of processed ids and dead letters, for a support ticket");
-  exp->add_option("DB", db, "Database file")->required();
+  exp->add_option("DB", db, kDb)->required();
   exp->add_option("--since", ea.since,
                   "Only rows since (a duration ago like 2d, ms, or a UTC time)");
   exp->add_option("--consumer", ea.consumer, "Only this consumer");
@@ -221,6 +234,11 @@ int main(int argc, char** argv) {
 
   if (int rc = command_line::parse(app, argc, argv, "mqtt-inbox"); rc >= 0)
     return rc == 0 ? kOk : kUsage;
+#if MQTT_INBOX_WITH_POSTGRES
+  // Before any command opens a postgresql:// location: the store lives in
+  // mqtt_inbox::postgres (postgres.h).
+  mqtt_inbox::enable_postgres_store();
+#endif
   try {
     return run();
   } catch (const ToolError& e) {

@@ -2,6 +2,7 @@
 // redelivery horizon the application recorded unless forced (docs/admin-tool.md).
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "commands.h"
 #include "database.h"
 #include "format.h"
+#include "pg_admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -18,7 +20,9 @@ namespace mi = mqtt_inbox;
 
 int cmd_prune(const std::string& path, const PruneArgs& a) {
   auto inbox = open_inbox(path);
-  const auto meta = read_meta(*inbox);
+  const bool pg = is_postgres(path);
+  // The horizon the application's Pruner recorded: inbox_meta on either store.
+  const auto meta = pg ? pg_inspect(path).meta : read_meta(*inbox);
   const std::optional<int64_t> stored = meta_int(meta, "required_window_ms");
 
   // The horizon to enforce: the one the application's Pruner recorded, raised by one
@@ -97,36 +101,46 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
   if (a.dry_run) {
     int64_t ids = 0, dls = 0, out_sent = 0, out_dead = 0;
     json per = json::object();
-    read_sql(*inbox, "counting expired rows", [&](SQLite::Database& db) {
-      SQLite::Statement q(
-          db,
-          "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
-          " GROUP BY consumer_name");
-      q.bind(1, cutoff);
-      while (q.executeStep()) {
-        per[q.getColumn(0).getString()] = q.getColumn(1).getInt64();
-        ids += q.getColumn(1).getInt64();
+    if (pg) {
+      // The PostgreSQL store has no outbox yet: its counts stay 0.
+      std::map<std::string, int64_t> by_consumer;
+      pg_count_expired(path, cutoff, dl_window > 0 ? clock - dl_window : 0, &by_consumer, &dls);
+      for (const auto& kv : by_consumer) {
+        per[kv.first] = kv.second;
+        ids += kv.second;
       }
-      if (dl_window > 0) {
-        SQLite::Statement d(db,
-                            "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND "
-                            "status <> 'requeued'");
-        d.bind(1, clock - dl_window);
-        d.executeStep();
-        dls = d.getColumn(0).getInt64();
-        SQLite::Statement od(
-            db, "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
-        od.bind(1, clock - dl_window);
-        od.executeStep();
-        out_dead = od.getColumn(0).getInt64();
-      }
-      // The Pruner deletes sent outbox rows with the same window (docs/outbox.md#limits).
-      SQLite::Statement os(
-          db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
-      os.bind(1, cutoff);
-      os.executeStep();
-      out_sent = os.getColumn(0).getInt64();
-    });
+    } else
+      read_sql(*inbox, "counting expired rows", [&](SQLite::Database& db) {
+        SQLite::Statement q(
+            db,
+            "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
+            " GROUP BY consumer_name");
+        q.bind(1, cutoff);
+        while (q.executeStep()) {
+          per[q.getColumn(0).getString()] = q.getColumn(1).getInt64();
+          ids += q.getColumn(1).getInt64();
+        }
+        if (dl_window > 0) {
+          SQLite::Statement d(db,
+                              "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND "
+                              "status <> 'requeued'");
+          d.bind(1, clock - dl_window);
+          d.executeStep();
+          dls = d.getColumn(0).getInt64();
+          SQLite::Statement od(
+              db,
+              "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
+          od.bind(1, clock - dl_window);
+          od.executeStep();
+          out_dead = od.getColumn(0).getInt64();
+        }
+        // The Pruner deletes sent outbox rows with the same window (docs/outbox.md#limits).
+        SQLite::Statement os(
+            db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
+        os.bind(1, cutoff);
+        os.executeStep();
+        out_sent = os.getColumn(0).getInt64();
+      });
     j["cutoff"] = cutoff;
     j["would_delete_processed"] = ids;
     j["would_delete_by_consumer"] = per;

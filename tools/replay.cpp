@@ -15,6 +15,7 @@ namespace mqtt_inbox::cli {
 namespace mi = mqtt_inbox;
 
 int cmd_replay(const std::string& path, const ReplayArgs& a) {
+  require_sqlite(path, "replay");
   const bool by_time = !a.since.empty() || !a.until.empty();
   const int selectors =
       (by_time ? 1 : 0) + (!a.aggregate.empty() ? 1 : 0) + (!a.message_id.empty() ? 1 : 0);
@@ -58,6 +59,7 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
 // wall-clock step: it watches the claims for one lease on its monotonic clock and returns
 // those whose running row did not change meanwhile (StoreThenProcess::reap).
 int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease_ms) {
+  require_sqlite(path, "reap");
   auto inbox = open_inbox(path);
   if (!stp_consumers(*inbox).count(consumer))
     fail(kNotFound, "no store-then-process rows for consumer '" + consumer + "'");

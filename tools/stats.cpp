@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "database.h"
 #include "format.h"
+#include "pg_admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -32,6 +33,7 @@ constexpr const char* kAgesNote =
 }  // namespace
 
 int cmd_stats(const std::string& path) {
+  if (is_postgres(path)) return cmd_pg_stats(path);
   auto inbox = open_inbox(path);
   const FileFacts facts = read_facts(path);
   check_status(inbox->refresh_row_stats(), "measuring rows");

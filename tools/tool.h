@@ -31,10 +31,13 @@ struct ToolError {
   throw ToolError{code, message};
 }
 
-// The options given before the command (--json, --busy-timeout-ms).
+// The options given before the command (--json, --busy-timeout-ms, and for a PostgreSQL
+// location --password-file and --pg-schema).
 struct Globals {
   bool json = false;
   int busy_timeout_ms = 5000;
+  std::string password_file;             // InboxOptions::postgres_password_file
+  std::string pg_schema = "mqtt_inbox";  // InboxOptions::postgres_schema
 };
 extern Globals g;
 

@@ -106,8 +106,8 @@ bool valid_schema_name(const std::string& s) {
   return true;
 }
 
-// True if the URI carries a password: in its user information ("user:secret@host") or as
-// a "password" parameter. Never says which, so the caller cannot echo it.
+}  // namespace
+
 bool uri_has_password(const std::string& uri) {
   const size_t start = uri.find("://") + 3;
   const size_t end = uri.find_first_of("/?", start);
@@ -143,6 +143,8 @@ std::string percent_encode(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 
 // A failed connection attempt that waiting cannot cure: the server refused who we are.
 bool refused_identity(const std::string& what) {

@@ -89,6 +89,12 @@ class PgSessions final : public SessionStore {
   PgStore& s_;
 };
 
+// True if the libpq URI carries a password: in its user information ("user:secret@host")
+// or as a "password" parameter. Never says which, so the caller cannot echo it (open.cpp).
+bool uri_has_password(const std::string& uri);
+// Percent-encodes `s` for a URI parameter value; '/' is kept (open.cpp).
+std::string percent_encode(const std::string& s);
+
 // The PostgreSQL store's retention (store/postgres/retention_rows.cpp).
 std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store);
 
