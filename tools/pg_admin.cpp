@@ -34,18 +34,19 @@ const std::vector<std::string>& sqlite_only_items() {
   return items;
 }
 
-// Why Inbox::open with this role would fail at every attempt ("" if it would not): it
-// runs CREATE SCHEMA / CREATE TABLE ... IF NOT EXISTS each time, and PostgreSQL checks the
-// privilege before it looks whether the object exists.
+// Why Inbox::open with this role would fail at every attempt ("" if it would not): on a
+// schema at the library's version it creates nothing, so USAGE and the table privileges
+// are enough; a missing or older schema takes CREATE, which PostgreSQL checks before it
+// looks whether the object exists (docs/postgres.md#privileges).
 std::string open_privilege_problem(const detail::PgInspection& f) {
+  if (f.schema_exists && f.schema_version == detail::postgres_schema_version()) return "";
   if (f.can_create_in_database && (!f.schema_exists || f.can_create_in_schema)) return "";
   return "role '" + f.role + "' has no CREATE privilege on " +
          (f.can_create_in_database ? "schema '" + g.pg_schema + "'" : "the database") +
-         ": Inbox::open runs CREATE SCHEMA / CREATE TABLE ... IF NOT EXISTS at every open, "
-         "which PostgreSQL refuses (42501) even when they exist, so this role cannot open the "
-         "inbox (stats, prune, dead-letters, migrate). Run mqtt-inbox as the application's "
-         "role, or GRANT CREATE on the database and schema to this one "
-         "(docs/admin-tool.md#postgresql)";
+         ", and the schema is " + (f.schema_exists ? "at an older version" : "missing") +
+         ": creating or migrating it takes CREATE (42501 otherwise). Run `mqtt-inbox migrate` "
+         "as the schema's owner, or GRANT CREATE on the database and schema to this role "
+         "(docs/postgres.md#privileges)";
 }
 
 // The tool never waits for ever at start-up: a server that stays unavailable, or refuses

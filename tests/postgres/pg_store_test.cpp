@@ -614,6 +614,39 @@ TEST(PgStore, PermissionLostMidStreamWaitsWithHealthThenGoesOn) {
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_attempts"), 0);
 }
 
+// A role that may use the inbox's tables but create nothing (no CREATE on the database or
+// the schema: the runtime role of docs/postgres.md#privileges) opens an inbox whose schema
+// an owner created, and consumes. PostgreSQL checks CREATE before IF NOT EXISTS, so the
+// open must not issue CREATE for what is there: it did, got 42501 at every start and, with
+// the default start-up deadline, waited for ever.
+TEST(PgStore, RoleWithoutCreateOpensAnExistingSchemaAndConsumes) {
+  const std::string db = fresh_db("no_create");
+  { ASSERT_TRUE(open_inbox(uri_of(db))); }  // the owner (postgres) creates the schema
+  server().execute(
+      "CREATE ROLE runtime LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC;"
+      "GRANT USAGE ON SCHEMA mqtt_inbox TO runtime;"
+      "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mqtt_inbox TO runtime;"
+      "GRANT USAGE ON ALL SEQUENCES IN SCHEMA mqtt_inbox TO runtime;"
+      "GRANT ALL ON accounts, ledger_entries TO runtime",
+      db);
+  ASSERT_EQ(server().query_value("SELECT has_database_privilege('runtime', current_database(), "
+                                 "'CREATE')::text",
+                                 db),
+            "false");
+  std::string uri = uri_of(db);
+  uri.replace(uri.find("user=postgres"), 13, "user=runtime");
+  InboxOptions o;
+  o.startup_deadline_ms = 5000;  // the old open waited for ever: fail within the test instead
+  auto inbox = open_inbox(uri, o);
+  ASSERT_TRUE(inbox);
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(Consumer::create(inbox.get(), "ledger", apply_credit, fast_options(), &c).ok());
+  EXPECT_EQ(c->handle(credit("r-1", "acct", 4)), Outcome::kProcessed);
+  EXPECT_EQ(c->handle(credit("r-1", "acct", 4, true)), Outcome::kDuplicate);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'acct'"), 4);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 1);
+}
+
 // The connection drops during COMMIT (a proxy the test controls cuts it on the COMMIT
 // message): the outcome is unknown, the message is not acknowledged, the store reconnects
 // and the claim row decides. After forwarding (the server committed, the client never heard

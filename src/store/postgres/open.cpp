@@ -192,13 +192,23 @@ Status PgStore::connect_locked(bool migrate) {
       pqxx::work w(*conn);
       // One migrator at a time per schema: consumers starting together wait here.
       w.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", "mqtt_inbox schema " + schema);
-      w.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
-      w.exec0("CREATE TABLE IF NOT EXISTS " + t("inbox_meta") +
-              " (key text PRIMARY KEY, value text NOT NULL)");
+      // Look before creating: PostgreSQL checks the CREATE privilege before IF NOT EXISTS,
+      // so a role that may only use the inbox's tables (docs/postgres.md#privileges) would
+      // get 42501 from a schema that is already there, at every start, and wait for ever.
+      const auto read_version = [&]() -> int {
+        const pqxx::result r =
+            w.exec("SELECT value FROM " + t("inbox_meta") + " WHERE key = 'schema_version'");
+        return r.empty() ? 0 : std::stoi(r[0][0].as<std::string>());
+      };
       int version = 0;
-      const pqxx::result r =
-          w.exec("SELECT value FROM " + t("inbox_meta") + " WHERE key = 'schema_version'");
-      if (!r.empty()) version = std::stoi(r[0][0].as<std::string>());
+      if (!w.exec1("SELECT to_regclass(" + w.quote(t("inbox_meta")) + ") IS NULL")[0].as<bool>())
+        version = read_version();
+      if (version < kPgSchemaVersion) {
+        w.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
+        w.exec0("CREATE TABLE IF NOT EXISTS " + t("inbox_meta") +
+                " (key text PRIMARY KEY, value text NOT NULL)");
+        version = read_version();
+      }
       if (version > kPgSchemaVersion) {
         w.abort();
         conn.reset();
