@@ -7,7 +7,8 @@
 // once: the balances, the ledger entries and the claims in PostgreSQL say so. Bad credits
 // end as undecodable_payload dead letters in PostgreSQL, with their reason, and the stream
 // goes on. And what the program refuses at start-up: --emit-topic (no outbox on PostgreSQL
-// yet) and a password in the URI, each with exit code 1 before anything connects.
+// yet), --synchronous-normal (SQLite's switch; the server decides durability) and a
+// password in the URI, each with exit code 1 before anything connects.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -219,7 +220,7 @@ int run_refused(const std::vector<std::string>& extra, const std::string& log) {
   return child.wait(std::chrono::seconds(20));
 }
 
-TEST(LedgerPgStartup, EmitTopicAndAPasswordInTheUriAreRefusedWithExit1) {
+TEST(LedgerPgStartup, SqliteOnlyFlagsAndAPasswordInTheUriAreRefusedWithExit1) {
   TempDir dir;
   const std::string emit_log = dir.file("emit.log");
   int st = run_refused(
@@ -228,6 +229,14 @@ TEST(LedgerPgStartup, EmitTopicAndAPasswordInTheUriAreRefusedWithExit1) {
   EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
   EXPECT_NE(read_file(emit_log).find("--emit-topic needs the outbox"), std::string::npos)
       << read_file(emit_log);
+
+  // SQLite's durability switch would do nothing on PostgreSQL: refused, not ignored.
+  const std::string sync_log = dir.file("sync.log");
+  st = run_refused({"--db", "postgresql:///ledger?host=" + dir.path(), "--synchronous-normal"},
+                   sync_log);
+  EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  EXPECT_NE(read_file(sync_log).find("--synchronous-normal is SQLite's"), std::string::npos)
+      << read_file(sync_log);
 
   const std::string pw_log = dir.file("password.log");
   st = run_refused({"--db", "postgresql://alice:hunter2@db.invalid/ledger"}, pw_log);
