@@ -28,10 +28,7 @@ namespace {
 // Connects as Inbox::open would (the password file as a libpq parameter), or says why not.
 Status connect(const std::string& uri, const InboxOptions& o,
                std::unique_ptr<pqxx::connection>* out) {
-  if (uri_has_password(uri))
-    return Status::InvalidArgument(
-        "the PostgreSQL location holds a password: put it in a password file (PGPASSFILE or "
-        "InboxOptions::postgres_password_file), never in the location (docs/postgres.md)");
+  if (Status s = refuse_password_in_location(uri); !s.ok()) return s;
   std::string conninfo = uri;
   if (!o.postgres_password_file.empty())
     conninfo += std::string(uri.find('?') == std::string::npos ? "?" : "&") +

@@ -89,9 +89,11 @@ class PgSessions final : public SessionStore {
   PgStore& s_;
 };
 
-// True if the libpq URI carries a password: in its user information ("user:secret@host")
-// or as a "password" parameter. Never says which, so the caller cannot echo it (open.cpp).
-bool uri_has_password(const std::string& uri);
+// kInvalidArgument if the libpq URI carries a password (in its user information,
+// "user:secret@host", or as a "password" parameter, however encoded) or is not a URI
+// libpq can parse; its text never repeats the location, which may hold the secret.
+// Parsed by libpq (PQconninfoParse), as the connection will be (open.cpp).
+Status refuse_password_in_location(const std::string& uri);
 // Percent-encodes `s` for a URI parameter value; '/' is kept (open.cpp).
 std::string percent_encode(const std::string& s);
 
