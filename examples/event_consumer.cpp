@@ -97,15 +97,22 @@ void apply_event(SQLite::Database& db, const mqtt_inbox::Delivery& d) {
 
 #if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
 // The same tables on PostgreSQL, in the connection's default schema (public), beside the
-// inbox's own schema; created at start-up by Inbox::setup_sql.
+// inbox's own schema; created at start-up by Inbox::setup_sql, looking first, so that a
+// runtime role without CREATE starts (ledger_postgres.h says why).
 constexpr const char* kCreateTablesPostgres =
-    "CREATE TABLE IF NOT EXISTS event_accounts ("
-    "  account text PRIMARY KEY, events bigint NOT NULL, total bigint NOT NULL,"
-    "  last_balance bigint NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS event_sources ("
-    "  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, source_message_id text NOT NULL,"
-    "  message_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL,"
-    "  balance bigint NOT NULL)";
+    "DO $$ BEGIN"
+    "  IF to_regclass('event_accounts') IS NULL THEN"
+    "    CREATE TABLE event_accounts ("
+    "      account text PRIMARY KEY, events bigint NOT NULL, total bigint NOT NULL,"
+    "      last_balance bigint NOT NULL);"
+    "  END IF;"
+    "  IF to_regclass('event_sources') IS NULL THEN"
+    "    CREATE TABLE event_sources ("
+    "      id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, source_message_id text NOT NULL,"
+    "      message_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL,"
+    "      balance bigint NOT NULL);"
+    "  END IF;"
+    " END $$";
 
 // The same change as a PgHandler, in the claim's libpqxx transaction. A total that would
 // overflow is a data error (SQLSTATE 22003): a failed attempt, then a dead letter.

@@ -16,13 +16,21 @@
 namespace ledger::postgres {
 
 // Business tables, in the connection's default schema (public), beside the inbox's own
-// schema (InboxOptions::postgres_schema). Run by Inbox::setup_sql at start-up.
+// schema (InboxOptions::postgres_schema). Run by Inbox::setup_sql at start-up. They look
+// before they create: PostgreSQL checks the CREATE privilege before IF NOT EXISTS, so a
+// runtime role that may only use the tables (docs/postgres.md#privileges) would be refused
+// at every start by CREATE TABLE IF NOT EXISTS.
 constexpr const char* kCreateTables =
-    "CREATE TABLE IF NOT EXISTS accounts ("
-    "  account text PRIMARY KEY, balance bigint NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS ledger_entries ("
-    "  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, message_id text NOT NULL,"
-    "  account text NOT NULL, amount bigint NOT NULL)";
+    "DO $$ BEGIN"
+    "  IF to_regclass('accounts') IS NULL THEN"
+    "    CREATE TABLE accounts (account text PRIMARY KEY, balance bigint NOT NULL);"
+    "  END IF;"
+    "  IF to_regclass('ledger_entries') IS NULL THEN"
+    "    CREATE TABLE ledger_entries ("
+    "      id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, message_id text NOT NULL,"
+    "      account text NOT NULL, amount bigint NOT NULL);"
+    "  END IF;"
+    " END $$";
 
 // The handler (a PgHandler). A balance that would overflow is a data error (SQLSTATE
 // 22003): a failed attempt, then a dead letter, as on SQLite.

@@ -15,6 +15,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "support/postgres.h"
 #include "support/process.h"
@@ -162,6 +163,44 @@ TEST_P(LedgerPgCrashTest, SigkillsMidStreamAndABrokerRestartApplyEveryCreditOnce
 // Bad credits through the PgHandler: decode_credit throws UndecodablePayload, the message
 // is dead-lettered at once in PostgreSQL with its reason and acked, and what follows is
 // applied. The same poison sent again is acked as already dead-lettered, not a second row.
+// The runtime role of docs/postgres.md#privileges: the owner's first run created the
+// inbox's schema and the ledger's tables; a role that may only use them (CREATE nowhere)
+// starts and applies each credit once. Before, the ledger's CREATE TABLE IF NOT EXISTS and
+// the inbox's CREATE SCHEMA IF NOT EXISTS were refused (42501: PostgreSQL checks CREATE
+// before existence) at every start, and the consumer waited for ever.
+TEST_P(LedgerPgCrashTest, RuntimeRoleWithoutCreateStartsAndAppliesOnce) {
+  {
+    auto owner_run = start_example();
+    term(*owner_run);
+  }
+  pg_.execute(
+      "CREATE ROLE runtime LOGIN;"
+      "GRANT USAGE ON SCHEMA mqtt_inbox TO runtime;"
+      "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mqtt_inbox TO runtime;"
+      "GRANT USAGE ON ALL SEQUENCES IN SCHEMA mqtt_inbox TO runtime;"
+      "GRANT SELECT, INSERT, UPDATE ON accounts, ledger_entries TO runtime",
+      "ledger");
+  ASSERT_EQ(pg_.query_value("SELECT has_schema_privilege('runtime', 'public', 'CREATE') OR "
+                            "has_database_privilege('runtime', 'ledger', 'CREATE')",
+                            "ledger"),
+            "f");
+  uri_.replace(uri_.find("user=postgres"), std::string("user=postgres").size(), "user=runtime");
+  auto run = start_example();
+  ASSERT_TRUE(run->running()) << log_text();
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    for (int i = 0; i < 20; ++i) {
+      pub.credit("credits/r", "r-" + std::to_string(i), "acct", 1 + i);
+      pub.credit("credits/r", "r-" + std::to_string(i), "acct", 1 + i);  // a retry
+    }
+  }
+  ASSERT_TRUE(wait_until([&] { return entries() >= 20; }, std::chrono::seconds(30))) << log_text();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // room for a late double
+  term(*run);
+  EXPECT_EQ(entries(), 20);
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'acct'"), 210);
+}
+
 TEST_P(LedgerPgCrashTest, BadCreditsEndAsUndecodableDeadLettersInPostgres) {
   {
     auto first = start_example();
