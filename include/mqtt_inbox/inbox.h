@@ -107,9 +107,11 @@ class Inbox {
   // ...), another exception as kInvalidArgument with its text. Errors: as for open's
   // start-up (the last transient error after startup_deadline_ms; kCorruption).
   Status setup(const std::function<void(SQLite::Database&)>& fn);
-  // setup() with SQL text: runs `sql` (one or more statements separated by ';') with
-  // sqlite3_exec inside that transaction, with the same waits and errors. For callers
-  // that hold their schema as text (the C API's mqtt_inbox_setup, c.h).
+  // setup() with SQL text: runs `sql` (one or more statements separated by ';') inside
+  // that transaction (SQLite: sqlite3_exec; PostgreSQL: one simple-protocol query), with
+  // the same waits and errors. For callers that hold their schema as text (the C API's
+  // mqtt_inbox_setup, c.h) and for the PostgreSQL store, whose set-up is text only. On
+  // PostgreSQL look before you create (docs/postgres.md#privileges).
   Status setup_sql(const std::string& sql);
 
   // Runs `fn` with exclusive use of the connection, outside any transaction, once. For
