@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include <mqtt_inbox/dead_letter.h>
+#include <mqtt_inbox/inbox.h>
 
 #include "connection_flags.h"  // examples/common/: the flags every program that connects shares
 
@@ -16,6 +18,18 @@ namespace mqtt_inbox::cli {
 
 // stats.cpp
 int cmd_stats(const std::string& path);
+
+// The session-records part of `stats`, the same on both stores (stats.cpp; pg_admin.cpp's
+// PostgreSQL stats uses it too): the JSON list, the sessions the broker lost in total, and
+// the table's rows. Reads through Inbox::sessions(); fail(kStoreError) on an error.
+struct SessionsSection {
+  nlohmann::json list = nlohmann::json::array();
+  int64_t lost_total = 0;
+  std::vector<std::vector<std::string>> rows;
+};
+SessionsSection read_sessions_section(Inbox& inbox);
+// Prints the table (nothing when no session is recorded) and the loss warning.
+void print_sessions_section(const SessionsSection& s);
 
 // prune.cpp
 struct PruneArgs {

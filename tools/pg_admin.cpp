@@ -10,6 +10,7 @@
 #include <mqtt_inbox/session_record.h>
 #include <mqtt_inbox/stats.h>
 
+#include "commands.h"
 #include "database.h"
 #include "format.h"
 #include "tool.h"
@@ -185,26 +186,9 @@ int cmd_pg_stats(const std::string& uri) {
              (requeued[name] ? " (+" + std::to_string(requeued[name]) + " requeued)" : ""),
          reasons_cell.empty() ? "-" : reasons_cell, std::to_string(attempts)});
   }
-  std::vector<mi::SessionRecord> sessions;
-  check_status(inbox->sessions().list(&sessions), "reading the session records");
-  j["sessions"] = json::array();
-  int64_t lost_total = 0;
-  std::vector<std::vector<std::string>> session_rows;
-  for (const auto& r : sessions) {
-    lost_total += r.sessions_lost;
-    j["sessions"].push_back(
-        {{"client_id", json_text(r.client_id)},
-         {"topic_filters", r.topic_filters.size()},
-         {"session_expiry_ms", r.session_expiry_ms},
-         {"updated_at", r.updated_at_ms},
-         {"sessions_lost", r.sessions_lost},
-         {"last_lost_at", r.last_lost_at_ms ? json(r.last_lost_at_ms) : json()}});
-    session_rows.push_back({printable(r.client_id, 60), std::to_string(r.topic_filters.size()),
-                            human_ms(r.session_expiry_ms), iso(r.updated_at_ms),
-                            std::to_string(r.sessions_lost),
-                            r.last_lost_at_ms ? iso(r.last_lost_at_ms) : "-"});
-  }
-  j["sessions_lost"] = lost_total;
+  const SessionsSection sessions = read_sessions_section(*inbox);
+  j["sessions"] = sessions.list;
+  j["sessions_lost"] = sessions.lost_total;
   if (g.json) {
     emit(j);
     return kOk;
@@ -221,16 +205,7 @@ int cmd_pg_stats(const std::string& uri) {
   print_table(
       {"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason", "attempts"},
       rows);
-  if (!session_rows.empty()) {
-    std::cout << "\n";
-    print_table(
-        {"session of client", "filters", "expiry", "recorded", "sessions lost", "last lost"},
-        session_rows);
-    if (lost_total > 0)
-      std::cout << "\nThe broker lost " << lost_total
-                << " session(s) holding topic filters: what it had queued for them then is gone "
-                   "(docs/operations.md#stats).\n";
-  }
+  print_sessions_section(sessions);
   std::cout << "\nNot on PostgreSQL (SQLite only): db and WAL sizes, the persisted retention "
                "clock, store-then-process counts (docs/admin-tool.md#postgresql).\n";
   return kOk;

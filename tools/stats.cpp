@@ -32,6 +32,37 @@ constexpr const char* kAgesNote =
 
 }  // namespace
 
+SessionsSection read_sessions_section(Inbox& inbox) {
+  std::vector<mi::SessionRecord> records;
+  check_status(inbox.sessions().list(&records), "reading the session records");
+  SessionsSection s;
+  for (const auto& r : records) {
+    s.lost_total += r.sessions_lost;
+    s.list.push_back({{"client_id", json_text(r.client_id)},
+                      {"topic_filters", r.topic_filters.size()},
+                      {"session_expiry_ms", r.session_expiry_ms},
+                      {"updated_at", r.updated_at_ms},
+                      {"sessions_lost", r.sessions_lost},
+                      {"last_lost_at", r.last_lost_at_ms ? json(r.last_lost_at_ms) : json()}});
+    s.rows.push_back({printable(r.client_id, 60), std::to_string(r.topic_filters.size()),
+                      human_ms(r.session_expiry_ms), iso(r.updated_at_ms),
+                      std::to_string(r.sessions_lost),
+                      r.last_lost_at_ms ? iso(r.last_lost_at_ms) : "-"});
+  }
+  return s;
+}
+
+void print_sessions_section(const SessionsSection& s) {
+  if (s.rows.empty()) return;
+  std::cout << "\n";
+  print_table({"session of client", "filters", "expiry", "recorded", "sessions lost", "last lost"},
+              s.rows);
+  if (s.lost_total > 0)
+    std::cout << "\nThe broker lost " << s.lost_total
+              << " session(s) holding topic filters: what it had queued for them then is gone "
+                 "(docs/operations.md#stats).\n";
+}
+
 int cmd_stats(const std::string& path) {
   if (is_postgres(path)) return cmd_pg_stats(path);
   auto inbox = open_inbox(path);
@@ -136,26 +167,9 @@ int cmd_stats(const std::string& path) {
   }
   // Sessions the broker lost, per client id, across restarts (SessionRecord::sessions_lost,
   // schema step 13): the in-process count (InboxStats::sessions_lost) died with its process.
-  std::vector<mi::SessionRecord> sessions;
-  check_status(inbox->sessions().list(&sessions), "reading the session records");
-  j["sessions"] = json::array();
-  int64_t lost_total = 0;
-  std::vector<std::vector<std::string>> session_rows;
-  for (const auto& r : sessions) {
-    lost_total += r.sessions_lost;
-    j["sessions"].push_back(
-        {{"client_id", json_text(r.client_id)},
-         {"topic_filters", r.topic_filters.size()},
-         {"session_expiry_ms", r.session_expiry_ms},
-         {"updated_at", r.updated_at_ms},
-         {"sessions_lost", r.sessions_lost},
-         {"last_lost_at", r.last_lost_at_ms ? json(r.last_lost_at_ms) : json()}});
-    session_rows.push_back({printable(r.client_id, 60), std::to_string(r.topic_filters.size()),
-                            human_ms(r.session_expiry_ms), iso(r.updated_at_ms),
-                            std::to_string(r.sessions_lost),
-                            r.last_lost_at_ms ? iso(r.last_lost_at_ms) : "-"});
-  }
-  j["sessions_lost"] = lost_total;
+  const SessionsSection sessions = read_sessions_section(*inbox);
+  j["sessions"] = sessions.list;
+  j["sessions_lost"] = sessions.lost_total;
   if (g.json) {
     emit(j);
     return kOk;
@@ -174,16 +188,7 @@ int cmd_stats(const std::string& path) {
   print_table({"consumer", "processed", "oldest age", "newest age", "dead", "dead by reason",
                "attempts", "stp pend/proc/done/dead"},
               rows);
-  if (!session_rows.empty()) {
-    std::cout << "\n";
-    print_table(
-        {"session of client", "filters", "expiry", "recorded", "sessions lost", "last lost"},
-        session_rows);
-    if (lost_total > 0)
-      std::cout << "\nThe broker lost " << lost_total
-                << " session(s) holding topic filters: what it had queued for them then is gone "
-                   "(docs/operations.md#stats).\n";
-  }
+  print_sessions_section(sessions);
   std::cout << "\nNote: " << kAgesNote << ".\n";
   return kOk;
 }
