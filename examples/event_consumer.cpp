@@ -138,6 +138,7 @@ bool is_postgres_uri(const std::string& db) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Apply ledger_consumer's credited events exactly once (mqtt-inbox example)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   consumer_service::Flags flags;
   flags.consumer_name = "events";
   consumer_service::add(app, &flags);

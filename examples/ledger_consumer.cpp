@@ -69,6 +69,7 @@ int run_on_postgres(const consumer_service::Flags& flags, const std::string& emi
 
 int main(int argc, char** argv) {
   CLI::App app{"Apply JSON credits from MQTT exactly once (mqtt-inbox example)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   consumer_service::Flags flags;
   flags.consumer_name = "ledger";
   consumer_service::add(app, &flags);

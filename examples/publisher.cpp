@@ -66,6 +66,7 @@ Event malformed(int k, const std::string& prefix) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Publish credit events with producer-assigned ids (mqtt-inbox example)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   connection_flags::Flags connection;
   connection.client_id = "publisher";
   connection.mqtt_version = "5";
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--malformed", malformed_count, "Malformed messages mixed in");
   app.add_option("--accounts", accounts, "Number of accounts")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Random seed");
-  app.add_option("--id-prefix", prefix, "Prefix of the message ids");
+  app.add_option("--id-prefix", prefix,
+                 "Prefix of the message ids: <prefix>-<n>, malformed ones <prefix>-bad-<k>");
   app.add_option("--rate", rate, "Messages per second (0 = as fast as PUBACKs allow)");
   app.add_option("--window", window, "PUBACKs outstanding at most")->check(CLI::PositiveNumber);
   int ack_timeout_ms = 30000;

@@ -48,6 +48,7 @@ static void apply_reading(SQLite::Database& db, const mqtt_inbox::StoredDelivery
 
 int main(int argc, char** argv) {
   CLI::App app{"Latest reading per device, in order per device (mqtt-inbox store-then-process)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   connection_flags::Flags connection;
   connection_flags::add(app, &connection, connection_flags::Role::kSubscriber);
   std::string topic = "sensors/+/reading", db_path, log_level = "info";

@@ -43,7 +43,8 @@ void add(CLI::App& app, Flags* f, Role role) {
       ->check(CLI::IsMember({"1.2", "1.3", "tlsv1.2", "tlsv1.3"}));
   app.add_option("--alpn", f->alpn,
                  "ALPN protocol to offer; repeatable (AWS IoT on 443: x-amzn-mqtt-ca)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->default_str("");  // an empty list, not "[]" (the examples capture defaults)
   app.add_option("--ciphers", f->ciphers, "OpenSSL cipher list for TLS 1.2");
   app.add_flag("--insecure", f->insecure,
                "INSECURE: do not check the broker's host name against its certificate");

@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <utility>
+
 #include <mqtt_inbox/topic.h>
 #include <nlohmann/json.hpp>
 
@@ -136,6 +138,20 @@ TEST_F(ProgramsTest, HelpExits0OnEveryProgram) {
         run_program(dir_, {built_program(program), "--help"}, "help-" + program + ".log");
     EXPECT_EQ(r.exit_code, 0) << program << ":\n" << r.output;
     EXPECT_NE(r.output.find("--"), std::string::npos) << program << ": no options listed";
+  }
+  // The examples' --help shows every option's default (the options of their own, not only
+  // the shared connection flags): a newcomer reads it there, not in the source.
+  const std::pair<const char*, const char*> defaults[] = {
+      {"ledger_consumer", "--consumer TEXT=ledger"},
+      {"event_consumer", "--consumer TEXT=events"},
+      {"sensor_gateway", "=2"},  // --workers
+      {"publisher", "--id-prefix TEXT=credit"},
+  };
+  for (const auto& [program, shown] : defaults) {
+    const Outcome r =
+        run_program(dir_, {built_program(program), "--help"}, std::string("help-d-") + program);
+    EXPECT_NE(r.output.find(shown), std::string::npos) << program << " --help:\n" << r.output;
+    EXPECT_EQ(r.output.find("=[]"), std::string::npos) << program << ": an empty list as []";
   }
   const Outcome r =
       run_program(dir_, {built_program("mqtt-inbox"), "outbox", "list", "--help"}, "help.log");
