@@ -61,6 +61,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/status.h"
 
 namespace SQLite {
@@ -68,6 +69,10 @@ class Database;
 }
 
 namespace mqtt_inbox {
+
+namespace detail {
+class Txn;
+}
 
 // One stored message as a worker hands it to the application.
 struct StoredDelivery {
@@ -237,9 +242,16 @@ class StoreThenProcess final : public MessageSink {
   // `inbox` must outlive the object; its path, VFS, busy timeout and synchronous setting
   // are used for the worker connections, its clock for every timestamp, its logger for
   // logs. `name`: consumer name (1..200 bytes of UTF-8). Opens one maintenance
-  // connection (reaper, replay, prune); starts no thread. Errors: kInvalidArgument for bad
-  // arguments; store codes if the connection cannot be opened.
+  // connection (reaper, replay, prune); starts no thread. The handler is written for the
+  // inbox's store: a StoredHandler (SQLite::Database&) for an SQLite inbox, a
+  // PgStoredHandler (postgres.h, pqxx::transaction_base&) for a PostgreSQL one; a plain
+  // lambda picks its overload by its first parameter. Errors: kInvalidArgument for bad
+  // arguments, an empty handler, or a handler written for the other store (the message
+  // names both); store codes if the connection cannot be opened.
   static Status create(Inbox* inbox, const std::string& name, StoredHandler handler,
+                       const StoreThenProcessOptions& options,
+                       std::unique_ptr<StoreThenProcess>* out);
+  static Status create(Inbox* inbox, const std::string& name, PgStoredHandler handler,
                        const StoreThenProcessOptions& options,
                        std::unique_ptr<StoreThenProcess>* out);
   // Stops the workers (see stop()).
@@ -309,6 +321,10 @@ class StoreThenProcess final : public MessageSink {
 
  private:
   struct Impl;
+  static Status create_bound(Inbox* inbox, const std::string& name,
+                             std::function<void(const detail::Txn&, const StoredDelivery&)> handler,
+                             const StoreThenProcessOptions& options,
+                             std::unique_ptr<StoreThenProcess>* out);
   explicit StoreThenProcess(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -69,7 +69,8 @@ using StoredStoreHandler = StoreHandlerOf<StoredDelivery>;
 
 // The public StoredHandler takes the SQLite store's transaction (SQLite::Database&), so
 // it is bound where that type is complete (store/sqlite/stp_rows.cpp). A store with
-// another transaction type binds its own public handler type the same way.
+// another transaction type binds its own public handler type the same way
+// (Store::bind_stored_handler: PgStoredHandler in store/postgres/store.h).
 StoredStoreHandler bind_stored_handler(StoredHandler handler);
 
 // A row as one claim holds it.

@@ -209,12 +209,12 @@ TEST(PgAdminTool, CheckReportsSchemaTablesIsolationAndRowsWithoutWriting) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const json j = r.j();
   EXPECT_EQ(j["store"], "postgresql");
-  EXPECT_EQ(j["schema_version"], 1);
-  EXPECT_EQ(j["library_schema_version"], 1);
+  EXPECT_EQ(j["schema_version"], 3);
+  EXPECT_EQ(j["library_schema_version"], 3);
   EXPECT_EQ(j["isolation"], "read committed");
   EXPECT_TRUE(j["missing_tables"].empty());
   for (const char* t : {"inbox_meta", "inbox_processed", "inbox_attempts", "inbox_dead_letters",
-                        "inbox_sessions", "inbox_session_filters"})
+                        "inbox_sessions", "inbox_session_filters", "inbox_messages"})
     EXPECT_NE(std::find(j["tables"].begin(), j["tables"].end(), t), j["tables"].end()) << t;
   EXPECT_EQ(j["row_counts"]["inbox_processed"], 6);
   EXPECT_EQ(j["row_counts"]["inbox_dead_letters"], 2);
