@@ -423,7 +423,7 @@ TEST(StpPg, HandlerOfTheOtherStoreIsRefused) {
   if (!StoreThenProcess::create(
            inbox.get(), "ledger",
            [&](pqxx::transaction_base& t, const StoredDelivery& d) {
-             apply_credit(t, d, 1000);
+             apply_credit(t, d, 2000);
              if (die_after > 0 && ++runs == die_after) ::kill(::getpid(), SIGKILL);
            },
            o, &stp)
