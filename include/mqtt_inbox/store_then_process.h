@@ -1,8 +1,11 @@
 // StoreThenProcess: the second inbox mode. The message callback only stores the raw
 // message (one INSERT, one commit) and returns, so the PUBACK follows durable *receipt*;
 // worker threads process the stored rows later, in arrival order per aggregate key, each
-// in a transaction that also marks the row done. SQLite only: no MQTT in it (it is a
-// MessageSink, so the Subscriber or any other transport can feed it).
+// in a transaction that also marks the row done. No MQTT in it (it is a MessageSink, so
+// the Subscriber or any other transport can feed it). What follows describes the SQLite
+// store; on a PostgreSQL Inbox (postgres.h: a PgStoredHandler) the same rules hold with
+// a connection per worker, no single write lock, and workers of several processes
+// sharing one consumer's rows (docs/store-then-process.md#postgresql).
 //
 // Choose it over Consumer when the handler is too slow for Paho's receive thread, when
 // messages must be processed in order per device, or when messages must be re-run after
