@@ -5,8 +5,8 @@
 // token's fence stepped deterministically (a worker whose claim was reaped commits nothing
 // over its successor); and two processes working one consumer's rows, one of them
 // SIGKILLed mid-row, with every row done once and no two rows of an account at once.
-// Receipt is called directly (StoreThenProcess::handle): what happens after it is the
-// store's, and the broker tests cover MQTT (tests/broker/store_then_process_test.cpp).
+// Receipt is mostly called directly (StoreThenProcess::handle): what happens after it is
+// the store's; one case receives through a real mosquitto and the Subscriber.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -25,6 +25,7 @@
 #include <mqtt_inbox/inbox.h>
 #include <mqtt_inbox/postgres.h>
 #include <mqtt_inbox/store_then_process.h>
+#include <mqtt_inbox/subscriber.h>
 #include <nlohmann/json.hpp>
 
 #include "store/store.h"
@@ -32,6 +33,7 @@
 #include "store/txn.h"
 #include "support/postgres.h"
 #include "support/process.h"
+#include "support/publisher.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -200,6 +202,48 @@ TEST(StpPg, ReceiptThenProcessingAppliesEachCreditOnceInArrivalOrderPerAccount) 
   EXPECT_EQ(stp->counters().duplicates, 7);
   EXPECT_EQ(stp->counters().stored, 60);
   EXPECT_EQ(stp->counters().processed, 60);
+}
+
+// The same through a real mosquitto: each credit published three times (a lost PUBACK's
+// redeliveries), received by the Subscriber, stored once, applied once.
+TEST(StpPg, DuplicatesThroughMosquittoAreStoredOnceAndAppliedOnce) {
+  const std::string uri = fresh_db("stp_broker");
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  Broker broker;
+  TempDir dir;
+  auto stp = make(
+      inbox.get(), [](pqxx::transaction_base& t, const StoredDelivery& d) { apply_credit(t, d); },
+      fast_options());
+  ASSERT_TRUE(stp->start().ok());
+  SubscriberOptions so;
+  so.broker_uri = broker.uri();
+  so.client_id = "stp-pg-dups";
+  so.client_id_lock_dir = dir.path();
+  so.mqtt_version = MqttVersion::kV5;
+  std::unique_ptr<Subscriber> sub;
+  ASSERT_TRUE(Subscriber::create(so, &sub).ok());
+  ASSERT_TRUE(sub->subscribe("credits/#", stp.get()).ok());
+  ASSERT_TRUE(sub->start().ok());
+  ASSERT_TRUE(sub->wait_connected(10000));
+  constexpr int kIds = 20;
+  {
+    TestPublisher pub(broker.uri(), true);
+    for (int round = 0; round < 3; ++round)
+      for (int i = 0; i < kIds; ++i)
+        pub.credit("credits/acct-" + std::to_string(i % 4), "m-" + std::to_string(i),
+                   "acct-" + std::to_string(i % 4), i + 1);
+  }
+  ASSERT_TRUE(wait_until([&] { return sub->messages_received() >= 3 * kIds; }, 15s));
+  ASSERT_TRUE(wait_until([&] { return settled(uri); }, 15s));
+  ASSERT_TRUE(sub->stop().ok());
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM runs"), kIds);
+  EXPECT_EQ(q(uri, "SELECT count(DISTINCT message_id) FROM runs"), kIds);
+  EXPECT_EQ(q(uri, "SELECT sum(balance) FROM accounts"), kIds * (kIds + 1) / 2);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM mqtt_inbox.inbox_messages"), kIds);
+  EXPECT_EQ(stp->counters().duplicates, 2 * kIds);
+  EXPECT_EQ(out_of_order(uri), 0);
 }
 
 TEST(StpPg, FailingRowBlocksItsAccountThenPoisonIsDeadLetteredWithItsReason) {
