@@ -31,6 +31,7 @@
 #include "store/store.h"
 #include "store/stp_rows.h"
 #include "store/txn.h"
+#include "support/cut_proxy.h"
 #include "support/postgres.h"
 #include "support/process.h"
 #include "support/publisher.h"
@@ -430,6 +431,57 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
               " AND attempts = 2 AND claim_token = " +
                   std::to_string(rb.claim.token)),
             1);
+}
+
+// The connection drops during the handler transaction's COMMIT: a store error, retried.
+// If the server had committed, the retry finds the row 'done' under its claim's token and
+// runs nothing (done); if it had not, the row still carries the token and runs again.
+// Either way the credit is applied once, and the row after it in the batch (same
+// account) goes on at once rather than after the lease (60 s here).
+void cut_at_commit(CutProxy::When when) {
+  const std::string name =
+      when == CutProxy::When::kAfterForwarding ? "stp_doubt_committed" : "stp_doubt_lost";
+  fresh_db(name);
+  CutProxy proxy(CutProxy::Upstream{server().socket_path(), 0});
+  const std::string uri = "postgresql:///" + name + "?host=" + proxy.socket_dir() +
+                          "&port=" + std::to_string(proxy.port()) + "&user=postgres";
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  auto o = fast_options();
+  o.workers = 1;
+  std::atomic<int> doubt_runs{0};
+  auto stp = make(
+      inbox.get(),
+      [&](pqxx::transaction_base& t, const StoredDelivery& d) {
+        apply_credit(t, d);
+        // The next COMMIT on any connection is this transaction's (one worker; receipt
+        // is over; the reaper's first pass ran at start).
+        if (d.message_id == "m-doubt" && ++doubt_runs == 1)
+          proxy.cut_when(CutProxy::Direction::kClientToServer, "COMMIT", when);
+      },
+      o);
+  for (const char* id : {"before", "m-doubt", "after"})
+    ASSERT_EQ(stp->handle(credit(id, "acct", 1)), Outcome::kProcessed);
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_until([&] { return settled(server().uri(name)); }, 10s));
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(proxy.triggers_fired(), 1);
+  EXPECT_EQ(doubt_runs.load(), when == CutProxy::When::kAfterForwarding ? 1 : 2);
+  const std::string direct = server().uri(name);
+  EXPECT_EQ(q(direct, "SELECT count(*) FROM ledger_entries WHERE message_id = 'm-doubt'"), 1);
+  EXPECT_EQ(q(direct, "SELECT balance FROM accounts WHERE id = 'acct'"), 3);
+  EXPECT_EQ(q(direct, "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE status = 'done'"), 3);
+  EXPECT_EQ(stp->counters().claims_lost, 0);
+  EXPECT_EQ(stp->counters().processed, 3);
+  EXPECT_GE(stp->counters().worker_store_errors, 1);
+  EXPECT_GE(proxy.connections_accepted(), 3);  // receipt, maintenance, worker, and again
+}
+
+TEST(StpPg, CommitCutAfterTheServerCommittedRunsNothingTwice) {
+  cut_at_commit(CutProxy::When::kAfterForwarding);
+}
+TEST(StpPg, CommitCutBeforeTheServerSawItRunsTheRowAgain) {
+  cut_at_commit(CutProxy::When::kBeforeForwarding);
 }
 
 // A handler written for the other store is refused, both ways, as for Consumer.

@@ -227,10 +227,19 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
     std::optional<pqxx::work> w;
     try {
       w.emplace(conn());
-      // A claim returned long ago runs no handler. Not the fence: that is the UPDATE below.
-      if (!owned(*w, c)) {
+      // A claim returned long ago runs no handler (not the fence: that is the UPDATE
+      // below). A row 'done' under this claim's token was finished by this claim: a
+      // retry after a COMMIT whose outcome was unknown finds that it committed. That is
+      // kDone, not kLost: the policy then goes on with the rest of the batch, whose rows
+      // are still this claim's (a kLost would leave them until the lease ran out).
+      const pqxx::result r =
+          w->exec_params("SELECT status, claim_token FROM " + m_ + " WHERE seq = $1", c.seq);
+      const bool ours = !r.empty() && r[0][1].as<int64_t>() == c.token;
+      const std::string status = r.empty() ? "" : r[0][0].as<std::string>();
+      if (!ours || status != "processing") {
         abort_quietly(w);
-        out->kind = StoredRunResult::Kind::kLost;
+        out->kind =
+            ours && status == "done" ? StoredRunResult::Kind::kDone : StoredRunResult::Kind::kLost;
         return Status::Ok();
       }
     } catch (const std::exception& e) {
