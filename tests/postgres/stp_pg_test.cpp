@@ -287,6 +287,12 @@ TEST(StpPg, FailingRowBlocksItsAccountThenPoisonIsDeadLetteredWithItsReason) {
               "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters WHERE message_id = 'b-2'"
               " AND reason = 'handler_failed' AND attempts = 3"),
             1);
+  // Its dead letter is replayed through the rows, not requeued for a Consumer.
+  const int64_t dl =
+      q(uri, "SELECT id FROM mqtt_inbox.inbox_dead_letters WHERE message_id = 'b-2'");
+  const Status requeue = inbox->requeue_dead_letter(dl);
+  EXPECT_EQ(requeue.code(), Status::Code::kInvalidArgument) << requeue.to_string();
+  EXPECT_NE(requeue.message().find("StoreThenProcess::replay"), std::string::npos);
   // a-3 ran only after a-2 finally committed: the retry blocked its account.
   EXPECT_LT(q(uri, "SELECT id FROM runs WHERE message_id = 'a-2'"),
             q(uri, "SELECT id FROM runs WHERE message_id = 'a-3'"));
