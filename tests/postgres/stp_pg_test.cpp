@@ -439,6 +439,75 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
             1);
 }
 
+// The claim's aggregate locks, stepped: while worker A's claim transaction holds its
+// aggregates (inside its chooser, after the locks, before its UPDATE), worker B's claim
+// takes none of them and does not wait for A (SKIP LOCKED semantics: a wait would run
+// into lock_timeout and fail B's claim). Once A committed its claim of account x only, B
+// takes account y, and x stays out of every claim while A's rows are 'processing'.
+TEST(StpPg, ConcurrentClaimsNeverShareAnAggregateAndNeverWait) {
+  const std::string uri = fresh_db("stp_claims");
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  std::unique_ptr<detail::StpConsumerRows> rows;
+  ASSERT_TRUE(inbox->store().stp_rows().open("claims", &rows).ok());
+  bool stored = false;
+  for (const char* id : {"x-1", "y-1", "x-2", "y-2"}) {
+    const std::string account(1, id[0]);
+    ASSERT_TRUE(rows->store_received(id, account, credit(id, account, 1), "{}", &stored).ok());
+  }
+  std::unique_ptr<detail::StpWorkerSession> a, b;
+  ASSERT_TRUE(rows->open_worker(Synchronous::kFull, &a).ok());
+  ASSERT_TRUE(rows->open_worker(Synchronous::kFull, &b).ok());
+  const detail::ClaimChooser take_all = [](int64_t, const std::vector<detail::ClaimCandidate>& o,
+                                           std::vector<int64_t>* take) {
+    for (const auto& c : o) take->push_back(c.seq);
+  };
+  std::vector<detail::StoredRow> batch_a, batch_b;
+  Status inner;
+  std::vector<std::string> offered_to_a;
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(a->claim(
+                   "A", 4,
+                   [&](int64_t, const std::vector<detail::ClaimCandidate>& offered,
+                       std::vector<int64_t>* take) {
+                     for (const auto& c : offered) offered_to_a.push_back(c.aggregate_key);
+                     inner = b->claim("B", 4, take_all, &batch_b);
+                     for (const auto& c : offered)
+                       if (c.aggregate_key == "x") take->push_back(c.seq);
+                   },
+                   &batch_a)
+                  .ok());
+  EXPECT_TRUE(inner.ok()) << inner.to_string();
+  EXPECT_TRUE(batch_b.empty());  // both accounts were A's to choose from
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  EXPECT_EQ(offered_to_a, (std::vector<std::string>{"x", "x", "y", "y"}));
+  ASSERT_EQ(batch_a.size(), 2u);
+  EXPECT_EQ(batch_a[0].message_id, "x-1");
+  EXPECT_EQ(batch_a[1].message_id, "x-2");
+  // A committed: B takes y, never x.
+  ASSERT_TRUE(b->claim("B", 4, take_all, &batch_b).ok());
+  ASSERT_EQ(batch_b.size(), 2u);
+  EXPECT_EQ(batch_b[0].message_id, "y-1");
+  EXPECT_EQ(batch_b[1].message_id, "y-2");
+  std::vector<detail::StoredRow> none;
+  ASSERT_TRUE(b->claim("B2", 4, take_all, &none).ok());
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE status = 'processing'"
+              " AND claimant = 'A' AND aggregate_key = 'x'"),
+            2);
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE status = 'processing'"
+              " AND claimant = 'B' AND aggregate_key = 'y'"),
+            2);
+  // A releases x: it is claimable again, in arrival order.
+  ASSERT_TRUE(a->release({batch_a[0].claim, batch_a[1].claim}).ok());
+  ASSERT_TRUE(b->claim("B3", 1, take_all, &none).ok());
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].message_id, "x-1");
+  EXPECT_EQ(none[0].claim.token, batch_a[0].claim.token + 1);
+}
+
 // The connection drops during the handler transaction's COMMIT: a store error, retried.
 // If the server had committed, the retry finds the row 'done' under its claim's token and
 // runs nothing (done); if it had not, the row still carries the token and runs again.
