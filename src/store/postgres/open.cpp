@@ -89,11 +89,11 @@ constexpr PgSchemaStep kSteps[] = {
     // Step 2 is the outbox's (another branch); the lead renumbers at merge.
     {3,
      // Store-then-process (docs/store-then-process.md#postgresql): the stored messages of
-     // each consumer. seq (an identity) is arrival order at the server: the order receipts
-     // committed their sequence numbers, across every process storing. received_at and
-     // done_at are the server's clock in ms (the retention clock), next_attempt_at too;
-     // claimed_at is a worker's wall clock, for people. claim_token fences a worker whose
-     // claim was returned (store/stp_rows.h).
+     // each consumer. seq (an identity, taken by the receipt's INSERT) is arrival order at
+     // the server. received_at and done_at are the server's clock in ms, next_attempt_at
+     // the retention clock (the server's, as the store follows it); claimed_at is a
+     // worker's wall clock, for people. claim_token fences a worker whose claim was
+     // returned (store/stp_rows.h).
      "CREATE TABLE @.inbox_messages ("
      "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
      "  consumer_name text NOT NULL,"

@@ -11,7 +11,8 @@
 // Not yet on this store (docs/postgres.md#what-is-supported): the outbox. supports()
 // refuses it at create with kInvalidArgument, and outbox() is never reached.
 //
-// Thread safety: every call takes `mu` for its use of the connection.
+// Thread safety: every call takes `mu` for its use of the connection; store-then-process's
+// workers and maintenance use connections of their own (open_connection()).
 #pragma once
 
 #include <pqxx/pqxx>
