@@ -45,6 +45,8 @@ class transaction_base;
 
 namespace mqtt_inbox {
 
+struct StoredDelivery;  // store_then_process.h
+
 // Makes Inbox::open accept PostgreSQL locations ("postgresql://", "postgres://") in this
 // process: registers the PostgreSQL store, which this function's library
 // (mqtt_inbox_postgres) holds, with the core. Call it before the first such Inbox::open;
@@ -74,5 +76,24 @@ void enable_postgres_store();
 //  - Do not call back into the library for the inbox it runs for (handler.h).
 // Thread safety: called on the thread that called Consumer::handle.
 using PgHandler = std::function<void(pqxx::transaction_base& txn, const Delivery& delivery)>;
+
+// The business change of one stored message on the PostgreSQL store
+// (StoreThenProcess::create): runs inside the worker's transaction `txn`, on the worker's
+// own connection (each worker has one), at READ COMMITTED; the row is marked 'done' in
+// the same transaction, so everything it executes through `txn` commits together with
+// that mark, or not at all. The rules of PgHandler above hold (no COMMIT/ROLLBACK/BEGIN,
+// SAVEPOINTs are fine; throw to fail; SQLSTATEs judged as there; READ COMMITTED; no call
+// back into the library for this inbox). Besides:
+//  - Workers of other processes may work the same consumer's rows on the same server: a
+//    row is claimed by one worker at a time and the rows of one aggregate key one at a
+//    time, in arrival order (docs/store-then-process.md#postgresql). A worker whose claim
+//    was returned by a reaper (it exceeded StoreThenProcessOptions::lease_ms) commits
+//    nothing: its transaction is rolled back at the end, after the handler ran.
+//  - It holds no lock receipt needs (unlike SQLite's single write lock), only the row
+//    locks its own statements take, until the commit.
+//  - `txn` and `d` are valid only during the call.
+// Thread safety: called on a worker thread of the StoreThenProcess; several at once, one
+// per worker, each with its own `txn`.
+using PgStoredHandler = std::function<void(pqxx::transaction_base& txn, const StoredDelivery& d)>;
 
 }  // namespace mqtt_inbox

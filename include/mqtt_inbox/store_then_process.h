@@ -1,8 +1,11 @@
 // StoreThenProcess: the second inbox mode. The message callback only stores the raw
 // message (one INSERT, one commit) and returns, so the PUBACK follows durable *receipt*;
 // worker threads process the stored rows later, in arrival order per aggregate key, each
-// in a transaction that also marks the row done. SQLite only: no MQTT in it (it is a
-// MessageSink, so the Subscriber or any other transport can feed it).
+// in a transaction that also marks the row done. No MQTT in it (it is a MessageSink, so
+// the Subscriber or any other transport can feed it). What follows describes the SQLite
+// store; on a PostgreSQL Inbox (postgres.h: a PgStoredHandler) the same rules hold with
+// a connection per worker, no single write lock, and workers of several processes
+// sharing one consumer's rows (docs/store-then-process.md#postgresql).
 //
 // Choose it over Consumer when the handler is too slow for Paho's receive thread, when
 // messages must be processed in order per device, or when messages must be re-run after
@@ -61,6 +64,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/status.h"
 
 namespace SQLite {
@@ -68,6 +72,10 @@ class Database;
 }
 
 namespace mqtt_inbox {
+
+namespace detail {
+class Txn;
+}
 
 // One stored message as a worker hands it to the application.
 struct StoredDelivery {
@@ -237,9 +245,16 @@ class StoreThenProcess final : public MessageSink {
   // `inbox` must outlive the object; its path, VFS, busy timeout and synchronous setting
   // are used for the worker connections, its clock for every timestamp, its logger for
   // logs. `name`: consumer name (1..200 bytes of UTF-8). Opens one maintenance
-  // connection (reaper, replay, prune); starts no thread. Errors: kInvalidArgument for bad
-  // arguments; store codes if the connection cannot be opened.
+  // connection (reaper, replay, prune); starts no thread. The handler is written for the
+  // inbox's store: a StoredHandler (SQLite::Database&) for an SQLite inbox, a
+  // PgStoredHandler (postgres.h, pqxx::transaction_base&) for a PostgreSQL one; a plain
+  // lambda picks its overload by its first parameter. Errors: kInvalidArgument for bad
+  // arguments, an empty handler, or a handler written for the other store (the message
+  // names both); store codes if the connection cannot be opened.
   static Status create(Inbox* inbox, const std::string& name, StoredHandler handler,
+                       const StoreThenProcessOptions& options,
+                       std::unique_ptr<StoreThenProcess>* out);
+  static Status create(Inbox* inbox, const std::string& name, PgStoredHandler handler,
                        const StoreThenProcessOptions& options,
                        std::unique_ptr<StoreThenProcess>* out);
   // Stops the workers (see stop()).
@@ -309,6 +324,10 @@ class StoreThenProcess final : public MessageSink {
 
  private:
   struct Impl;
+  static Status create_bound(Inbox* inbox, const std::string& name,
+                             std::function<void(const detail::Txn&, const StoredDelivery&)> handler,
+                             const StoreThenProcessOptions& options,
+                             std::unique_ptr<StoreThenProcess>* out);
   explicit StoreThenProcess(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -37,6 +37,7 @@
 #include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
+#include "mqtt_inbox/store_then_process.h"
 #include "store/retention_rows.h"
 #include "store/retry.h"
 #include "store/txn.h"
@@ -81,6 +82,25 @@ class Store {
         "a PostgreSQL handler (PgHandler, postgres.h) was given to the "
         "SQLite inbox " +
         location() + ": write a Handler (handler.h)");
+  }
+
+  // The same for a store-then-process handler: an SQLite StoredHandler on the SQLite
+  // store, a PgStoredHandler on the PostgreSQL store; the other is refused likewise.
+  virtual Status bind_stored_handler(StoredHandler handler, StoreHandlerOf<StoredDelivery>* out) {
+    (void)handler;
+    (void)out;
+    return Status::InvalidArgument(
+        "an SQLite stored handler (StoredHandler, taking SQLite::Database&) was given to an "
+        "inbox on " +
+        location() + ", which is not an SQLite store: write a PgStoredHandler (postgres.h)");
+  }
+  virtual Status bind_stored_handler(PgStoredHandler handler, StoreHandlerOf<StoredDelivery>* out) {
+    (void)handler;
+    (void)out;
+    return Status::InvalidArgument(
+        "a PostgreSQL stored handler (PgStoredHandler, postgres.h) was given to the SQLite "
+        "inbox " +
+        location() + ": write a StoredHandler (store_then_process.h)");
   }
 
   // OK if this store has `what` (e.g. "the outbox"); else kInvalidArgument saying so.

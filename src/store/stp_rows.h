@@ -37,8 +37,9 @@
 //    claim_token = $2 after the handler, zero rows -> ROLLBACK and kLost. That UPDATE's
 //    row lock lasts to COMMIT, so a reaper's UPDATE of the row waits for it and then finds
 //    the row finished. A commit whose outcome is unknown (the connection dropped at
-//    COMMIT) comes back as a store error; the retried run finds the row 'done' (kLost,
-//    nothing run twice) or still carrying its token (run again).
+//    COMMIT) comes back as a store error; the retried run finds the row 'done' under its
+//    token (kDone: it had committed; nothing runs twice, and the rest of the batch goes
+//    on) or still carrying its token (run again).
 //  - reap(): reads the claims, lets the chooser pick, and in the same transaction charges
 //    the running row and puts each picked claim's rows back; a lock_timeout bounds the
 //    wait behind a worker finishing a row. retry_later(), release() and mark_dead() carry
@@ -69,7 +70,8 @@ using StoredStoreHandler = StoreHandlerOf<StoredDelivery>;
 
 // The public StoredHandler takes the SQLite store's transaction (SQLite::Database&), so
 // it is bound where that type is complete (store/sqlite/stp_rows.cpp). A store with
-// another transaction type binds its own public handler type the same way.
+// another transaction type binds its own public handler type the same way
+// (Store::bind_stored_handler: PgStoredHandler in store/postgres/store.h).
 StoredStoreHandler bind_stored_handler(StoredHandler handler);
 
 // A row as one claim holds it.

@@ -102,6 +102,26 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
                                 const StoreThenProcessOptions& options,
                                 std::unique_ptr<StoreThenProcess>* out) {
   if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  detail::StoredStoreHandler bound;
+  if (Status s = inbox->store().bind_stored_handler(std::move(handler), &bound); !s.ok()) return s;
+  return create_bound(inbox, name, std::move(bound), options, out);
+}
+
+Status StoreThenProcess::create(Inbox* inbox, const std::string& name, PgStoredHandler handler,
+                                const StoreThenProcessOptions& options,
+                                std::unique_ptr<StoreThenProcess>* out) {
+  if (!inbox) return Status::InvalidArgument("inbox is null");
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  detail::StoredStoreHandler bound;
+  if (Status s = inbox->store().bind_stored_handler(std::move(handler), &bound); !s.ok()) return s;
+  return create_bound(inbox, name, std::move(bound), options, out);
+}
+
+Status StoreThenProcess::create_bound(Inbox* inbox, const std::string& name,
+                                      detail::StoredStoreHandler handler,
+                                      const StoreThenProcessOptions& options,
+                                      std::unique_ptr<StoreThenProcess>* out) {
   if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
   if (Status s = inbox->store().supports("store-then-process (StoreThenProcess::create)"); !s.ok())
     return s;
@@ -132,8 +152,8 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHan
   impl->inbox = inbox;
   impl->store = &store;
   impl->name = name;
-  // The public handler takes the SQLite store's transaction: the store binds it.
-  impl->handler = detail::bind_stored_handler(std::move(handler));
+  // Bound by the store for its own transaction type (Store::bind_stored_handler).
+  impl->handler = std::move(handler);
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);

@@ -157,10 +157,15 @@ Status PgDeadLetters::requeue(int64_t id) {
   const Status st = s_.with_txn("requeuing dead letter", [&](pqxx::work& w) {
     refusal = Status::Ok();
     const std::string row = "dead letter " + std::to_string(id);
-    const pqxx::result r =
-        w.exec_params("SELECT status, length(payload) < payload_size FROM " +
-                          s_.t("inbox_dead_letters") + " WHERE id = $1 FOR UPDATE",
-                      id);
+    const pqxx::result r = w.exec_params(
+        "SELECT d.status, length(d.payload) < d.payload_size,"
+        " EXISTS (SELECT 1 FROM " +
+            s_.t("inbox_messages") +
+            " m WHERE m.consumer_name = d.consumer_name"
+            "                AND m.message_id = d.message_id)"
+            " FROM " +
+            s_.t("inbox_dead_letters") + " d WHERE d.id = $1 FOR UPDATE OF d",
+        id);
     if (r.empty()) {
       refusal = Status::NotFound(row + " not found");
       return;
@@ -171,6 +176,9 @@ Status PgDeadLetters::requeue(int64_t id) {
                                         "dead letter is replayed at most once at a time");
     else if (r[0][1].as<bool>())
       refusal = Status::InvalidArgument(row + " holds a cut payload; it cannot be replayed");
+    else if (r[0][2].as<bool>())
+      refusal = Status::InvalidArgument(
+          row + " belongs to a store-then-process consumer: " + "use StoreThenProcess::replay");
     if (!refusal.ok()) return;
     w.exec_params0(
         "UPDATE " + s_.t("inbox_dead_letters") + " SET status = 'requeued' WHERE id = $1", id);

@@ -86,6 +86,42 @@ constexpr PgSchemaStep kSteps[] = {
      "  client_id text NOT NULL REFERENCES @.inbox_sessions (client_id) ON DELETE CASCADE,"
      "  topic_filter text NOT NULL,"
      "  PRIMARY KEY (client_id, topic_filter));"},
+    // Step 2 is the outbox's (another branch); the lead renumbers at merge.
+    {3,
+     // Store-then-process (docs/store-then-process.md#postgresql): the stored messages of
+     // each consumer. seq (an identity, taken by the receipt's INSERT) is arrival order at
+     // the server. received_at and done_at are the server's clock in ms, next_attempt_at
+     // the retention clock (the server's, as the store follows it); claimed_at is a
+     // worker's wall clock, for people. claim_token fences a worker whose claim was
+     // returned (store/stp_rows.h).
+     "CREATE TABLE @.inbox_messages ("
+     "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     "  consumer_name text NOT NULL,"
+     "  message_id text NOT NULL,"
+     "  aggregate_key text NOT NULL DEFAULT '',"
+     "  topic text NOT NULL,"
+     "  payload bytea,"
+     "  properties_json text,"
+     "  qos integer NOT NULL,"
+     "  received_at bigint NOT NULL,"
+     "  status text NOT NULL DEFAULT 'pending'"
+     "    CHECK (status IN ('pending', 'processing', 'done', 'dead')),"
+     "  attempts integer NOT NULL DEFAULT 0,"
+     "  claimed_at bigint,"
+     "  claimant text,"
+     "  claim_token bigint NOT NULL DEFAULT 0,"
+     "  next_attempt_at bigint NOT NULL DEFAULT 0,"
+     "  last_error text,"
+     "  done_at bigint,"
+     "  CONSTRAINT inbox_messages_key UNIQUE (consumer_name, message_id));"
+     // The claim: pending rows by aggregate in seq order, and 'processing' rows by
+     // aggregate (and by claimant, for the reaper).
+     "CREATE INDEX inbox_messages_work ON @.inbox_messages"
+     "  (consumer_name, status, aggregate_key, seq);"
+     "CREATE INDEX inbox_messages_received_at ON @.inbox_messages (received_at);"
+     // Compaction reads only 'done' rows that still hold their payload.
+     "CREATE INDEX inbox_messages_compact ON @.inbox_messages (consumer_name, done_at)"
+     "  WHERE status = 'done' AND payload IS NOT NULL;"},
 };
 
 std::string with_schema(const char* sql, const std::string& schema) {
@@ -163,36 +199,43 @@ bool refused_identity(const std::string& what) {
 
 void prepare_pg_statements(PgStore& s);  // claim.cpp
 
-Status PgStore::connect_locked(bool migrate) {
-  if (conn && conn->is_open()) return Status::Ok();
-  conn.reset();
+Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out) {
+  out->reset();
+  std::unique_ptr<pqxx::connection> c;
   try {
-    conn = std::make_unique<pqxx::connection>(conninfo);
+    c = std::make_unique<pqxx::connection>(conninfo);
   } catch (const std::exception& e) {
-    conn.reset();
     std::string what = e.what();
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
     if (refused_identity(what))
       return Status(Status::Code::kPermissionDenied, "connecting to " + uri + ": " + what);
-    return store_error(Status(Status::Code::kIoError, "connecting to " + uri + ": " + what));
+    return Status(Status::Code::kIoError, "connecting to " + uri + ": " + what);
   }
   try {
-    {
-      pqxx::nontransaction n(*conn);
-      const std::string iso = n.exec1("SHOW default_transaction_isolation")[0].as<std::string>();
-      if (iso != "read committed") {
-        conn.reset();
-        return Status::InvalidArgument(
-            uri + ": default_transaction_isolation is '" + iso +
-            "'; the inbox's claim needs READ COMMITTED (under a higher level ON CONFLICT DO "
-            "NOTHING fails with 40001 against a claim committed after the snapshot "
-            "instead of skipping it): set it to 'read committed' for the inbox's role or "
-            "database (docs/postgres.md#read-committed)");
-      }
-      // 0 is "do not wait", as on SQLite (PRAGMA busy_timeout = 0), not PostgreSQL's
-      // lock_timeout = 0, which waits for ever behind a stuck node.
-      n.exec0("SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)));
-    }
+    pqxx::nontransaction n(*c);
+    const std::string iso = n.exec1("SHOW default_transaction_isolation")[0].as<std::string>();
+    if (iso != "read committed")
+      return Status::InvalidArgument(
+          uri + ": default_transaction_isolation is '" + iso +
+          "'; the inbox's claim needs READ COMMITTED (under a higher level ON CONFLICT DO "
+          "NOTHING fails with 40001 against a claim committed after the snapshot "
+          "instead of skipping it): set it to 'read committed' for the inbox's role or "
+          "database (docs/postgres.md#read-committed)");
+    // 0 is "do not wait", as on SQLite (PRAGMA busy_timeout = 0), not PostgreSQL's
+    // lock_timeout = 0, which waits for ever behind a stuck node.
+    n.exec0("SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)));
+  } catch (const std::exception& e) {
+    return pg_to_status(e, "opening " + uri);
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status PgStore::connect_locked(bool migrate) {
+  if (conn && conn->is_open()) return Status::Ok();
+  conn.reset();
+  if (Status s = open_connection(&conn); !s.ok()) return store_error(s);
+  try {
     if (migrate) {
       pqxx::work w(*conn);
       // One migrator at a time per schema: consumers starting together wait here.
@@ -303,10 +346,6 @@ Status PgStore::fatal_status() const {
   std::lock_guard<std::mutex> lock(stats_mu);
   return Status(Status::Code::kCorruption,
                 uri + " reported corruption (" + fatal_error + "); the inbox no longer uses it");
-}
-
-StpRows& PgStore::stp_rows() {
-  throw std::logic_error("store-then-process is not yet supported on the PostgreSQL store");
 }
 
 OutboxStore& PgStore::outbox() {

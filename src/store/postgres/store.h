@@ -5,13 +5,14 @@
 // READ COMMITTED check, schema and migrations, start-up waits, the fatal latch), claim.cpp
 // (PgClaims: the per-message path and the commit whose outcome is unknown),
 // dead_letters.cpp (PgDeadLetters), sessions.cpp (PgSessions), retention_rows.cpp (the
-// Pruner's deletes, row measurement) and errors.cpp (SQLSTATE classes).
+// Pruner's deletes, row measurement), stp_rows.cpp (store-then-process's rows, each worker
+// on a connection of its own) and errors.cpp (SQLSTATE classes).
 //
-// Not yet on this store (docs/postgres.md#what-is-supported): the outbox and
-// store-then-process. supports() refuses them at create with kInvalidArgument, and
-// outbox()/stp_rows() are never reached.
+// Not yet on this store (docs/postgres.md#what-is-supported): the outbox. supports()
+// refuses it at create with kInvalidArgument, and outbox() is never reached.
 //
-// Thread safety: every call takes `mu` for its use of the connection.
+// Thread safety: every call takes `mu` for its use of the connection; store-then-process's
+// workers and maintenance use connections of their own (open_connection()).
 #pragma once
 
 #include <pqxx/pqxx>
@@ -28,6 +29,7 @@
 #include "store/retention_rows.h"
 #include "store/sessions.h"
 #include "store/store.h"
+#include "store/stp_rows.h"
 #include "store/txn.h"
 
 namespace mqtt_inbox::detail {
@@ -36,7 +38,7 @@ struct PgStore;
 
 // The version of the PostgreSQL schema this library writes (<schema>.inbox_meta key
 // 'schema_version'); its steps are in open.cpp.
-constexpr int kPgSchemaVersion = 1;
+constexpr int kPgSchemaVersion = 3;
 
 class PgClaims final : public ClaimStore {
  public:
@@ -99,6 +101,8 @@ std::string percent_encode(const std::string& s);
 
 // The PostgreSQL store's retention (store/postgres/retention_rows.cpp).
 std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store);
+// The PostgreSQL store's store-then-process rows (store/postgres/stp_rows.cpp).
+std::unique_ptr<StpRows> make_pg_stp_rows(PgStore& store);
 
 struct PgStore final : Store {
   PgStore() : claims_(*this), dead_letters_(*this), sessions_(*this) {}
@@ -111,7 +115,13 @@ struct PgStore final : Store {
     return Status::Ok();
   }
   using Store::bind_consumer_handler;
+  Status bind_stored_handler(PgStoredHandler handler, StoredStoreHandler* out) override {
+    *out = bind_handler<pqxx::transaction_base, StoredDelivery>(std::move(handler));
+    return Status::Ok();
+  }
+  using Store::bind_stored_handler;
   Status supports(const std::string& what) const override {
+    if (what.rfind("store-then-process", 0) == 0) return Status::Ok();
     return Status::InvalidArgument(what + " is not yet supported on the PostgreSQL store (" + uri +
                                    "): docs/postgres.md#what-is-supported");
   }
@@ -121,7 +131,7 @@ struct PgStore final : Store {
   DeadLetterStore& dead_letters() override { return dead_letters_; }
   SessionStore& sessions() override { return sessions_; }
   RetentionRows& retention_rows() override { return *retention; }
-  [[noreturn]] StpRows& stp_rows() override;
+  StpRows& stp_rows() override { return *stp; }
   [[noreturn]] OutboxStore& outbox() override;
 
   const std::string& location() const override { return uri; }
@@ -165,6 +175,11 @@ struct PgStore final : Store {
   // server's clock and prepares the per-message statements; with `migrate`, also brings
   // the schema to kPgSchemaVersion. Under `mu`. Errors classified (pg_to_status).
   Status connect_locked(bool migrate);
+  // A new connection to the server with the settings every connection of the store has
+  // (the READ COMMITTED check, lock_timeout): the shared one (connect_locked) and each
+  // store-then-process worker's. No lock needed. Errors classified as connect_locked's (a
+  // refused identity: kPermissionDenied; unreachable: kIoError), not counted.
+  Status open_connection(std::unique_ptr<pqxx::connection>* out);
   // Classifies a failure of the store's own statement, drops a lost connection (the next
   // call reconnects) and counts it (store_error). Under `mu`.
   Status failed(const std::exception& e, const std::string& context);
@@ -176,6 +191,7 @@ struct PgStore final : Store {
   std::atomic<int64_t> clock_base_ms{0}, steady_base_ms{0};
   mutable std::atomic<int64_t> clock_high{0};
   std::unique_ptr<RetentionRows> retention = make_pg_retention_rows(*this);
+  std::unique_ptr<StpRows> stp = make_pg_stp_rows(*this);
 
  private:
   PgClaims claims_;

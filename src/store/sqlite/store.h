@@ -116,6 +116,8 @@ struct SqliteStore final : Store {
     return Status::Ok();
   }
   using Store::bind_consumer_handler;
+  Status bind_stored_handler(StoredHandler handler, StoreHandlerOf<StoredDelivery>* out) override;
+  using Store::bind_stored_handler;
   Status setup_sql(const std::string& sql) override;
   // Inbox::setup on this store (store/sqlite/open.cpp).
   Status setup(const std::function<void(SQLite::Database&)>& fn);

@@ -702,6 +702,11 @@ StoredStoreHandler bind_stored_handler(StoredHandler handler) {
   return bind_handler<SQLite::Database, StoredDelivery>(std::move(handler));
 }
 
+Status SqliteStore::bind_stored_handler(StoredHandler handler, StoredStoreHandler* out) {
+  *out = detail::bind_stored_handler(std::move(handler));
+  return Status::Ok();
+}
+
 }  // namespace mqtt_inbox::detail
 
 namespace mqtt_inbox {
