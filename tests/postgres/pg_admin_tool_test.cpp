@@ -209,12 +209,13 @@ TEST(PgAdminTool, CheckReportsSchemaTablesIsolationAndRowsWithoutWriting) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const json j = r.j();
   EXPECT_EQ(j["store"], "postgresql");
-  EXPECT_EQ(j["schema_version"], 1);
-  EXPECT_EQ(j["library_schema_version"], 1);
+  EXPECT_EQ(j["schema_version"], 2);
+  EXPECT_EQ(j["library_schema_version"], 2);
   EXPECT_EQ(j["isolation"], "read committed");
   EXPECT_TRUE(j["missing_tables"].empty());
-  for (const char* t : {"inbox_meta", "inbox_processed", "inbox_attempts", "inbox_dead_letters",
-                        "inbox_sessions", "inbox_session_filters"})
+  for (const char* t :
+       {"inbox_meta", "inbox_processed", "inbox_attempts", "inbox_dead_letters", "inbox_sessions",
+        "inbox_session_filters", "outbox_messages", "outbox_usage"})
     EXPECT_NE(std::find(j["tables"].begin(), j["tables"].end(), t), j["tables"].end()) << t;
   EXPECT_EQ(j["row_counts"]["inbox_processed"], 6);
   EXPECT_EQ(j["row_counts"]["inbox_dead_letters"], 2);
@@ -256,7 +257,7 @@ TEST(PgAdminTool, CheckReportsSchemaTablesIsolationAndRowsWithoutWriting) {
   // migrate creates it; check is then OK.
   const ToolRun m = tool({"--json", "migrate", uri_of("empty")});
   ASSERT_EQ(m.code, 0) << m.out << m.err;
-  EXPECT_EQ(m.j()["to_version"], 1);
+  EXPECT_EQ(m.j()["to_version"], 2);
   EXPECT_EQ(tool({"check", uri_of("empty")}).code, 0);
 
   // An inbox in a schema of the application's naming: --pg-schema.

@@ -16,10 +16,11 @@ namespace mqtt_inbox::detail {
 int postgres_schema_version() { return kPgSchemaVersion; }
 
 const std::vector<std::string>& postgres_inbox_tables() {
-  // The tables of the schema steps in open.cpp (step 1), and inbox_meta.
-  static const std::vector<std::string> tables = {"inbox_meta",     "inbox_processed",
-                                                  "inbox_attempts", "inbox_dead_letters",
-                                                  "inbox_sessions", "inbox_session_filters"};
+  // The tables of the schema steps in open.cpp (step 1, the inbox; step 2, the outbox),
+  // and inbox_meta.
+  static const std::vector<std::string> tables = {
+      "inbox_meta",     "inbox_processed",       "inbox_attempts",  "inbox_dead_letters",
+      "inbox_sessions", "inbox_session_filters", "outbox_messages", "outbox_usage"};
   return tables;
 }
 

@@ -5,11 +5,11 @@
 // READ COMMITTED check, schema and migrations, start-up waits, the fatal latch), claim.cpp
 // (PgClaims: the per-message path and the commit whose outcome is unknown),
 // dead_letters.cpp (PgDeadLetters), sessions.cpp (PgSessions), retention_rows.cpp (the
-// Pruner's deletes, row measurement) and errors.cpp (SQLSTATE classes).
+// Pruner's deletes, row measurement), outbox_rows.cpp (the outbox's rows and the relays'
+// wake-up by LISTEN/NOTIFY) and errors.cpp (SQLSTATE classes).
 //
-// Not yet on this store (docs/postgres.md#what-is-supported): the outbox and
-// store-then-process. supports() refuses them at create with kInvalidArgument, and
-// outbox()/stp_rows() are never reached.
+// Not yet on this store (docs/postgres.md#what-is-supported): store-then-process.
+// supports() refuses it at create with kInvalidArgument, and stp_rows() is never reached.
 //
 // Thread safety: every call takes `mu` for its use of the connection.
 #pragma once
@@ -25,6 +25,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "store/claims.h"
 #include "store/dead_letters.h"
+#include "store/outbox_rows.h"
 #include "store/retention_rows.h"
 #include "store/sessions.h"
 #include "store/store.h"
@@ -36,7 +37,7 @@ struct PgStore;
 
 // The version of the PostgreSQL schema this library writes (<schema>.inbox_meta key
 // 'schema_version'); its steps are in open.cpp.
-constexpr int kPgSchemaVersion = 1;
+constexpr int kPgSchemaVersion = 2;
 
 class PgClaims final : public ClaimStore {
  public:
@@ -99,6 +100,8 @@ std::string percent_encode(const std::string& s);
 
 // The PostgreSQL store's retention (store/postgres/retention_rows.cpp).
 std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store);
+// The PostgreSQL store's outbox rows (store/postgres/outbox_rows.cpp).
+std::unique_ptr<OutboxStore> make_pg_outbox(PgStore& store);
 
 struct PgStore final : Store {
   PgStore() : claims_(*this), dead_letters_(*this), sessions_(*this) {}
@@ -112,6 +115,7 @@ struct PgStore final : Store {
   }
   using Store::bind_consumer_handler;
   Status supports(const std::string& what) const override {
+    if (what.rfind("the outbox", 0) == 0) return Status::Ok();
     return Status::InvalidArgument(what + " is not yet supported on the PostgreSQL store (" + uri +
                                    "): docs/postgres.md#what-is-supported");
   }
@@ -122,7 +126,7 @@ struct PgStore final : Store {
   SessionStore& sessions() override { return sessions_; }
   RetentionRows& retention_rows() override { return *retention; }
   [[noreturn]] StpRows& stp_rows() override;
-  [[noreturn]] OutboxStore& outbox() override;
+  OutboxStore& outbox() override { return *outbox_store; }
 
   const std::string& location() const override { return uri; }
   // The server's clock (clock_timestamp() at the last connect), advanced by the monotonic
@@ -176,6 +180,13 @@ struct PgStore final : Store {
   std::atomic<int64_t> clock_base_ms{0}, steady_base_ms{0};
   mutable std::atomic<int64_t> clock_high{0};
   std::unique_ptr<RetentionRows> retention = make_pg_retention_rows(*this);
+  // Set by an enqueue in a transaction on `conn` (OutboxStore::wake_after_commit); the
+  // commit on `conn` then calls outbox_committed(). Under `mu`.
+  bool outbox_wake_armed = false;
+  // After a commit on `conn`: wakes the outbox's commit wakers if an enqueue armed it
+  // (outbox_rows.cpp). Under `mu`; a waker only signals.
+  void outbox_committed();
+  std::unique_ptr<OutboxStore> outbox_store = make_pg_outbox(*this);
 
  private:
   PgClaims claims_;
