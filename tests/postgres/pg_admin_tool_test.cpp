@@ -385,6 +385,16 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
       " WHERE message_id IN ('m-1', 'm-2')",
       l.db);
 
+  // Outbox rows: one sent and one dead long ago (retention_at 0 on the server's clock),
+  // one pending, which no window deletes.
+  server().execute(
+      "INSERT INTO mqtt_inbox.outbox_messages (message_id, ordering_key, class, topic, payload,"
+      " properties, size_bytes, enqueued_at, state, sent_at, dead_at, retention_at) VALUES"
+      " ('o-sent', 'k', '', 'events/x', '', '{}', 1, 0, 'sent', 0, NULL, 0),"
+      " ('o-dead', 'k', '', 'events/x', '', '{}', 1, 0, 'dead', NULL, 0, 0),"
+      " ('o-pending', 'k', '', 'events/x', '', '{}', 1, 0, 'pending', NULL, NULL, NULL)",
+      l.db);
+
   // Below the recorded horizon: refused (exit 4), nothing deleted.
   const ToolRun below = tool({"prune", uri_of(l.db), "--older-than", "2d"});
   EXPECT_EQ(below.code, 4) << below.out << below.err;
@@ -394,12 +404,16 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
   const ToolRun dry = tool({"--json", "prune", uri_of(l.db), "--older-than", "4d", "--dry-run"});
   ASSERT_EQ(dry.code, 0) << dry.out << dry.err;
   EXPECT_EQ(dry.j()["would_delete_processed"], 2);
+  EXPECT_EQ(dry.j()["would_delete_outbox_sent"], 1);
+  EXPECT_EQ(dry.j()["would_delete_outbox_dead"], 0);  // dead rows only with their own window
   EXPECT_EQ(dry.j()["required_window_ms"], required);
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 6);
 
   const ToolRun run = tool({"--json", "prune", uri_of(l.db), "--older-than", "4d"});
   ASSERT_EQ(run.code, 0) << run.out << run.err;
   EXPECT_EQ(run.j()["processed_deleted"], 2);
+  EXPECT_EQ(run.j()["outbox_sent_deleted"], 1);
+  EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.outbox_messages"), 2);
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 4);
   EXPECT_EQ(
       q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed WHERE message_id IN ('m-1','m-2')"),
@@ -415,11 +429,17 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
                                "--dead-letters-older-than", "1ms", "--dry-run"});
   ASSERT_EQ(dl_dry.code, 0) << dl_dry.err;
   EXPECT_EQ(dl_dry.j()["would_delete_dead_letters"], 2);
+  EXPECT_EQ(dl_dry.j()["would_delete_outbox_dead"], 1);
   EXPECT_EQ(dl_dry.j()["would_delete_processed"], 0);
   const ToolRun dl_run = tool(
       {"--json", "prune", uri_of(l.db), "--older-than", "4d", "--dead-letters-older-than", "1ms"});
   ASSERT_EQ(dl_run.code, 0) << dl_run.err;
   EXPECT_EQ(dl_run.j()["dead_letters_deleted"], 2);
+  EXPECT_EQ(dl_run.j()["outbox_dead_deleted"], 1);
+  EXPECT_EQ(server().query_value("SELECT string_agg(message_id, ',') FROM "
+                                 "mqtt_inbox.outbox_messages",
+                                 l.db),
+            "o-pending");
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
   // With --force a window below the horizon is accepted (and said so).
   const ToolRun forced = tool({"--json", "prune", uri_of(l.db), "--older-than", "2d", "--force"});

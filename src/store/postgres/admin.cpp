@@ -141,9 +141,11 @@ Status inspect_postgres(const std::string& uri, const InboxOptions& o, PgInspect
 Status count_expired_postgres(const std::string& uri, const InboxOptions& o, int64_t claims_cutoff,
                               int64_t dead_letters_cutoff,
                               std::map<std::string, int64_t>* claims_by_consumer,
-                              int64_t* dead_letters) {
+                              int64_t* dead_letters, int64_t* outbox_sent, int64_t* outbox_dead) {
   claims_by_consumer->clear();
   *dead_letters = 0;
+  *outbox_sent = 0;
+  *outbox_dead = 0;
   return read_only(
       uri, o, "counting expired rows", [&](pqxx::connection& c, pqxx::read_transaction& r) {
         const std::string q = c.quote_name(o.postgres_schema) + ".";
@@ -160,6 +162,21 @@ Status count_expired_postgres(const std::string& uri, const InboxOptions& o, int
                                              "status <> 'requeued'",
                                          dead_letters_cutoff)[0]
                               .as<int64_t>();
+        // The outbox's finished rows (schema version 2), as the Pruner deletes them.
+        if (r.exec1("SELECT to_regclass(" + r.quote(q + "outbox_messages") + ") IS NULL")[0]
+                .as<bool>())
+          return;
+        *outbox_sent = r.exec_params1("SELECT count(*) FROM " + q +
+                                          "outbox_messages WHERE state = 'sent' AND "
+                                          "retention_at < $1",
+                                      claims_cutoff)[0]
+                           .as<int64_t>();
+        if (dead_letters_cutoff > 0)
+          *outbox_dead = r.exec_params1("SELECT count(*) FROM " + q +
+                                            "outbox_messages WHERE state = 'dead' AND "
+                                            "retention_at < $1",
+                                        dead_letters_cutoff)[0]
+                             .as<int64_t>();
       });
 }
 
