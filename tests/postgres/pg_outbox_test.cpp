@@ -6,7 +6,8 @@
 // pg_stat_activity, stepped deterministically) and never exceed the bound; the relay's
 // fetch, marks, replay and purge; the Pruner's deletes; and a Relay publishing a
 // Consumer's rows once, in order per key, on MQTT 3.1.1 and 5, woken by LISTEN/NOTIFY for
-// a row committed by another connection well before its 30 s poll. Every case asserts on
+// a row committed by another connection well before its 30 s poll, also after the
+// listening connection was cut. Every case asserts on
 // the outbox's rows, the business rows, or what arrived at the broker.
 #include <gtest/gtest.h>
 #include <mqtt/async_client.h>
@@ -337,6 +338,41 @@ TEST(PgOutbox, ConcurrentEnqueuesIntoABoundedClassQueueUpFirstRollsBack) {
   concurrent_bounded(false);
 }
 
+// Seq order is commit order: B enqueues into another class than A (no usage row shared)
+// and still waits for A's transaction to end, so a relay that read B's row could never
+// find A's, with its lower seq, committed after it. With A still open, no reader sees B's
+// row; once both commit, A's seq is the lower.
+TEST(PgOutbox, EnqueuingTransactionsTakeTurnsSoSeqOrderIsCommitOrder) {
+  const std::string db = fresh_db("seq_order");
+  auto inbox = open_inbox(uri_of(db));
+  ASSERT_TRUE(inbox);
+  OutboxOptions oo;
+  oo.classes.push_back({"alerts/", 100, 0, OutboxFullPolicy::kReject, 0});
+  auto outbox = make_outbox(inbox.get(), oo);
+  ASSERT_TRUE(outbox);
+  pqxx::connection a(uri_of(db, "seq_a")), b(uri_of(db, "seq_b"));
+  const int pid_b = b.backendpid();
+  pqxx::work wa(a);
+  ASSERT_TRUE(outbox->enqueue(wa, msg("alerts/x", "first", "p")).ok());
+  auto fb = std::async(std::launch::async, [&] {
+    pqxx::work wb(b);
+    Status st = outbox->enqueue(wb, msg("telemetry/y", "second", "p"));
+    if (st.ok()) wb.commit();
+    return st;
+  });
+  ASSERT_TRUE(server().wait_for_lock_wait(pid_b, 10s)) << "B did not wait for A's transaction";
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  EXPECT_TRUE(rows.empty());
+  wa.commit();
+  const Status sb = fb.get();
+  ASSERT_TRUE(sb.ok()) << sb.to_string();
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].message_id, "first");
+  EXPECT_EQ(rows[1].message_id, "second");
+}
+
 TEST(PgOutbox, FetchMarksReplayPurgeAndPrune) {
   const std::string db = fresh_db("relay_side");
   auto inbox = open_inbox(uri_of(db));
@@ -568,7 +604,47 @@ TEST_P(PgRelay, PublishesHandlerRowsOnceInOrderAndWakesOnNotify) {
     std::lock_guard<std::mutex> l(seen.mu);
     EXPECT_EQ(seen.events.back()["message_id"], "elsewhere-1");
   }
+
+  // The listening connection is cut (its backend terminated, as a server restart or a
+  // failover would): the inbox LISTENs again by itself, and the next row committed
+  // elsewhere still wakes the relay long before its poll.
+  EXPECT_EQ(q(db,
+              "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE "
+              "'LISTEN%' AND pid <> pg_backend_pid()"),
+            1);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q(db,
+                 "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> "
+                 "pg_backend_pid()") == 1;
+      },
+      10s))
+      << "the inbox did not LISTEN again";
+  std::this_thread::sleep_for(300ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  {
+    pqxx::work w(app);
+    ASSERT_TRUE(other_outbox
+                    ->enqueue(w, msg("events/zed", "elsewhere-2",
+                                     R"({"message_id":"elsewhere-2","account":"zed","n":2})"))
+                    .ok());
+    w.commit();
+  }
+  ASSERT_TRUE(wait_until([&] { return seen.size() > static_cast<size_t>(kCredits) + 1; }, 5s))
+      << "after the LISTEN connection was cut, a row committed elsewhere did not wake the relay";
+  std::printf("after the LISTEN connection was cut: arrived after %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - t1)
+                                         .count()));
   EXPECT_TRUE(relay->stop().ok());
+  // The last waker removed: the listening connection is closed.
+  EXPECT_TRUE(wait_until(
+      [&] {
+        return q(db,
+                 "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> "
+                 "pg_backend_pid()") == 0;
+      },
+      5s));
   sub->disconnect()->wait();
 }
 
