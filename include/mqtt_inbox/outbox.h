@@ -331,8 +331,9 @@ class Outbox {
 
   // enqueue() and enqueue_or_throw() on the PostgreSQL store (postgres.h): `txn` is a
   // PgHandler's transaction, or one the application opened on its own connection to the
-  // same database (any libpqxx transaction at READ COMMITTED); the row commits or rolls
-  // back with it. Same semantics, refusals and exceptions as the SQLite calls above, with
+  // same database (a libpqxx transaction at READ COMMITTED; a pqxx::nontransaction,
+  // which commits each statement, is refused as "no open transaction"); the row commits
+  // or rolls back with it. Same semantics, refusals and exceptions as the SQLite calls above, with
   // these differences:
   //  - a libpqxx error (the server refused a statement, the connection broke) passes out
   //    of enqueue_or_throw as itself, so that a Consumer classifies it by its SQLSTATE

@@ -201,6 +201,15 @@ TEST(PgOutbox, EnqueueCommitsWithTheHandlersChangeAndRollsBackWithIt) {
     w.abort();
   }
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.outbox_messages WHERE message_id = 'gone'"), 0);
+  // A nontransaction commits each statement: refused as no open transaction, nothing written.
+  {
+    pqxx::nontransaction n(app);
+    const Status s = outbox->enqueue(n, msg("events/carol", "autocommit", "z"));
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("open transaction"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(
+      q(db, "SELECT count(*) FROM mqtt_inbox.outbox_messages WHERE message_id = 'autocommit'"), 0);
   EXPECT_EQ(q(db, "SELECT rows FROM mqtt_inbox.outbox_usage WHERE class = ''"), 3);
 }
 

@@ -112,9 +112,10 @@ class PgOutbox final : public OutboxStore {
 
   bool in_transaction(const Txn& txn) override {
     // A libpqxx transaction object is open from its construction to its commit or abort;
-    // the library hands out no other kind.
-    (void)txn_of(txn);
-    return true;
+    // but a nontransaction commits each statement: the row would be visible before the
+    // caller's change, the lock that keeps seq order would not hold, and a refused row
+    // would be seen before it is taken out again.
+    return dynamic_cast<const pqxx::nontransaction*>(&txn_of(txn)) == nullptr;
   }
 
   bool insert(const Txn& txn, const NewOutboxRow& row, int64_t* seq) override {
