@@ -1,7 +1,8 @@
 // The transactional outbox on the PostgreSQL store (issue 30) against a real private
 // cluster (support/postgres.h) and a real mosquitto: the enqueue commits and rolls back
 // with a PgHandler's change; a duplicate id is one row; class bounds (kReject, drop-oldest)
-// with the usage and drop counts in outbox_usage; two transactions on two connections
+// with the usage and drop counts in outbox_usage, a full class parking a PgHandler's
+// message until the relay makes room; two transactions on two connections
 // fitting rows into one bounded class queue up (the second seen waiting on a Lock in
 // pg_stat_activity, stepped deterministically) and never exceed the bound; the relay's
 // fetch, marks, replay and purge; the Pruner's deletes; and a Relay publishing a
@@ -297,6 +298,46 @@ TEST(PgOutbox, ClassBoundsRejectAndDropOldestCountInUsage) {
   const InboxStats st = inbox->stats();
   EXPECT_EQ(st.outbox.classes.at("telemetry/").pending_rows, 3);
   EXPECT_EQ(st.outbox.classes.at("telemetry/").dropped, 2);
+}
+
+// A PgHandler's enqueue into a full kReject class: the Consumer parks the credit as a
+// 'requeued' outbox_full dead letter (nothing applied, no attempt counted), and replays it
+// once the relay has made room: applied once, its event enqueued.
+TEST(PgOutbox, AFullClassParksTheHandlersMessageAndItIsReplayedWhenThereIsRoom) {
+  const std::string db = fresh_db("parked");
+  auto inbox = open_inbox(uri_of(db));
+  ASSERT_TRUE(inbox);
+  OutboxOptions oo;
+  oo.classes.push_back({"events/", 1, 0, OutboxFullPolicy::kReject, 0});
+  auto outbox = make_outbox(inbox.get(), oo);
+  ASSERT_TRUE(outbox);
+  std::unique_ptr<Consumer> c;
+  ASSERT_TRUE(
+      Consumer::create(inbox.get(), "ledger", crediting(outbox.get()), fast_options(), &c).ok());
+  EXPECT_EQ(c->handle(credit("p-1", "alice", 10)), Outcome::kProcessed);
+  const Outcome parked = c->handle(credit("p-2", "alice", 5));
+  EXPECT_EQ(parked, Outcome::kDeadLettered) << to_string(parked);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'alice'"), 10);
+  EXPECT_EQ(qs(db, "SELECT reason || ':' || status FROM mqtt_inbox.inbox_dead_letters"),
+            "outbox_full:requeued");
+  // Still full: a pass parks it again.
+  int64_t replayed = -1;
+  ASSERT_TRUE(c->replay_requeued(&replayed).ok());
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'alice'"), 10);
+  // The relay sends the first event: room.
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(c->replay_requeued(&replayed).ok());
+  EXPECT_EQ(replayed, 1);
+  EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'alice'"), 15);
+  EXPECT_EQ(qs(db, "SELECT status FROM mqtt_inbox.inbox_dead_letters"), "replayed");
+  EXPECT_EQ(qs(db,
+               "SELECT string_agg(message_id || ':' || state, ',' ORDER BY seq) FROM "
+               "mqtt_inbox.outbox_messages"),
+            "p-1/credited:sent,p-2/credited:pending");
+  EXPECT_EQ(c->handle(credit("p-2", "alice", 5)), Outcome::kDuplicate);
 }
 
 // Two transactions on two connections fit a row each into a class bounded to one row:
