@@ -202,6 +202,15 @@ class PgOutbox final : public OutboxStore {
   }
 
   Status fetch_pending(int64_t after_seq, int limit, std::vector<StoredOutboxRow>* out) override {
+    // A connection lost since the store's last call (a server restart, which also wakes the
+    // relay through the listener's new LISTEN) is found here: read once more on a new one,
+    // rather than leave the rows to the relay's next poll.
+    Status s = fetch_once(after_seq, limit, out);
+    if (s.code() == Status::Code::kIoError) s = fetch_once(after_seq, limit, out);
+    return s;
+  }
+
+  Status fetch_once(int64_t after_seq, int limit, std::vector<StoredOutboxRow>* out) {
     // One statement at READ COMMITTED: one snapshot, no lock but the table's share lock.
     return s_.with_txn("Outbox::fetch_pending", [&](pqxx::work& w) {
       out->clear();
