@@ -22,8 +22,9 @@
 // (accounts, ledger_entries) in PostgreSQL instead
 // (docs/postgres.md#the-ledger-consumer-on-postgresql): the same credit, applied by a PgHandler in
 // the claim's transaction (ledger_postgres.h). The URI holds no password: it comes from a password
-// file (--db-password-file, or libpq's PGPASSFILE, ~/.pgpass). --emit-topic is refused there (exit
-// 1): the outbox is not on the PostgreSQL store yet.
+// file (--db-password-file, or libpq's PGPASSFILE, ~/.pgpass). --emit-topic works there too: the
+// event is enqueued in the claim's libpqxx transaction (Outbox::enqueue_or_throw(txn, ...)) and
+// the relay is woken by LISTEN/NOTIFY (docs/postgres.md#the-outbox).
 //
 #include <mqtt_inbox/mqtt_inbox.h>
 
@@ -44,21 +45,60 @@ bool is_postgres_uri(const std::string& db) {
   return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
 }
 
-// The ledger on PostgreSQL: the store, the business tables, the PgHandler.
-int run_on_postgres(const consumer_service::Flags& flags, const std::string& emit_topic) {
-  if (!emit_topic.empty()) {
-    std::fprintf(stderr,
-                 "ledger_consumer: --emit-topic needs the outbox, which the PostgreSQL store "
-                 "does not have yet (docs/postgres.md#what-is-supported)\n");
-    return examples::kExitFailed;
-  }
+// Makes the outbox and its relay of --emit-topic on the opened store (both stores).
+int make_relay(consumer_service::Service& service, const consumer_service::Flags& flags,
+               int64_t max_packet_size, std::unique_ptr<mqtt_inbox::Outbox>* outbox,
+               std::unique_ptr<mqtt_inbox::Relay>* relay) {
+  // No logger of its own: the outbox logs where the inbox does, to the program's log.
+  if (auto s = mqtt_inbox::Outbox::create(service.inbox(), {}, outbox); !s.ok())
+    return service.fail(examples::startup_exit_code(s), s);
+  // The relay connects as the subscriber does: the same flags (TLS, --username,
+  // --password-file), its own client id.
+  mqtt_inbox::RelayOptions ro;
+  if (auto s = connection_flags::to_relay_options(flags.connection, "-relay", &ro); !s.ok())
+    return service.fail(examples::kExitSubscriber, s);
+  ro.logger = service.log();
+  ro.max_packet_size = max_packet_size;
+  ro.stop_timeout_ms = flags.stop_timeout_ms;
+  if (auto s = mqtt_inbox::Relay::create(outbox->get(), ro, relay); !s.ok())
+    return service.fail(examples::kExitFailed, s);
+  return examples::kExitOk;
+}
+
+// The ledger on PostgreSQL: the store, the business tables, the PgHandler; with
+// --emit-topic, the event enqueued in the handler's transaction and the relay.
+int run_on_postgres(const consumer_service::Flags& flags, const std::string& emit_topic,
+                    int64_t max_packet_size) {
 #if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
   mqtt_inbox::enable_postgres_store();  // the store lives in mqtt_inbox::postgres
   consumer_service::Service service("ledger_consumer", "ledger");
   if (int rc = service.open(flags, ledger::postgres::kCreateTables); rc != examples::kExitOk)
     return rc;
-  return service.run(mqtt_inbox::PgHandler(ledger::postgres::apply_credit));
+  std::unique_ptr<mqtt_inbox::Outbox> outbox;
+  std::unique_ptr<mqtt_inbox::Relay> relay;
+  mqtt_inbox::PgHandler handler = ledger::postgres::apply_credit;
+  if (!emit_topic.empty()) {
+    if (int rc = make_relay(service, flags, max_packet_size, &outbox, &relay);
+        rc != examples::kExitOk)
+      return rc;
+    handler = [&outbox, &emit_topic](pqxx::transaction_base& txn, const mqtt_inbox::Delivery& d) {
+      ledger::postgres::apply_credit(txn, d);
+      mqtt_inbox::OutgoingMessage event;
+      event.topic = emit_topic;
+      event.message_id = mqtt_inbox::derived_message_id(d.message_id, "credited");
+      event.payload = ledger::postgres::credited_event(txn, d, event.message_id);
+      outbox->enqueue_or_throw(txn, event);
+    };
+  }
+  return service.run(
+      handler,
+      [&] {
+        if (relay) (void)relay->start();
+      },
+      [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); }, relay.get());
 #else
+  (void)emit_topic;
+  (void)max_packet_size;
   // Inbox::open says why: this build of mqtt-inbox has no PostgreSQL store.
   consumer_service::Service service("ledger_consumer", "ledger");
   return service.open(flags, std::string());
@@ -83,12 +123,11 @@ int main(int argc, char** argv) {
                  "max_packet_size; MQTT 3.1.1 cannot announce it); 0 = none")
       ->check(CLI::NonNegativeNumber);
   if (int rc = command_line::parse(app, argc, argv, "ledger_consumer"); rc >= 0) return rc;
-  if (is_postgres_uri(flags.db_path)) return run_on_postgres(flags, emit_topic);
+  if (is_postgres_uri(flags.db_path)) return run_on_postgres(flags, emit_topic, max_packet_size);
 
   // 1. The store, with the business tables, before anything connects.
   consumer_service::Service service("ledger_consumer", "ledger");
   if (int rc = service.open(flags, ledger::create_tables); rc != examples::kExitOk) return rc;
-  const auto& log = service.log();
 
   // 2. The handler runs inside the claim transaction. With --emit-topic it also enqueues
   //    the credit's event there, so the event exists exactly when the credit does, and a
@@ -97,19 +136,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<mqtt_inbox::Relay> relay;
   mqtt_inbox::Handler handler = ledger::CreditHandler{};
   if (!emit_topic.empty()) {
-    // No logger of its own: the outbox logs where the inbox does, to the program's log.
-    if (auto s = mqtt_inbox::Outbox::create(service.inbox(), {}, &outbox); !s.ok())
-      return service.fail(examples::startup_exit_code(s), s);
-    // The relay connects as the subscriber does: the same flags (TLS, --username,
-    // --password-file), its own client id.
-    mqtt_inbox::RelayOptions ro;
-    if (auto s = connection_flags::to_relay_options(flags.connection, "-relay", &ro); !s.ok())
-      return service.fail(examples::kExitSubscriber, s);
-    ro.logger = log;
-    ro.max_packet_size = max_packet_size;
-    ro.stop_timeout_ms = flags.stop_timeout_ms;
-    if (auto s = mqtt_inbox::Relay::create(outbox.get(), ro, &relay); !s.ok())
-      return service.fail(examples::kExitFailed, s);
+    if (int rc = make_relay(service, flags, max_packet_size, &outbox, &relay);
+        rc != examples::kExitOk)
+      return rc;
     handler = [credit = ledger::CreditHandler{}, &outbox, &emit_topic](
                   SQLite::Database& db, const mqtt_inbox::Delivery& d) {
       credit(db, d);

@@ -44,4 +44,20 @@ inline void apply_credit(pqxx::transaction_base& txn, const mqtt_inbox::Delivery
                    d.message_id, c.account, c.amount);
 }
 
+// The event of an applied credit (ledger_consumer --emit-topic), as ledger::credited_event
+// makes it on SQLite: the balance read in the same transaction, after the credit.
+inline std::string credited_event(pqxx::transaction_base& txn, const mqtt_inbox::Delivery& d,
+                                  const std::string& event_id) {
+  const Credit c = decode_credit(d);
+  const int64_t balance =
+      txn.exec_params1("SELECT balance FROM accounts WHERE account = $1", c.account)[0]
+          .as<int64_t>();
+  return nlohmann::json{{"message_id", event_id},
+                        {"source_message_id", d.message_id},
+                        {"account", c.account},
+                        {"amount", c.amount},
+                        {"balance", balance}}
+      .dump();
+}
+
 }  // namespace ledger::postgres

@@ -7,8 +7,8 @@
 //   mqtt-inbox dead-letters list|show|replay|purge DB ...
 //   mqtt-inbox outbox stats|list|show|replay|purge DB ...
 //   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
-//   DB: an SQLite file, or a PostgreSQL URI for stats, check, migrate, prune and
-//   dead-letters (docs/admin-tool.md#postgresql; --password-file, --pg-schema)
+//   DB: an SQLite file, or a PostgreSQL URI for stats, check, migrate, prune,
+//   dead-letters and outbox (docs/admin-tool.md#postgresql; --password-file, --pg-schema)
 //                                              [--cafile/--cert/--key/--username/... as
 //                                               every example: connection_flags.h]
 //
@@ -20,7 +20,7 @@
 //   0 ok; 1 usage; 2 check or probe found problems; 3 store error (missing file, not an
 //   inbox, SQLite error); 4 refused (safety rule, no confirmation, already replayed);
 //   5 schema version differs from this tool's (older: run `migrate`; newer: upgrade the
-//   tool); 6 not possible on this store (PostgreSQL: export, outbox, replay, reap) or
+//   tool); 6 not possible on this store (PostgreSQL: export, replay, reap) or
 //   without a library change (see the message); 7 broker
 //   unreachable or protocol error; 8 nothing matched (unknown id or consumer).
 
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", MQTT_INBOX_VERSION_STRING);
   // What every command's DB argument may be (docs/admin-tool.md#postgresql).
   const char* const kDb =
-      "Database file, or postgresql:// URI (stats, check, migrate, prune, dead-letters)";
+      "Database file, or postgresql:// URI (stats, check, migrate, prune, dead-letters, outbox)";
 
   std::string db;
   std::function<int()> run;

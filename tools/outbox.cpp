@@ -108,7 +108,6 @@ mi::OutboxRow get_or_fail(mi::Outbox& o, const std::string& id) {
 }  // namespace
 
 int cmd_outbox_stats(const std::string& path) {
-  require_sqlite(path, "outbox stats");
   auto inbox = open_inbox(path);
   auto outbox = open_outbox(inbox.get());
   mi::OutboxSummary s;
@@ -152,7 +151,6 @@ int cmd_outbox_stats(const std::string& path) {
 }
 
 int cmd_outbox_list(const std::string& path, const OutboxArgs& a) {
-  require_sqlite(path, "outbox list");
   const mi::OutboxState state = parse_state(a.state.empty() ? "dead" : a.state);
   if (a.limit <= 0) fail(kUsage, "--limit must be > 0");
   auto inbox = open_inbox(path);
@@ -186,7 +184,6 @@ int cmd_outbox_list(const std::string& path, const OutboxArgs& a) {
 }
 
 int cmd_outbox_show(const std::string& path, const OutboxArgs& a) {
-  require_sqlite(path, "outbox show");
   auto inbox = open_inbox(path);
   auto outbox = open_outbox(inbox.get());
   const mi::OutboxRow r = get_or_fail(*outbox, a.message_id);
@@ -215,7 +212,6 @@ int cmd_outbox_show(const std::string& path, const OutboxArgs& a) {
 }
 
 int cmd_outbox_replay(const std::string& path, const OutboxArgs& a) {
-  require_sqlite(path, "outbox replay");
   auto inbox = open_inbox(path);
   auto outbox = open_outbox(inbox.get());
   const mi::OutboxRow before = get_or_fail(*outbox, a.message_id);
@@ -242,7 +238,6 @@ int cmd_outbox_replay(const std::string& path, const OutboxArgs& a) {
 }
 
 int cmd_outbox_purge(const std::string& path, const OutboxArgs& a) {
-  require_sqlite(path, "outbox purge");
   mi::OutboxPurgeFilter f;
   f.state = parse_state(a.state.empty() ? "dead" : a.state);
   if (f.state == mi::OutboxState::kPending)

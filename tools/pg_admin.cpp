@@ -103,10 +103,11 @@ std::unique_ptr<mi::Inbox> pg_open_inbox(const std::string& uri) {
 }
 
 void pg_count_expired(const std::string& uri, int64_t claims_cutoff, int64_t dead_letters_cutoff,
-                      std::map<std::string, int64_t>* claims_by_consumer, int64_t* dead_letters) {
+                      std::map<std::string, int64_t>* claims_by_consumer, int64_t* dead_letters,
+                      int64_t* outbox_sent, int64_t* outbox_dead) {
   check_status(
       detail::count_expired_postgres(uri, tool_inbox_options(), claims_cutoff, dead_letters_cutoff,
-                                     claims_by_consumer, dead_letters),
+                                     claims_by_consumer, dead_letters, outbox_sent, outbox_dead),
       "counting expired rows");
 }
 
@@ -346,7 +347,7 @@ detail::PgInspection pg_inspect(const std::string&) { no_postgres(); }
 void pg_require_current_schema(const std::string&, const detail::PgInspection&) { no_postgres(); }
 std::unique_ptr<mi::Inbox> pg_open_inbox(const std::string&) { no_postgres(); }
 void pg_count_expired(const std::string&, int64_t, int64_t, std::map<std::string, int64_t>*,
-                      int64_t*) {
+                      int64_t*, int64_t*, int64_t*) {
   no_postgres();
 }
 int cmd_pg_stats(const std::string&) { no_postgres(); }

@@ -29,10 +29,12 @@ void pg_require_current_schema(const std::string& uri, const detail::PgInspectio
 // pg_inspect, pg_require_current_schema, then Inbox::open (which then changes nothing).
 std::unique_ptr<Inbox> pg_open_inbox(const std::string& uri);
 
-// prune --dry-run: processed ids per consumer older than claims_cutoff and dead letters
-// older than dead_letters_cutoff (0: none), on the server's clock.
+// prune --dry-run: processed ids per consumer and sent outbox rows older than
+// claims_cutoff, dead letters and outbox dead letters older than dead_letters_cutoff (0:
+// none), on the server's clock.
 void pg_count_expired(const std::string& uri, int64_t claims_cutoff, int64_t dead_letters_cutoff,
-                      std::map<std::string, int64_t>* claims_by_consumer, int64_t* dead_letters);
+                      std::map<std::string, int64_t>* claims_by_consumer, int64_t* dead_letters,
+                      int64_t* outbox_sent, int64_t* outbox_dead);
 
 // The commands' PostgreSQL forms.
 int cmd_pg_stats(const std::string& uri);

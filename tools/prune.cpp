@@ -102,9 +102,9 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
     int64_t ids = 0, dls = 0, out_sent = 0, out_dead = 0;
     json per = json::object();
     if (pg) {
-      // The PostgreSQL store has no outbox yet: its counts stay 0.
       std::map<std::string, int64_t> by_consumer;
-      pg_count_expired(path, cutoff, dl_window > 0 ? clock - dl_window : 0, &by_consumer, &dls);
+      pg_count_expired(path, cutoff, dl_window > 0 ? clock - dl_window : 0, &by_consumer, &dls,
+                       &out_sent, &out_dead);
       for (const auto& kv : by_consumer) {
         per[kv.first] = kv.second;
         ids += kv.second;

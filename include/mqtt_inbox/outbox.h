@@ -39,6 +39,9 @@
 namespace SQLite {
 class Database;
 }
+namespace pqxx {
+class transaction_base;
+}
 namespace spdlog {
 class logger;
 }
@@ -46,6 +49,9 @@ class logger;
 namespace mqtt_inbox {
 
 class Inbox;
+namespace detail {
+class Txn;
+}
 
 // What enqueue() does when a class is full.
 enum class OutboxFullPolicy {
@@ -323,6 +329,28 @@ class Outbox {
   void enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& message,
                         std::string* message_id = nullptr);
 
+  // enqueue() and enqueue_or_throw() on the PostgreSQL store (postgres.h): `txn` is a
+  // PgHandler's transaction, or one the application opened on its own connection to the
+  // same database (a libpqxx transaction at READ COMMITTED; a pqxx::nontransaction,
+  // which commits each statement, is refused as "no open transaction"); the row commits
+  // or rolls back with it. Same semantics, refusals and exceptions as the SQLite calls above, with
+  // these differences:
+  //  - a libpqxx error (the server refused a statement, the connection broke) passes out
+  //    of enqueue_or_throw as itself, so that a Consumer classifies it by its SQLSTATE
+  //    (postgres.h); enqueue() returns it as a store Status (a transient code for 40001,
+  //    55P03, class 08, ...), and `txn` is then aborted, as after any failed statement;
+  //  - the transaction holds the outbox's lock of the schema from its first enqueue to
+  //    its end: transactions that enqueue into the same schema run their enqueues one at
+  //    a time, so that rows become visible in seq order (docs/postgres.md#the-outbox);
+  //  - each enqueue that adds a row notifies the relays through NOTIFY, delivered when
+  //    `txn` commits: a relay in any process wakes (add_commit_waker).
+  // Defined in the PostgreSQL store's library (mqtt_inbox_postgres): link it to call them.
+  // Thread safety: on the thread that uses `txn`.
+  Status enqueue(pqxx::transaction_base& txn, const OutgoingMessage& message,
+                 std::string* message_id = nullptr);
+  void enqueue_or_throw(pqxx::transaction_base& txn, const OutgoingMessage& message,
+                        std::string* message_id = nullptr);
+
   // --- relay side (on the Inbox's connection) ---
 
   // Up to `limit` pending rows with seq > after_seq, in seq order, as one consistent
@@ -343,12 +371,15 @@ class Outbox {
   // opened to the Inbox's database file in this process: the Inbox's own, a
   // StoreThenProcess worker's, another Inbox's on the same file. Commits on a connection
   // the application opened itself, or by another process, call nothing
-  // (docs/outbox.md#limits). A Relay subscribes with it (RelayOptions::wake_on_commit) so
-  // that a row goes out as soon as it is visible, not at the next poll. `wake` runs on the
-  // committing thread, with a lock held that every commit's wake-up takes: it must only
-  // signal (set a flag, notify a condition variable), never block, throw or call into the
-  // library. The Outbox keeps `wake` until remove_commit_waker(). Returns the id for that
-  // call (never 0). Thread-safe.
+  // (docs/outbox.md#limits). On the PostgreSQL store, every commit that enqueued or
+  // replayed a row in the Inbox's schema calls it, from any connection and any process:
+  // a thread of the Inbox LISTENs on a connection of its own while a waker is added
+  // (docs/postgres.md#the-outbox), and `wake` then also runs on that thread. A Relay subscribes
+  // with it (RelayOptions::wake_on_commit) so that a row goes out as soon as it is visible, not at
+  // the next poll. `wake` runs on the committing thread, with a lock held that every commit's
+  // wake-up takes: it must only signal (set a flag, notify a condition variable), never block,
+  // throw or call into the library. The Outbox keeps `wake` until remove_commit_waker(). Returns
+  // the id for that call (never 0). Thread-safe.
   uint64_t add_commit_waker(std::function<void()> wake);
   // Ends the subscription `id`: after it returns, its `wake` is not running and is never
   // called again. An unknown id is ignored. Thread-safe; not from inside a `wake`.
@@ -388,6 +419,11 @@ class Outbox {
  private:
   struct Impl;
   explicit Outbox(std::unique_ptr<Impl> impl);
+  // The enqueue in a store's transaction (store/txn.h), for the overloads above that a
+  // store's own library defines: enqueue_or_throw's and enqueue's bodies.
+  void enqueue_in(const detail::Txn& txn, const OutgoingMessage& message, std::string* message_id);
+  Status enqueue_status(const detail::Txn& txn, const OutgoingMessage& message,
+                        std::string* message_id);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -31,6 +31,10 @@
 // PGPASSFILE (default ~/.pgpass) or InboxOptions::postgres_password_file. Inbox::path()
 // and every log line show the location as given, which therefore holds no password.
 //
+// The transactional outbox works on this store too (outbox.h): a PgHandler enqueues in its
+// transaction with Outbox::enqueue_or_throw(txn, ...), and a Relay is woken through
+// LISTEN/NOTIFY by a commit on any connection, in any process (docs/postgres.md#the-outbox).
+//
 // What is supported so far, the READ COMMITTED rule, whose clock counts, retention and
 // partitioning: docs/postgres.md.
 #pragma once

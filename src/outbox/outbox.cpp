@@ -296,6 +296,24 @@ void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
   detail::with_sqlite_txn(db, std::ref(run));
 }
 
+void Outbox::enqueue_in(const detail::Txn& txn, const OutgoingMessage& m, std::string* message_id) {
+  impl_->enqueue(txn, m, message_id);
+}
+
+Status Outbox::enqueue_status(const detail::Txn& txn, const OutgoingMessage& m,
+                              std::string* message_id) {
+  try {
+    impl_->enqueue(txn, m, message_id);
+    return Status::Ok();
+  } catch (const OutboxRejected& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    Status s;
+    if (impl_->rows->store_error(e, "outbox enqueue", &s)) return s;
+    return Status::Internal(std::string("outbox enqueue: ") + e.what());
+  }
+}
+
 void Outbox::Impl::enqueue(const detail::Txn& txn, const OutgoingMessage& m,
                            std::string* message_id) {
   // Every refusal but a full class is for good (OutboxRefused): the same message is

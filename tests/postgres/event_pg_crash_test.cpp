@@ -9,6 +9,8 @@
 //   ledger_consumer on SQLite with --emit-topic (the outbox is SQLite's), event_consumer on
 //   PostgreSQL SIGKILLed mid-stream: one event effect per credit, checked against the
 //   ledger's SQLite file;
+// - both hops on PostgreSQL: ledger_consumer --db postgresql:// --emit-topic (the outbox on
+//   PostgreSQL) SIGKILLed mid-stream, event_consumer on PostgreSQL: every event once;
 // - what the program refuses at start-up on PostgreSQL: a password in the URI (exit 1).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -296,6 +298,81 @@ TEST_P(EventPgCrashTest, DownstreamHopOnPostgresAppliesOneEventPerCreditAcrossAK
         << account;
   }
   EXPECT_EQ(q("SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
+}
+
+// Both hops on PostgreSQL: ledger_consumer --db postgresql:// --emit-topic enqueues one
+// event per credit in its PgHandler's transaction (the outbox on PostgreSQL) and its relay
+// publishes them; the upstream is SIGKILLed mid-stream (rows in flight, credits unacked)
+// and restarted. Every credit applied once upstream, every event once downstream, by id.
+TEST_P(EventPgCrashTest, BothHopsOnPostgresUpstreamKilledMidStreamEveryEventOnce) {
+  constexpr int kCredits = 300;
+  pg_.create_database("ledger");
+  const std::string ledger_uri = pg_.uri("ledger");
+  auto lq = [&](const std::string& sql) {
+    const std::string v = pg_.query_value(sql, "ledger");
+    return v.empty() ? int64_t{0} : std::stoll(v);
+  };
+  auto downstream = start_events();
+  auto upstream = start("ledger_consumer", "credits/#", ledger_uri, "ledger.log",
+                        {"--emit-topic", "events/credited"});
+  std::map<std::string, int64_t> balance;
+  TestPublisher pub(broker_.uri(), mqtt5());
+  auto publish = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const std::string account = "acct-" + std::to_string(i % 5);
+      pub.credit("credits/two-hop", "cr-" + std::to_string(i), account, i % 7 + 1);
+      balance[account] += i % 7 + 1;
+    }
+  };
+  publish(0, kCredits / 2);
+  // Killed once the relay is under way: events have arrived downstream, and (marks linger
+  // up to 200 ms) most of them are not yet marked sent, so they go out again.
+  ASSERT_TRUE(wait_until([&] { return events() >= 20; }, std::chrono::seconds(60)))
+      << log_text("ledger.log");
+  upstream->signal(SIGKILL);
+  ASSERT_NE(upstream->wait(std::chrono::seconds(10)), -1);
+  const int64_t at_kill = lq("SELECT count(*) FROM ledger_entries");
+  const int64_t sent_at_kill =
+      lq("SELECT count(*) FROM mqtt_inbox.outbox_messages WHERE state = 'sent'");
+  const int64_t events_at_kill = events();
+  publish(kCredits / 2, kCredits);
+  upstream = start("ledger_consumer", "credits/#", ledger_uri, "ledger.log",
+                   {"--emit-topic", "events/credited"});
+  ASSERT_TRUE(wait_until([&] { return events() >= kCredits; }, std::chrono::seconds(90)))
+      << events() << "\n"
+      << log_text("ledger.log");
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return lq("SELECT count(*) FROM mqtt_inbox.outbox_messages WHERE state = 'sent'") ==
+               kCredits;
+      },
+      std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a late extra would show
+  term(*upstream, "ledger.log");
+  term(*downstream, "events.log");
+  std::printf(
+      "ledger_consumer on PostgreSQL killed at %lld of %d credits (%lld events received "
+      "downstream, %lld marked sent)\n",
+      static_cast<long long>(at_kill), kCredits, static_cast<long long>(events_at_kill),
+      static_cast<long long>(sent_at_kill));
+
+  EXPECT_EQ(lq("SELECT count(*) FROM ledger_entries"), kCredits);
+  EXPECT_EQ(lq("SELECT count(DISTINCT message_id) FROM ledger_entries"), kCredits);
+  EXPECT_EQ(lq("SELECT count(*) FROM mqtt_inbox.outbox_messages"), kCredits);
+  EXPECT_EQ(lq("SELECT count(*) FROM mqtt_inbox.outbox_usage WHERE rows <> 0"), 0);
+  EXPECT_EQ(events(), kCredits);
+  EXPECT_EQ(q("SELECT count(DISTINCT source_message_id) FROM event_sources"), kCredits);
+  EXPECT_EQ(q("SELECT count(*) FROM event_sources"
+              " WHERE message_id = source_message_id || '/credited'"),
+            kCredits);
+  for (const auto& [account, want] : balance) {
+    EXPECT_EQ(lq("SELECT balance FROM accounts WHERE account = '" + account + "'"), want);
+    const std::string where = " FROM event_accounts WHERE account = '" + account + "'";
+    EXPECT_EQ(q("SELECT total" + where), want) << account;
+    EXPECT_EQ(q("SELECT last_balance" + where), want) << account;
+  }
+  EXPECT_EQ(q("SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
+  EXPECT_EQ(lq("SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mqtt, EventPgCrashTest, ::testing::Values("3.1.1", "5"),

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <mqtt_inbox/consumer.h>
 #include <mqtt_inbox/inbox.h>
+#include <mqtt_inbox/outbox.h>
 #include <mqtt_inbox/postgres.h>
 #include <mqtt_inbox/retention.h>
 #include <nlohmann/json.hpp>
@@ -213,8 +214,9 @@ TEST(PgAdminTool, CheckReportsSchemaTablesIsolationAndRowsWithoutWriting) {
   EXPECT_EQ(j["library_schema_version"], 3);
   EXPECT_EQ(j["isolation"], "read committed");
   EXPECT_TRUE(j["missing_tables"].empty());
-  for (const char* t : {"inbox_meta", "inbox_processed", "inbox_attempts", "inbox_dead_letters",
-                        "inbox_sessions", "inbox_session_filters", "inbox_messages"})
+  for (const char* t :
+       {"inbox_meta", "inbox_processed", "inbox_attempts", "inbox_dead_letters", "inbox_sessions",
+        "inbox_session_filters", "outbox_messages", "outbox_usage", "inbox_messages"})
     EXPECT_NE(std::find(j["tables"].begin(), j["tables"].end(), t), j["tables"].end()) << t;
   EXPECT_EQ(j["row_counts"]["inbox_processed"], 6);
   EXPECT_EQ(j["row_counts"]["inbox_dead_letters"], 2);
@@ -384,6 +386,16 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
       " WHERE message_id IN ('m-1', 'm-2')",
       l.db);
 
+  // Outbox rows: one sent and one dead long ago (retention_at 0 on the server's clock),
+  // one pending, which no window deletes.
+  server().execute(
+      "INSERT INTO mqtt_inbox.outbox_messages (message_id, ordering_key, class, topic, payload,"
+      " properties, size_bytes, enqueued_at, state, sent_at, dead_at, retention_at) VALUES"
+      " ('o-sent', 'k', '', 'events/x', '', '{}', 1, 0, 'sent', 0, NULL, 0),"
+      " ('o-dead', 'k', '', 'events/x', '', '{}', 1, 0, 'dead', NULL, 0, 0),"
+      " ('o-pending', 'k', '', 'events/x', '', '{}', 1, 0, 'pending', NULL, NULL, NULL)",
+      l.db);
+
   // Below the recorded horizon: refused (exit 4), nothing deleted.
   const ToolRun below = tool({"prune", uri_of(l.db), "--older-than", "2d"});
   EXPECT_EQ(below.code, 4) << below.out << below.err;
@@ -393,12 +405,16 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
   const ToolRun dry = tool({"--json", "prune", uri_of(l.db), "--older-than", "4d", "--dry-run"});
   ASSERT_EQ(dry.code, 0) << dry.out << dry.err;
   EXPECT_EQ(dry.j()["would_delete_processed"], 2);
+  EXPECT_EQ(dry.j()["would_delete_outbox_sent"], 1);
+  EXPECT_EQ(dry.j()["would_delete_outbox_dead"], 0);  // dead rows only with their own window
   EXPECT_EQ(dry.j()["required_window_ms"], required);
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 6);
 
   const ToolRun run = tool({"--json", "prune", uri_of(l.db), "--older-than", "4d"});
   ASSERT_EQ(run.code, 0) << run.out << run.err;
   EXPECT_EQ(run.j()["processed_deleted"], 2);
+  EXPECT_EQ(run.j()["outbox_sent_deleted"], 1);
+  EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.outbox_messages"), 2);
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 4);
   EXPECT_EQ(
       q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_processed WHERE message_id IN ('m-1','m-2')"),
@@ -414,16 +430,72 @@ TEST(PgAdminTool, PruneDeletesOldClaimsByTheServerClockAndRefusesBelowTheHorizon
                                "--dead-letters-older-than", "1ms", "--dry-run"});
   ASSERT_EQ(dl_dry.code, 0) << dl_dry.err;
   EXPECT_EQ(dl_dry.j()["would_delete_dead_letters"], 2);
+  EXPECT_EQ(dl_dry.j()["would_delete_outbox_dead"], 1);
   EXPECT_EQ(dl_dry.j()["would_delete_processed"], 0);
   const ToolRun dl_run = tool(
       {"--json", "prune", uri_of(l.db), "--older-than", "4d", "--dead-letters-older-than", "1ms"});
   ASSERT_EQ(dl_run.code, 0) << dl_run.err;
   EXPECT_EQ(dl_run.j()["dead_letters_deleted"], 2);
+  EXPECT_EQ(dl_run.j()["outbox_dead_deleted"], 1);
+  EXPECT_EQ(server().query_value("SELECT string_agg(message_id, ',') FROM "
+                                 "mqtt_inbox.outbox_messages",
+                                 l.db),
+            "o-pending");
   EXPECT_EQ(q(l.db, "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
   // With --force a window below the horizon is accepted (and said so).
   const ToolRun forced = tool({"--json", "prune", uri_of(l.db), "--older-than", "2d", "--force"});
   EXPECT_EQ(forced.code, 0) << forced.err;
   EXPECT_TRUE(forced.j()["forced_below_horizon"].get<bool>());
+}
+
+// mqtt-inbox outbox ... on the PostgreSQL store: the library's Outbox calls, as on SQLite.
+TEST(PgAdminTool, OutboxStatsListShowReplayPurge) {
+  Ledger l("obx");
+  std::unique_ptr<Outbox> outbox;
+  ASSERT_TRUE(Outbox::create(l.inbox.get(), OutboxOptions{}, &outbox).ok());
+  {
+    pqxx::connection c(uri_of(l.db));
+    pqxx::work w(c);
+    for (const char* id : {"e-1", "e-2", "e-3"}) {
+      OutgoingMessage m;
+      m.topic = "events/x";
+      m.message_id = id;
+      m.payload = "payload of " + std::string(id);
+      ASSERT_TRUE(outbox->enqueue(w, m).ok());
+    }
+    w.commit();
+  }
+  std::vector<OutboxRow> rows;
+  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(
+      outbox->mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+
+  const ToolRun st = tool({"--json", "outbox", "stats", uri_of(l.db)});
+  ASSERT_EQ(st.code, 0) << st.out << st.err;
+  EXPECT_EQ(st.j()["pending_rows"], 1);
+  EXPECT_EQ(st.j()["sent_rows"], 1);
+  EXPECT_EQ(st.j()["dead_rows"], 1);
+  const ToolRun ls = tool({"--json", "outbox", "list", uri_of(l.db), "--state", "dead"});
+  ASSERT_EQ(ls.code, 0) << ls.out << ls.err;
+  EXPECT_EQ(ls.j()["count"], 1);
+  const ToolRun show = tool({"--json", "outbox", "show", uri_of(l.db), "--message-id", "e-2"});
+  ASSERT_EQ(show.code, 0) << show.out << show.err;
+  EXPECT_NE(show.out.find("e-2"), std::string::npos) << show.out;
+  EXPECT_EQ(tool({"outbox", "show", uri_of(l.db), "--message-id", "nope"}).code, 8);
+  const ToolRun rp = tool({"--json", "outbox", "replay", uri_of(l.db), "--message-id", "e-2"});
+  ASSERT_EQ(rp.code, 0) << rp.out << rp.err;
+  EXPECT_EQ(rp.j()["state"], "pending");
+  EXPECT_GT(rp.j()["seq"].get<int64_t>(), rows[2].seq);
+  const ToolRun pg =
+      tool({"--json", "outbox", "purge", uri_of(l.db), "--state", "sent", "--all", "--yes"});
+  ASSERT_EQ(pg.code, 0) << pg.out << pg.err;
+  EXPECT_EQ(pg.j()["removed"], 1);
+  EXPECT_EQ(server().query_value("SELECT string_agg(message_id || ':' || state, ',' ORDER BY seq)"
+                                 " FROM mqtt_inbox.outbox_messages",
+                                 l.db),
+            "e-3:pending,e-2:pending");
 }
 
 TEST(PgAdminTool, PasswordsOnlyFromAFileAndSqliteOnlyCommandsSaySo) {
@@ -492,7 +564,6 @@ TEST(PgAdminTool, PasswordsOnlyFromAFileAndSqliteOnlyCommandsSaySo) {
   // What is SQLite's alone says so (exit 6), naming no file.
   for (const std::vector<std::string>& cmd :
        {std::vector<std::string>{"export", uri_of(l.db)},
-        {"outbox", "stats", uri_of(l.db)},
         {"replay", uri_of(l.db), "--consumer", "ledger", "--all"},
         {"reap", uri_of(l.db), "--consumer", "ledger"}}) {
     const ToolRun r = tool(cmd);

@@ -3,8 +3,8 @@
 // deterministically, with the second claim seen waiting on a Lock in pg_stat_activity;
 // a consumer SIGKILLed between commit and ack), a handler's constraint error counted and
 // dead-lettered, a backend terminated mid-stream, retention, the READ COMMITTED rule, the
-// password rule, handler overloads, and what is refused so far. Every case asserts on
-// business rows (a ledger in the same database) and the inbox's tables.
+// password rule, handler overloads, and what is refused so far (store-then-process). Every case
+// asserts on business rows (a ledger in the same database) and the inbox's tables.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -238,16 +238,15 @@ TEST(PgStore, PasswordInTheLocationIsRefusedWithoutEchoingIt) {
   EXPECT_NE(bad.message().find("libpq can parse"), std::string::npos) << bad.message();
 }
 
-TEST(PgStore, OutboxIsRefusedNotYetSupported) {
+TEST(PgStore, OutboxAndStoreThenProcessTakeHandlersOfThisStore) {
   const std::string db = fresh_db("unsupported");
   auto inbox = open_inbox(uri_of(db));
   ASSERT_TRUE(inbox);
+  // The outbox is supported (tests/postgres/pg_outbox_test.cpp).
   std::unique_ptr<Outbox> outbox;
   const Status o = Outbox::create(inbox.get(), OutboxOptions{}, &outbox);
-  EXPECT_EQ(o.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(o.message().find("not yet supported on the PostgreSQL store"), std::string::npos)
-      << o.message();
-  // Store-then-process is supported (tests/postgres/stp_pg_test.cpp), with a PgStoredHandler.
+  EXPECT_TRUE(o.ok()) << o.to_string();
+  // Store-then-process too (tests/postgres/stp_pg_test.cpp), with a PgStoredHandler.
   std::unique_ptr<StoreThenProcess> stp;
   const Status p = StoreThenProcess::create(
       inbox.get(), "s", [](SQLite::Database&, const StoredDelivery&) {}, StoreThenProcessOptions{},

@@ -16,11 +16,12 @@ namespace mqtt_inbox::detail {
 int postgres_schema_version() { return kPgSchemaVersion; }
 
 const std::vector<std::string>& postgres_inbox_tables() {
-  // The tables of the schema steps in open.cpp (step 1; step 3: inbox_messages), and
-  // inbox_meta.
+  // The tables of the schema steps in open.cpp (step 1, the inbox; step 2, the outbox;
+  // step 3, store-then-process), and inbox_meta.
   static const std::vector<std::string> tables = {
-      "inbox_meta",     "inbox_processed",       "inbox_attempts", "inbox_dead_letters",
-      "inbox_sessions", "inbox_session_filters", "inbox_messages"};
+      "inbox_meta",         "inbox_processed", "inbox_attempts",
+      "inbox_dead_letters", "inbox_sessions",  "inbox_session_filters",
+      "outbox_messages",    "outbox_usage",    "inbox_messages"};
   return tables;
 }
 
@@ -141,9 +142,11 @@ Status inspect_postgres(const std::string& uri, const InboxOptions& o, PgInspect
 Status count_expired_postgres(const std::string& uri, const InboxOptions& o, int64_t claims_cutoff,
                               int64_t dead_letters_cutoff,
                               std::map<std::string, int64_t>* claims_by_consumer,
-                              int64_t* dead_letters) {
+                              int64_t* dead_letters, int64_t* outbox_sent, int64_t* outbox_dead) {
   claims_by_consumer->clear();
   *dead_letters = 0;
+  *outbox_sent = 0;
+  *outbox_dead = 0;
   return read_only(
       uri, o, "counting expired rows", [&](pqxx::connection& c, pqxx::read_transaction& r) {
         const std::string q = c.quote_name(o.postgres_schema) + ".";
@@ -160,6 +163,21 @@ Status count_expired_postgres(const std::string& uri, const InboxOptions& o, int
                                              "status <> 'requeued'",
                                          dead_letters_cutoff)[0]
                               .as<int64_t>();
+        // The outbox's finished rows (schema version 2), as the Pruner deletes them.
+        if (r.exec1("SELECT to_regclass(" + r.quote(q + "outbox_messages") + ") IS NULL")[0]
+                .as<bool>())
+          return;
+        *outbox_sent = r.exec_params1("SELECT count(*) FROM " + q +
+                                          "outbox_messages WHERE state = 'sent' AND "
+                                          "retention_at < $1",
+                                      claims_cutoff)[0]
+                           .as<int64_t>();
+        if (dead_letters_cutoff > 0)
+          *outbox_dead = r.exec_params1("SELECT count(*) FROM " + q +
+                                            "outbox_messages WHERE state = 'dead' AND "
+                                            "retention_at < $1",
+                                        dead_letters_cutoff)[0]
+                             .as<int64_t>();
       });
 }
 

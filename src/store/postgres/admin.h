@@ -70,10 +70,12 @@ Status inspect_postgres(const std::string& uri, const InboxOptions& options, PgI
 // What a retention pass with these cutoffs (ms on the server's clock) would delete:
 // processed ids with received_at < claims_cutoff, per consumer, and (if
 // dead_letters_cutoff > 0) dead letters with retention_at < dead_letters_cutoff that are
-// not 'requeued'. Errors: as inspect_postgres.
+// not 'requeued'; the outbox's sent rows with retention_at < claims_cutoff and (if
+// dead_letters_cutoff > 0) its dead rows with retention_at < dead_letters_cutoff.
+// Errors: as inspect_postgres.
 Status count_expired_postgres(const std::string& uri, const InboxOptions& options,
                               int64_t claims_cutoff, int64_t dead_letters_cutoff,
                               std::map<std::string, int64_t>* claims_by_consumer,
-                              int64_t* dead_letters);
+                              int64_t* dead_letters, int64_t* outbox_sent, int64_t* outbox_dead);
 
 }  // namespace mqtt_inbox::detail

@@ -260,6 +260,7 @@ struct ClaimTxn {
     *result = ClaimResult::kProcessed;
     ++s.processed;
     s.last_commit_steady_ms = s.clock->steady_ms();
+    s.outbox_committed();  // the relays, if the handler enqueued
     return Status::Ok();
   }
 };

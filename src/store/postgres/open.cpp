@@ -86,7 +86,67 @@ constexpr PgSchemaStep kSteps[] = {
      "  client_id text NOT NULL REFERENCES @.inbox_sessions (client_id) ON DELETE CASCADE,"
      "  topic_filter text NOT NULL,"
      "  PRIMARY KEY (client_id, topic_filter));"},
-    // Step 2 is the outbox's (another branch); the lead renumbers at merge.
+    {2,
+     // The transactional outbox (docs/outbox.md, docs/postgres.md#the-outbox), the columns
+     // of the SQLite store's outbox_messages. seq is the relay's read position: it must
+     // follow commit order, which the enqueue's lock makes it (store/postgres/outbox_rows.cpp).
+     "CREATE TABLE @.outbox_messages ("
+     "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     "  message_id text NOT NULL UNIQUE,"
+     "  ordering_key text NOT NULL,"
+     "  class text NOT NULL,"
+     "  topic text NOT NULL,"
+     "  payload bytea NOT NULL,"
+     "  properties text NOT NULL,"
+     "  qos integer NOT NULL DEFAULT 1,"
+     "  size_bytes bigint NOT NULL,"
+     "  enqueued_at bigint NOT NULL,"
+     "  enqueued_clock bigint NOT NULL DEFAULT 0,"
+     "  state text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'dead')),"
+     "  attempts integer NOT NULL DEFAULT 0,"
+     "  sent_at bigint,"
+     "  dead_reason text CHECK (dead_reason IN ('rejected_by_broker', 'expired',"
+     "    'payload_too_large', 'connection_dropped')),"
+     "  reason_code integer,"
+     "  reason_text text,"
+     "  dead_at bigint,"
+     "  retention_at bigint);"
+     // One partial index per state, as on SQLite: the relay reads pending rows in seq
+     // order, a class's oldest pending row is the first of (class, seq), the Pruner walks
+     // sent and dead rows by retention_at.
+     "CREATE INDEX outbox_messages_pending ON @.outbox_messages (seq) WHERE state = 'pending';"
+     "CREATE INDEX outbox_messages_sent_retention ON @.outbox_messages (retention_at)"
+     "  WHERE state = 'sent';"
+     "CREATE INDEX outbox_messages_dead_retention ON @.outbox_messages (retention_at)"
+     "  WHERE state = 'dead';"
+     "CREATE INDEX outbox_messages_class ON @.outbox_messages (class, seq)"
+     "  WHERE state = 'pending';"
+     // Pending rows and bytes per class, kept by a trigger on every path (enqueue, marks,
+     // drops, replays, purges), so the bounds never scan.
+     "CREATE TABLE @.outbox_usage ("
+     "  class text PRIMARY KEY,"
+     "  rows bigint NOT NULL DEFAULT 0,"
+     "  bytes bigint NOT NULL DEFAULT 0,"
+     "  dropped bigint NOT NULL DEFAULT 0);"
+     "CREATE FUNCTION @.outbox_usage_track() RETURNS trigger LANGUAGE plpgsql AS $$"
+     " BEGIN"
+     "  IF TG_OP <> 'INSERT' AND OLD.state = 'pending' THEN"
+     "   IF TG_OP = 'DELETE' OR NEW.state <> 'pending' THEN"
+     "    UPDATE @.outbox_usage SET rows = rows - 1, bytes = bytes - OLD.size_bytes"
+     "     WHERE class = OLD.class;"
+     "   END IF;"
+     "  END IF;"
+     "  IF TG_OP <> 'DELETE' AND NEW.state = 'pending' THEN"
+     "   IF TG_OP = 'INSERT' OR OLD.state <> 'pending' THEN"
+     "    INSERT INTO @.outbox_usage AS u (class, rows, bytes) VALUES (NEW.class, 1, "
+     "NEW.size_bytes)"
+     "     ON CONFLICT (class) DO UPDATE SET rows = u.rows + 1, bytes = u.bytes + excluded.bytes;"
+     "   END IF;"
+     "  END IF;"
+     "  RETURN NULL;"
+     " END $$;"
+     "CREATE TRIGGER outbox_usage_track AFTER INSERT OR DELETE OR UPDATE OF state"
+     "  ON @.outbox_messages FOR EACH ROW EXECUTE FUNCTION @.outbox_usage_track();"},
     {3,
      // Store-then-process (docs/store-then-process.md#postgresql): the stored messages of
      // each consumer. seq (an identity, taken by the receipt's INSERT) is arrival order at
@@ -307,8 +367,10 @@ Status PgStore::with_txn(const std::string& context, const std::function<void(pq
     fn(w);
     w.commit();
   } catch (const std::exception& e) {
+    outbox_wake_armed = false;  // rolled back: nothing to wake for
     return failed(e, context);
   }
+  outbox_committed();
   return Status::Ok();
 }
 
@@ -348,11 +410,8 @@ Status PgStore::fatal_status() const {
                 uri + " reported corruption (" + fatal_error + "); the inbox no longer uses it");
 }
 
-OutboxStore& PgStore::outbox() {
-  throw std::logic_error("the outbox is not yet supported on the PostgreSQL store");
-}
-
 PgStore::~PgStore() {
+  outbox_store.reset();  // stops its listener thread, which reads conninfo
   std::lock_guard<std::mutex> lock(mu);
   conn.reset();
 }

@@ -1,8 +1,9 @@
 // The PostgreSQL store's retention (store/retention_rows.h): each batch is one DELETE of
 // up to `limit` rows older than the cutoff on the server's clock (received_at), in its own
-// short transaction; autovacuum gives the space back, so there is no checkpoint or vacuum
-// step. The horizon the Pruner validates is recorded in inbox_meta for the admin tool.
-// docs/postgres.md#retention says when time partitioning is worth it.
+// short transaction (the outbox's sent and dead rows likewise, by retention_at); autovacuum gives
+// the space back, so there is no checkpoint or vacuum step. The horizon the Pruner validates is
+// recorded in inbox_meta for the admin tool. docs/postgres.md#retention says when time partitioning
+// is worth it.
 #include "store/retention_rows.h"
 
 #include <pqxx/pqxx>
@@ -39,7 +40,15 @@ class PgRetentionSweep final : public RetentionSweep {
   Status delete_expired(ExpiringRows rows, int64_t cutoff, int64_t limit,
                         RetentionBatch* out) override {
     *out = RetentionBatch{};
-    if (rows != ExpiringRows::kDeadLetters) return Status::Ok();  // no outbox on this store yet
+    if (rows != ExpiringRows::kDeadLetters) {
+      // The outbox's finished rows, by the retention clock stamped when they became sent or
+      // dead (the server's clock, as every stamp of this store).
+      const std::string m = s_.t("outbox_messages");
+      const char* state = rows == ExpiringRows::kOutboxSent ? "sent" : "dead";
+      return batch("DELETE FROM " + m + " WHERE seq IN (SELECT seq FROM " + m + " WHERE state = '" +
+                       state + "' AND retention_at < $1 ORDER BY retention_at LIMIT $2)",
+                   cutoff, limit, out);
+    }
     const std::string d = s_.t("inbox_dead_letters");
     // A 'requeued' row is work still to do: never pruned, however old.
     return batch("DELETE FROM " + d + " WHERE id IN (SELECT id FROM " + d +
@@ -104,8 +113,25 @@ std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store) {
 
 Status PgStore::refresh_row_stats() {
   std::map<std::string, ConsumerRows> rows;
+  OutboxRows outbox;
   const Status s = with_txn("measuring rows", [&](pqxx::work& w) {
     rows.clear();
+    // The outbox: per class from outbox_usage (kept by its trigger), the rest from the
+    // partial index of each state.
+    outbox = OutboxRows{};
+    for (const pqxx::row& r :
+         w.exec("SELECT class, rows, bytes, dropped FROM " + t("outbox_usage")))
+      outbox.classes[r[0].as<std::string>()] = {r[1].as<int64_t>(), r[2].as<int64_t>(),
+                                                r[3].as<int64_t>()};
+    const std::string m = t("outbox_messages");
+    const pqxx::row n = w.exec1("SELECT (SELECT count(*) FROM " + m +
+                                " WHERE state = 'sent'), (SELECT count(*) FROM " + m +
+                                " WHERE state = 'dead'), (SELECT enqueued_clock FROM " + m +
+                                " WHERE state = 'pending' ORDER BY seq LIMIT 1)");
+    outbox.sent_rows = n[0].as<int64_t>();
+    outbox.dead_rows = n[1].as<int64_t>();
+    if (!n[2].is_null())
+      outbox.oldest_pending_age_ms = std::max<int64_t>(0, retention_clock() - n[2].as<int64_t>());
     for (const pqxx::row& r :
          w.exec("SELECT consumer_name, count(*),"
                 " (extract(epoch from min(received_at)) * 1000)::bigint,"
@@ -121,7 +147,7 @@ Status PgStore::refresh_row_stats() {
   if (!s.ok()) return s;
   std::lock_guard<std::mutex> lock(stats_mu);
   consumer_rows = std::move(rows);
-  outbox_rows = OutboxRows{};
+  outbox_rows = std::move(outbox);
   rows_measured_at = std::max<int64_t>(1, retention_clock());
   return Status::Ok();
 }

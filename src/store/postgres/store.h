@@ -6,10 +6,8 @@
 // (PgClaims: the per-message path and the commit whose outcome is unknown),
 // dead_letters.cpp (PgDeadLetters), sessions.cpp (PgSessions), retention_rows.cpp (the
 // Pruner's deletes, row measurement), stp_rows.cpp (store-then-process's rows, each worker
-// on a connection of its own) and errors.cpp (SQLSTATE classes).
-//
-// Not yet on this store (docs/postgres.md#what-is-supported): the outbox. supports()
-// refuses it at create with kInvalidArgument, and outbox() is never reached.
+// on a connection of its own), outbox_rows.cpp (the outbox's rows and the relays' wake-up
+// by LISTEN/NOTIFY) and errors.cpp (SQLSTATE classes).
 //
 // Thread safety: every call takes `mu` for its use of the connection; store-then-process's
 // workers and maintenance use connections of their own (open_connection()).
@@ -26,6 +24,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "store/claims.h"
 #include "store/dead_letters.h"
+#include "store/outbox_rows.h"
 #include "store/retention_rows.h"
 #include "store/sessions.h"
 #include "store/store.h"
@@ -103,6 +102,8 @@ std::string percent_encode(const std::string& s);
 std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store);
 // The PostgreSQL store's store-then-process rows (store/postgres/stp_rows.cpp).
 std::unique_ptr<StpRows> make_pg_stp_rows(PgStore& store);
+// The PostgreSQL store's outbox rows (store/postgres/outbox_rows.cpp).
+std::unique_ptr<OutboxStore> make_pg_outbox(PgStore& store);
 
 struct PgStore final : Store {
   PgStore() : claims_(*this), dead_letters_(*this), sessions_(*this) {}
@@ -120,11 +121,6 @@ struct PgStore final : Store {
     return Status::Ok();
   }
   using Store::bind_stored_handler;
-  Status supports(const std::string& what) const override {
-    if (what.rfind("store-then-process", 0) == 0) return Status::Ok();
-    return Status::InvalidArgument(what + " is not yet supported on the PostgreSQL store (" + uri +
-                                   "): docs/postgres.md#what-is-supported");
-  }
   Status setup_sql(const std::string& sql) override;
 
   ClaimStore& claims() override { return claims_; }
@@ -132,7 +128,7 @@ struct PgStore final : Store {
   SessionStore& sessions() override { return sessions_; }
   RetentionRows& retention_rows() override { return *retention; }
   StpRows& stp_rows() override { return *stp; }
-  [[noreturn]] OutboxStore& outbox() override;
+  OutboxStore& outbox() override { return *outbox_store; }
 
   const std::string& location() const override { return uri; }
   // The server's clock (clock_timestamp() at the last connect), advanced by the monotonic
@@ -192,6 +188,13 @@ struct PgStore final : Store {
   mutable std::atomic<int64_t> clock_high{0};
   std::unique_ptr<RetentionRows> retention = make_pg_retention_rows(*this);
   std::unique_ptr<StpRows> stp = make_pg_stp_rows(*this);
+  // Set by an enqueue in a transaction on `conn` (OutboxStore::wake_after_commit); the
+  // commit on `conn` then calls outbox_committed(). Under `mu`.
+  bool outbox_wake_armed = false;
+  // After a commit on `conn`: wakes the outbox's commit wakers if an enqueue armed it
+  // (outbox_rows.cpp). Under `mu`; a waker only signals.
+  void outbox_committed();
+  std::unique_ptr<OutboxStore> outbox_store = make_pg_outbox(*this);
 
  private:
   PgClaims claims_;
