@@ -143,7 +143,7 @@ TEST(PgOutbox, EnqueueCommitsWithTheHandlersChangeAndRollsBackWithIt) {
   const std::string db = fresh_db("commit_rollback");
   auto inbox = open_inbox(uri_of(db));
   ASSERT_TRUE(inbox);
-  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "2");
+  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "3");
   auto outbox = make_outbox(inbox.get());
   ASSERT_TRUE(outbox);
   std::atomic<int> runs{0};
@@ -215,8 +215,8 @@ TEST(PgOutbox, EnqueueCommitsWithTheHandlersChangeAndRollsBackWithIt) {
 }
 
 // An inbox made by the previous release (schema version 1: no outbox tables) is brought
-// to version 2 at open, its claims kept, and the outbox then works on it.
-TEST(PgOutbox, SchemaVersionOneIsMigratedToTwo) {
+// to the current version at open, its claims kept, and the outbox then works on it.
+TEST(PgOutbox, SchemaVersionOneIsMigratedToTheCurrentOne) {
   const std::string db = fresh_db("migrate");
   {
     auto inbox = open_inbox(uri_of(db));
@@ -230,14 +230,16 @@ TEST(PgOutbox, SchemaVersionOneIsMigratedToTwo) {
   }
   // Version 1 as that release left it.
   server().execute(
-      "DROP TABLE mqtt_inbox.outbox_messages, mqtt_inbox.outbox_usage;"
+      "DROP TABLE mqtt_inbox.outbox_messages, mqtt_inbox.outbox_usage, mqtt_inbox.inbox_messages;"
       "DROP FUNCTION mqtt_inbox.outbox_usage_track();"
       "UPDATE mqtt_inbox.inbox_meta SET value = '1' WHERE key = 'schema_version'",
       db);
   auto inbox = open_inbox(uri_of(db));
   ASSERT_TRUE(inbox);
-  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "2");
+  // Steps 2 (the outbox) and 3 (store-then-process) in turn.
+  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "3");
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 1);
+  EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_messages"), 0);
   auto outbox = make_outbox(inbox.get());
   ASSERT_TRUE(outbox);
   pqxx::connection app(uri_of(db));
