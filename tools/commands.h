@@ -98,6 +98,7 @@ struct ProbeArgs {
   std::string topic_prefix = "mqtt-inbox/probe";
   int timeout_ms = 5000, count = 10, pause_offline_ms = 0;
   uint32_t session_expiry_s = 300;
+  bool shared = false;  // --shared: also probe a shared subscription's absent member
 };
 int cmd_probe(const ProbeArgs& a);
 

@@ -230,6 +230,9 @@ int main(int argc, char** argv) {
                     "Stay offline this long after publishing (restart the broker meanwhile)");
   probe->add_option("--topic-prefix", pr.topic_prefix, "Topic prefix (default mqtt-inbox/probe)")
       ->check(command_line::topic_name());
+  probe->add_flag("--shared", pr.shared,
+                  "Also check what the broker does with the turns of a shared subscription's "
+                  "member that went away with its session kept (docs/admin-tool.md)");
   probe->callback([&] { run = [&] { return cmd_probe(pr); }; });
 
   if (int rc = command_line::parse(app, argc, argv, "mqtt-inbox"); rc >= 0)

@@ -1,5 +1,6 @@
 // `mqtt-inbox probe-broker`: checks that the broker keeps a persistent session and the
-// QoS 1 messages queued for it while offline (docs/admin-tool.md). The only file of the
+// QoS 1 messages queued for it while offline, and with --shared what it does with the
+// turns of a shared subscription's member that went away (docs/admin-tool.md). The only file of the
 // tool that uses Paho; it holds no SQL.
 #include <mqtt/async_client.h>
 #include <unistd.h>
@@ -84,6 +85,156 @@ std::string limit_text(const json& e, const char* absent_meaning) {
   if (e["sent"].get<bool>()) return e["value"].dump();
   return (e["value"].is_null() ? std::string("") : e["value"].dump() + " ") +
          "(not sent: " + absent_meaning + ")";
+}
+
+// Counts of payloads by prefix ("s1-", "s2-") per member of the shared subscription.
+struct MemberInbox {
+  std::mutex mu;
+  std::vector<std::string> got;
+  int count(const std::string& prefix) {
+    std::lock_guard<std::mutex> l(mu);
+    int n = 0;
+    for (const auto& p : got) n += p.compare(0, prefix.size(), prefix) == 0 ? 1 : 0;
+    return n;
+  }
+};
+
+// Waits until `total()` reaches `target`, or nothing new arrived for `quiet` (after at
+// least one quiet period), or `timeout` passed.
+template <typename F>
+void wait_settled(F total, int target, std::chrono::milliseconds quiet,
+                  std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  auto last_change = start;
+  int seen = total();
+  while (std::chrono::steady_clock::now() - start < timeout) {
+    const int now = total();
+    if (now >= target) return;
+    if (now != seen) seen = now, last_change = std::chrono::steady_clock::now();
+    if (std::chrono::steady_clock::now() - last_change >= quiet) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// What the broker does with the turns of a member of a shared subscription that went
+// away with its session kept (issue 31; docs/brokers-and-tls.md#shared-subscriptions):
+// members A and B (durable sessions, client ids <id>-share-a/-b) subscribe to
+// $share/<group>/<topic>/shared; `n` messages while both are connected; A disconnects; `n`
+// more; A comes back. Throws mqtt::exception on a broker error.
+json probe_shared(const std::string& broker, int mqtt_version, const std::string& client_id,
+                  const std::string& group, const std::string& topic, int n,
+                  std::chrono::milliseconds timeout, const mqtt::connect_options& persistent,
+                  const mqtt::connect_options& clean, const mqtt::connect_options& publisher,
+                  json* warnings) {
+  const std::string filter = "$share/" + group + "/" + topic;
+  json j = {{"filter", filter}, {"count", n}};
+  MemberInbox in_a, in_b;
+  mqtt::async_client a(broker, client_id + "-share-a", mqtt::create_options(mqtt_version), nullptr);
+  mqtt::async_client b(broker, client_id + "-share-b", mqtt::create_options(mqtt_version), nullptr);
+  a.set_message_callback([&](mqtt::const_message_ptr m) {
+    std::lock_guard<std::mutex> l(in_a.mu);
+    in_a.got.push_back(m->to_string());
+  });
+  b.set_message_callback([&](mqtt::const_message_ptr m) {
+    std::lock_guard<std::mutex> l(in_b.mu);
+    in_b.got.push_back(m->to_string());
+  });
+  auto must = [&](const mqtt::token_ptr& t, const char* what) {
+    if (!t->wait_for(timeout)) throw mqtt::exception(-1, std::string(what) + " timed out");
+  };
+  mqtt::async_client pub(broker, client_id + "-share-pub", mqtt::create_options(mqtt_version),
+                         nullptr);
+  auto publish = [&](const std::string& prefix) {
+    for (int i = 0; i < n; ++i)
+      must(pub.publish(mqtt::make_message(topic, prefix + std::to_string(i), 1, false)),
+           "publish (waiting for PUBACK)");
+  };
+  const auto quiet = std::chrono::milliseconds(1000);
+  // Both members' sessions ended (clean start, expiry 0), the publisher disconnected;
+  // false if a session may be left on the broker.
+  auto cleanup = [&]() -> bool {
+    bool cleaned = true;
+    auto all = [&](const std::vector<mqtt::token_ptr>& tokens) {
+      bool ok = true;
+      for (const auto& t : tokens) ok = t->wait_for(timeout) && ok;
+      return ok;
+    };
+    try {
+      std::vector<mqtt::token_ptr> t;
+      for (mqtt::async_client* c : {&a, &b, &pub})
+        if (c->is_connected()) t.push_back(c->disconnect());
+      all(t);
+      t.clear();
+      for (mqtt::async_client* c : {&a, &b}) t.push_back(c->connect(clean));
+      cleaned = all(t);
+      t.clear();
+      for (mqtt::async_client* c : {&a, &b})
+        if (c->is_connected()) t.push_back(c->disconnect());
+      all(t);
+    } catch (const mqtt::exception&) {
+      cleaned = false;
+    }
+    return cleaned;
+  };
+  try {
+    {  // the three connects at once: each can take Paho about a second
+      auto ta = a.connect(persistent), tb = b.connect(persistent), tp = pub.connect(publisher);
+      must(ta, "member A connect");
+      must(tb, "member B connect");
+      must(tp, "publisher connect");
+    }
+    must(a.subscribe(filter, 1), "member A subscribe");
+    must(b.subscribe(filter, 1), "member B subscribe");
+    // 1. Both members live.
+    publish("s1-");
+    // All n, then a little longer: a broker that does not share sends each member all n.
+    wait_settled([&] { return in_a.count("s1-") + in_b.count("s1-"); }, n, quiet, timeout);
+    wait_settled([&] { return in_a.count("s1-") + in_b.count("s1-"); }, 2 * n,
+                 std::chrono::milliseconds(300), timeout);
+    const int a1 = in_a.count("s1-"), b1 = in_b.count("s1-");
+    j["both_live"] = {{"to_a", a1}, {"to_b", b1}};
+    if (a1 + b1 == 0) {
+      j["verdict"] = "unsupported";
+      warnings->push_back("nothing published to " + topic + " arrived through " + filter +
+                          ": the broker does not support shared subscriptions");
+    } else if (a1 >= n && b1 >= n) {
+      j["verdict"] = "not_shared";
+      warnings->push_back("every member of " + filter +
+                          " got every message: the broker treats it as a plain subscription");
+    } else {
+      // 2. A goes away, its session kept.
+      must(a.disconnect(), "member A disconnect");
+      publish("s2-");
+      wait_settled([&] { return in_b.count("s2-"); }, n, quiet, timeout);
+      const int b2 = in_b.count("s2-");
+      // 3. A comes back with its client id and session.
+      must(a.connect(persistent), "member A reconnect");
+      wait_settled([&] { return in_a.count("s2-") + in_b.count("s2-"); }, n, quiet, timeout);
+      const int a2 = in_a.count("s2-");
+      j["member_away"] = {{"to_b_while_a_away", b2}, {"to_a_on_return", a2}};
+      if (b2 >= n) {
+        j["verdict"] = "redistributed";
+      } else if (a2 + b2 >= n) {
+        j["verdict"] = "parked";
+        warnings->push_back(
+            "shared subscription: a member away with its session kept still gets its turns "
+            "(" +
+            std::to_string(n - b2) + " of " + std::to_string(n) +
+            " waited for A's return): a member that stays dead leaves its share unseen until "
+            "a process reconnects its client id (docs/brokers-and-tls.md#shared-subscriptions)");
+      } else {
+        j["verdict"] = "dropped";
+        warnings->push_back("shared subscription: " + std::to_string(n - a2 - b2) + " of " +
+                            std::to_string(n) +
+                            " messages published while member A was away reached no member");
+      }
+    }
+  } catch (const mqtt::exception&) {
+    cleanup();
+    throw;
+  }
+  j["cleaned_up"] = cleanup();
+  return j;
 }
 
 }  // namespace
@@ -311,6 +462,18 @@ int cmd_probe(const ProbeArgs& a) {
     if (verdict != "ok") exit_code = kProblems;
   }
   report["verdict"] = verdict;
+  if (a.shared && exit_code != kBroker) {
+    try {
+      report["shared_subscription"] =
+          probe_shared(c.broker, mqtt_version, client_id, std::string("mqtt-inbox-probe-") + suffix,
+                       topic + "/shared", a.count, timeout, persistent, clean, clean, &warnings);
+      const std::string v = report["shared_subscription"]["verdict"].get<std::string>();
+      if (v != "parked" && v != "redistributed" && exit_code == kOk) exit_code = kProblems;
+    } catch (const mqtt::exception& e) {
+      report["shared_subscription"] = {{"verdict", "error"}, {"error", e.what()}};
+      exit_code = kBroker;
+    }
+  }
   report["warnings"] = warnings;
   if (g.json)
     emit(report);
@@ -348,6 +511,23 @@ int cmd_probe(const ProbeArgs& a) {
            {"wildcard subscriptions", limit_text(l["wildcard_subscription_available"], dflt)},
            {"subscription identifiers", limit_text(l["subscription_identifiers_available"], dflt)},
            {"shared subscriptions", limit_text(l["shared_subscription_available"], dflt)}});
+    }
+    if (report.contains("shared_subscription")) {
+      const json& sh = report["shared_subscription"];
+      std::vector<std::pair<std::string, std::string>> kv = {
+          {"shared subscription", s(sh.value("filter", json()))},
+          {"a member's turns while it is away", s(sh["verdict"])}};
+      if (sh.contains("both_live"))
+        kv.push_back({"both members live: to A / to B", s(sh["both_live"]["to_a"]) + " / " +
+                                                            s(sh["both_live"]["to_b"]) + " of " +
+                                                            s(sh["count"])});
+      if (sh.contains("member_away"))
+        kv.push_back({"A away: to B / to A on its return",
+                      s(sh["member_away"]["to_b_while_a_away"]) + " / " +
+                          s(sh["member_away"]["to_a_on_return"]) + " of " + s(sh["count"])});
+      std::cout << "shared subscription (--shared):\n";
+      print_kv(kv);
+      if (sh.contains("error")) std::cout << "ERROR: " << sh["error"].get<std::string>() << "\n";
     }
     if (report.contains("error"))
       std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";

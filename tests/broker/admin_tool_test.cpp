@@ -909,5 +909,37 @@ TEST(AdminTool, ProbeBrokerTellsAKeptSessionFromADroppedOne) {
   EXPECT_EQ(r.code, 7) << r.out << r.err;
 }
 
+// probe-broker --shared (issue 31): mosquitto keeps an absent durable member's turns of a
+// shared subscription in its session (parked), on MQTT 5 and 3.1.1; with a queue limit
+// smaller than that share, some of them reach no member (dropped).
+TEST(AdminTool, ProbeBrokerSharedTellsWhereAnAbsentMembersTurnsGo) {
+  TempDir dir;
+  int code = -1;
+  {
+    Broker good;
+    for (const char* v : {"5", "3.1.1"}) {
+      json j = probe(good, {"--count", "10", "--shared", "--mqtt-version", v}, false, &code, dir);
+      const json& sh = j["shared_subscription"];
+      EXPECT_EQ(code, 0) << v << ": " << j.dump(2);
+      EXPECT_EQ(sh["verdict"], "parked") << v << ": " << j.dump(2);
+      EXPECT_GT(sh["both_live"]["to_a"].get<int>(), 0) << j.dump(2);
+      EXPECT_GT(sh["both_live"]["to_b"].get<int>(), 0) << j.dump(2);
+      EXPECT_EQ(sh["both_live"]["to_a"].get<int>() + sh["both_live"]["to_b"].get<int>(), 10);
+      const int to_b = sh["member_away"]["to_b_while_a_away"].get<int>();
+      const int to_a = sh["member_away"]["to_a_on_return"].get<int>();
+      EXPECT_LT(to_b, 10) << j.dump(2);
+      EXPECT_EQ(to_a + to_b, 10) << j.dump(2);
+      EXPECT_TRUE(sh["cleaned_up"].get<bool>());
+      EXPECT_NE(j["warnings"].dump().find("stays dead"), std::string::npos) << j.dump(2);
+    }
+  }
+  {
+    Broker limited(Broker::Config{true, /*max_queued_messages=*/2});
+    json j = probe(limited, {"--count", "10", "--shared"}, false, &code, dir);
+    EXPECT_EQ(code, 2) << j.dump(2);
+    EXPECT_EQ(j["shared_subscription"]["verdict"], "dropped") << j.dump(2);
+  }
+}
+
 }  // namespace
 }  // namespace mqtt_inbox::test
