@@ -4,10 +4,16 @@
 // Also the subscription behaviour that matters most on a 3.1.1 broker: no SUBSCRIBE on
 // reconnect while the session holds the configured filters (RabbitMQ resends retained
 // messages on every SUBSCRIBE of their exact topic).
+#include <sys/wait.h>
+
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "support/core_cases.h"
 #include "support/rabbitmq.h"
@@ -87,6 +93,30 @@ TEST_F(RabbitMqTest, SessionThatExpiredWhileStoppedIsReportedAsLost) {
   core_case_session_lost_while_stopped(broker(), "rmq-expiry", [](const std::string&) {
     std::this_thread::sleep_for(std::chrono::seconds(5));  // 2 s unused, and the sweep
   });
+}
+
+// probe-broker --shared on a broker without shared subscriptions (RabbitMQ 3.10's MQTT
+// plugin: issue 31's broker table): its session check passes, and the shared check says
+// that nothing arrives through $share/... (exit 2), not "parked" or "redistributed".
+TEST_F(RabbitMqTest, ProbeBrokerSharedSaysThereAreNoSharedSubscriptions) {
+  TempDir dir;
+  const std::string log = dir.file("probe.log");
+  Child probe(
+      {built_program("mqtt-inbox"), "probe-broker", "--broker", node_->uri(), "--mqtt-version",
+       "3.1.1", "--shared", "--count", "4", "--timeout-ms", "5000", "--json"},
+      log);
+  const int st = probe.wait(std::chrono::seconds(120));
+  ASSERT_NE(st, -1) << "probe-broker did not end";
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string out = text.str();
+  const nlohmann::json j =
+      nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["verdict"], "ok") << j.dump(2);  // sessions and queued messages are kept
+  EXPECT_EQ(j["shared_subscription"]["verdict"], "unsupported") << j.dump(2);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << out;
 }
 
 }  // namespace
