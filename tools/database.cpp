@@ -1,6 +1,8 @@
 // Opening an inbox database next to a running consumer (see database.h).
 #include "database.h"
 
+#include <mqtt_inbox/postgres.h>
+
 #include "pg_admin.h"
 #include "util/file_access.h"
 
@@ -159,12 +161,28 @@ std::unique_ptr<mi::StoreThenProcess> stp_for(mi::Inbox* inbox, const std::strin
   o.workers = 0;
   o.prune_interval_ms = 0;
   std::unique_ptr<mi::StoreThenProcess> stp;
-  auto never = [](SQLite::Database&, const mi::StoredDelivery&) {
-    throw std::logic_error("the admin tool never processes rows");
-  };
-  check_status(mi::StoreThenProcess::create(inbox, consumer, never, o, &stp),
-               "opening store-then-process consumer '" + consumer + "'");
+  // A handler of the inbox's store (each store refuses the other's), never run.
+  const mi::Status s = is_postgres(inbox->path())
+                           ? mi::StoreThenProcess::create(
+                                 inbox, consumer,
+                                 [](pqxx::transaction_base&, const mi::StoredDelivery&) {
+                                   throw std::logic_error("the admin tool never processes rows");
+                                 },
+                                 o, &stp)
+                           : mi::StoreThenProcess::create(
+                                 inbox, consumer,
+                                 [](SQLite::Database&, const mi::StoredDelivery&) {
+                                   throw std::logic_error("the admin tool never processes rows");
+                                 },
+                                 o, &stp);
+  check_status(s, "opening store-then-process consumer '" + consumer + "'");
   return stp;
+}
+
+bool has_stp_rows(mi::StoreThenProcess& stp) {
+  mi::StoreThenProcessStats st;
+  check_status(stp.stats(&st), "counting stored messages");
+  return st.pending + st.processing + st.done + st.dead > 0;
 }
 
 std::set<std::string> stp_consumers(mi::Inbox& inbox) {

@@ -85,7 +85,10 @@ std::optional<int64_t> meta_int(const std::map<std::string, std::string>& meta,
 std::unique_ptr<StoreThenProcess> stp_for(Inbox* inbox, const std::string& consumer,
                                           int64_t lease_ms = 0);
 
-// The consumers with store-then-process rows.
+// Whether `stp`'s consumer has stored messages, whatever their status (either store).
+bool has_stp_rows(StoreThenProcess& stp);
+
+// The consumers with store-then-process rows (SQLite).
 std::set<std::string> stp_consumers(Inbox& inbox);
 
 }  // namespace mqtt_inbox::cli

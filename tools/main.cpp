@@ -20,7 +20,7 @@
 //   0 ok; 1 usage; 2 check or probe found problems; 3 store error (missing file, not an
 //   inbox, SQLite error); 4 refused (safety rule, no confirmation, already replayed);
 //   5 schema version differs from this tool's (older: run `migrate`; newer: upgrade the
-//   tool); 6 not possible on this store (PostgreSQL: export, replay, reap) or
+//   tool); 6 not possible on this store (PostgreSQL: export) or
 //   without a library change (see the message); 7 broker
 //   unreachable or protocol error; 8 nothing matched (unknown id or consumer).
 

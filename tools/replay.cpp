@@ -1,5 +1,5 @@
 // `mqtt-inbox replay` and `mqtt-inbox reap`: the store-then-process mode's repairs,
-// through StoreThenProcess::replay and ::reap (docs/admin-tool.md).
+// through StoreThenProcess::replay and ::reap, on either store (docs/admin-tool.md).
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -15,14 +15,14 @@ namespace mqtt_inbox::cli {
 namespace mi = mqtt_inbox;
 
 int cmd_replay(const std::string& path, const ReplayArgs& a) {
-  require_sqlite(path, "replay");
   const bool by_time = !a.since.empty() || !a.until.empty();
   const int selectors =
       (by_time ? 1 : 0) + (!a.aggregate.empty() ? 1 : 0) + (!a.message_id.empty() ? 1 : 0);
   if (selectors == 0 && !a.all)
     fail(kUsage, "replay needs --since/--until, --aggregate, --id or --all");
   auto inbox = open_inbox(path);
-  if (!stp_consumers(*inbox).count(a.consumer))
+  auto stp = stp_for(inbox.get(), a.consumer);
+  if (!has_stp_rows(*stp))
     fail(kNotFound, "no store-then-process rows for consumer '" + a.consumer +
                         "' (replay is for the store-then-process mode)");
   const int64_t clock = inbox->retention_clock_ms();
@@ -32,7 +32,6 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
   if (!a.aggregate.empty()) f.aggregate_key = a.aggregate;
   if (!a.message_id.empty()) f.message_id = a.message_id;
   f.include_dead = a.include_dead;
-  auto stp = stp_for(inbox.get(), a.consumer);
   mi::ReplayResult r;
   check_status(stp->replay(f, &r), "replaying");
   json j = {{"consumer", a.consumer},
@@ -59,11 +58,10 @@ int cmd_replay(const std::string& path, const ReplayArgs& a) {
 // wall-clock step: it watches the claims for one lease on its monotonic clock and returns
 // those whose running row did not change meanwhile (StoreThenProcess::reap).
 int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease_ms) {
-  require_sqlite(path, "reap");
   auto inbox = open_inbox(path);
-  if (!stp_consumers(*inbox).count(consumer))
-    fail(kNotFound, "no store-then-process rows for consumer '" + consumer + "'");
   auto stp = stp_for(inbox.get(), consumer, lease_ms);
+  if (!has_stp_rows(*stp))
+    fail(kNotFound, "no store-then-process rows for consumer '" + consumer + "'");
   mi::StoreThenProcessStats st;
   check_status(stp->stats(&st), "counting claimed rows");
   int64_t reaped = 0;
