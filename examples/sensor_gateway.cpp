@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
 #if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
   if (postgres) mqtt_inbox::enable_postgres_store();  // the store lives in mqtt_inbox::postgres
 #endif
-  // Without it, Inbox::open says why: this build has no PostgreSQL store.
+  // In a build without the PostgreSQL store, Inbox::open refuses such a location, saying so.
   mqtt_inbox::InboxOptions store;
   store.startup_deadline_ms = startup_deadline_ms;
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
