@@ -166,23 +166,8 @@ class Service {
     mqtt_.stop_timeout_ms = f.stop_timeout_ms;
 
     mqtt_inbox::InboxOptions store;
-    frame_.store(&store);
     store.startup_deadline_ms = f.startup_deadline_ms;
-    // On PostgreSQL durability is the server's (synchronous_commit): an SQLite switch that
-    // would do nothing there is refused, not silently ignored.
-    const bool postgres =
-        f.db_path.rfind("postgresql://", 0) == 0 || f.db_path.rfind("postgres://", 0) == 0;
-    if (postgres && f.normal_sync)
-      return frame_.fail(examples::kExitFailed,
-                         mqtt_inbox::Status::InvalidArgument(
-                             "--synchronous-normal is SQLite's PRAGMA synchronous and does not "
-                             "apply to a PostgreSQL location: durability there is the server's "
-                             "synchronous_commit (docs/postgres.md#what-is-supported)"));
-    if (f.normal_sync) store.synchronous = mqtt_inbox::Synchronous::kNormal;
-    store.postgres_password_file = f.db_password_file;
-    if (auto s = mqtt_inbox::Inbox::open(f.db_path, store, &inbox_); !s.ok())
-      return frame_.fail(examples::startup_exit_code(s), s);
-    return examples::kExitOk;
+    return frame_.open_inbox(f.db_path, store, f.db_password_file, f.normal_sync, &inbox_);
   }
 
   // run(), from the Consumer on.

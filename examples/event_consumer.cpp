@@ -130,10 +130,6 @@ void apply_event_postgres(pqxx::transaction_base& txn, const mqtt_inbox::Deliver
 }
 #endif
 
-bool is_postgres_uri(const std::string& db) {
-  return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,7 +141,7 @@ int main(int argc, char** argv) {
   if (int rc = command_line::parse(app, argc, argv, "event_consumer"); rc >= 0) return rc;
 
   consumer_service::Service service("event_consumer", "events");
-  if (is_postgres_uri(flags.db_path)) {
+  if (service_frame::is_postgres_location(flags.db_path)) {
 #if MQTT_INBOX_EXAMPLES_WITH_POSTGRES
     mqtt_inbox::enable_postgres_store();  // the store lives in mqtt_inbox::postgres
     if (int rc = service.open(flags, std::string(kCreateTablesPostgres)); rc != examples::kExitOk)

@@ -41,10 +41,6 @@
 
 namespace {
 
-bool is_postgres_uri(const std::string& db) {
-  return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
-}
-
 // Makes the outbox and its relay of --emit-topic on the opened store (both stores).
 int make_relay(consumer_service::Service& service, const consumer_service::Flags& flags,
                int64_t max_packet_size, std::unique_ptr<mqtt_inbox::Outbox>* outbox,
@@ -123,7 +119,8 @@ int main(int argc, char** argv) {
                  "max_packet_size; MQTT 3.1.1 cannot announce it); 0 = none")
       ->check(CLI::NonNegativeNumber);
   if (int rc = command_line::parse(app, argc, argv, "ledger_consumer"); rc >= 0) return rc;
-  if (is_postgres_uri(flags.db_path)) return run_on_postgres(flags, emit_topic, max_packet_size);
+  if (service_frame::is_postgres_location(flags.db_path))
+    return run_on_postgres(flags, emit_topic, max_packet_size);
 
   // 1. The store, with the business tables, before anything connects.
   consumer_service::Service service("ledger_consumer", "ledger");

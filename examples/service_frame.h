@@ -7,6 +7,9 @@
 //             STATUS= and extends the start timeout (EXTEND_TIMEOUT_USEC=) while it lasts
 //             (up to --stuck-limit-ms).
 //   store()   InboxOptions wired to that: the logger and startup_progress.
+//   open_inbox()  the store at --db, an SQLite file or a PostgreSQL URI
+//             (is_postgres_location()), opened with those options; what does not apply to
+//             a PostgreSQL location refused, the password file passed on.
 //   fail()    a start-up (or run) that ends with an error: logged, STATUS=failed: ...,
 //             the exit code of exit_codes.h returned.
 //   ready()   READY=1 once the store is open and the subscriber started (not after the
@@ -38,6 +41,14 @@
 #include "exit_codes.h"
 
 namespace service_frame {
+
+// True for a PostgreSQL location: a libpq URI ("postgresql://..." or "postgres://..."),
+// which Inbox::open gives to the PostgreSQL store (mqtt_inbox/postgres.h); anything else is
+// an SQLite file. A program that offers PostgreSQL calls mqtt_inbox::enable_postgres_store()
+// before opening such a location.
+inline bool is_postgres_location(const std::string& db) {
+  return db.rfind("postgresql://", 0) == 0 || db.rfind("postgres://", 0) == 0;
+}
 
 struct Options {
   std::string log_name;            // the logger's name (journal SYSLOG_IDENTIFIER)
@@ -123,6 +134,30 @@ class Frame {
   void store(mqtt_inbox::InboxOptions* o) const {
     o->logger = log_;
     o->startup_progress = startup_progress_;
+  }
+
+  // Opens the store at `db` into `*out`, with `o` wired as store() does. `password_file`
+  // (--db-password-file; empty: libpq's PGPASSFILE, ~/.pgpass) becomes
+  // InboxOptions::postgres_password_file. `normal_sync` (--synchronous-normal) sets
+  // Synchronous::kNormal on SQLite; on a PostgreSQL location, where durability is the
+  // server's synchronous_commit, it is refused (exit 1), not silently ignored. A URI that
+  // holds a password is refused by Inbox::open (exit 1, the password not repeated).
+  // Returns kExitOk, or the exit code for main() to return (STATUS= says why).
+  int open_inbox(const std::string& db, mqtt_inbox::InboxOptions o,
+                 const std::string& password_file, bool normal_sync,
+                 std::unique_ptr<mqtt_inbox::Inbox>* out) {
+    store(&o);
+    if (is_postgres_location(db) && normal_sync)
+      return fail(examples::kExitFailed,
+                  mqtt_inbox::Status::InvalidArgument(
+                      "--synchronous-normal is SQLite's PRAGMA synchronous and does not "
+                      "apply to a PostgreSQL location: durability there is the server's "
+                      "synchronous_commit (docs/postgres.md#what-is-supported)"));
+    if (normal_sync) o.synchronous = mqtt_inbox::Synchronous::kNormal;
+    o.postgres_password_file = password_file;
+    if (auto s = mqtt_inbox::Inbox::open(db, o, out); !s.ok())
+      return fail(examples::startup_exit_code(s), s);
+    return examples::kExitOk;
   }
 
   // Logs `s`, tells systemd why the program ends (STATUS=failed: ...) and returns `code`.
