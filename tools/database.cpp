@@ -46,8 +46,8 @@ bool is_postgres(const std::string& location) {
 void require_sqlite(const std::string& location, const std::string& command) {
   if (is_postgres(location))
     fail(kUnsupported, "`" + command +
-                           "` works on SQLite files only: the PostgreSQL store has no such "
-                           "rows or file (docs/admin-tool.md#postgresql)");
+                           "` works on SQLite files only: not yet on a PostgreSQL location "
+                           "(docs/admin-tool.md#postgresql)");
 }
 
 void require_file(const std::string& path) {

@@ -208,7 +208,7 @@ int cmd_pg_stats(const std::string& uri) {
       rows);
   print_sessions_section(sessions);
   std::cout << "\nNot on PostgreSQL (SQLite only): db and WAL sizes, the persisted retention "
-               "clock, store-then-process counts (docs/admin-tool.md#postgresql).\n";
+               "clock; not yet: store-then-process counts (docs/admin-tool.md#postgresql).\n";
   return kOk;
 }
 

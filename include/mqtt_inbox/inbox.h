@@ -111,7 +111,9 @@ class Inbox {
   // that transaction (SQLite: sqlite3_exec; PostgreSQL: one simple-protocol query), with
   // the same waits and errors. For callers that hold their schema as text (the C API's
   // mqtt_inbox_setup, c.h) and for the PostgreSQL store, whose set-up is text only. On
-  // PostgreSQL look before you create (docs/postgres.md#privileges).
+  // PostgreSQL look before you create (docs/postgres.md#privileges); there set-ups take
+  // turns per database (an advisory lock held to the commit), so processes starting
+  // together do not race on the same CREATE TABLE.
   Status setup_sql(const std::string& sql);
 
   // Runs `fn` with exclusive use of the connection, outside any transaction, once. For

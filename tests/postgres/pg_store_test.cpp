@@ -262,6 +262,34 @@ TEST(PgStore, OutboxAndStoreThenProcessTakeHandlersOfThisStore) {
   EXPECT_EQ(q(db, "SELECT count(*) FROM app_t"), 0);
 }
 
+// Consumers starting together run the same set-up SQL: the second one's CREATE TABLE IF
+// NOT EXISTS, run while the first one's is not committed yet, would wait for it and then
+// fail with 23505 (pg_type's unique index), so one member of a fleet started at once did
+// not start (ledger_consumer: "rejected: application set-up"). Set-ups take turns per
+// database: B waits for A's commit, then finds the table.
+TEST(PgStore, SetupsRunTogetherTakeTurnsAndBothSucceed) {
+  const std::string db = fresh_db("setup_race");
+  auto a = open_inbox(uri_of(db, "setup_a"));
+  auto b = open_inbox(uri_of(db, "setup_b"));
+  ASSERT_TRUE(a && b);
+  const std::string create = "CREATE TABLE IF NOT EXISTS app_t (x int PRIMARY KEY)";
+  auto fa = std::async(std::launch::async,
+                       [&] { return a->setup_sql(create + "; SELECT pg_sleep(1.5)"); });
+  // A has created the table in its open transaction and sleeps.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (q(db,
+           "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'setup_a' AND "
+           "wait_event = 'PgSleep'") == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "A's set-up did not start";
+    std::this_thread::sleep_for(10ms);
+  }
+  const Status sb = b->setup_sql(create);
+  const Status sa = fa.get();
+  EXPECT_TRUE(sa.ok()) << sa.to_string();
+  EXPECT_TRUE(sb.ok()) << sb.to_string();
+  EXPECT_EQ(q(db, "SELECT count(*) FROM pg_class WHERE relname = 'app_t'"), 1);
+}
+
 TEST(PgStore, HigherDefaultIsolationIsRefusedAtOpen) {
   const std::string db = fresh_db("iso");
   server().execute("ALTER DATABASE iso SET default_transaction_isolation = 'repeatable read'");

@@ -377,7 +377,14 @@ Status PgStore::with_txn(const std::string& context, const std::function<void(pq
 Status PgStore::setup_sql(const std::string& sql) {
   if (Status r = refuse_if_in_handler(owner, "Inbox::setup_sql"); !r.ok()) return r;
   return wait_at_startup("running the application's set-up", [&](int) -> Status {
-    return with_txn("application set-up", [&](pqxx::work& w) { w.exec(sql); });
+    return with_txn("application set-up", [&](pqxx::work& w) {
+      // One set-up at a time per database, as the schema's steps: consumers starting
+      // together would otherwise race on the same CREATE TABLE (IF NOT EXISTS, or a DO
+      // block that looks first), and the loser fails with 23505 on pg_type's unique index
+      // once the winner commits. Behind the lock, the second one sees the table.
+      w.exec("SELECT pg_advisory_xact_lock(hashtext('mqtt_inbox application set-up'))");
+      w.exec(sql);
+    });
   });
 }
 
