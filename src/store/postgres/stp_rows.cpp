@@ -294,7 +294,7 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
       w.reset();
     } catch (const pqxx::in_doubt_error& e) {
       // The outcome is unknown: a store error. The retried run finds the row 'done'
-      // (kLost: nothing runs twice) or still carrying this token (it runs again).
+      // under this token (kDone: nothing runs twice) or still carrying it (it runs again).
       w.reset();
       c_.reset();
       return pg_to_status(e, "handler transaction: COMMIT (outcome unknown)");
