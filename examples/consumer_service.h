@@ -20,6 +20,11 @@
 //   --refused-limit-ms MS     exit 7 once the broker has refused this client this long
 //   --prometheus-textfile PATH  the Pruner writes InboxStats there after every pass
 //                             (node_exporter's textfile collector; sessions lost included)
+//   --fleet-group NAME        run as one member of a fleet (PostgreSQL --db only,
+//                             fleet.h): $share/NAME/<topic> on client-id slots
+//                             <client-id>-0 .. <client-id>-(K-1), held by leases
+//   --fleet-slots K           the fleet's slot count (default 8; the same on every member)
+//   --fleet-lease-ms MS       the fleet's lease (default 10000)
 #pragma once
 
 #include <mqtt_inbox/mqtt_inbox.h>
@@ -48,6 +53,9 @@ struct Flags {
   int stop_timeout_ms = mqtt_inbox::SubscriberOptions{}.stop_timeout_ms;
   int64_t stuck_limit_ms = mqtt_inbox::ServiceNotifierOptions{}.stuck_limit_ms;
   int64_t refused_limit_ms = service_frame::Options{}.refused_limit_ms;
+  std::string fleet_group;  // non-empty: a fleet member (fleet.h)
+  int fleet_slots = mqtt_inbox::FleetOptions{}.slots;
+  int fleet_lease_ms = mqtt_inbox::FleetOptions{}.lease_ms;
 };
 
 // The frame options these flags give.
@@ -93,6 +101,17 @@ inline void add(CLI::App& app, Flags* f) {
   app.add_option("--prometheus-textfile", f->prometheus_textfile,
                  "Write the inbox's stats in Prometheus text format to this file after every "
                  "prune pass (node_exporter's textfile collector)");
+  app.add_option("--fleet-group", f->fleet_group,
+                 "Run as one member of a fleet sharing $share/<group>/<topic> on client-id "
+                 "slots <client-id>-0..K-1 held by leases in PostgreSQL (--db postgresql:// "
+                 "only; docs/fleet.md); empty = one consumer");
+  app.add_option("--fleet-slots", f->fleet_slots,
+                 "With --fleet-group: the fleet's slot count, the same on every member")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--fleet-lease-ms", f->fleet_lease_ms,
+                 "With --fleet-group: the lease; a dead member's slots move after about this "
+                 "long (ms)")
+      ->check(CLI::Range(1000, 3600000));
 }
 
 class Service {
@@ -188,20 +207,36 @@ class Service {
       return frame_.fail(examples::startup_exit_code(s), s);
     (void)pruner->start();
 
-    // The subscriber: redeliveries can arrive as soon as it connects.
+    // The subscriber (or, with --fleet-group, the fleet's one subscriber per slot it
+    // holds): redeliveries can arrive as soon as it connects.
     std::unique_ptr<mqtt_inbox::Subscriber> subscriber;
-    if (auto s = mqtt_inbox::Subscriber::create(mqtt_, &subscriber); !s.ok())
-      return frame_.fail(examples::subscriber_exit_code(s), s);
-    if (auto s = subscriber->subscribe(flags_.topic, consumer); !s.ok())
-      return frame_.fail(examples::subscriber_exit_code(s), s);
-    if (auto s = subscriber->start(); !s.ok())
-      return frame_.fail(examples::subscriber_exit_code(s), s);
+    std::unique_ptr<mqtt_inbox::Fleet> fleet;
+    if (!flags_.fleet_group.empty()) {
+      mqtt_inbox::FleetOptions fo;
+      fo.group = flags_.fleet_group;
+      fo.slots = flags_.fleet_slots;
+      fo.lease_ms = flags_.fleet_lease_ms;
+      fo.subscriber = mqtt_;
+      if (auto s = mqtt_inbox::Fleet::create(inbox_.get(), fo, &fleet); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+      if (auto s = fleet->subscribe(flags_.topic, consumer); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+      if (auto s = fleet->start(); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+    } else {
+      if (auto s = mqtt_inbox::Subscriber::create(mqtt_, &subscriber); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+      if (auto s = subscriber->subscribe(flags_.topic, consumer); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+      if (auto s = subscriber->start(); !s.ok())
+        return frame_.fail(examples::subscriber_exit_code(s), s);
+    }
     if (started) started();
 
     // READY=1 now (not after CONNACK: the network may come later), then watchdog pings
     // while healthy and a STATUS line; no-ops without systemd. The notifier reads the
     // subscriber and the consumer until frame_.end(), which comes before they go.
-    (void)frame_.notifier().add_source(mqtt_inbox::health_source(*subscriber));
+    if (subscriber) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*subscriber));
     (void)frame_.notifier().add_source(mqtt_inbox::health_source(*consumer));
     if (relay) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*relay));
     struct EndFrame {
@@ -214,7 +249,7 @@ class Service {
     frame_.stopping();
     std::future<mqtt_inbox::Status> other;
     if (stopping) other = std::async(std::launch::async, stopping);
-    const mqtt_inbox::Status subscriber_stopped = subscriber->stop();
+    const mqtt_inbox::Status subscriber_stopped = fleet ? fleet->stop() : subscriber->stop();
     const mqtt_inbox::Status other_stopped = other.valid() ? other.get() : mqtt_inbox::Status();
     const mqtt_inbox::Status& stopped =
         !subscriber_stopped.ok() ? subscriber_stopped : other_stopped;

@@ -4,6 +4,7 @@
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/consumer.h"
 #include "mqtt_inbox/dead_letter.h"
+#include "mqtt_inbox/fleet.h"
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/health.h"
 #include "mqtt_inbox/inbox.h"

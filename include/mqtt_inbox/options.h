@@ -101,6 +101,16 @@ struct InboxOptions {
   // (PGPASSFILE, else ~/.pgpass). The location itself may not hold a password.
   std::string postgres_password_file;
 
+  // How long the server lets a session of this inbox sit inside a transaction waiting for
+  // the client before it ends the session (PostgreSQL idle_in_transaction_session_timeout,
+  // set on each of the inbox's connections), ms; 0 = the server's own setting. A process
+  // that froze or lost its network in the middle of a claim holds the claim's and its
+  // handler's row locks until its session ends, and every consumer of the fleet that
+  // touches those rows waits that long (docs/fleet.md#a-member-cut-off). Its COMMIT then
+  // fails and the claim row decides, as after any lost connection. Keep it above the
+  // longest pause a handler makes between its statements. Default 10000.
+  int postgres_idle_in_transaction_timeout_ms = 10000;
+
   // SQLite VFS to open the file with (https://sqlite.org/vfs.html). Default "" = the
   // platform default. The fault-injection tests pass a wrapping VFS here.
   std::string vfs;

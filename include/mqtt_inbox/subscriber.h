@@ -42,8 +42,11 @@
 //    SUBSCRIBE, MQTT 3.1.1 section 3.3.1.3): with MQTT 5 it subscribes with Retain
 //    Handling 1 (only for a new subscription, MQTT 5.0 section 3.8.3.1); with MQTT 3.1.1
 //    it does not SUBSCRIBE again while the session is present and holds exactly the
-//    configured filters. What reaches a sink with RETAIN set is for
-//    ConsumerOptions::retained to decide.
+//    configured filters. A shared subscription ("$share/...") is the exception: it is
+//    subscribed again at every CONNACK, because mosquitto 2.0 restores a durable session
+//    over its restart without its $share subscriptions (measured; until a member
+//    subscribes again, what is published to the group is dropped: docs/fleet.md). What
+//    reaches a sink with RETAIN set is for ConsumerOptions::retained to decide.
 //
 // Thread safety: all methods are safe from any thread except that subscribe() must not
 // race with start(). Status queries (is_connected, health) never take Paho's lock.
@@ -109,6 +112,15 @@ struct SubscriberOptions : ConnectionOptions {
   int unstable_connection_ms = 10000;
   // How long stop() waits for a message that is in the callback, ms. Default 10000.
   int stop_timeout_ms = 10000;
+  // Asked on the Subscriber's own thread before each connection attempt, the first and
+  // every reconnect; false: the attempt is not made, and it is asked again after
+  // reconnect_backoff_initial_ms. For a client id this process may use only while it
+  // holds a lease kept elsewhere (a Fleet's slot, fleet.h, sets it): without it, a
+  // process whose lease passed to another would take the client id back from the new
+  // holder at its next reconnect, and the broker would hand the session back and forth.
+  // Must be cheap, must not block, and must not call into this Subscriber. Default:
+  // empty (always connect).
+  std::function<bool()> may_connect;
 };
 
 // A snapshot of the connection's state (Subscriber::health()). Times are wall-clock Unix

@@ -166,6 +166,15 @@ SessionKeeper::Plan SessionKeeper::plan(bool mqtt5) const {
   for (const std::string& f : held_)
     if (!configured_.count(f)) p.unsubscribe.push_back(f);
   p.subscribe = mqtt5 || held_ != configured_;
+  // A shared subscription is subscribed again on every connection, also with MQTT 3.1.1:
+  // mosquitto 2.0 keeps a durable session over its restart but not the session's
+  // $share subscriptions (docs/brokers-and-tls.md#shared-subscriptions, measured), so a
+  // session that "holds" one may not, and nothing published reaches the group until a
+  // member subscribes again. The cost: mosquitto resends the retained messages to it
+  // (measured; MQTT 3.1.1, and MQTT 5 for a subscription it forgot), which reach the
+  // consumer with RETAIN set, for ConsumerOptions::retained (skipped by default).
+  for (const std::string& f : configured_)
+    if (f.rfind("$share/", 0) == 0) p.subscribe = true;
   return p;
 }
 

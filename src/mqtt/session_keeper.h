@@ -70,8 +70,9 @@ class SessionKeeper {
   // SUBSCRIBE with MQTT 5 always (Retain Handling 1 resends no retained message for an
   // existing subscription, and a SUBSCRIBE repairs a session that lost one), with MQTT
   // 3.1.1 only when the held filters differ from the configured ones (every 3.1.1
-  // SUBSCRIBE resends the retained messages, section 3.3.1.3). Without a session: nothing
-  // to UNSUBSCRIBE, SUBSCRIBE.
+  // SUBSCRIBE resends the retained messages, section 3.3.1.3) or one of them is a shared
+  // subscription ("$share/...", which mosquitto forgets over a restart). Without a
+  // session: nothing to UNSUBSCRIBE, SUBSCRIBE.
   Plan plan(bool mqtt5) const;
 
   // Outcomes of the packets of the plan; save() records them.

@@ -376,6 +376,13 @@ struct Subscriber::Impl {
         std::lock_guard<std::mutex> lock(mu);
         connection_lost = false;
       }
+      if (options.may_connect && !options.may_connect()) {
+        // Not ours to connect now (a fleet slot whose lease is not held): ask again soon.
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait_for(lock, std::chrono::milliseconds(options.reconnect_backoff_initial_ms),
+                    [&] { return stopping; });
+        continue;
+      }
       if (connect_once()) {
         const auto since = std::chrono::steady_clock::now();
         conn->set_connected(true);

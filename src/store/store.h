@@ -40,6 +40,7 @@
 #include "mqtt_inbox/store_then_process.h"
 #include "store/retention_rows.h"
 #include "store/retry.h"
+#include "store/slot_leases.h"
 #include "store/txn.h"
 
 namespace mqtt_inbox {
@@ -109,6 +110,17 @@ class Store {
     return Status::Ok();
   }
 
+  // A fleet member's slot leases (store/slot_leases.h, fleet.h), on a connection of their
+  // own. Only a store that every member of a fleet reaches can hold them: the SQLite
+  // store refuses with kInvalidArgument.
+  virtual Status open_slot_leases(const SlotLeaseOptions& options,
+                                  std::unique_ptr<SlotLeases>* out) {
+    (void)options;
+    (void)out;
+    return Status::InvalidArgument(
+        "a fleet's slot leases need a store that every member reaches: " + location() +
+        " is an SQLite file; open the inbox on PostgreSQL (docs/fleet.md)");
+  }
   // Inbox::setup_sql: runs `sql` (statements separated by ';') in one transaction, with
   // the start-up waits. Errors: as Inbox::setup_sql.
   virtual Status setup_sql(const std::string& sql) = 0;

@@ -284,6 +284,11 @@ Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out) {
     // 0 is "do not wait", as on SQLite (PRAGMA busy_timeout = 0), not PostgreSQL's
     // lock_timeout = 0, which waits for ever behind a stuck node.
     n.exec0("SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)));
+    // A session frozen or cut off inside a claim's transaction holds its row locks until
+    // the server ends it: bounded here, not by TCP (which may never tell).
+    if (options.postgres_idle_in_transaction_timeout_ms > 0)
+      n.exec0("SET idle_in_transaction_session_timeout = " +
+              std::to_string(options.postgres_idle_in_transaction_timeout_ms));
   } catch (const std::exception& e) {
     return pg_to_status(e, "opening " + uri);
   }
@@ -431,6 +436,8 @@ Status open_postgres_store(const std::string& uri, const InboxOptions& options,
                                    "' must be 1..63 characters of [a-z0-9_], not starting with "
                                    "a digit");
   if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
+  if (options.postgres_idle_in_transaction_timeout_ms < 0)
+    return Status::InvalidArgument("postgres_idle_in_transaction_timeout_ms < 0");
   if (options.startup_backoff_initial.count() < 1 ||
       options.startup_backoff_max < options.startup_backoff_initial ||
       options.startup_deadline_ms < 0 || options.startup_log_interval_ms < 0)

@@ -7,7 +7,8 @@
 // dead_letters.cpp (PgDeadLetters), sessions.cpp (PgSessions), retention_rows.cpp (the
 // Pruner's deletes, row measurement), stp_rows.cpp (store-then-process's rows, each worker
 // on a connection of its own), outbox_rows.cpp (the outbox's rows and the relays' wake-up
-// by LISTEN/NOTIFY) and errors.cpp (SQLSTATE classes).
+// by LISTEN/NOTIFY), slot_leases.cpp (a fleet member's slots, held by advisory locks on a
+// connection of their own) and errors.cpp (SQLSTATE classes).
 //
 // Thread safety: every call takes `mu` for its use of the connection; store-then-process's
 // workers and maintenance use connections of their own (open_connection()).
@@ -129,6 +130,8 @@ struct PgStore final : Store {
   RetentionRows& retention_rows() override { return *retention; }
   StpRows& stp_rows() override { return *stp; }
   OutboxStore& outbox() override { return *outbox_store; }
+  Status open_slot_leases(const SlotLeaseOptions& options,
+                          std::unique_ptr<SlotLeases>* out) override;  // slot_leases.cpp
 
   const std::string& location() const override { return uri; }
   // The server's clock (clock_timestamp() at the last connect), advanced by the monotonic

@@ -1,0 +1,462 @@
+// A fleet (fleet.h, docs/fleet.md): three ledger_consumer processes on one PostgreSQL
+// inbox, sharing $share/ledger/credits/# over six client-id slots, against a real
+// mosquitto (MQTT 3.1.1 and 5) and a private PostgreSQL cluster. What the issue asked:
+//  - one member SIGKILLed for good mid-stream: its slots' parked share is drained by the
+//    survivors, within a lease and a reconnect; another member restarted; the broker
+//    restarted; PostgreSQL restarted. Every credit applied once (balances, entries,
+//    claims), every slot served at the end, and no client id taken over in the broker's
+//    log (a slot is connected by one process at a time);
+//  - a member cut off from PostgreSQL (a frozen proxy: a partition) but not from the
+//    broker: it stops serving its slots within half a lease, the others take them once
+//    the server ends its lease session, and nothing is lost or doubled; the broker logs
+//    at most one takeover per slot (a message stuck in the cut member's commit keeps its
+//    connection until the new holder's CONNECT), never a second (no ping-pong);
+//  - the same id delivered to two members at once (a publisher's resend while the first
+//    copy is in flight): applied once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "support/cut_proxy.h"
+#include "support/postgres.h"
+#include "support/process.h"
+#include "support/publisher.h"
+
+namespace mqtt_inbox::test {
+namespace {
+
+constexpr int kSlots = 6;
+constexpr int kLeaseMs = 2000;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The "processed=N duplicates=N" counters a ledger_consumer prints at its stop.
+std::pair<int64_t, int64_t> counters(const std::string& log) {
+  const size_t at = log.rfind("processed=");
+  if (at == std::string::npos) return {-1, -1};
+  long long processed = -1, duplicates = -1;
+  if (std::sscanf(log.c_str() + at, "processed=%lld duplicates=%lld", &processed, &duplicates) != 2)
+    return {-1, -1};
+  return {processed, duplicates};
+}
+
+class FleetPgTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  FleetPgTest() {
+    pg_.create_database("ledger");
+    uri_ = pg_.uri("ledger");
+  }
+  bool mqtt5() const { return std::string(GetParam()) == "5"; }
+  std::string log(const std::string& member) const { return dir_.file(member + ".log"); }
+
+  // A fleet member: ledger_consumer with --fleet-group, its own log file, and its own
+  // client-id lock folder, as on a host of its own: the per-host lock would otherwise
+  // keep two members on this host from connecting one client id at once, and hide
+  // whether the leases do.
+  std::unique_ptr<Child> start_member(const std::string& member, const std::string& db = "") {
+    const std::string locks = dir_.file("locks-" + member);
+    ::mkdir(locks.c_str(), 0700);
+    return std::make_unique<Child>(with_emulator({built_program("ledger_consumer"),
+                                                  "--broker",
+                                                  broker_.uri(),
+                                                  "--client-id",
+                                                  "ledger",
+                                                  "--topic",
+                                                  "credits/#",
+                                                  "--db",
+                                                  db.empty() ? uri_ : db,
+                                                  "--mqtt-version",
+                                                  GetParam(),
+                                                  "--fleet-group",
+                                                  "ledger",
+                                                  "--fleet-slots",
+                                                  std::to_string(kSlots),
+                                                  "--fleet-lease-ms",
+                                                  std::to_string(kLeaseMs),
+                                                  "--stop-timeout-ms",
+                                                  "3000",
+                                                  "--client-id-lock-dir",
+                                                  locks,
+                                                  "--log-level",
+                                                  "debug"}),
+                                   log(member));
+  }
+  std::string all_logs() const {
+    std::string out;
+    for (const char* m : {"a", "b", "c", "c2", "d"}) {
+      const std::string t = read_file(log(m));
+      if (!t.empty())
+        out += "---- " + std::string(m) + "\n" + t.substr(t.size() > 6000 ? t.size() - 6000 : 0);
+    }
+    return out;
+  }
+
+  int64_t q(const std::string& sql) const {
+    const std::string v = pg_.query_value(sql, "ledger");
+    return v.empty() ? 0 : std::stoll(v);
+  }
+  int64_t entries() const { return q("SELECT count(*) FROM ledger_entries"); }
+
+  // Slot locks held now (the fleet's advisory locks other than membership), and members.
+  int64_t slots_held() const {
+    return q(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+        "objsubid = 2 AND objid <> 2147483647 AND mode = 'ExclusiveLock'");
+  }
+  int64_t members() const {
+    return q(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+        "objsubid = 2 AND objid = 2147483647");
+  }
+  // Every slot's client id has said "consuming" in some member's log since `since`.
+  bool all_slots_consuming(const std::map<std::string, size_t>& since = {}) const {
+    for (int i = 0; i < kSlots; ++i) {
+      const std::string needle = "consuming: client 'ledger-" + std::to_string(i) + "'";
+      size_t n = 0;
+      for (const char* m : {"a", "b", "c", "c2", "d"}) n += occurrences(read_file(log(m)), needle);
+      auto it = since.find(needle);
+      if (n <= (it == since.end() ? 0 : it->second)) return false;
+    }
+    return true;
+  }
+  std::map<std::string, size_t> consuming_counts() const {
+    std::map<std::string, size_t> out;
+    for (int i = 0; i < kSlots; ++i) {
+      const std::string needle = "consuming: client 'ledger-" + std::to_string(i) + "'";
+      for (const char* m : {"a", "b", "c", "c2", "d"})
+        out[needle] += occurrences(read_file(log(m)), needle);
+    }
+    return out;
+  }
+  // Each of the `n` members holds its even share of the slots.
+  bool balanced(int64_t n) const {
+    return q("SELECT count(*) FROM (SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+             "AND granted AND objsubid = 2 AND objid <> 2147483647 GROUP BY pid "
+             "HAVING count(*) = " +
+             std::to_string(kSlots / n) + ") s") == n;
+  }
+  // Waits until `n` members hold every slot, evenly, and every slot is consuming.
+  void wait_fleet(int64_t n, const std::map<std::string, size_t>& since = {}) {
+    ASSERT_TRUE(wait_until(
+        [&] {
+          return members() == n && slots_held() == kSlots && balanced(n) &&
+                 all_slots_consuming(since);
+        },
+        std::chrono::seconds(30)))
+        << "members=" << members() << " slots=" << slots_held() << "\n"
+        << all_logs();
+  }
+  // The broker's client-id takeovers (mosquitto: "Client <id> already connected, closing
+  // old connection.").
+  size_t takeovers() const {
+    return occurrences(read_file(broker_.log_path()), "already connected, closing old connection");
+  }
+  void term(Child& child) {
+    child.signal(SIGTERM);
+    const int st = child.wait(std::chrono::seconds(20));
+    EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << "\n" << all_logs();
+  }
+  // The ledger holds each of credits 0..n-1 once, with the right balances.
+  void expect_applied_once(int n) {
+    EXPECT_EQ(entries(), n);
+    EXPECT_EQ(q("SELECT count(DISTINCT message_id) FROM ledger_entries"), n);
+    EXPECT_EQ(q("SELECT count(*) FROM mqtt_inbox.inbox_processed WHERE consumer_name = 'ledger'"),
+              n);
+    for (int a = 0; a < 7; ++a) {
+      int64_t want = 0;
+      for (int i = 0; i < n; ++i)
+        if (i % 7 == a) want += 1 + i % 13;
+      EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'acct-" + std::to_string(a) + "'"),
+                want)
+          << "acct-" << a;
+    }
+    EXPECT_EQ(q("SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
+  }
+  void publish(TestPublisher& pub, int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const std::string id = "c-" + std::to_string(i);
+      pub.credit("credits/" + std::to_string(i % 5), id, "acct-" + std::to_string(i % 7),
+                 1 + i % 13);
+      if (i % 4 == 0)  // a producer's retry: another member may get this copy
+        pub.credit("credits/" + std::to_string(i % 5), id, "acct-" + std::to_string(i % 7),
+                   1 + i % 13);
+    }
+  }
+
+  Postgres pg_;
+  Broker broker_;
+  TempDir dir_;
+  std::string uri_;
+};
+
+TEST_P(FleetPgTest, MemberKilledForGoodRestartedBrokerAndServerRestartsApplyEveryCreditOnce) {
+  constexpr int kTotal = 2400;
+  auto a = start_member("a");
+  auto b = start_member("b");
+  auto c = start_member("c");
+  wait_fleet(3);
+  EXPECT_EQ(takeovers(), 0u);
+
+  TestPublisher pub(broker_.uri(), mqtt5());
+  // 1. Member b is SIGKILLed for good mid-stream: what the broker parked in its slots'
+  //    sessions is drained by a and c once b's lease runs out.
+  publish(pub, 0, 600);
+  ASSERT_TRUE(wait_until([&] { return entries() >= 150; }, std::chrono::seconds(30))) << all_logs();
+  const auto before_kill = consuming_counts();
+  b->signal(SIGKILL);
+  ASSERT_NE(b->wait(std::chrono::seconds(10)), -1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  publish(pub, 600, 1200);
+  // b's slots are served again (a new "consuming" line for each of them) by a and c.
+  wait_fleet(2);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const auto now = consuming_counts();
+        int again = 0;
+        for (const auto& [k, v] : now) again += v > before_kill.at(k) ? 1 : 0;
+        return again >= 2;  // b held two of the six
+      },
+      std::chrono::seconds(30)))
+      << all_logs();
+  const auto retaken_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - killed_at)
+                              .count();
+  std::printf("[ figures ] b's slots served again %lld ms after its SIGKILL (lease %d ms)\n",
+              static_cast<long long>(retaken_ms), kLeaseMs);
+  EXPECT_LT(retaken_ms, 2 * kLeaseMs + 5000) << all_logs();
+  ASSERT_TRUE(wait_until([&] { return entries() >= 1200; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+
+  // 2. Member c restarts (SIGTERM, then a new process): its slots are given back at once
+  //    and taken by a, then spread again when c2 joins.
+  term(*c);
+  publish(pub, 1200, 1500);
+  auto c2 = start_member("c2");
+  wait_fleet(2);
+  ASSERT_TRUE(wait_until([&] { return entries() >= 1500; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+
+  // 3. The broker restarts under the fleet: each slot reconnects to its session and
+  //    subscribes again (mosquitto restores the sessions without their $share
+  //    subscriptions: what is published before a member subscribes again is dropped by
+  //    the broker, so the producer here waits for the members, as docs/fleet.md says).
+  const auto before_broker_restart = consuming_counts();
+  broker_.stop();
+  broker_.start();
+  ASSERT_TRUE(wait_until([&] { return all_slots_consuming(before_broker_restart); },
+                         std::chrono::seconds(30)))
+      << all_logs();
+  {
+    TestPublisher pub2(broker_.uri(), mqtt5());
+    publish(pub2, 1500, 1800);
+  }
+  ASSERT_TRUE(wait_until([&] { return entries() >= 1800; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+
+  // Until here no slot was connected by two members in turn: the broker took no client
+  // id over (b's SIGKILL closed its sockets; c's stop and the spreading disconnected
+  // before giving a slot back).
+  EXPECT_EQ(takeovers(), 0u) << read_file(broker_.log_path());
+
+  // 4. PostgreSQL restarts under the fleet: every member loses its leases and its slots
+  //    stop; they rejoin and every slot is served again.
+  const auto before_restart = consuming_counts();
+  pg_.restart();
+  {
+    TestPublisher pub3(broker_.uri(), mqtt5());
+    publish(pub3, 1800, kTotal);
+  }
+  wait_fleet(2, before_restart);
+  ASSERT_TRUE(wait_until([&] { return entries() >= kTotal; }, std::chrono::seconds(90)))
+      << entries() << "\n"
+      << all_logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // room for a late double
+  term(*a);
+  term(*c2);
+
+  expect_applied_once(kTotal);
+  // A slot whose message was waiting for the restarting server in its commit could not
+  // stop (Subscriber::stop's kBusy keeps that connection until the exit); its next
+  // holder then took the client id over once. Never more than once per slot.
+  EXPECT_LE(takeovers(), static_cast<size_t>(kSlots)) << read_file(broker_.log_path());
+  const std::string logs = read_file(log("a")) + read_file(log("c2"));
+  EXPECT_EQ(occurrences(logs, "FLEET LEASE LOST"), 2u) << "each member once, at the restart";
+}
+
+TEST_P(FleetPgTest, MemberCutFromPostgresStopsServingAndTheOthersTakeItsSlots) {
+  constexpr int kTotal = 900;
+  CutProxy proxy(CutProxy::Upstream{pg_.socket_path(), 0});
+  const std::string cut_uri = "postgresql:///ledger?host=" + proxy.socket_dir() +
+                              "&port=" + std::to_string(proxy.port()) + "&user=postgres";
+  auto a = start_member("a", cut_uri);
+  auto b = start_member("b");
+  auto c = start_member("c");
+  wait_fleet(3);
+  TestPublisher pub(broker_.uri(), mqtt5());
+  publish(pub, 0, 300);
+  ASSERT_TRUE(wait_until([&] { return entries() >= 100; }, std::chrono::seconds(30))) << all_logs();
+  const size_t takeovers_before = takeovers();
+
+  // a's every connection to PostgreSQL goes silent (a partition); its broker link stays.
+  const auto before_cut = consuming_counts();
+  proxy.freeze(true);
+  publish(pub, 300, 600);
+  ASSERT_TRUE(wait_until([&] { return occurrences(read_file(log("a")), "half a lease") >= 1; },
+                         std::chrono::seconds(10)))
+      << all_logs();
+  // b and c hold all six once the server ended a's lease session (one lease of silence).
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const auto now = consuming_counts();
+        int again = 0;
+        for (const auto& [k, v] : now) again += v > before_cut.at(k) ? 1 : 0;
+        return members() == 2 && slots_held() == kSlots && again >= 2;
+      },
+      std::chrono::seconds(30)))
+      << all_logs();
+  // The stream goes on without a. (A message that a's open transaction had claimed waits
+  // at its new holder until a's server session ends: not before the cut ends here, so
+  // that slot's queue waits behind it.)
+  const int64_t at_takeover = entries();
+  publish(pub, 600, 800);
+  ASSERT_TRUE(wait_until([&] { return entries() >= at_takeover + 100; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+
+  // a comes back: it rejoins and the slots spread over three members again.
+  proxy.freeze(false);
+  wait_fleet(3);
+  publish(pub, 800, kTotal);
+  ASSERT_TRUE(wait_until([&] { return entries() >= kTotal; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  term(*a);
+  term(*b);
+  term(*c);
+  expect_applied_once(kTotal);
+  // At most one takeover per slot a held (a message stuck in a's commit kept that
+  // connection open until the new holder's CONNECT), never the client id taken back.
+  const size_t took = takeovers() - takeovers_before;
+  std::printf("[ figures ] broker takeovers while a was cut: %zu\n", took);
+  EXPECT_LE(took, static_cast<size_t>(kSlots / 3)) << read_file(broker_.log_path());
+}
+
+// A member frozen (SIGSTOP) for two leases: its kernel keeps its TCP connections open, so
+// only the server's idle_session_timeout ends its lease session; the others then take
+// its slots, and the broker takes those client ids over from the frozen process (once
+// each: it still holds the connections). Resumed, the member finds its lease stale and
+// its connections gone, and reconnects none of them (SubscriberOptions::may_connect):
+// the client ids are not taken back. It rejoins, and the slots spread over three again.
+TEST_P(FleetPgTest, MemberFrozenForTwoLeasesDoesNotTakeItsSlotsBack) {
+  constexpr int kTotal = 900;
+  auto a = start_member("a");
+  auto b = start_member("b");
+  auto c = start_member("c");
+  wait_fleet(3);
+  TestPublisher pub(broker_.uri(), mqtt5());
+  publish(pub, 0, 300);
+  ASSERT_TRUE(wait_until([&] { return entries() >= 100; }, std::chrono::seconds(30))) << all_logs();
+  const size_t takeovers_before = takeovers();
+  const int64_t a_slots =
+      q("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+        "AND l.objid <> 2147483647 AND s.application_name LIKE '% " +
+        std::to_string(a->pid()) + "@%'");
+  ASSERT_GT(a_slots, 0);
+
+  a->signal(SIGSTOP);
+  publish(pub, 300, 600);
+  ASSERT_TRUE(wait_until([&] { return members() == 2 && slots_held() == kSlots; },
+                         std::chrono::seconds(30)))
+      << all_logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseMs));
+  a->signal(SIGCONT);
+  wait_fleet(3);
+  publish(pub, 600, kTotal);
+  ASSERT_TRUE(wait_until([&] { return entries() >= kTotal; }, std::chrono::seconds(60)))
+      << entries() << "\n"
+      << all_logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  term(*a);
+  term(*b);
+  term(*c);
+  expect_applied_once(kTotal);
+  const size_t took = takeovers() - takeovers_before;
+  std::printf("[ figures ] a held %lld slots when frozen; broker takeovers: %zu\n",
+              static_cast<long long>(a_slots), took);
+  EXPECT_LE(took, static_cast<size_t>(a_slots)) << read_file(broker_.log_path());
+}
+
+TEST_P(FleetPgTest, OneIdAtTwoMembersAtOnceIsAppliedOnce) {
+  auto a = start_member("a");
+  auto b = start_member("b");
+  wait_fleet(2);
+  // Each credit is sent three times in a row: round robin puts the copies on different
+  // slots, held by different members, which apply them at the same time.
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    for (int i = 0; i < 300; ++i)
+      for (int k = 0; k < 3; ++k)
+        pub.credit("credits/x", "c-" + std::to_string(i), "acct-" + std::to_string(i % 7),
+                   1 + i % 13);
+  }
+  ASSERT_TRUE(wait_until([&] { return entries() >= 300; }, std::chrono::seconds(60))) << all_logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  term(*a);
+  term(*b);
+  expect_applied_once(300);
+  // Both members received copies, and the 900 copies split into 300 applied and 600
+  // duplicates over the two: the members' counters (printed at their stop) say so.
+  const auto ca = counters(read_file(log("a"))), cb = counters(read_file(log("b")));
+  EXPECT_GT(ca.first + ca.second, 0) << read_file(log("a"));
+  EXPECT_GT(cb.first + cb.second, 0) << read_file(log("b"));
+  EXPECT_EQ(ca.first + cb.first, 300);
+  EXPECT_EQ(ca.second + cb.second, 600);
+  std::printf("[ figures ] member a: processed %lld, duplicates %lld; b: %lld, %lld\n",
+              static_cast<long long>(ca.first), static_cast<long long>(ca.second),
+              static_cast<long long>(cb.first), static_cast<long long>(cb.second));
+}
+
+INSTANTIATE_TEST_SUITE_P(Mqtt, FleetPgTest, ::testing::Values("3.1.1", "5"), [](const auto& p) {
+  return std::string(p.param) == "5" ? "V5" : "V3_1_1";
+});
+
+// What a fleet refuses before anything connects: an SQLite inbox (the leases must be
+// reachable by every member), exit 1 with the reason.
+TEST(FleetStartup, AFleetOnSqliteIsRefused) {
+  TempDir dir;
+  const std::string l = dir.file("sqlite.log");
+  Child child(with_emulator({built_program("ledger_consumer"), "--broker", "tcp://127.0.0.1:1",
+                             "--client-id", "ledger", "--topic", "credits/#", "--db",
+                             dir.file("ledger.db"), "--fleet-group", "ledger"}),
+              l);
+  const int st = child.wait(std::chrono::seconds(20));
+  EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 0) << st;
+  EXPECT_NE(read_file(l).find("open the inbox on PostgreSQL"), std::string::npos) << read_file(l);
+}
+
+}  // namespace
+}  // namespace mqtt_inbox::test
