@@ -86,6 +86,13 @@ int cmd_reap(const std::string& path, const std::string& consumer, int64_t lease
 int cmd_check(const std::string& path);
 int cmd_migrate(const std::string& path);
 
+// fleet.cpp: a fleet's members and slots (docs/fleet.md).
+struct FleetArgs {
+  std::string group, prefix;  // prefix: the slots' client-id prefix ("" = the group)
+  int slots = 8;
+};
+int cmd_fleet(const std::string& db, const FleetArgs& a);
+
 // export.cpp
 struct ExportArgs {
   std::string since, consumer, encoding = "base64";

@@ -7,6 +7,7 @@
 //   mqtt-inbox dead-letters list|show|replay|purge DB ...
 //   mqtt-inbox outbox stats|list|show|replay|purge DB ...
 //   mqtt-inbox replay DB --consumer C ...    mqtt-inbox probe-broker --broker URL
+//   mqtt-inbox fleet DB --group G [--slots K]  (PostgreSQL)
 //   DB: an SQLite file, or a PostgreSQL URI for stats, check, migrate, prune,
 //   dead-letters and outbox (docs/admin-tool.md#postgresql; --password-file, --pg-schema)
 //                                              [--cafile/--cert/--key/--username/... as
@@ -199,6 +200,17 @@ int main(int argc, char** argv) {
   auto* migrate = app.add_subcommand("migrate", "Apply the schema migrations of this release");
   migrate->add_option("DB", db, kDb)->required();
   migrate->callback([&] { run = [&] { return cmd_migrate(db); }; });
+
+  FleetArgs fa;
+  auto* fleet = app.add_subcommand(
+      "fleet", "A fleet's members and slots: who holds each, when each last renewed");
+  fleet->add_option("DB", db, "postgresql:// URI of the fleet's inbox")->required();
+  fleet->add_option("--group", fa.group, "The fleet's group (FleetOptions::group)")->required();
+  fleet->add_option("--slots", fa.slots, "The fleet's slot count (default 8)")
+      ->check(CLI::Range(1, 1024));
+  fleet->add_option("--client-id-prefix", fa.prefix,
+                    "The slots' client-id prefix (default: the group)");
+  fleet->callback([&] { run = [&] { return cmd_fleet(db, fa); }; });
 
   ExportArgs ea;
   auto* exp = app.add_subcommand(

@@ -215,8 +215,11 @@ class Subscriber {
   // store is failing), it waits up to stop_timeout_ms; if the message is still not
   // committed then, it returns kBusy and leaves Paho's client running so that the message
   // is never acked without a commit. The process should then exit: the broker redelivers
-  // the message to the next run. (Destroying a Paho client whose callback is blocked would
-  // hang, so the Subscriber then deliberately leaks it.)
+  // the message to the next run. Or call stop() again later: each call waits up to
+  // stop_timeout_ms once more, and once the message has committed it finishes the stop
+  // and returns OK (a Fleet does so for a slot it gives up). (Destroying a Paho client
+  // whose callback is blocked would hang, so a Subscriber destroyed while stop() still
+  // says kBusy deliberately leaks it.)
   Status stop();
 
   // The connection's state: connected or not since when, connection attempts, and the

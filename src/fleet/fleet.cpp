@@ -77,8 +77,10 @@ struct Fleet::Impl {
   mutable std::mutex mu;
   mutable std::mutex subscribers_mu;  // Slot::subscriber's pointer (never held across a call)
   std::condition_variable cv;
-  bool started = false, stopping = false, slots_changed = false;
-  FleetHealth figures;  // members, target, counters, last_error (under mu)
+  bool started = false, stopping = false;
+  bool slots_changed = false;  // wakes the slot thread: the lease thread changed a state
+  bool release_ready = false;  // wakes the lease thread: a slot may be given back now
+  FleetHealth figures;         // members, target, counters, last_error (under mu)
   std::thread lease_thread, slot_thread;
 
   std::string client_id(int slot) const {
@@ -129,9 +131,12 @@ struct Fleet::Impl {
         wait_ms = std::min(std::max(wait_ms * 2, options.renew_interval_ms), options.lease_ms);
       }
       wake_slots();
+      // A slot given back wakes the next round at once, so the member that waits for it
+      // gets it a round sooner.
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(s.ok() ? options.renew_interval_ms : wait_ms),
-                  [&] { return stopping; });
+                  [&] { return stopping || release_ready; });
+      release_ready = false;
     }
   }
 
@@ -219,9 +224,16 @@ struct Fleet::Impl {
         if (slot.subscriber && (!want || slot.stop_failing)) to_stop.push_back(i);
       }
       (void)stop_slots(to_stop);  // a slot that did not stop is logged there
+      bool released = false;
       for (int i = 0; i < options.slots; ++i) {
         int expected = kGivingBack;
-        if (!slots[i]->subscriber) slots[i]->state.compare_exchange_strong(expected, kStopped);
+        if (!slots[i]->subscriber && slots[i]->state.compare_exchange_strong(expected, kStopped))
+          released = true;
+      }
+      if (released) {
+        std::lock_guard<std::mutex> lock(mu);
+        release_ready = true;
+        cv.notify_all();
       }
     }
   }

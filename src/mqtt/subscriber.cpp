@@ -73,6 +73,7 @@ struct Subscriber::Impl {
   std::thread supervisor;
   bool supervisor_done = false;      // set when supervise() returned
   bool supervisor_detached = false;  // stop() gave up waiting for it (see stop())
+  bool stop_reported_busy = false;   // stop() logged a message stuck in the callback
 
   int client_lock_fd = -1;
   std::string client_lock_path;  // removed on a clean stop
@@ -582,12 +583,12 @@ Status Subscriber::stop() {
   Impl& m = *impl_;
   {
     std::lock_guard<std::mutex> lock(m.mu);
-    if (!m.started || m.stopping) {
+    if (!m.started) {
       m.stopping = true;
-      return m.in_callback.load() == 0 && !m.supervisor_detached
-                 ? Status::Ok()
-                 : Status(Status::Code::kBusy, "message still in callback");
+      return Status::Ok();
     }
+    // A stop() again after kBusy (a Fleet asks until the store answers) waits once more,
+    // and finishes the stop once the message has committed.
     m.stopping = true;
     m.cv.notify_all();
   }
@@ -602,14 +603,17 @@ Status Subscriber::stop() {
     std::unique_lock<std::mutex> lock(m.mu);
     m.cv.wait_until(lock, deadline, [&] { return m.supervisor_done; });
     if (!m.supervisor_done) {
+      const bool first = !m.supervisor_detached;
       m.supervisor_detached = true;
       lock.unlock();
-      m.log->error(
-          "stop: a message is still waiting for the store after {} ms (the connection "
-          "was still being set up); it will not be acked before it commits. Exit the "
-          "process; the broker redelivers it.",
-          m.options.stop_timeout_ms);
-      m.supervisor.detach();  // blocked in Paho behind the callback; the process exits
+      if (first) {
+        m.log->error(
+            "stop: a message is still waiting for the store after {} ms (the connection "
+            "was still being set up); it will not be acked before it commits. Exit the "
+            "process; the broker redelivers it.",
+            m.options.stop_timeout_ms);
+        m.supervisor.detach();  // blocked in Paho behind the callback
+      }
       return Status(Status::Code::kBusy, "a message is still waiting for the store");
     }
   }
@@ -619,10 +623,12 @@ Status Subscriber::stop() {
   while (m.in_callback.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (m.in_callback.load() > 0) {
-    m.log->error(
-        "stop: a message is still waiting for the store after {} ms; it will not be "
-        "acked before it commits. Exit the process; the broker redelivers it.",
-        m.options.stop_timeout_ms);
+    if (!m.stop_reported_busy)
+      m.log->error(
+          "stop: a message is still waiting for the store after {} ms; it will not be "
+          "acked before it commits. Exit the process; the broker redelivers it.",
+          m.options.stop_timeout_ms);
+    m.stop_reported_busy = true;
     return Status(Status::Code::kBusy, "a message is still waiting for the store");
   }
   try {

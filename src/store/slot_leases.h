@@ -52,8 +52,9 @@ class SlotLeases {
   // joining) and takes free slots up to it. Errors: the store's; after an error this
   // member holds no slot (its connection is closed, or the server ends it within a lease).
   virtual Status round(const std::vector<int>& release, SlotLeaseRound* out) = 0;
-  // Every member and slot of the group now, on this member's connection. Errors: the
-  // store's.
+  // Every member and slot of the group now: the members first (slot -1), then each slot
+  // 0 .. slots-1 (pid 0 when free). Used without round() (the admin tool), it connects
+  // without joining, so it changes nobody's share. Errors: the store's.
   virtual Status list(std::vector<SlotHolder>* out) = 0;
   // Leaves the group: gives back every slot and closes the connection.
   virtual void leave() = 0;

@@ -42,7 +42,7 @@ class PgSlotLeases final : public SlotLeases {
 
   Status round(const std::vector<int>& release, SlotLeaseRound* out) override {
     *out = SlotLeaseRound{};
-    if (!conn_) {
+    if (!conn_ || !joined_) {
       if (Status s = join(); !s.ok()) return s;
     }
     try {
@@ -85,7 +85,8 @@ class PgSlotLeases final : public SlotLeases {
   Status list(std::vector<SlotHolder>* out) override {
     out->clear();
     if (!conn_) {
-      if (Status s = join(); !s.ok()) return s;
+      // An observer (the admin tool): connected, not a member, so it changes no share.
+      if (Status s = connect(); !s.ok()) return s;
     }
     try {
       pqxx::nontransaction n(*conn_);
@@ -133,8 +134,9 @@ class PgSlotLeases final : public SlotLeases {
   }
 
  private:
-  // Connects, sets the lease on the session and joins the group.
-  Status join() {
+  // Connects and sets the lease on the session.
+  Status connect() {
+    drop();
     std::unique_ptr<pqxx::connection> c;
     if (Status s = store_.open_connection(&c); !s.ok()) return s;
     try {
@@ -146,9 +148,8 @@ class PgSlotLeases final : public SlotLeases {
       key_ = n.exec_params1("SELECT hashtext($1)",
                             "mqtt_inbox fleet " + store_.schema + " " + options_.group)[0]
                  .as<int>();
-      n.exec_params("SELECT pg_advisory_lock_shared($1, $2)", key_, kMemberKey);
     } catch (const std::exception& e) {
-      return pg_to_status(e, "joining fleet '" + options_.group + "'");
+      return pg_to_status(e, "connecting for fleet '" + options_.group + "'");
     }
     // The member's own side of the lease: a round on a connection the network dropped
     // fails within one lease instead of waiting for TCP's retransmissions (about 15
@@ -156,6 +157,22 @@ class PgSlotLeases final : public SlotLeases {
     const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
     (void)::setsockopt(c->sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
     conn_ = std::move(c);
+    return Status::Ok();
+  }
+
+  // Connects (if not connected) and joins the group: the membership lock, shared.
+  Status join() {
+    if (!conn_) {
+      if (Status s = connect(); !s.ok()) return s;
+    }
+    try {
+      pqxx::nontransaction n(*conn_);
+      n.exec_params("SELECT pg_advisory_lock_shared($1, $2)", key_, kMemberKey);
+    } catch (const std::exception& e) {
+      drop();
+      return pg_to_status(e, "joining fleet '" + options_.group + "'");
+    }
+    joined_ = true;
     held_.clear();
     return Status::Ok();
   }
@@ -183,6 +200,7 @@ class PgSlotLeases final : public SlotLeases {
   // reachable; else one lease after the last renewal).
   void drop() {
     conn_.reset();
+    joined_ = false;
     held_.clear();
   }
 
@@ -190,6 +208,7 @@ class PgSlotLeases final : public SlotLeases {
   const SlotLeaseOptions options_;
   std::unique_ptr<pqxx::connection> conn_;
   int key_ = 0;
+  bool joined_ = false;  // conn_ holds the membership lock
   std::set<int> held_;
 };
 
