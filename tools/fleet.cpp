@@ -1,5 +1,5 @@
 // `mqtt-inbox fleet DB --group G [--slots K]`: a fleet's members and slots as the store's
-// leases show them (docs/fleet.md, docs/admin-tool.md#fleet): who holds each slot, and how
+// leases show them (docs/fleet.md, docs/admin-tool.md (fleet)): who holds each slot, and how
 // long ago each holder last renewed its lease. It watches without joining, so it changes
 // nobody's share. PostgreSQL only: a fleet's leases live there.
 #include <iostream>
