@@ -353,6 +353,20 @@ class Outbox {
 
   // --- relay side (on the Inbox's connection) ---
 
+  // The relay turn: at most one relay of this outbox, in any process, publishes at a time
+  // (docs/outbox.md#several-relays). A Relay calls this before it connects and then at
+  // least every lease_ms / 3 while it publishes; *held says whether it holds the turn now,
+  // and it may publish until half a lease after the call began. On PostgreSQL the turn is
+  // a lease like a fleet's slot (fleet.h): an advisory lock on a connection of its own
+  // whose server session ends lease_ms after the holder's last call, so a dead or frozen
+  // relay's turn passes to a live one; a holder keeps it as long as it renews (no
+  // hand-over when another relay starts). On SQLite, whose file one process holds, always
+  // held. lease_ms: 1000..3600000. Errors: kInvalidArgument for lease_ms; the store's
+  // (then *held is false and the turn is given back). Thread safety: one caller at a time.
+  Status renew_relay_turn(int lease_ms, bool* held);
+  // Gives the turn back at once, if held (Relay::stop). Never fails.
+  void give_back_relay_turn();
+
   // Up to `limit` pending rows with seq > after_seq, in seq order, as one consistent
   // read: it takes no write lock (it proceeds while another connection writes) and writes
   // nothing.

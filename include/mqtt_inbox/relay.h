@@ -186,6 +186,13 @@ struct RelayOptions : ConnectionOptions {
   // poll finds only rows committed on the application's own connections and by other
   // processes (the admin tool's replay). Default 1000.
   int poll_interval_ms = 1000;
+  // The relay turn's lease, ms (Outbox::renew_relay_turn, docs/outbox.md#several-relays):
+  // on PostgreSQL, where relays of one outbox may run in several processes (a fleet's
+  // members, fleet.h), only the relay holding the turn connects and publishes; the others
+  // stand by, disconnected, and one takes the turn about a lease after its holder died or
+  // froze. The holder renews every lease / 5 and stops publishing half a lease after its
+  // last renewal began. Ignored on SQLite. 1000..3600000. Default 10000.
+  int turn_lease_ms = 10000;
   // Whether a commit that enqueued wakes the relay (see notify()). false: the relay finds
   // new rows at its poll only, so rows go out in bursts of up to poll_interval_ms (what
   // scripts/bench.sh compares the wake-up with). Default true.

@@ -74,6 +74,10 @@ void Relay::Impl::run_own() {
   int backoff = options.reconnect_backoff_initial_ms;
   while (!is_stopping()) {
     write_metrics(false);
+    if (!hold_turn()) {  // another relay of this outbox publishes: stand by, disconnected
+      if (!pause_for(std::max(100, options.turn_lease_ms / 5))) break;
+      continue;
+    }
     bool refused = false;
     if (!connect(&refused)) {
       // A refused CONNECT will not be accepted sooner for asking again: wait the longest.
@@ -93,10 +97,25 @@ void Relay::Impl::run_own() {
     }
     ++connects;
     figures.connected(Clock::now());
+    turn_lost = false;
     publish_on_connection();
     connected = false;
     figures.disconnected(Clock::now());
     if (is_stopping()) break;
+    if (turn_lost) {
+      // Not the connection's fault: no row is blamed. What is in flight may go out again
+      // from the relay that holds the turn now (the next hop's inbox drops the copy).
+      log->warn(
+          "outbox relay: lost the outbox's relay turn; disconnecting, the relay that holds "
+          "it publishes");
+      disconnect_quietly();
+      try {
+        new_client();
+      } catch (const mqtt::exception& e) {
+        log->error("outbox relay: cannot make a new MQTT client: {}", e.what());
+      }
+      continue;
+    }
     connection_ended(blame());
     log->warn(
         "outbox relay: connection to {} lost; publishing pending rows again after "
@@ -210,6 +229,9 @@ Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
   if (options.mark_batch < 1) return Status::InvalidArgument("relay mark_batch must be >= 1");
   if (options.mark_linger_ms < 0)
     return Status::InvalidArgument("relay mark_linger_ms must be >= 0");
+  if (options.turn_lease_ms < 1000 || options.turn_lease_ms > 3600000)
+    return Status::InvalidArgument("RelayOptions::turn_lease_ms must be 1000..3600000, got " +
+                                   std::to_string(options.turn_lease_ms));
   if (options.poll_interval_ms < 1 || options.metrics_period_ms < 1 ||
       options.reconnect_backoff_initial_ms < 1 ||
       options.reconnect_backoff_max_ms < options.reconnect_backoff_initial_ms)
@@ -343,6 +365,7 @@ Status Relay::stop() {
     }
   }
   if (m.thread.joinable()) m.thread.join();
+  m.outbox->give_back_relay_turn();  // a standing-by relay elsewhere takes it at once
   if (impl_->lender) {
     detail::SubscriberConnection::detach(*impl_->lender, impl_->link.get());
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -169,6 +169,13 @@ struct Relay::Impl {
   // Backoff: waits `ms` whatever wakes the thread (notify(), a late PUBACK), writing the
   // metrics textfile when due meanwhile. Returns false when stopping.
   bool pause_for(int ms);
+  // The relay turn (Outbox::renew_relay_turn): renews it when due; true while it is held
+  // and less than half a lease has passed since the last renewal began. Relay thread only.
+  bool hold_turn();
+  bool turn_held = false;
+  bool turn_lost = false;  // publish_more gave up the connection: the turn went elsewhere
+  bool turn_state_logged = false;
+  std::chrono::steady_clock::time_point turn_valid_until{}, turn_renew_at{};
   bool is_stopping() {
     std::lock_guard<std::mutex> lock(mu);
     return stopping;

@@ -159,13 +159,30 @@ int Relay::Impl::next_wait_ms() {
     }
   }
   if (!options.prometheus_textfile.empty()) until = std::min(until, next_metrics);
-  return static_cast<int>(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()));
+  // The relay turn is renewed in time, whatever the poll: its server session ends after a
+  // lease without a statement.
+  const int64_t to_renew = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               turn_renew_at - std::chrono::steady_clock::now())
+                               .count();
+  const int64_t wait = std::min<int64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count(), to_renew);
+  return static_cast<int>(std::max<int64_t>(0, wait));
 }
 
 // Publishes pending rows after `*last_seq` while the window has room. Returns false if
 // the connection must be made again.
 bool Relay::Impl::publish_more(int64_t* last_seq) {
+  if (!hold_turn()) {
+    // Another relay of this outbox holds the turn. On its own connection the relay
+    // disconnects (run_own waits for the turn); on a lent one it publishes nothing and,
+    // once the turn is back, starts again from the first pending row.
+    if (!lender) {
+      turn_lost = true;
+      return false;
+    }
+    *last_seq = 0;
+    return true;
+  }
   size_t in_flight;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -318,6 +335,28 @@ bool Relay::Impl::publish_on_connection() {
   // The PUBACKs that came before the end: rows stay pending no longer.
   flush_marks(/*force=*/true);
   return ok;
+}
+
+bool Relay::Impl::hold_turn() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= turn_renew_at) {
+    bool held = false;
+    const Status s = outbox->renew_relay_turn(options.turn_lease_ms, &held);
+    if (!s.ok()) log->warn("outbox relay: renewing the relay turn failed: {}", s.to_string());
+    if (held) turn_valid_until = now + std::chrono::milliseconds(options.turn_lease_ms / 2);
+    if (held != turn_held || !turn_state_logged) {
+      if (held)
+        log->info("outbox relay: holds the outbox's relay turn; publishing");
+      else
+        log->info(
+            "outbox relay: another relay of this outbox holds the turn; standing by, "
+            "disconnected (docs/outbox.md#several-relays)");
+      turn_state_logged = true;
+    }
+    turn_held = held;
+    turn_renew_at = now + std::chrono::milliseconds(options.turn_lease_ms / 5);
+  }
+  return turn_held && std::chrono::steady_clock::now() < turn_valid_until;
 }
 
 bool Relay::Impl::pause_for(int ms) {

@@ -383,6 +383,36 @@ Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::stri
   }
 }
 
+Status Outbox::renew_relay_turn(int lease_ms, bool* held) {
+  *held = false;
+  if (lease_ms < 1000 || lease_ms > 3600000)
+    return Status::InvalidArgument("renew_relay_turn: lease_ms must be 1000..3600000, got " +
+                                   std::to_string(lease_ms));
+  // SQLite: one process holds the file (InboxOptions::exclusive), so its relay is the one.
+  if (impl_->store->kind() == detail::StoreKind::kSqlite) {
+    *held = true;
+    return Status::Ok();
+  }
+  if (!impl_->relay_turn) {
+    detail::SlotLeaseOptions o;
+    o.group = "outbox relay";
+    o.slots = 1;
+    o.lease_ms = lease_ms;
+    o.member_name = "mqtt-inbox outbox relay " + std::to_string(::getpid());
+    if (Status s = impl_->store->open_slot_leases(o, &impl_->relay_turn); !s.ok()) return s;
+  }
+  detail::SlotLeaseRound round;
+  // Never given back to spread: a turn moves only when its holder goes.
+  const Status s = impl_->relay_turn->round({}, &round);
+  if (!s.ok()) return s;
+  *held = !round.held.empty();
+  return Status::Ok();
+}
+
+void Outbox::give_back_relay_turn() {
+  if (impl_->relay_turn) impl_->relay_turn->leave();
+}
+
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");

@@ -31,6 +31,9 @@ struct Outbox::Impl {
   OutboxOptions options;
   std::shared_ptr<spdlog::logger> log;
   std::atomic<int64_t> enqueued{0}, duplicates{0}, rejected{0}, dropped{0}, sent{0}, dead{0};
+  // The relay turn (renew_relay_turn) on a store whose relays may run in several
+  // processes; made at the first call. The Relay's thread only.
+  std::unique_ptr<detail::SlotLeases> relay_turn;
 
   // The class of `topic`: the longest matching prefix, or nullptr.
   const OutboxClass* class_of(const std::string& topic) const {
