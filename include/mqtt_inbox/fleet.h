@@ -17,9 +17,11 @@
 //  - Exactly once rests on the claim table, as for one consumer: a message that reaches
 //    two slots (a publisher's resend while the first copy is in flight) is applied once.
 //    The leases are for liveness: every slot is served by one live member.
-//  - A slot is connected by at most one process at a time. A member serves a slot only
-//    while its lease is fresh: less than half a lease since the start of its last
-//    successful renewal. The server ends a member's lease one lease after its last
+//  - A slot is connected by at most one process at a time (one window aside: a lease
+//    connection the server sees break frees the slots at once, and the broker may take a
+//    client id over once before the old Subscriber stopped; docs/fleet.md#leases). A
+//    member serves a slot only while its lease is fresh: less than half a lease since the
+//    start of its last successful renewal. The server ends a member's lease one lease after its last
 //    renewal (the PostgreSQL session's idle_session_timeout), so the next holder connects
 //    only after the last one stopped. A member that cannot renew (PostgreSQL is down, or
 //    the network to it) stops its Subscribers, and never reconnects a slot without a
