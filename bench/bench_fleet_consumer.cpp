@@ -12,7 +12,7 @@
 //                   time (CLOCK_MONOTONIC: one clock for every process of the host) is
 //                   kept; at SIGTERM or SIGINT the fleet stops, the times go to
 //                   --times-file (one a line) and one JSON line gives this member's
-//                   counters.
+//                   counters and its CPU time (user + system) from ready to the signal.
 //   --phase merge   read the --times-file of every member (positional arguments): the
 //                   fleet's commits on one clock. Prints one JSON line: msgs_per_s from
 //                   the first to the last commit (the fleet's rate, start-up excluded),
@@ -27,6 +27,8 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <pqxx/pqxx>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <csignal>
@@ -46,6 +48,14 @@
 #include "ledger.h"
 
 namespace {
+
+// This process's CPU time so far (user + system), seconds.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 int merge(const std::vector<std::string>& files, int64_t count, const std::string& label) {
   std::vector<int64_t> all;
@@ -211,10 +221,12 @@ int main(int argc, char** argv) {
     in_a_row = settled() ? in_a_row + 1 : 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  const double cpu_at_ready = cpu_seconds();
   if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  const double cpu_served = cpu_seconds() - cpu_at_ready;
   const mqtt_inbox::FleetHealth h = fleet->health();
   const mqtt_inbox::Status stopped = fleet->stop();
   if (stopped.ok()) pruner->stop();
@@ -244,7 +256,8 @@ int main(int argc, char** argv) {
       .add("slots_taken", h.slots_taken)
       .add("slots_given_back", h.slots_given_back)
       .add("leases_lost", h.leases_lost)
-      .add("stopped_ok", stopped.ok());
+      .add("stopped_ok", stopped.ok())
+      .add("cpu_s", cpu_served);
   j.print();
   if (!stopped.ok()) std::_Exit(3);
   return 0;

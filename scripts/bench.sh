@@ -220,6 +220,7 @@ start_broker() {
 }
 start_broker mosquitto 20
 BROKER=$BROKER_URI
+BROKER_PID=${PIDS[-1]}  # its CPU time is read by the fleet's runs
 start_broker mosquitto100 100
 BROKER100=$BROKER_URI
 echo "mosquitto $(mosquitto -h 2>/dev/null | head -1 | awk '{print $3}') on $BROKER (window 20)" \
@@ -344,8 +345,12 @@ if [[ $PG -eq 1 ]]; then
     --no-instructions >"$WORK/pg/initdb.log" 2>&1 ||
     { cat "$WORK/pg/initdb.log" >&2; exit 1; }
   PG_DATA=$WORK/pg/data
-  as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 \
-    -o "-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on" \
+  # With the fleet: track_wal_io_timing, so pg_stat_wal says how long the WAL's fsyncs took
+  # in each fleet run (the disk's state then: this virtual disk switches between ~0.2 and
+  # ~3.7 ms per flush); two clock reads per WAL write and sync.
+  PG_OPTS="-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on"
+  [[ $FLEET -eq 1 ]] && PG_OPTS+=" -c track_wal_io_timing=on"
+  as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 -o "$PG_OPTS" \
     start >/dev/null ||
     { cat "$WORK/pg/postgres.log" >&2; exit 1; }
   pg_uri() { echo "postgresql:///$1?host=$PG_SOCK&port=5432&user=postgres"; }
@@ -390,6 +395,9 @@ if [[ $PG -eq 1 ]]; then
     echo "{\"bench\":\"fleet_failed\",\"label\":\"$1\",\"reason\":\"${2//\"/}\",\"round\":${ROUND:-0}}" >>"$OUT"
   }
   cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat; }  # total idle
+  # proc_cpu PID: its CPU time and that of its children it has reaped (utime + stime +
+  # cutime + cstime), clock ticks: for the postmaster, every backend that has exited.
+  proc_cpu() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13 + $14 + $15}'; }
   fleet_run() {
     local w=$1
     RUN_ID=$((RUN_ID + 1))
@@ -451,9 +459,13 @@ if [[ $PG -eq 1 ]]; then
       --seed "$RUN_ID" 2>&1 >/dev/null
     pg_quiet
     local wal0 cpu0 load0 rows=0 t0=$SECONDS
-    wal0=$(pg_sql "SELECT wal_sync || ' ' || wal_write FROM pg_stat_wal")
+    wal0=$(pg_sql "SELECT wal_sync || ' ' || wal_write || ' ' || wal_sync_time FROM pg_stat_wal")
     cpu0=$(cpu_ticks)
     load0=$(cut -d' ' -f1 /proc/loadavg)
+    local postmaster srv0 mq0
+    postmaster=$(head -1 "$PG_DATA/postmaster.pid")
+    srv0=$(proc_cpu "$postmaster")
+    mq0=$(proc_cpu "$BROKER_PID")
     pg_sql "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
             WHERE application_name = 'fleet_gate'" >/dev/null
     wait "$gate" 2>/dev/null || true
@@ -467,8 +479,12 @@ if [[ $PG -eq 1 ]]; then
     sleep 0.5  # a credit applied twice would show now
     local stopped=0
     stop_members || stopped=$?
-    local wal1
-    wal1=$(pg_sql "SELECT wal_sync || ' ' || wal_write FROM pg_stat_wal")
+    local wal1 srv1 mq1 members_cpu
+    wal1=$(pg_sql "SELECT wal_sync || ' ' || wal_write || ' ' || wal_sync_time FROM pg_stat_wal")
+    sleep 0.2  # the members' backends reaped by the postmaster
+    srv1=$(proc_cpu "$postmaster")
+    mq1=$(proc_cpu "$BROKER_PID")
+    members_cpu=$(sed -n 's/.*"cpu_s":\([^,}]*\).*/\1/p' "$f"-out-* | awk '{s += $1} END {print s + 0}')
     # The checks: the business state, the claims, every member's counters and stop.
     local expect_sum check why=""
     expect_sum=$(awk -v n="$N" 'BEGIN { s = 0; for (i = 0; i < n; i++) s += i % 1000 + 1; print s }')
@@ -496,10 +512,14 @@ if [[ $PG -eq 1 ]]; then
     else
       set -- $wal0 $wal1 $cpu0 $cpu1
       local extra
-      extra=$(awk -v n="$N" -v s0="$1" -v w0="$2" -v s1="$3" -v w1="$4" -v t0="$5" -v i0="$6" \
-        -v t1="$7" -v i1="$8" -v l="$load0" 'BEGIN {
+      extra=$(awk -v n="$N" -v s0="$1" -v w0="$2" -v st0="$3" -v s1="$4" -v w1="$5" -v st1="$6" \
+        -v t0="$7" -v i0="$8" -v t1="$9" -v i1="${10}" -v l="$load0" -v hz="$(getconf CLK_TCK)" -v sv="$((srv1 - srv0))" \
+        -v mq="$((mq1 - mq0))" -v mc="$members_cpu" 'BEGIN {
           printf ",\"wal_syncs_per_msg\":%.4f,\"wal_writes_per_msg\":%.4f,\"cpu_busy\":%.3f,\"load_before\":%s",
-            (s1 - s0) / n, (w1 - w0) / n, (t1 > t0) ? 1 - (i1 - i0) / (t1 - t0) : 0, l }')
+            (s1 - s0) / n, (w1 - w0) / n, (t1 > t0) ? 1 - (i1 - i0) / (t1 - t0) : 0, l
+          printf ",\"cpu_us_per_msg_server\":%.1f,\"cpu_us_per_msg_members\":%.1f,\"cpu_us_per_msg_broker\":%.1f",
+            sv / hz * 1e6 / n, mc * 1e6 / n, mq / hz * 1e6 / n
+          if (s1 > s0) printf ",\"wal_sync_ms\":%.3f", (st1 - st0) / (s1 - s0) }')
       echo "${line%\}}$extra}" | record
       echo "  $label: $(sed -n 's/.*"msgs_per_s":\([^,]*\).*/\1/p' <<<"$line") msg/s," \
         "applied per member $(sed -n 's/.*"applied_per_member":"\([^"]*\)".*/\1/p' <<<"$line")$extra"
@@ -784,22 +804,25 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
   echo "   checks; ÷ 1 = median over rounds of the ratio to one member in the same round; syncs ="
   echo "   the server's WAL fsyncs (pg_stat_wal) per credit; CPU = share of the machine's"
   echo "   $(nproc) cores busy over the drain; load = the 1-minute load before it"
-  printf '  %-44s %8s %7s %8s %6s %6s %s
-' run "msg/s" "÷ 1" "÷ hand" syncs CPU "rounds (failed)"
+  echo "   server / members / broker = CPU µs per credit of the PostgreSQL server (its backends,"
+  echo "   reaped), the member processes (ready to stop) and mosquitto, over the run"
+  printf '  %-36s %8s %7s %8s %6s %6s %20s %s\n' run "msg/s" "÷ 1" "÷ hand" syncs CPU \
+    "server/members/brkr" "rounds (failed)"
   for w in $FLEET_MEMBERS; do
     l=fleet${w}_pg
-    printf '  %-44s %8.0f %7.3f %8.3f %6.3f %6.2f %d (%d)
-' "fleet, $w member process(es)" \
+    printf '  %-36s %8.0f %7.3f %8.3f %6.3f %6.2f %6.0f/%6.0f/%6.0f %d (%d)\n' "fleet, $w member process(es)" \
       "$(jmed "$(lab "$l")" msgs_per_s)" "$(ROUNDS=$PG_ROUNDS rmed "$l" fleet1_pg)" \
       "$(ROUNDS=$PG_ROUNDS rmed "$l" hand_pg)" "$(jmed "$(lab "$l")" wal_syncs_per_msg)" \
-      "$(jmed "$(lab "$l")" cpu_busy)" "$(grep -cF -- "\"bench\":\"fleet\",\"label\":\"$l\"" "$OUT")" \
+      "$(jmed "$(lab "$l")" cpu_busy)" "$(jmed "$(lab "$l")" cpu_us_per_msg_server)" \
+      "$(jmed "$(lab "$l")" cpu_us_per_msg_members)" "$(jmed "$(lab "$l")" cpu_us_per_msg_broker)" \
+      "$(grep -cF -- "\"bench\":\"fleet\",\"label\":\"$l\"" "$OUT")" \
       "$(grep -cF -- "\"bench\":\"fleet_failed\",\"label\":\"$l\"" "$OUT")"
   done
   for pair in "hand_pg:hand-written PostgreSQL (one process)" "inbox_pg:mqtt-inbox on PostgreSQL, one Subscriber" \
               "raw_pg:minimal raw PostgreSQL transaction" "sqlite_inbox_full:mqtt-inbox on SQLite FULL (one process)"; do
     l=${pair%%:*}
     grep -qF -- "$(lab "$l")" "$OUT" || continue
-    printf '  %-44s %8.0f %7s %8.3f\n' "${pair#*:}" "$(jmed "$(lab "$l")" msgs_per_s)" - \
+    printf '  %-36s %8.0f %7s %8.3f\n' "${pair#*:}" "$(jmed "$(lab "$l")" msgs_per_s)" - \
       "$(ROUNDS=$PG_ROUNDS rmed "$l" hand_pg)"
   done
   echo "  per round, msg/s of $(for w in $FLEET_MEMBERS; do printf 'fleet%s / ' "$w"; done)hand-written PG / SQLite (load before the fleet's runs):"
@@ -810,8 +833,9 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
           sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')
       v+="$(printf '%6.0f' "${x:-0}") / "
     done
-    printf '    round %d: %s (load %s)\n' "$r" "${v% / }" \
-      "$(jvals "\"round\":$r}" load_before | tr '\n' ' ')"
+    printf '    round %d: %s (load %s; WAL fsync ms %s)\n' "$r" "${v% / }" \
+      "$(jvals "\"round\":$r}" load_before | tr '\n' ' ')" \
+      "$(jvals "\"round\":$r}" wal_sync_ms | tr '\n' ' ')"
   done
   [[ $FLEET_FAILED -gt 0 ]] && echo "  $FLEET_FAILED fleet round(s) FAILED their checks (above); they give no figure"
 fi
