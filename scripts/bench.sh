@@ -825,7 +825,8 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
     printf '  %-36s %8.0f %7s %8.3f\n' "${pair#*:}" "$(jmed "$(lab "$l")" msgs_per_s)" - \
       "$(ROUNDS=$PG_ROUNDS rmed "$l" hand_pg)"
   done
-  echo "  per round, msg/s of $(for w in $FLEET_MEMBERS; do printf 'fleet%s / ' "$w"; done)hand-written PG / SQLite (load before the fleet's runs):"
+  echo "  per round, msg/s of $(for w in $FLEET_MEMBERS; do printf 'fleet%s / ' "$w"; done)hand-written PG / SQLite;"
+  echo "  the mean WAL fsync of each fleet run (the disk's state) and the load before them:"
   for r in $(seq 1 "$PG_ROUNDS"); do
     v=""
     for l in $(for w in $FLEET_MEMBERS; do echo "fleet${w}_pg"; done) hand_pg sqlite_inbox_full; do
@@ -833,9 +834,14 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
           sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')
       v+="$(printf '%6.0f' "${x:-0}") / "
     done
-    printf '    round %d: %s (load %s; WAL fsync ms %s)\n' "$r" "${v% / }" \
-      "$(jvals "\"round\":$r}" load_before | tr '\n' ' ')" \
-      "$(jvals "\"round\":$r}" wal_sync_ms | tr '\n' ' ')"
+    ms=""
+    for w in $FLEET_MEMBERS; do
+      x=$(grep -F -- "\"label\":\"fleet${w}_pg\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+          sed -n 's/.*"wal_sync_ms":\([^,}]*\).*/\1/p')
+      ms+="${x:--} / "
+    done
+    printf '    round %d: %s (WAL fsync ms %s; load %s)\n' "$r" "${v% / }" "${ms% / }" \
+      "$(jvals "\"round\":$r}" load_before | sort -g | sed -n '1p;$p' | paste -sd- -)"
   done
   [[ $FLEET_FAILED -gt 0 ]] && echo "  $FLEET_FAILED fleet round(s) FAILED their checks (above); they give no figure"
 fi
