@@ -74,12 +74,14 @@ int merge(const std::vector<std::string>& files, int64_t count, const std::strin
     per_member.push_back(n);
   }
   if (static_cast<int64_t>(all.size()) != count || count < 20) {
-    std::fprintf(stderr, "bench_fleet_consumer merge: %zu commits in the members' files, expected %lld\n",
+    std::fprintf(stderr,
+                 "bench_fleet_consumer merge: %zu commits in the members' files, expected %lld\n",
                  all.size(), static_cast<long long>(count));
     return 1;
   }
   std::sort(all.begin(), all.end());
-  const int64_t warm = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(count) * 0.05));
+  const int64_t warm =
+      std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(count) * 0.05));
   const double span = static_cast<double>(all.back() - all.front()) / 1e9;
   const double warm_span = static_cast<double>(all.back() - all[warm - 1]) / 1e9;
   std::string members;

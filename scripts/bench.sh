@@ -31,8 +31,8 @@
 # --fleet-only runs it alone, with, in the same rounds, the single consumers to put it
 # beside: the PostgreSQL comparison's three and the SQLite library consumer (FULL)
 # (e.g. scripts/bench.sh --fleet-only --n 3000 --rounds 4). Not in the default run.
-# --fleet-accounts A: the fleet's credits go to A accounts (default 1000; with 10, as the
-# single consumers' credits, members wait for each other's row locks on hot accounts).
+# --fleet-accounts A: the fleet's credits go to A accounts (default 1000; 10, as the single
+# consumers' credits, is a hot-row diagnostic: members crediting one account wait in turn).
 #
 # --relay-only runs the outbox relay's stage alone (ledger credits whose handler enqueues
 # one event each, relayed: a steady 200 msg/s and a burst, woken by each commit and by the
@@ -73,8 +73,8 @@ FLEET_ONLY=0       # ... alone, with the single consumers beside it
 FLEET_MEMBERS="1 2 4"  # fleet sizes, processes
 FLEET_SLOTS=8      # the group's client-id slots (4 members hold 2 each)
 FLEET_LEASE_MS=2000  # the lease (only start-up and the stop depend on it)
-FLEET_ACCOUNTS=1000  # accounts of the fleet's credits (10, as the single consumers', makes
-                     # members wait for each other's row locks: a hot-row test, not this one)
+FLEET_ACCOUNTS=1000  # accounts of the fleet's credits (with the single consumers' 10, members
+                     # often credit one account at once and wait for each other's row lock)
 SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
