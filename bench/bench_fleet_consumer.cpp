@@ -6,9 +6,9 @@
 // ledger_consumer), so what is measured is the library.
 //
 //   --phase run     join the fleet (--group, --slots, --lease-ms), serve this member's
-//                   share; once this member holds and has connected exactly --slots /
-//                   --members slots while --members members are in the group (twice in a
-//                   row, 100 ms apart), touch --ready-file. Every commit's steady-clock
+//                   share; once this member holds and has connected exactly its share
+//                   (FleetHealth::target) while --members members are in the group
+//                   (twice in a row, 100 ms apart), touch --ready-file. Every commit's steady-clock
 //                   time (CLOCK_MONOTONIC: one clock for every process of the host) is
 //                   kept; at SIGTERM or SIGINT the fleet stops, the times go to
 //                   --times-file (one a line) and one JSON line gives this member's
@@ -36,7 +36,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include <mqtt_inbox/fleet.h>
@@ -200,13 +199,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fleet start: %s\n", s.to_string().c_str());
     return 1;
   }
-  // Settled: every member joined and this one serves exactly its even share, connected.
-  const int share = slots / members;
+  // Settled: every member joined and this one serves exactly its share (the fleet's
+  // target: slots / members, one more for the first slots % members members), connected.
   const auto settled = [&] {
     const mqtt_inbox::FleetHealth h = fleet->health();
-    return h.members == members && static_cast<int>(h.slots.size()) == share &&
-           static_cast<int>(h.serving.size()) == share &&
-           static_cast<int>(h.connected.size()) == share;
+    const auto share = static_cast<size_t>(h.target);
+    return h.members == members && h.target > 0 && h.slots.size() == share &&
+           h.serving.size() == share && h.connected.size() == share;
   };
   const int64_t deadline = bench::now_ns() + static_cast<int64_t>(timeout_s) * 1000000000;
   int in_a_row = 0;
@@ -215,13 +214,19 @@ int main(int argc, char** argv) {
       const mqtt_inbox::FleetHealth h = fleet->health();
       std::fprintf(stderr,
                    "%s: no settled share after %d s: members %d, held %zu, serving %zu, "
-                   "connected %zu, want %d\n",
+                   "connected %zu, target %d\n",
                    label.c_str(), timeout_s, h.members, h.slots.size(), h.serving.size(),
-                   h.connected.size(), share);
+                   h.connected.size(), h.target);
       std::_Exit(1);
     }
     in_a_row = settled() ? in_a_row + 1 : 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // A stop before the share settled (the script gave up on this run): exit at once,
+    // the leases go with the connection.
+    const timespec wait_100ms{0, 100 * 1000 * 1000};
+    if (sigtimedwait(&stop_signals, nullptr, &wait_100ms) > 0) {
+      std::fprintf(stderr, "%s: stopped before its share settled\n", label.c_str());
+      std::_Exit(1);
+    }
   }
   const double cpu_at_ready = cpu_seconds();
   if (!ready_file.empty()) std::ofstream(ready_file) << "ready\n";

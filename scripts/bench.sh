@@ -28,6 +28,7 @@
 # to its last (commit times on CLOCK_MONOTONIC, merged), start-up excluded. Every round is
 # checked (N ledger entries, N distinct ids, N claims, the amounts' sum, every member's
 # counters and clean stop); a round that fails gives no figure and is counted as failed.
+# Every member must get a share: --fleet-members at most --fleet-slots.
 # --fleet-only runs it alone, with, in the same rounds, the single consumers to put it
 # beside: the PostgreSQL comparison's three and the SQLite library consumer (FULL)
 # (e.g. scripts/bench.sh --fleet-only --n 3000 --rounds 4). Not in the default run.
@@ -101,11 +102,15 @@ while [[ $# -gt 0 ]]; do
     --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 DIR=${DIR:-$BUILD/run}
+for w in $FLEET_MEMBERS; do
+  [[ $w -ge 1 && $w -le $FLEET_SLOTS ]] ||
+    { echo "--fleet-members: $w is not 1..--fleet-slots ($FLEET_SLOTS)" >&2; exit 2; }
+done
 if [[ $RELAY_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; PG=0; fi
 PG_ROUNDS=$ROUNDS  # the PostgreSQL comparison's rounds (--rounds)
 if [[ $PG_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; fi
@@ -831,13 +836,13 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
     v=""
     for l in $(for w in $FLEET_MEMBERS; do echo "fleet${w}_pg"; done) hand_pg sqlite_inbox_full; do
       x=$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | grep -v fleet_failed | tail -1 |
-          sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p')
+          sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p') || x=""
       v+="$(printf '%6.0f' "${x:-0}") / "
     done
     ms=""
     for w in $FLEET_MEMBERS; do
       x=$(grep -F -- "\"label\":\"fleet${w}_pg\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
-          sed -n 's/.*"wal_sync_ms":\([^,}]*\).*/\1/p')
+          sed -n 's/.*"wal_sync_ms":\([^,}]*\).*/\1/p') || x=""
       ms+="${x:--} / "
     done
     printf '    round %d: %s (WAL fsync ms %s; load %s)\n' "$r" "${v% / }" "${ms% / }" \
