@@ -823,8 +823,11 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
       "$(grep -cF -- "\"bench\":\"fleet\",\"label\":\"$l\"" "$OUT")" \
       "$(grep -cF -- "\"bench\":\"fleet_failed\",\"label\":\"$l\"" "$OUT")"
   done
+  # The SQLite library consumer (FULL) of the same rounds: --fleet-only's, or the comparison's.
+  SQLITE_LABEL=sqlite_inbox_full
+  [[ $FLEET_ONLY -eq 0 ]] && SQLITE_LABEL=inbox_full_drain
   for pair in "hand_pg:hand-written PostgreSQL (one process)" "inbox_pg:mqtt-inbox on PostgreSQL, one Subscriber" \
-              "raw_pg:minimal raw PostgreSQL transaction" "sqlite_inbox_full:mqtt-inbox on SQLite FULL (one process)"; do
+              "raw_pg:minimal raw PostgreSQL transaction" "$SQLITE_LABEL:mqtt-inbox on SQLite FULL (one process)"; do
     l=${pair%%:*}
     grep -qF -- "$(lab "$l")" "$OUT" || continue
     printf '  %-36s %8.0f %7s %8.3f\n' "${pair#*:}" "$(jmed "$(lab "$l")" msgs_per_s)" - \
@@ -834,7 +837,7 @@ if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
   echo "  the mean WAL fsync of each fleet run (the disk's state) and the load before them:"
   for r in $(seq 1 "$PG_ROUNDS"); do
     v=""
-    for l in $(for w in $FLEET_MEMBERS; do echo "fleet${w}_pg"; done) hand_pg sqlite_inbox_full; do
+    for l in $(for w in $FLEET_MEMBERS; do echo "fleet${w}_pg"; done) hand_pg "$SQLITE_LABEL"; do
       x=$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | grep -v fleet_failed | tail -1 |
           sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p') || x=""
       v+="$(printf '%6.0f' "${x:-0}") / "
