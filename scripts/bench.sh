@@ -5,6 +5,8 @@
 #                    [--skip-micro] [--skip-extra] [--sync full|normal] [--dir DIR]
 #                    [--out FILE] [--relay-only] [--relay-rounds R]
 #                    [--pg | --skip-pg | --pg-only] [--pg-sync on|off]
+#                    [--fleet | --fleet-only] [--fleet-members "1 2 4"] [--fleet-slots K]
+#                    [--fleet-accounts A]
 #
 # --pg (the default) also runs the PostgreSQL comparison (issue 30): the library on
 # PostgreSQL, the minimal raw libpqxx transaction and a hand-written Paho + libpqxx consumer,
@@ -15,6 +17,23 @@
 # --pg-sync off starts the cluster with synchronous_commit = off instead: a diagnostic
 # (COMMIT no longer waits for its WAL flush, so what is left is the round trips and the
 # work of each consumer), never the reference.
+#
+# --fleet adds the fleet's throughput (issue 31) to the PostgreSQL rounds: 1, 2 and 4
+# bench_fleet_consumer processes (--fleet-members; each a Fleet member with the library's
+# defaults and bench_pg_consumer's handler) on one group of --fleet-slots client-id slots
+# (default 8) draining one backlog of N credits on the shared subscription. The members
+# join and settle first (each serves its even share, connected); the backlog is then
+# published while a lock on the ledger's accounts table holds every member's first
+# transaction, and released at once: the fleet's rate runs from its first applied credit
+# to its last (commit times on CLOCK_MONOTONIC, merged), start-up excluded. Every round is
+# checked (N ledger entries, N distinct ids, N claims, the amounts' sum, every member's
+# counters and clean stop); a round that fails gives no figure and is counted as failed.
+# Every member must get a share: --fleet-members at most --fleet-slots.
+# --fleet-only runs it alone, with, in the same rounds, the single consumers to put it
+# beside: the PostgreSQL comparison's three and the SQLite library consumer (FULL)
+# (e.g. scripts/bench.sh --fleet-only --n 3000 --rounds 4). Not in the default run.
+# --fleet-accounts A: the fleet's credits go to A accounts (default 1000; 10, as the single
+# consumers' credits, is a hot-row diagnostic: members crediting one account wait in turn).
 #
 # --relay-only runs the outbox relay's stage alone (ledger credits whose handler enqueues
 # one event each, relayed: a steady 200 msg/s and a burst, woken by each commit and by the
@@ -50,6 +69,13 @@ RELAY_ROUNDS=2     # interleaved rounds of the relay's four runs (medians)
 PG=1               # the PostgreSQL comparison (issue 30)
 PG_ONLY=0          # ... alone
 PG_SYNC=on         # its synchronous_commit (off: a diagnostic only)
+FLEET=0            # the fleet's throughput (issue 31), in the PostgreSQL rounds
+FLEET_ONLY=0       # ... alone, with the single consumers beside it
+FLEET_MEMBERS="1 2 4"  # fleet sizes, processes
+FLEET_SLOTS=8      # the group's client-id slots (4 members hold 2 each)
+FLEET_LEASE_MS=2000  # the lease (only start-up and the stop depend on it)
+FLEET_ACCOUNTS=1000  # accounts of the fleet's credits (with the single consumers' 10, members
+                     # often credit one account at once and wait for each other's row lock)
 SYNCS="full normal"  # synchronous modes of the comparison
 DIR=""
 OUT=""
@@ -62,6 +88,11 @@ while [[ $# -gt 0 ]]; do
     --skip-pg) PG=0; shift ;;
     --pg-only) PG=1; PG_ONLY=1; shift ;;
     --pg-sync) PG_SYNC=$2; shift 2 ;;
+    --fleet) PG=1; FLEET=1; shift ;;
+    --fleet-only) PG=1; PG_ONLY=1; FLEET=1; FLEET_ONLY=1; shift ;;
+    --fleet-members) FLEET_MEMBERS=$2; shift 2 ;;
+    --fleet-slots) FLEET_SLOTS=$2; shift 2 ;;
+    --fleet-accounts) FLEET_ACCOUNTS=$2; shift 2 ;;
     --n) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --prefill) PREFILL=$2; shift 2 ;;
@@ -71,11 +102,15 @@ while [[ $# -gt 0 ]]; do
     --sync) SYNCS=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 DIR=${DIR:-$BUILD/run}
+for w in $FLEET_MEMBERS; do
+  [[ $w -ge 1 && $w -le $FLEET_SLOTS ]] ||
+    { echo "--fleet-members: $w is not 1..--fleet-slots ($FLEET_SLOTS)" >&2; exit 2; }
+done
 if [[ $RELAY_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; PG=0; fi
 PG_ROUNDS=$ROUNDS  # the PostgreSQL comparison's rounds (--rounds)
 if [[ $PG_ONLY -eq 1 ]]; then ROUNDS=0; SKIP_SCALE=1; SKIP_MICRO=1; SKIP_EXTRA=1; fi
@@ -152,6 +187,8 @@ TARGETS=(bench_publisher)
 [[ $PG_ONLY -eq 0 ]] && TARGETS+=(bench_consumer bench_raw_sqlite bench_core bench_micro nodelay_preload
                                   handwritten_consumer)
 [[ $PG -eq 1 ]] && TARGETS+=(bench_raw_pg bench_pg_consumer handwritten_pg_consumer)
+[[ $FLEET -eq 1 ]] && TARGETS+=(bench_fleet_consumer)
+[[ $FLEET_ONLY -eq 1 ]] && TARGETS+=(bench_consumer)
 cmake --build "$BIN" -j2 --target "${TARGETS[@]}" >/dev/null
 
 # --- brokers ------------------------------------------------------------------------------
@@ -188,6 +225,7 @@ start_broker() {
 }
 start_broker mosquitto 20
 BROKER=$BROKER_URI
+BROKER_PID=${PIDS[-1]}  # its CPU time is read by the fleet's runs
 start_broker mosquitto100 100
 BROKER100=$BROKER_URI
 echo "mosquitto $(mosquitto -h 2>/dev/null | head -1 | awk '{print $3}') on $BROKER (window 20)" \
@@ -312,8 +350,12 @@ if [[ $PG -eq 1 ]]; then
     --no-instructions >"$WORK/pg/initdb.log" 2>&1 ||
     { cat "$WORK/pg/initdb.log" >&2; exit 1; }
   PG_DATA=$WORK/pg/data
-  as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 \
-    -o "-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on" \
+  # With the fleet: track_wal_io_timing, so pg_stat_wal says how long the WAL's fsyncs took
+  # in each fleet run (the disk's state then: this virtual disk switches between ~0.2 and
+  # ~3.7 ms per flush); two clock reads per WAL write and sync.
+  PG_OPTS="-c listen_addresses= -c unix_socket_directories=$PG_SOCK -c port=5432 -c fsync=on -c synchronous_commit=$PG_SYNC -c full_page_writes=on"
+  [[ $FLEET -eq 1 ]] && PG_OPTS+=" -c track_wal_io_timing=on"
+  as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$WORK/pg/postgres.log" -w -t 60 -o "$PG_OPTS" \
     start >/dev/null ||
     { cat "$WORK/pg/postgres.log" >&2; exit 1; }
   pg_uri() { echo "postgresql:///$1?host=$PG_SOCK&port=5432&user=postgres"; }
@@ -348,6 +390,146 @@ if [[ $PG -eq 1 ]]; then
     rows=$("$PG_BIN/psql" -X -q -A -t -d "$uri" -c "SELECT count(*) FROM ledger_entries")
     [[ $rows == "$N" ]] || echo "WARNING: $label: $rows ledger entries, expected $N" >&2
     pg_sql "DROP DATABASE $db"
+  }
+  # fleet_run W: W bench_fleet_consumer members drain N credits on one shared subscription
+  # (section 1c). Records the fleet's JSON line only if every check of the round passed.
+  FLEET_FAILED=0
+  fleet_fail() {  # fleet_fail LABEL REASON: the round gives no figure
+    FLEET_FAILED=$((FLEET_FAILED + 1))
+    echo "FLEET ROUND FAILED: $1 (round ${ROUND:-0}): $2" >&2
+    echo "{\"bench\":\"fleet_failed\",\"label\":\"$1\",\"reason\":\"${2//\"/}\",\"round\":${ROUND:-0}}" >>"$OUT"
+  }
+  cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat; }  # total idle
+  # proc_cpu PID: its CPU time and that of its children it has reaped (utime + stime +
+  # cutime + cstime), clock ticks: for the postmaster, every backend that has exited.
+  proc_cpu() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13 + $14 + $15}'; }
+  fleet_run() {
+    local w=$1
+    RUN_ID=$((RUN_ID + 1))
+    local label=fleet${w}_pg db=bench_$RUN_ID group=fleet$RUN_ID topic=bench/$RUN_ID/credits
+    local f=$WORK/fleet$RUN_ID
+    pg_sql "CREATE DATABASE $db"
+    local uri psql_db
+    uri=$(pg_uri "$db")
+    psql_db=("$PG_BIN/psql" -X -q -A -t -d "$uri")
+    "${psql_db[@]}" -c "CREATE TABLE accounts (account TEXT PRIMARY KEY, balance BIGINT NOT NULL);
+      CREATE TABLE ledger_entries (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL,
+        account TEXT NOT NULL, amount BIGINT NOT NULL)"
+    local pids=() i
+    for i in $(seq 1 "$w"); do
+      "$BENCH_BIN/bench_fleet_consumer" --phase run --broker "$BROKER" --topic "$topic" \
+        --group "$group" --slots "$FLEET_SLOTS" --lease-ms "$FLEET_LEASE_MS" --members "$w" \
+        --uri "$uri" --label "${label}_m$i" --ready-file "$f-ready-$i" \
+        --times-file "$f-times-$i" >"$f-out-$i" 2>"$f-err-$i" &
+      pids+=($!)
+      PIDS+=($!)
+    done
+    # stop_members: SIGTERM to the members still running, then wait for each
+    stop_members() {
+      local p rc=0
+      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+      for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+      return $rc
+    }
+    local ready=0
+    for _ in $(seq 1 600); do
+      ready=0
+      for i in $(seq 1 "$w"); do [[ -e $f-ready-$i ]] && ready=$((ready + 1)); done
+      [[ $ready -eq $w ]] && break
+      sleep 0.1
+    done
+    if [[ $ready -ne $w ]]; then
+      stop_members || true
+      fleet_fail "$label" "$ready of $w members settled in 60 s: $(cat "$f"-err-* | head -3 | tr '\n' ' ')"
+      pg_sql "DROP DATABASE $db WITH (FORCE)"
+      return 0
+    fi
+    # The gate: a transaction holding the accounts table, so every member's first credit
+    # waits in its handler while the backlog is published; cancelled once it is.
+    "$PG_BIN/psql" -X -q -d "$uri&application_name=fleet_gate" \
+      -c "BEGIN; LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(600)" \
+      >/dev/null 2>&1 &
+    local gate=$!
+    PIDS+=($gate)
+    local locked=0
+    for _ in $(seq 1 100); do
+      locked=$("${psql_db[@]}" -c "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a
+        USING (pid) WHERE a.application_name = 'fleet_gate' AND l.granted
+        AND l.mode = 'AccessExclusiveLock' AND l.relation = 'accounts'::regclass")
+      [[ $locked == 1 ]] && break
+      sleep 0.05
+    done
+    "$BENCH_BIN/bench_publisher" --broker "$BROKER" --topic "$topic" --count "$N" \
+      --accounts "$FLEET_ACCOUNTS" --client-id "pub-$RUN_ID" --label "pub_$label" \
+      --seed "$RUN_ID" 2>&1 >/dev/null
+    pg_quiet
+    local wal0 cpu0 load0 rows=0 t0=$SECONDS
+    wal0=$(pg_sql "SELECT wal_sync || ' ' || wal_write || ' ' || wal_sync_time FROM pg_stat_wal")
+    cpu0=$(cpu_ticks)
+    load0=$(cut -d' ' -f1 /proc/loadavg)
+    local postmaster srv0 mq0
+    postmaster=$(head -1 "$PG_DATA/postmaster.pid")
+    srv0=$(proc_cpu "$postmaster")
+    mq0=$(proc_cpu "$BROKER_PID")
+    pg_sql "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+            WHERE application_name = 'fleet_gate'" >/dev/null
+    wait "$gate" 2>/dev/null || true
+    while [[ $((SECONDS - t0)) -lt 300 ]]; do
+      rows=$("${psql_db[@]}" -c "SELECT count(*) FROM ledger_entries") || rows=0
+      [[ $rows -ge $N ]] && break
+      sleep 0.2
+    done
+    local cpu1
+    cpu1=$(cpu_ticks)
+    sleep 0.5  # a credit applied twice would show now
+    local stopped=0
+    stop_members || stopped=$?
+    local wal1 srv1 mq1 members_cpu
+    wal1=$(pg_sql "SELECT wal_sync || ' ' || wal_write || ' ' || wal_sync_time FROM pg_stat_wal")
+    sleep 0.2  # the members' backends reaped by the postmaster
+    srv1=$(proc_cpu "$postmaster")
+    mq1=$(proc_cpu "$BROKER_PID")
+    members_cpu=$(sed -n 's/.*"cpu_s":\([^,}]*\).*/\1/p' "$f"-out-* | awk '{s += $1} END {print s + 0}')
+    # The checks: the business state, the claims, every member's counters and stop.
+    local expect_sum check why=""
+    expect_sum=$(awk -v n="$N" 'BEGIN { s = 0; for (i = 0; i < n; i++) s += i % 1000 + 1; print s }')
+    check=$("${psql_db[@]}" -F ' ' -c "SELECT (SELECT count(*) FROM ledger_entries),
+      (SELECT count(DISTINCT message_id) FROM ledger_entries),
+      (SELECT coalesce(sum(amount), 0) FROM ledger_entries),
+      (SELECT coalesce(sum(balance), 0) FROM accounts),
+      (SELECT count(*) FROM mqtt_inbox.inbox_processed)") || check="the query failed"
+    [[ $check == "$N $N $expect_sum $expect_sum $N" ]] ||
+      why="entries, distinct ids, amounts, balances, claims = $check; expected $N $N $expect_sum $expect_sum $N"
+    [[ $stopped -eq 0 ]] || why="${why:+$why; }a member exited with $stopped"
+    local processed=0 p
+    for i in $(seq 1 "$w"); do
+      p=$(sed -n 's/.*"processed":\([0-9]*\).*/\1/p' "$f-out-$i")
+      processed=$((processed + ${p:-0}))
+      grep -q '"dead_lettered":0,' "$f-out-$i" || why="${why:+$why; }member $i: dead letters or no counters"
+      grep -q '"stopped_ok":true' "$f-out-$i" || why="${why:+$why; }member $i did not stop cleanly"
+    done
+    [[ $processed -eq $N ]] || why="${why:+$why; }members processed $processed"
+    local line=""
+    line=$("$BENCH_BIN/bench_fleet_consumer" --phase merge --count "$N" --label "$label" \
+      "$f"-times-* 2>&1) || why="${why:+$why; }$line"
+    if [[ -n $why ]]; then
+      fleet_fail "$label" "$why"
+    else
+      set -- $wal0 $wal1 $cpu0 $cpu1
+      local extra
+      extra=$(awk -v n="$N" -v s0="$1" -v w0="$2" -v st0="$3" -v s1="$4" -v w1="$5" -v st1="$6" \
+        -v t0="$7" -v i0="$8" -v t1="$9" -v i1="${10}" -v l="$load0" -v hz="$(getconf CLK_TCK)" -v sv="$((srv1 - srv0))" \
+        -v mq="$((mq1 - mq0))" -v mc="$members_cpu" 'BEGIN {
+          printf ",\"wal_syncs_per_msg\":%.4f,\"wal_writes_per_msg\":%.4f,\"cpu_busy\":%.3f,\"load_before\":%s",
+            (s1 - s0) / n, (w1 - w0) / n, (t1 > t0) ? 1 - (i1 - i0) / (t1 - t0) : 0, l
+          printf ",\"cpu_us_per_msg_server\":%.1f,\"cpu_us_per_msg_members\":%.1f,\"cpu_us_per_msg_broker\":%.1f",
+            sv / hz * 1e6 / n, mc * 1e6 / n, mq / hz * 1e6 / n
+          if (s1 > s0) printf ",\"wal_sync_ms\":%.3f", (st1 - st0) / (s1 - s0) }')
+      echo "${line%\}}$extra}" | record
+      echo "  $label: $(sed -n 's/.*"msgs_per_s":\([^,]*\).*/\1/p' <<<"$line") msg/s," \
+        "applied per member $(sed -n 's/.*"applied_per_member":"\([^"]*\)".*/\1/p' <<<"$line")$extra"
+    fi
+    pg_sql "DROP DATABASE $db WITH (FORCE)"
   }
 fi
 
@@ -392,6 +574,24 @@ for ROUND in $(seq 1 "$ALL_ROUNDS"); do
     order=${PG_ORDERS[$(((ROUND - 1) % 3))]}
     stage "round $ROUND: PostgreSQL: ${order// /, }"
     for which in $order; do pg_run "$which"; done
+  fi
+  # 1c: the fleet (issue 31), after the PostgreSQL comparison of the round; with
+  # --fleet-only the SQLite library consumer (FULL) too, so that the run holds the single
+  # consumers to compare with. The order rotates by one each round.
+  if [[ $FLEET -eq 1 && $ROUND -le $PG_ROUNDS ]]; then
+    runs=()
+    [[ $FLEET_ONLY -eq 1 ]] && runs+=(sqlite)
+    for w in $FLEET_MEMBERS; do runs+=("$w"); done
+    k=$(((ROUND - 1) % ${#runs[@]}))
+    runs=("${runs[@]:k}" "${runs[@]:0:k}")
+    stage "round $ROUND: fleet: ${runs[*]}"
+    for which in "${runs[@]}"; do
+      if [[ $which == sqlite ]]; then
+        consume inbox full drain sqlite_inbox_full "$N" 0
+      else
+        fleet_run "$which"
+      fi
+    done
   fi
 done
 ROUND=0
@@ -601,6 +801,57 @@ if [[ $PG -eq 1 && $PG_ROUNDS -gt 0 ]]; then
     printf '    round %d: %6.0f / %6.0f / %6.0f  (%s)  COMMIT %6.0f us\n' "$r" "${v[0]:-0}" \
       "${v[1]:-0}" "${v[2]:-0}" "$(ratio "${v[2]:-0}" "${v[1]:-0}")" "${c:-0}"
   done
+fi
+if [[ $FLEET -eq 1 && $PG_ROUNDS -gt 0 ]]; then
+  echo "== fleet (issue 31): N=$N credits on one shared subscription of $FLEET_SLOTS slots, drained by"
+  echo "   1 .. 4 member processes (bench_fleet_consumer) on one PostgreSQL, synchronous_commit ="
+  echo "   $PG_SYNC; msg/s = first to last applied credit, median of the rounds that passed their"
+  echo "   checks; ÷ 1 = median over rounds of the ratio to one member in the same round; syncs ="
+  echo "   the server's WAL fsyncs (pg_stat_wal) per credit; CPU = share of the machine's"
+  echo "   $(nproc) cores busy over the drain; load = the 1-minute load before it"
+  echo "   server / members / broker = CPU µs per credit of the PostgreSQL server (its backends,"
+  echo "   reaped), the member processes (ready to stop) and mosquitto, over the run"
+  printf '  %-36s %8s %7s %8s %6s %6s %20s %s\n' run "msg/s" "÷ 1" "÷ hand" syncs CPU \
+    "server/members/brkr" "rounds (failed)"
+  for w in $FLEET_MEMBERS; do
+    l=fleet${w}_pg
+    printf '  %-36s %8.0f %7.3f %8.3f %6.3f %6.2f %6.0f/%6.0f/%6.0f %d (%d)\n' "fleet, $w member process(es)" \
+      "$(jmed "$(lab "$l")" msgs_per_s)" "$(ROUNDS=$PG_ROUNDS rmed "$l" fleet1_pg)" \
+      "$(ROUNDS=$PG_ROUNDS rmed "$l" hand_pg)" "$(jmed "$(lab "$l")" wal_syncs_per_msg)" \
+      "$(jmed "$(lab "$l")" cpu_busy)" "$(jmed "$(lab "$l")" cpu_us_per_msg_server)" \
+      "$(jmed "$(lab "$l")" cpu_us_per_msg_members)" "$(jmed "$(lab "$l")" cpu_us_per_msg_broker)" \
+      "$(grep -cF -- "\"bench\":\"fleet\",\"label\":\"$l\"" "$OUT")" \
+      "$(grep -cF -- "\"bench\":\"fleet_failed\",\"label\":\"$l\"" "$OUT")"
+  done
+  # The SQLite library consumer (FULL) of the same rounds: --fleet-only's, or the comparison's.
+  SQLITE_LABEL=sqlite_inbox_full
+  [[ $FLEET_ONLY -eq 0 ]] && SQLITE_LABEL=inbox_full_drain
+  for pair in "hand_pg:hand-written PostgreSQL (one process)" "inbox_pg:mqtt-inbox on PostgreSQL, one Subscriber" \
+              "raw_pg:minimal raw PostgreSQL transaction" "$SQLITE_LABEL:mqtt-inbox on SQLite FULL (one process)"; do
+    l=${pair%%:*}
+    grep -qF -- "$(lab "$l")" "$OUT" || continue
+    printf '  %-36s %8.0f %7s %8.3f\n' "${pair#*:}" "$(jmed "$(lab "$l")" msgs_per_s)" - \
+      "$(ROUNDS=$PG_ROUNDS rmed "$l" hand_pg)"
+  done
+  echo "  per round, msg/s of $(for w in $FLEET_MEMBERS; do printf 'fleet%s / ' "$w"; done)hand-written PG / SQLite;"
+  echo "  the mean WAL fsync of each fleet run (the disk's state) and the load before them:"
+  for r in $(seq 1 "$PG_ROUNDS"); do
+    v=""
+    for l in $(for w in $FLEET_MEMBERS; do echo "fleet${w}_pg"; done) hand_pg "$SQLITE_LABEL"; do
+      x=$(grep -F -- "\"label\":\"$l\"" "$OUT" | grep -F "\"round\":$r}" | grep -v fleet_failed | tail -1 |
+          sed -n 's/.*"msgs_per_s":\([^,}]*\).*/\1/p') || x=""
+      v+="$(printf '%6.0f' "${x:-0}") / "
+    done
+    ms=""
+    for w in $FLEET_MEMBERS; do
+      x=$(grep -F -- "\"label\":\"fleet${w}_pg\"" "$OUT" | grep -F "\"round\":$r}" | tail -1 |
+          sed -n 's/.*"wal_sync_ms":\([^,}]*\).*/\1/p') || x=""
+      ms+="${x:--} / "
+    done
+    printf '    round %d: %s (WAL fsync ms %s; load %s)\n' "$r" "${v% / }" "${ms% / }" \
+      "$(jvals "\"round\":$r}" load_before | sort -g | sed -n '1p;$p' | paste -sd- -)"
+  done
+  [[ $FLEET_FAILED -gt 0 ]] && echo "  $FLEET_FAILED fleet round(s) FAILED their checks (above); they give no figure"
 fi
 if [[ $SKIP_EXTRA -eq 0 ]]; then
   echo "== transport ceiling and live streams (msg/s, one run each)"
