@@ -21,12 +21,12 @@
 //    connection the server sees break frees the slots at once, and the broker may take a
 //    client id over once before the old Subscriber stopped; docs/fleet.md#leases). A
 //    member serves a slot only while its lease is fresh: less than half a lease since the
-//    start of its last successful renewal. The server ends a member's lease one lease after its last
-//    renewal (the PostgreSQL session's idle_session_timeout), so the next holder connects
-//    only after the last one stopped. A member that cannot renew (PostgreSQL is down, or
-//    the network to it) stops its Subscribers, and never reconnects a slot without a
-//    fresh lease (SubscriberOptions::may_connect), so two processes never take a client
-//    id from each other in turn.
+//    start of its last successful renewal. The server ends a member's lease one lease
+//    after its last renewal (the PostgreSQL session's idle_session_timeout), so the next
+//    holder connects only after the last one stopped. A member that cannot renew
+//    (PostgreSQL is down, or the network to it) stops its Subscribers, and never
+//    reconnects a slot without a fresh lease (SubscriberOptions::may_connect), so two
+//    processes never take a client id from each other in turn.
 //  - The session expiry (SubscriberOptions::session_expiry_s) is the window for the
 //    whole fleet: messages parked in a slot whose session expired are deleted by the
 //    broker. It must outlast the longest time a slot can go unserved, which is when
