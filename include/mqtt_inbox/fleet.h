@@ -34,8 +34,10 @@
 //  - Order: messages of one topic reach different slots, so arrival order at the inbox is
 //    not publish order across slots (docs/fleet.md#order).
 //
-// A Fleet needs an Inbox on PostgreSQL (postgres.h): every member must reach the leases.
-// The leases live on a connection of their own, in the inbox's schema's name space.
+// A Fleet needs an Inbox on PostgreSQL 14 or later (postgres.h; idle_session_timeout),
+// reached directly or through session pooling (not transaction pooling): every member must
+// reach the leases. The leases live on a connection of their own, in the inbox's schema's
+// name space. docs/fleet.md lists what every member must agree on.
 //
 //   FleetOptions o;
 //   o.group = "ledger";         // $share/ledger/credits/#, client ids ledger-0 .. ledger-7
@@ -81,7 +83,7 @@ struct FleetOptions {
   // slots move back and forth. 1000..3600000. Default 10000.
   int lease_ms = 10000;
   // How often a member renews its lease and rebalances, ms. 0 (default) = lease_ms / 5.
-  // Must be at most lease_ms / 3.
+  // 10 .. lease_ms / 3.
   int renew_interval_ms = 0;
 };
 
@@ -124,7 +126,9 @@ class Fleet {
 
   // Stops every slot's Subscriber (Subscriber::stop(), in parallel), then leaves the
   // group, giving its slots back at once. kBusy as Subscriber::stop when a message was
-  // still waiting for the store (the process should exit; nothing unacked is lost).
+  // still waiting for the store: the group is not left (the server frees the slots when
+  // the process exits), and the process should exit; nothing unacked is lost. A second
+  // stop() does nothing more and returns OK.
   Status stop();
 
   FleetHealth health() const;

@@ -361,8 +361,9 @@ class Outbox {
   // whose server session ends lease_ms after the holder's last call, so a dead or frozen
   // relay's turn passes to a live one; a holder keeps it as long as it renews (no
   // hand-over when another relay starts). On SQLite, whose file one process holds, always
-  // held. lease_ms: 1000..3600000. Errors: kInvalidArgument for lease_ms; the store's
-  // (then *held is false and the turn is given back). Thread safety: one caller at a time.
+  // held. PostgreSQL 14 or later (idle_session_timeout). lease_ms: 1000..3600000. Errors:
+  // kInvalidArgument for lease_ms; the store's (then *held is false, and the turn's
+  // connection is closed, so the server frees it). Thread safety: one caller at a time.
   Status renew_relay_turn(int lease_ms, bool* held);
   // Gives the turn back at once, if held (Relay::stop). Never fails.
   void give_back_relay_turn();

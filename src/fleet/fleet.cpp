@@ -61,8 +61,9 @@ struct Fleet::Impl {
     // Made, stopped and reset by the slot thread (by stop() after it ends); the pointer
     // changes under subscribers_mu, which health() reads it under.
     std::unique_ptr<Subscriber> subscriber;
-    bool start_failing = false;  // the last start failed (logged once); slot thread's
-    bool stop_failing = false;   // the last stop failed (logged once); slot thread's
+    std::future<Status> stopping;  // its stop() under way; the slot thread's
+    bool start_failing = false;    // the last start failed (logged once); slot thread's
+    bool stop_failing = false;     // the last stop failed (logged once); slot thread's
   };
 
   Inbox* inbox = nullptr;
@@ -133,8 +134,11 @@ struct Fleet::Impl {
       wake_slots();
       // A slot given back wakes the next round at once, so the member that waits for it
       // gets it a round sooner.
+      // Rounds start renew_interval_ms apart, however long one took, so a slow server
+      // does not stretch the time between renewals.
+      const int64_t next = t0 + (s.ok() ? options.renew_interval_ms : wait_ms);
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, std::chrono::milliseconds(s.ok() ? options.renew_interval_ms : wait_ms),
+      cv.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(0, next - steady_ms())),
                   [&] { return stopping || release_ready; });
       release_ready = false;
     }
@@ -214,20 +218,28 @@ struct Fleet::Impl {
             "one succeeds",
             options.group, steady_ms() - renewed_at.load());
       was_fresh = now_fresh;
-      std::vector<int> to_stop;
       for (int i = 0; i < options.slots; ++i) {
         Slot& slot = *slots[i];
+        // A stop runs on a thread of its own (it may wait stop_timeout_ms for a message
+        // in the callback), so this loop never waits for one: the other slots' staleness
+        // is acted on at the next tick whatever one slot's stop does.
+        if (slot.stopping.valid() &&
+            slot.stopping.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+          stopped(i, slot.stopping.get());
         const bool want = may_serve(i);
-        if (want && !slot.subscriber) start_slot(i);
+        if (want && !slot.subscriber && !slot.stopping.valid()) start_slot(i);
         // A Subscriber once asked to stop is stopped until it has (it reconnects no
         // more): a slot served again gets a new one.
-        if (slot.subscriber && (!want || slot.stop_failing)) to_stop.push_back(i);
+        if (slot.subscriber && !slot.stopping.valid() && (!want || slot.stop_failing)) {
+          Subscriber* sub = slot.subscriber.get();
+          slot.stopping = std::async(std::launch::async, [sub] { return sub->stop(); });
+        }
       }
-      (void)stop_slots(to_stop);  // a slot that did not stop is logged there
       bool released = false;
       for (int i = 0; i < options.slots; ++i) {
         int expected = kGivingBack;
-        if (!slots[i]->subscriber && slots[i]->state.compare_exchange_strong(expected, kStopped))
+        if (!slots[i]->subscriber && !slots[i]->stopping.valid() &&
+            slots[i]->state.compare_exchange_strong(expected, kStopped))
           released = true;
       }
       if (released) {
@@ -263,36 +275,43 @@ struct Fleet::Impl {
     slots[i]->subscriber = std::move(sub);
   }
 
-  // Stops the Subscribers of `which` in parallel: each may wait for a message in its
-  // callback up to stop_timeout_ms. Returns the first failure (kBusy).
-  Status stop_slots(const std::vector<int>& which) {
-    std::vector<std::future<Status>> stops;
-    for (int i : which) {
-      Subscriber* sub = slots[i]->subscriber.get();
-      stops.push_back(std::async(std::launch::async, [sub] { return sub->stop(); }));
-    }
-    Status first;
-    for (size_t k = 0; k < which.size(); ++k) {
-      const Status s = stops[k].get();
-      if (s.ok()) {
-        std::unique_ptr<Subscriber> gone;
-        {
-          std::lock_guard<std::mutex> lock(subscribers_mu);
-          gone = std::move(slots[which[k]]->subscriber);
-        }
-      } else {
-        // A message is still in the callback, waiting for the store: the Subscriber
-        // stays, its connection too (nothing unacked is lost; a new holder elsewhere
-        // takes the client id over once), and the slot thread asks it to stop again
-        // at its next tick, until the store answers.
-        if (!slots[which[k]]->stop_failing)
-          log->error("fleet {}: slot {} did not stop: {}; asking again", options.group, which[k],
-                     s.to_string());
-        slots[which[k]]->stop_failing = true;
-        if (first.ok()) first = s;
-        continue;
+  // The outcome of slot i's Subscriber::stop(). OK: the Subscriber goes. kBusy: a message
+  // is still in the callback, waiting for the store; the Subscriber stays, its connection
+  // too (nothing unacked is lost; a new holder elsewhere takes the client id over once),
+  // and the slot thread asks it to stop again, until the store answers.
+  void stopped(int i, const Status& s) {
+    Slot& slot = *slots[i];
+    if (s.ok()) {
+      std::unique_ptr<Subscriber> gone;
+      {
+        std::lock_guard<std::mutex> lock(subscribers_mu);
+        gone = std::move(slot.subscriber);
       }
-      slots[which[k]]->stop_failing = false;
+      slot.stop_failing = false;
+      return;
+    }
+    if (!slot.stop_failing)
+      log->error("fleet {}: slot {} did not stop: {}; asking again", options.group, i,
+                 s.to_string());
+    slot.stop_failing = true;
+  }
+
+  // Fleet::stop(), after both threads ended: waits for the stops under way, then stops
+  // every Subscriber left, in parallel. Returns the first failure (kBusy).
+  Status stop_all() {
+    Status first;
+    for (int i = 0; i < options.slots; ++i)
+      if (slots[i]->stopping.valid()) stopped(i, slots[i]->stopping.get());
+    std::vector<std::future<Status>> stops(options.slots);
+    for (int i = 0; i < options.slots; ++i) {
+      Subscriber* sub = slots[i]->subscriber.get();
+      if (sub) stops[i] = std::async(std::launch::async, [sub] { return sub->stop(); });
+    }
+    for (int i = 0; i < options.slots; ++i) {
+      if (!stops[i].valid()) continue;
+      const Status s = stops[i].get();
+      stopped(i, s);
+      if (!s.ok() && first.ok()) first = s;
     }
     return first;
   }
@@ -416,10 +435,7 @@ Status Fleet::stop() {
   }
   impl_->slot_thread.join();
   impl_->lease_thread.join();
-  std::vector<int> running;
-  for (int i = 0; i < impl_->options.slots; ++i)
-    if (impl_->slots[i]->subscriber) running.push_back(i);
-  const Status s = impl_->stop_slots(running);
+  const Status s = impl_->stop_all();
   if (!s.ok()) return s;  // a message waits for the store: keep the leases to the exit
   impl_->leases->leave();
   impl_->log->info("fleet {}: left the group", impl_->options.group);

@@ -365,7 +365,7 @@ Status Relay::stop() {
     }
   }
   if (m.thread.joinable()) m.thread.join();
-  m.outbox->give_back_relay_turn();  // a standing-by relay elsewhere takes it at once
+  m.outbox->give_back_relay_turn();  // a standing-by relay takes it at its next renewal
   if (impl_->lender) {
     detail::SubscriberConnection::detach(*impl_->lender, impl_->link.get());
     std::lock_guard<std::mutex> lock(impl_->mu);

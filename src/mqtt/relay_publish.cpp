@@ -212,6 +212,9 @@ bool Relay::Impl::publish_more(int64_t* last_seq) {
                     rows.empty() ? publishes.end() : publishes.lower_bound(rows.front().seq));
   const auto fetched_at = Clock::now();
   for (const auto& row : rows) {
+    // The turn is checked per row too: a slow batch (a store wait, Paho's lock) must not
+    // carry publishing past the turn's half lease. The next call renews it.
+    if (std::chrono::steady_clock::now() >= turn_valid_until) return true;
     std::string why;
     if (const auto reason = detail::unpublishable(row, v5, maximum_packet_size.load(),
                                                   options.max_packet_size, &why)) {
@@ -342,9 +345,11 @@ bool Relay::Impl::hold_turn() {
   if (now >= turn_renew_at) {
     bool held = false;
     const Status s = outbox->renew_relay_turn(options.turn_lease_ms, &held);
-    if (!s.ok()) log->warn("outbox relay: renewing the relay turn failed: {}", s.to_string());
+    if (!s.ok())
+      log->warn("outbox relay: cannot renew the outbox's relay turn ({}); not publishing",
+                s.to_string());
     if (held) turn_valid_until = now + std::chrono::milliseconds(options.turn_lease_ms / 2);
-    if (held != turn_held || !turn_state_logged) {
+    if (s.ok() && (held != turn_held || !turn_state_logged)) {
       if (held)
         log->info("outbox relay: holds the outbox's relay turn; publishing");
       else

@@ -299,6 +299,9 @@ struct Subscriber::Impl {
                        "retention window");
         return false;
       }
+      // Asked again right before the CONNECT: the attempt's preparation (the TLS check,
+      // the session record above) can take long enough for a lease to lapse meanwhile.
+      if (options.may_connect && !options.may_connect()) return false;
       const detail::ConnectOutcome outcome =
           detail::connect_and_wait(*client, conn_opts, options, *log);
       if (!outcome.connected) {

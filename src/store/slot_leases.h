@@ -50,9 +50,8 @@ class SlotLeases {
   // Subscribers must already be stopped), counts the live members, sets this member's
   // target share (the slots spread evenly over the members, ranked by their server
   // process ids) and takes free slots up to it. Errors: the store's. After an error the
-  // caller must treat every slot as lost: a broken connection is closed (the server frees
-  // its slots at once, or a lease after the last round); on one still open the slots stay
-  // held, and the next successful round reports them again.
+  // caller must treat every slot as lost: the connection is closed, and the server frees
+  // its slots at once, or a lease after the last round if it cannot see the close.
   virtual Status round(const std::vector<int>& release, SlotLeaseRound* out) = 0;
   // Every member and slot of the group now: the members first (slot -1), then each slot
   // 0 .. slots-1 (pid 0 when free). Used without round() (the admin tool), it connects

@@ -4,8 +4,9 @@
 //  - one member SIGKILLed for good mid-stream: its slots' parked share is drained by the
 //    survivors, within a lease and a reconnect; another member restarted; the broker
 //    restarted; PostgreSQL restarted. Every credit applied once (balances, entries,
-//    claims), every slot served at the end, and no client id taken over in the broker's
-//    log (a slot is connected by one process at a time);
+//    claims), every slot served at the end, no client id taken over in the broker's log
+//    before the server restart and at most once per slot after it; the members' relays
+//    take turns and the next hop applies every event once;
 //  - a member cut off from PostgreSQL (a frozen proxy: a partition) but not from the
 //    broker: it stops serving its slots within half a lease, the others take them once
 //    the server ends its lease session, and nothing is lost or doubled; the broker logs
@@ -333,11 +334,18 @@ TEST_P(FleetPgTest, MemberKilledForGoodRestartedBrokerAndServerRestartsApplyEver
   term(*c2);
   term(*events);
   EXPECT_EQ(event_rows(), kTotal);
+  EXPECT_EQ(
+      pg_.query_value("SELECT count(DISTINCT source_message_id) FROM event_sources", "events"),
+      std::to_string(kTotal));
+  // The counters are the process's view: a commit cut by the server restart, found done by
+  // its claim row, counts as a duplicate; the rows above are the truth.
   const auto ev = counters(read_file(log("events")));
   std::printf("[ figures ] next hop: %lld events applied, %lld copies dropped\n",
               static_cast<long long>(ev.first), static_cast<long long>(ev.second));
-  EXPECT_EQ(ev.first, kTotal);
-  EXPECT_LT(ev.second, kTotal / 4) << "more copies than hand-overs explain: relays in parallel?";
+  // A hand-over resends what the old holder published but had not yet marked sent (up to
+  // a mark batch and the window each; measured 2-368 over three hand-overs); relays in
+  // parallel would send every row once per relay (2,400 copies and more).
+  EXPECT_LT(ev.second, kTotal / 2) << "more copies than hand-overs explain: relays in parallel?";
 
   expect_applied_once(kTotal);
   // A slot whose message was waiting for the restarting server in its commit could not

@@ -77,10 +77,10 @@ class PgSlotLeases final : public SlotLeases {
       out->members = m;
       return Status::Ok();
     } catch (const std::exception& e) {
-      // A broken connection is closed (the server frees its locks, at once or a lease
-      // after the last round). On one still open (a statement failed) the locks stay
-      // held: the caller stops its slots first, and the next round finds them again.
-      if (dynamic_cast<const pqxx::broken_connection*>(&e) || !conn_->is_open()) drop();
+      // Closed whatever failed: the server frees the locks (at once, or a lease after the
+      // last round if it cannot see the close), as "every slot lost" means; a connection
+      // kept after a failed statement would keep slots nobody serves.
+      drop();
       return pg_to_status(e, "renewing the slot leases of fleet '" + options_.group + "'");
     }
   }
