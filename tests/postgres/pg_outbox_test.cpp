@@ -533,6 +533,26 @@ struct Seen {
   }
 };
 
+// What `seen` holds is `count` distinct message ids, each once, and per account in the order of
+// their "n" field (the enqueue order).
+void expect_each_once_in_order(Seen& seen, size_t count) {
+  std::lock_guard<std::mutex> l(seen.mu);
+  std::map<std::string, int> times;
+  std::map<std::string, int64_t> last_n;
+  for (const auto& e : seen.events) {
+    ++times[e["message_id"].get<std::string>()];
+    const std::string acct = e["account"].get<std::string>();
+    const int64_t n = e["n"].get<int64_t>();
+    auto it = last_n.find(acct);
+    if (it != last_n.end()) {
+      EXPECT_GT(n, it->second) << acct << " out of order";
+    }
+    last_n[acct] = n;
+  }
+  EXPECT_EQ(times.size(), count);
+  for (const auto& t : times) EXPECT_EQ(t.second, 1) << t.first;
+}
+
 std::unique_ptr<mqtt::async_client> subscribe(const std::string& uri, const std::string& client,
                                               Seen* seen) {
   auto c = std::make_unique<mqtt::async_client>(uri, client);
@@ -613,21 +633,8 @@ TEST_P(PgRelay, PublishesHandlerRowsOnceInOrderAndWakesOnNotify) {
   {
     std::lock_guard<std::mutex> l(seen.mu);
     EXPECT_EQ(seen.events.size(), static_cast<size_t>(kCredits));
-    std::map<std::string, int> times;
-    std::map<std::string, int64_t> last_n;
-    for (const auto& e : seen.events) {
-      ++times[e["message_id"].get<std::string>()];
-      const std::string acct = e["account"].get<std::string>();
-      const int64_t n = e["n"].get<int64_t>();
-      auto it = last_n.find(acct);
-      if (it != last_n.end()) {
-        EXPECT_GT(n, it->second) << acct << " out of order";
-      }
-      last_n[acct] = n;
-    }
-    EXPECT_EQ(times.size(), static_cast<size_t>(kCredits));
-    for (const auto& t : times) EXPECT_EQ(t.second, 1) << t.first;
   }
+  expect_each_once_in_order(seen, kCredits);
 
   // Another Inbox on the same database (as another gateway's would be), enqueuing in the
   // application's own transaction: only NOTIFY can wake this relay before its poll.
@@ -829,23 +836,7 @@ TEST_P(PgRelay, TwoRelaysTakeTurnsEachRowOnce) {
   ASSERT_TRUE(wait_until([&] { return seen.size() >= 120; }, 20s)) << seen.size();
   EXPECT_TRUE(relay_b->counters().connected);
   std::this_thread::sleep_for(500ms);  // room for a duplicate to show
-  {
-    std::lock_guard<std::mutex> l(seen.mu);
-    std::map<std::string, int> times;
-    std::map<std::string, int64_t> last_n;
-    for (const auto& e : seen.events) {
-      ++times[e["message_id"].get<std::string>()];
-      const std::string acct = e["account"].get<std::string>();
-      const int64_t n = e["n"].get<int64_t>();
-      auto it = last_n.find(acct);
-      if (it != last_n.end()) {
-        EXPECT_GT(n, it->second) << acct << " out of order";
-      }
-      last_n[acct] = n;
-    }
-    EXPECT_EQ(times.size(), 120u);
-    for (const auto& t : times) EXPECT_EQ(t.second, 1) << t.first;
-  }
+  expect_each_once_in_order(seen, 120);
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.outbox_messages WHERE state = 'sent'"), 120);
   EXPECT_TRUE(relay_b->stop().ok());
   sub->disconnect()->wait();
