@@ -34,7 +34,33 @@ build_and_test() {  # build_and_test DIR [cmake args...] [-- ctest args...]
   ctest_args=("$@")
   cmake -S "$ROOT" -B "$dir" -G Ninja -DMQTT_INBOX_WARNINGS_AS_ERRORS=ON "${cmake_args[@]}" >/dev/null &&
     timed "$dir: build" cmake --build "$dir" -j "$JOBS" &&
-    (cd "$dir" && timed "$dir: ctest" ctest --output-on-failure --timeout 300 -j "$CTEST_JOBS" "${ctest_args[@]}")
+    { (cd "$dir" && timed "$dir: ctest" ctest --output-on-failure --timeout 300 -j "$CTEST_JOBS" "${ctest_args[@]}") ||
+      { local rc=$?; record_failed_tests "$dir"; return $rc; }; }
+}
+
+# record_failed_tests DIR: keeps the names of DIR's failed tests and the lines of their
+# output that say why (gtest failures, sanitizer reports, timeouts), for the end of the
+# run. CI shows only the tail of a run's output, so the summary must say what failed.
+FAILED_TESTS=()
+record_failed_tests() {
+  local dir="$1" list="$1/Testing/Temporary/LastTestsFailed.log" log="$1/Testing/Temporary/LastTest.log"
+  [ -f "$list" ] || return 0
+  local name
+  while IFS=: read -r _ name; do
+    FAILED_TESTS+=("${dir#"$ROOT"/}: $name")
+    while IFS= read -r line; do FAILED_TESTS+=("    $line"); done < <(
+      awk -v t="Testing: $name" '
+        substr($0, length($0) - length(t) + 1) == t { on = 1; next }
+        on && /^Test (Passed|Failed)/ { on = 0 }
+        on && !/^Command:/ && /Failure|Expected|Which is|Value of|Actual|error|FATAL|Sanitizer|SUMMARY|Timeout|[Ee]xception|timed out|lost|twice/ { print; if (++n == 12) exit }
+      ' "$log" | cut -c1-200)
+  done < "$list"
+}
+
+print_failed_tests() {
+  [ ${#FAILED_TESTS[@]} -gt 0 ] || return 0
+  printf '\n===== failed tests\n'
+  for line in "${FAILED_TESTS[@]}"; do echo "$line"; done
 }
 
 timed() {  # timed WHAT COMMAND...: runs it and prints how long it took
@@ -76,5 +102,6 @@ if [ $QUICK -eq 0 ]; then
   stage cross-aarch64 env BUILD_TYPE="${BUILD_TYPE:-Release}" "$ROOT/scripts/cross-aarch64.sh" || FAILED=1
 fi
 
+print_failed_tests
 print_stage_summary
 exit $FAILED
