@@ -81,6 +81,7 @@ struct Fleet::Impl {
   bool started = false, stopping = false;
   bool slots_changed = false;  // wakes the slot thread: the lease thread changed a state
   bool release_ready = false;  // wakes the lease thread: a slot may be given back now
+  bool lease_done = false;     // the lease thread ended (stop() waits for it)
   FleetHealth figures;         // members, target, counters, last_error (under mu)
   std::thread lease_thread, slot_thread;
 
@@ -107,6 +108,14 @@ struct Fleet::Impl {
 
   // --- the lease thread ---
   void lease_loop() {
+    struct Done {  // tells stop() the thread ended, however it returns
+      Impl& m;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(m.mu);
+        m.lease_done = true;
+        m.cv.notify_all();
+      }
+    } done{*this};
     int wait_ms = options.renew_interval_ms;
     for (;;) {
       {
@@ -434,6 +443,21 @@ Status Fleet::stop() {
     impl_->cv.notify_all();
   }
   impl_->slot_thread.join();
+  // The lease thread ends after its round. A round blocked on a server that stopped
+  // answering (TCP_USER_TIMEOUT ends it only when nothing acknowledges the bytes) is
+  // broken after a lease: by then the lease is stale and every slot stopped anyway.
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (!impl_->cv.wait_for(lock, std::chrono::milliseconds(impl_->options.lease_ms),
+                            [&] { return impl_->lease_done; })) {
+      lock.unlock();
+      impl_->log->warn(
+          "fleet {}: stop: the lease round has not returned for {} ms (the server does not "
+          "answer); breaking its connection",
+          impl_->options.group, impl_->options.lease_ms);
+      impl_->leases->interrupt();
+    }
+  }
   impl_->lease_thread.join();
   const Status s = impl_->stop_all();
   if (!s.ok()) return s;  // a message waits for the store: keep the leases to the exit

@@ -59,6 +59,11 @@ class SlotLeases {
   virtual Status list(std::vector<SlotHolder>* out) = 0;
   // Leaves the group: gives back every slot and closes the connection.
   virtual void leave() = 0;
+  // From any thread: breaks the connection's socket, so a round() or list() blocked on a
+  // server that stopped answering (hung, or a proxy in between frozen; TCP's own timeouts
+  // never fire while something still acknowledges the bytes) fails at once. The server
+  // frees the slots as after any broken connection. The next call connects again.
+  virtual void interrupt() = 0;
 };
 
 }  // namespace mqtt_inbox::detail

@@ -259,11 +259,15 @@ bool refused_identity(const std::string& what) {
 
 void prepare_pg_statements(PgStore& s);  // claim.cpp
 
-Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out) {
+Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s) {
   out->reset();
+  std::string info = conninfo;
+  if (connect_timeout_s > 0 && info.find("connect_timeout=") == std::string::npos)
+    info += std::string(info.find('?') == std::string::npos ? "?" : "&") +
+            "connect_timeout=" + std::to_string(connect_timeout_s);
   std::unique_ptr<pqxx::connection> c;
   try {
-    c = std::make_unique<pqxx::connection>(conninfo);
+    c = std::make_unique<pqxx::connection>(info);
   } catch (const std::exception& e) {
     std::string what = e.what();
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "store/postgres/errors.h"
@@ -125,14 +126,16 @@ class PgSlotLeases final : public SlotLeases {
     }
   }
 
+  void interrupt() override {
+    std::lock_guard<std::mutex> lock(sock_mu_);
+    if (sock_ >= 0) (void)::shutdown(sock_, SHUT_RDWR);
+  }
+
   void leave() override {
-    if (!conn_) return;
-    try {
-      pqxx::nontransaction n(*conn_);
-      n.exec0("SELECT pg_advisory_unlock_all()");
-    } catch (const std::exception&) {
-      // Closing the connection below frees them as well.
-    }
+    // Closing is enough: the server frees a session's advisory locks when it ends, at
+    // once on the Terminate message libpq sends, which waits for no answer, so a server
+    // that stopped answering cannot hold up a stop here (it ends the session one lease
+    // later, idle_session_timeout).
     drop();
   }
 
@@ -141,7 +144,11 @@ class PgSlotLeases final : public SlotLeases {
   Status connect() {
     drop();
     std::unique_ptr<pqxx::connection> c;
-    if (Status s = store_.open_connection(&c); !s.ok()) return s;
+    // An unreachable server (a partition, a host gone) fails the attempt within about
+    // a lease, not TCP's connect retries (about two minutes), so Fleet::stop and the
+    // relay's stop are not held up by it. libpq counts whole seconds, at least 2.
+    const int connect_s = std::max(2, static_cast<int>((options_.lease_ms + 999) / 1000));
+    if (Status s = store_.open_connection(&c, connect_s); !s.ok()) return s;
     try {
       pqxx::nontransaction n(*c);
       // idle_session_timeout is PostgreSQL 14's; an older server refuses it here.
@@ -159,6 +166,10 @@ class PgSlotLeases final : public SlotLeases {
     // minutes). A Unix-domain socket refuses the option and needs none.
     const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
     (void)::setsockopt(c->sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      sock_ = c->sock();
+    }
     conn_ = std::move(c);
     return Status::Ok();
   }
@@ -202,6 +213,12 @@ class PgSlotLeases final : public SlotLeases {
   // Closes the connection: the server frees its locks (at once if it is alive and
   // reachable; else one lease after the last renewal).
   void drop() {
+    {
+      // Forgotten before it is closed, so interrupt() never shuts down a descriptor
+      // number that something else opened since.
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      sock_ = -1;
+    }
     conn_.reset();
     joined_ = false;
     held_.clear();
@@ -210,6 +227,8 @@ class PgSlotLeases final : public SlotLeases {
   PgStore& store_;
   const SlotLeaseOptions options_;
   std::unique_ptr<pqxx::connection> conn_;
+  std::mutex sock_mu_;  // sock_, for interrupt() from another thread
+  int sock_ = -1;       // conn_'s socket; -1 when there is none
   int key_ = 0;
   bool joined_ = false;  // conn_ holds the membership lock
   std::set<int> held_;

@@ -178,7 +178,9 @@ struct PgStore final : Store {
   // (the READ COMMITTED check, lock_timeout): the shared one (connect_locked) and each
   // store-then-process worker's. No lock needed. Errors classified as connect_locked's (a
   // refused identity: kPermissionDenied; unreachable: kIoError), not counted.
-  Status open_connection(std::unique_ptr<pqxx::connection>* out);
+  // `connect_timeout_s` > 0 bounds the connection attempt (libpq's connect_timeout)
+  // unless the location sets its own.
+  Status open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s = 0);
   // Classifies a failure of the store's own statement, drops a lost connection (the next
   // call reconnects) and counts it (store_error). Under `mu`.
   Status failed(const std::exception& e, const std::string& context);
