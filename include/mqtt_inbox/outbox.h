@@ -367,6 +367,12 @@ class Outbox {
   Status renew_relay_turn(int lease_ms, bool* held);
   // Gives the turn back at once, if held (Relay::stop). Never fails.
   void give_back_relay_turn();
+  // True when relays in several processes may share this outbox and take turns
+  // (PostgreSQL); false when one process holds the store (SQLite), whose relay always
+  // holds the turn. A Relay on a connection of its own then takes its client-id lock
+  // (RelayOptions::client_id_lock_dir) only while it holds the turn, so a relay standing
+  // by on the same host waits for it instead of failing start(). Never fails.
+  bool relays_take_turns() const;
 
   // Up to `limit` pending rows with seq > after_seq, in seq order, as one consistent
   // read: it takes no write lock (it proceeds while another connection writes) and writes

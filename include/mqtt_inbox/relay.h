@@ -157,9 +157,10 @@ constexpr int kConnectionDropWindowMs = 5000;
 // For a connection of its own, client_id is required and must differ from every
 // Subscriber's client id (the broker closes the older of two connections with one id; see
 // client_id_lock_dir, which makes a second process relaying with the same id fail start()
-// with kBusy); the relay connects with a clean start, so no session is kept: the outbox
-// table is its only state. mqtt_version defaults to kV5 here (PUBACK reason codes, user
-// property "message-id").
+// with kBusy on SQLite; on PostgreSQL, where relays take turns, the lock goes with the
+// turn: a relay on the same host waits for it); the relay connects with a clean start, so no
+// session is kept: the outbox table is its only state. mqtt_version defaults to kV5 here (PUBACK
+// reason codes, user property "message-id").
 struct RelayOptions : ConnectionOptions {
   // Sets mqtt_version to kV5. (Assigning a ConnectionOptions into a RelayOptions copies
   // its mqtt_version too, kV3_1_1 unless set.)
@@ -308,7 +309,9 @@ class Relay {
   // lock first; the thread connects (retrying with backoff) and publishes. A subscriber's:
   // the thread publishes whenever the subscriber is connected (before or after its
   // start()). Errors: kInvalidArgument if already started, or if another Relay uses the
-  // subscriber's connection; kBusy if another process holds the client-id lock.
+  // subscriber's connection; kBusy if another process holds the client-id lock (an
+  // outbox whose relays take turns, Outbox::relays_take_turns(), takes it with the turn,
+  // in the thread, and waits while it is held).
   Status start();
   // Stops the thread; its own connection: disconnects and releases the client-id lock (a
   // subscriber's stays up). Unacknowledged rows stay pending for the next run. Waits at

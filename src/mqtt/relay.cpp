@@ -69,12 +69,31 @@ void Relay::Impl::disconnect_quietly() {
   was_connected = false;
 }
 
+// With relays that take turns: the client-id lock, taken once the turn is held (start()
+// took it otherwise). false while another process on this host holds it (a relay whose
+// turn just ended, still disconnecting), said once per wait.
+bool Relay::Impl::lock_client_id_with_turn() {
+  if (!outbox->relays_take_turns() || client_lock_fd >= 0) return true;
+  const Status s = detail::take_client_id_lock(options.client_id_lock_dir, options.client_id,
+                                               &client_lock_fd, &client_lock_path);
+  if (s.ok()) {
+    lock_wait_logged = false;
+    return true;
+  }
+  if (!lock_wait_logged)
+    log->warn("outbox relay: holds the turn, but {}; waiting for it", s.message());
+  lock_wait_logged = true;
+  return false;
+}
+
 // Its own connection: connect with backoff, publish, reconnect with a new client.
 void Relay::Impl::run_own() {
   int backoff = options.reconnect_backoff_initial_ms;
   while (!is_stopping()) {
     write_metrics(false);
-    if (!hold_turn()) {  // another relay of this outbox publishes: stand by, disconnected
+    if (!hold_turn() || !lock_client_id_with_turn()) {
+      // Another relay of this outbox publishes (or, on this host, is still disconnecting):
+      // stand by, disconnected.
       if (!pause_for(std::max(100, options.turn_lease_ms / 5))) break;
       continue;
     }
@@ -109,6 +128,8 @@ void Relay::Impl::run_own() {
           "outbox relay: lost the outbox's relay turn; disconnecting, the relay that holds "
           "it publishes");
       disconnect_quietly();
+      if (outbox->relays_take_turns())  // the lock goes with the turn
+        detail::release_client_id_lock(&client_lock_fd, client_lock_path);
       try {
         new_client();
       } catch (const mqtt::exception& e) {
@@ -315,10 +336,14 @@ Status Relay::start() {
   if (m.lender) {
     if (Status s = detail::SubscriberConnection::attach(*m.lender, m.link); !s.ok()) return s;
   } else {
-    if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
-                                               &m.client_lock_fd, &m.client_lock_path);
-        !s.ok())
-      return s;
+    // Relays that take turns (PostgreSQL) lock the client id with the turn (run_own), so
+    // that a relay standing by on the same host is not refused here.
+    if (!m.outbox->relays_take_turns()) {
+      if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
+                                                 &m.client_lock_fd, &m.client_lock_path);
+          !s.ok())
+        return s;
+    }
     m.conn->started();
   }
   m.figures.started(Relay::Impl::Clock::now());

@@ -69,7 +69,8 @@ struct Relay::Impl {
   std::shared_ptr<Link> link = std::make_shared<Link>();
   detail::RelayFigures figures;
   Clock::time_point next_metrics{};
-  int client_lock_fd = -1;
+  int client_lock_fd = -1;  // start()'s, or with turns the thread's (run_own)
+  bool lock_wait_logged = false;
   std::string client_lock_path;
   std::thread thread;
 
@@ -172,6 +173,8 @@ struct Relay::Impl {
   // The relay turn (Outbox::renew_relay_turn): renews it when due; true while it is held
   // and less than half a lease has passed since the last renewal began. Relay thread only.
   bool hold_turn();
+  // With relays that take turns, the client-id lock goes with the turn (relay.cpp).
+  bool lock_client_id_with_turn();
   bool turn_held = false;
   bool turn_lost = false;  // publish_more gave up the connection: the turn went elsewhere
   bool turn_state_logged = false;

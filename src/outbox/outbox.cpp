@@ -413,6 +413,10 @@ void Outbox::give_back_relay_turn() {
   if (impl_->relay_turn) impl_->relay_turn->leave();
 }
 
+bool Outbox::relays_take_turns() const {
+  return impl_->store->kind() != detail::StoreKind::kSqlite;
+}
+
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");

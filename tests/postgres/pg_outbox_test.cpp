@@ -593,6 +593,7 @@ std::unique_ptr<Relay> make_relay(Outbox* outbox, const std::string& uri, MqttVe
 
 class PgRelay : public ::testing::TestWithParam<MqttVersion> {
  protected:
+  void two_relays_take_turns(const std::string& db, bool one_host);
   Broker broker_;
   TempDir dir_;
 };
@@ -794,9 +795,20 @@ TEST_P(PgRelay, ServerRestartTheRelayAndItsWakeUpGoOn) {
 // would be; docs/outbox.md#several-relays): one holds the relay turn and publishes, the
 // other stands by, disconnected, so each row goes out once, in order per key; when the
 // holder stops, the other takes the turn and publishes what follows. Without the turn both
-// published every row they found pending (issue 30: 4,000 copies of 2,000).
+// published every row they found pending (issue 30: 4,000 copies of 2,000). As on two
+// hosts (a client-id lock folder each) and on one (one folder: the client-id lock goes
+// with the turn, so the second relay's start() is not refused and it takes over).
 TEST_P(PgRelay, TwoRelaysTakeTurnsEachRowOnce) {
-  const std::string db = fresh_db(GetParam() == MqttVersion::kV5 ? "turns_v5" : "turns_v311");
+  two_relays_take_turns(fresh_db(GetParam() == MqttVersion::kV5 ? "turns_v5" : "turns_v311"),
+                        /*one_host=*/false);
+}
+
+TEST_P(PgRelay, TwoRelaysOnOneHostTakeTurnsWithTheClientIdLock) {
+  two_relays_take_turns(fresh_db(GetParam() == MqttVersion::kV5 ? "turns1_v5" : "turns1_v311"),
+                        /*one_host=*/true);
+}
+
+void PgRelay::two_relays_take_turns(const std::string& db, bool one_host) {
   auto inbox_a = open_inbox(uri_of(db, "member_a"));
   auto inbox_b = open_inbox(uri_of(db, "member_b"));
   ASSERT_TRUE(inbox_a && inbox_b);
@@ -804,11 +816,12 @@ TEST_P(PgRelay, TwoRelaysTakeTurnsEachRowOnce) {
   auto outbox_b = make_outbox(inbox_b.get());
   Seen seen;
   auto sub = subscribe(broker_.uri(), "pg-outbox-watcher", &seen);
-  TempDir locks_a, locks_b;  // as on two hosts: one client id, a lock folder each
+  TempDir locks_a, locks_b;  // one client id; a lock folder each, or one for both
   auto relay_a = make_relay(outbox_a.get(), broker_.uri(), GetParam(), 200, locks_a.path());
   ASSERT_TRUE(relay_a && relay_a->start().ok());
   ASSERT_TRUE(wait_until([&] { return relay_a->counters().connected; }, 10s));
-  auto relay_b = make_relay(outbox_b.get(), broker_.uri(), GetParam(), 200, locks_b.path());
+  auto relay_b = make_relay(outbox_b.get(), broker_.uri(), GetParam(), 200,
+                            one_host ? locks_a.path() : locks_b.path());
   ASSERT_TRUE(relay_b && relay_b->start().ok());
 
   const auto enqueue = [&](Outbox* o, int from, int to) {
