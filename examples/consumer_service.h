@@ -237,13 +237,14 @@ class Service {
     // while healthy and a STATUS line; no-ops without systemd. The notifier reads the
     // subscriber and the consumer until frame_.end(), which comes before they go.
     if (subscriber) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*subscriber));
+    if (fleet) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*fleet));
     (void)frame_.notifier().add_source(mqtt_inbox::health_source(*consumer));
     if (relay) (void)frame_.notifier().add_source(mqtt_inbox::health_source(*relay));
     struct EndFrame {
       service_frame::Frame& f;
       ~EndFrame() { f.end(); }
     } end_frame{frame_};
-    frame_.ready(subscriber.get(), relay);
+    frame_.ready(subscriber.get(), relay, fleet.get());
 
     const int why = frame_.wait();  // a stop signal, or the broker refusing us too long
     frame_.stopping();

@@ -170,15 +170,26 @@ class Frame {
     return code;
   }
 
-  // READY=1; from now on a stop signal is handed to wait(). `subscriber` and `relay`, if
-  // given, are watched by wait() for refusals: the relay connects with the same flags, so
-  // a broker that refuses it (credentials, client id, CA) is the same configuration error.
-  void ready(const mqtt_inbox::Subscriber* subscriber, const mqtt_inbox::Relay* relay = nullptr) {
+  // READY=1; from now on a stop signal is handed to wait(). `subscriber`, `relay` and
+  // `fleet`, if given, are watched by wait() for refusals: the relay and the fleet's slots
+  // connect with the same flags, so a broker that refuses them (credentials, client id,
+  // CA) is the same configuration error.
+  void ready(const mqtt_inbox::Subscriber* subscriber, const mqtt_inbox::Relay* relay = nullptr,
+             const mqtt_inbox::Fleet* fleet = nullptr) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       watched_.clear();
       if (subscriber) watched_.push_back({"client", [subscriber] { return subscriber->health(); }});
       if (relay) watched_.push_back({"relay", [relay] { return relay->health(); }});
+      // A fleet member: the first slot it serves that the broker refuses, if any. Slots
+      // connect with one set of flags, so a refusal of one is a refusal of all.
+      if (fleet)
+        watched_.push_back({"fleet slot", [fleet] {
+                              const mqtt_inbox::FleetHealth f = fleet->health();
+                              for (const mqtt_inbox::SubscriberHealth& h : f.serving_health)
+                                if (!h.connected && refused(h)) return h;
+                              return mqtt_inbox::SubscriberHealth{};
+                            }});
       running_ = true;
     }
     (void)notifier_->ready();

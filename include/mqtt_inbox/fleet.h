@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "mqtt_inbox/message.h"
+#include "mqtt_inbox/service_notifier.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/subscriber.h"
 
@@ -99,6 +100,11 @@ struct FleetHealth {
   int64_t slots_given_back = 0;  // slots given back to spread them, this process
   int64_t leases_lost = 0;       // times every slot was lost (renewal failed)
   std::string last_error;        // the last failed renewal, "" if none
+  int lease_ms = 0;              // FleetOptions::lease_ms
+  int slot_count = 0;            // FleetOptions::slots
+  // Subscriber::health() of each slot in `serving`, in the same order: why a slot's
+  // connection attempts fail (a refusal, TLS), as for one Subscriber.
+  std::vector<SubscriberHealth> serving_health;
 };
 
 class Fleet {
@@ -131,6 +137,7 @@ class Fleet {
   // stop() does nothing more and returns OK.
   Status stop();
 
+  // A snapshot; never waits for the store, the lease thread or Paho's lock.
   FleetHealth health() const;
 
  private:
@@ -138,5 +145,13 @@ class Fleet {
   explicit Fleet(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// A ServiceNotifier source (service_notifier.h) for a fleet member, name "fleet":
+// connected while the lease is fresh and every slot this member serves is connected (a
+// member holding no slot, in a fleet with more members than slots, is connected once its
+// lease is); a note with the slots held and the members, and while not connected why
+// (the lease's age and last failed renewal, or a slot's last failed attempt). Keeps a
+// reference: the fleet must outlive the notifier.
+HealthSource health_source(const Fleet& fleet);
 
 }  // namespace mqtt_inbox

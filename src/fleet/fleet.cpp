@@ -474,6 +474,8 @@ FleetHealth Fleet::health() const {
   }
   const int64_t at = impl_->renewed_at.load();
   h.renewed_ms_ago = at == LLONG_MIN ? -1 : steady_ms() - at;
+  h.lease_ms = impl_->options.lease_ms;
+  h.slot_count = impl_->options.slots;
   for (int i = 0; i < impl_->options.slots; ++i) {
     const int st = impl_->slots[i]->state.load();
     if (st == kHeld || st == kGivingBack || st == kStopped) h.slots.push_back(i);
@@ -483,6 +485,7 @@ FleetHealth Fleet::health() const {
     const Subscriber* sub = impl_->slots[i]->subscriber.get();
     if (!sub) continue;
     h.serving.push_back(i);
+    h.serving_health.push_back(sub->health());
     if (sub->is_connected()) h.connected.push_back(i);
   }
   return h;

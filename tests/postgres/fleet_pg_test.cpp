@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "support/cut_proxy.h"
+#include "support/notify_socket.h"
 #include "support/postgres.h"
 #include "support/process.h"
 #include "support/publisher.h"
@@ -99,6 +100,10 @@ class FleetPgTest : public ::testing::TestWithParam<const char*> {
   // whether the leases do.
   std::unique_ptr<Child> start_member(const std::string& member, const std::string& db = "",
                                       bool emit = false) {
+    return std::make_unique<Child>(with_emulator(member_argv(member, db, emit)), log(member));
+  }
+  std::vector<std::string> member_argv(const std::string& member, const std::string& db = "",
+                                       bool emit = false) {
     const std::string locks = dir_.file("locks-" + member);
     ::mkdir(locks.c_str(), 0700);
     std::vector<std::string> argv = {built_program("ledger_consumer"),
@@ -128,7 +133,7 @@ class FleetPgTest : public ::testing::TestWithParam<const char*> {
       argv.push_back("--emit-topic");
       argv.push_back("events/credited");
     }
-    return std::make_unique<Child>(with_emulator(argv), log(member));
+    return argv;
   }
   std::string all_logs() const {
     std::string out;
@@ -540,6 +545,33 @@ INSTANTIATE_TEST_SUITE_P(Mqtt, FleetPgTest, ::testing::Values("3.1.1", "5"), [](
 
 // What a fleet refuses before anything connects: an SQLite inbox (the leases must be
 // reachable by every member), exit 1 with the reason.
+// A broker that refuses the slots' client (credentials, here): a member does not stay up
+// for ever, as one consumer does not (service_startup_test): once every attempt of a slot
+// it serves was refused for --refused-limit-ms, it stops cleanly with exit 7.
+TEST_P(FleetPgTest, BrokerRefusingTheSlotsEndsWithExit7) {
+  Broker closed(Broker::Config{}, {"allow_anonymous false\n"});
+  std::vector<std::string> argv = member_argv("d");
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == "--broker")
+      argv[i + 1] = "tcp://127.0.0.1:" + std::to_string(closed.listener_port(0));
+  argv.insert(argv.end(), {"--refused-limit-ms", "3000"});
+  // Under a service manager's eyes (as service_startup_test): STATUS names the fleet and
+  // the slot's refusal.
+  NotifySocket notify(dir_.file("notify.sock"));
+  ::setenv("NOTIFY_SOCKET", notify.path().c_str(), 1);
+  Child d(with_emulator(argv), log("d"));
+  ::unsetenv("NOTIFY_SOCKET");
+  EXPECT_TRUE(
+      notify.wait_status("fleet: slots 0,1,2,3,4,5 of 6, 1 member(s)", std::chrono::seconds(30)))
+      << notify.dump();
+  EXPECT_TRUE(notify.wait_status("not authorized", std::chrono::seconds(30))) << notify.dump();
+  const int st = d.wait(std::chrono::seconds(40));
+  EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 7) << st << "\n" << all_logs();
+  const std::string l = read_file(log("d"));
+  EXPECT_NE(l.find("the broker refused this fleet slot for 3 s"), std::string::npos) << l;
+  EXPECT_NE(l.find("fleet ledger: left the group"), std::string::npos) << l;
+}
+
 TEST(FleetStartup, AFleetOnSqliteIsRefused) {
   TempDir dir;
   const std::string l = dir.file("sqlite.log");
