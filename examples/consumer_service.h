@@ -150,8 +150,9 @@ class Service {
 
   // Runs the service until SIGINT/SIGTERM, or until the broker has refused this client
   // for --refused-limit-ms: the Consumer (`handler` runs inside the claim transaction),
-  // the Pruner, the Subscriber, then `started` (e.g. an outbox relay's start) and
-  // systemd's READY=1. At the stop, `stopping` (e.g. the relay's stop, bounded by the same
+  // the Pruner, the Subscriber, then `started` (e.g. an outbox relay's start; an error
+  // ends the run with exit 2, as a subscriber that does not start) and systemd's READY=1. At the
+  // stop, `stopping` (e.g. the relay's stop, bounded by the same
   // --stop-timeout-ms) runs on a thread of its own beside the subscriber's stop, so that
   // both together take at most --stop-timeout-ms: in turn, a stuck store would cost each
   // its whole timeout. Prints "<program>: processed=N duplicates=N ..." and returns the
@@ -161,7 +162,7 @@ class Service {
   // like the subscriber; it must outlive run(). `handler` is a Handler (SQLite) or a
   // PgHandler (PostgreSQL), as the store opened by open() takes.
   template <typename AnyHandler>
-  int run(AnyHandler handler, const std::function<void()>& started = {},
+  int run(AnyHandler handler, const std::function<mqtt_inbox::Status()>& started = {},
           const std::function<mqtt_inbox::Status()>& stopping = {},
           const mqtt_inbox::Relay* relay = nullptr) {
     std::unique_ptr<mqtt_inbox::Consumer> consumer;
@@ -190,7 +191,8 @@ class Service {
   }
 
   // run(), from the Consumer on.
-  int run_consumer(mqtt_inbox::Consumer* consumer, const std::function<void()>& started,
+  int run_consumer(mqtt_inbox::Consumer* consumer,
+                   const std::function<mqtt_inbox::Status()>& started,
                    const std::function<mqtt_inbox::Status()>& stopping,
                    const mqtt_inbox::Relay* relay) {
     // Retention: forget ids once the broker can no longer redeliver them. The window
@@ -231,7 +233,9 @@ class Service {
       if (auto s = subscriber->start(); !s.ok())
         return frame_.fail(examples::subscriber_exit_code(s), s);
     }
-    if (started) started();
+    if (started) {
+      if (auto s = started(); !s.ok()) return frame_.fail(examples::subscriber_exit_code(s), s);
+    }
 
     // READY=1 now (not after CONNACK: the network may come later), then watchdog pings
     // while healthy and a STATUS line; no-ops without systemd. The notifier reads the

@@ -87,10 +87,7 @@ int run_on_postgres(const consumer_service::Flags& flags, const std::string& emi
     };
   }
   return service.run(
-      handler,
-      [&] {
-        if (relay) (void)relay->start();
-      },
+      handler, [&] { return relay ? relay->start() : mqtt_inbox::Status::Ok(); },
       [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); }, relay.get());
 #else
   (void)emit_topic;
@@ -152,9 +149,6 @@ int main(int argc, char** argv) {
   //    watched for refusals like the subscriber. Returns at SIGINT/SIGTERM, having stopped
   //    both within --stop-timeout-ms.
   return service.run(
-      handler,
-      [&] {
-        if (relay) (void)relay->start();
-      },
+      handler, [&] { return relay ? relay->start() : mqtt_inbox::Status::Ok(); },
       [&] { return relay ? relay->stop() : mqtt_inbox::Status::Ok(); }, relay.get());
 }

@@ -5,6 +5,8 @@
 // STOPPING=1. The store gets stuck for real: the sqlite3 CLI holds BEGIN EXCLUSIVE in
 // another process while a credit waits. Assertions are on the notifications, the ledger
 // in the file, and the client-id lock file in the runtime folder.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -286,6 +288,27 @@ TEST_F(ServiceE2ETest, ClientIdLockLivesInTheRuntimeDirectoryAndGoesAwayOnCleanS
   ASSERT_TRUE(third->stop().ok());
   EXPECT_FALSE(exists(lock_file));
   ::unsetenv("RUNTIME_DIRECTORY");
+}
+
+// The relay of --emit-topic cannot start (SQLite: another process on this host holds its
+// client id, "<client-id>-relay"): the service ends with exit 4 and says why, rather than
+// running without a relay, its events piling up in the outbox unpublished.
+TEST_F(ServiceE2ETest, RelayThatCannotStartEndsTheServiceWithExit4) {
+  const std::string relay_lock = runtime_dir_ + "/mqtt-inbox-client-svc-emit-relay.lock";
+  const int held = ::open(relay_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  auto consumer = start_service({built_program("ledger_consumer"), "--broker", broker_.uri(),
+                                 "--client-id", "svc-emit", "--topic", "credits/#", "--db",
+                                 dir_.file("emit.db"), "--emit-topic", "events/credited"});
+  const int status = consumer->wait(seconds(30));
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 4) << status << "\n"
+                                                                             << diagnostics();
+  EXPECT_NE(file_text(log_path()).find(relay_lock), std::string::npos) << diagnostics();
+  if (ServiceNotifier::supported()) {
+    EXPECT_TRUE(socket_->wait_status("failed: exit 4", seconds(5))) << diagnostics();
+  }
+  ::close(held);
 }
 
 }  // namespace
