@@ -52,7 +52,7 @@ class CorruptionTest : public ExampleProgramTest {
   }
 
   // Stops a consumer whose callback holds a message it cannot store: exit code 3 within
-  // stop_timeout_ms (1000 here) plus one second.
+  // stop_timeout_ms (1000 here) plus four seconds (a loaded machine exits slowly).
   void expect_stops_without_ack(Child& c, const std::string& log) {
     const auto t0 = std::chrono::steady_clock::now();
     c.signal(SIGTERM);
@@ -61,7 +61,7 @@ class CorruptionTest : public ExampleProgramTest {
         std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << "\n"
                                                        << read_text(dir_.file(log));
-    EXPECT_LT(took.count(), 2000);
+    EXPECT_LT(took.count(), 5000);
   }
 
   // The good copy in place of the corrupt file, and a consumer on it: every credit that

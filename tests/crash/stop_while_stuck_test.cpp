@@ -17,12 +17,13 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr int kStopTimeoutMs = 1500;
+constexpr int kStopTimeoutMs = 4000;
 
 class StopWhileStuckTest : public ExampleProgramTest {
  protected:
   // SIGTERM to a program whose callback waits for the store: it must be gone within
-  // stop_timeout_ms + 1 s, with exit code 3.
+  // stop_timeout_ms + 3 s (a loaded machine exits slowly; two stops in turn would take
+  // twice stop_timeout_ms), with exit code 3.
   void expect_prompt_exit_3(Child& c, const std::string& log) {
     const auto t0 = std::chrono::steady_clock::now();
     c.signal(SIGTERM);
@@ -32,7 +33,7 @@ class StopWhileStuckTest : public ExampleProgramTest {
     ASSERT_NE(st, -1) << "still running 30 s after SIGTERM";
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << "\n"
                                                        << read_text(dir_.file(log));
-    EXPECT_LE(took.count(), kStopTimeoutMs + 1000) << "took " << took.count() << " ms\n"
+    EXPECT_LE(took.count(), kStopTimeoutMs + 3000) << "took " << took.count() << " ms\n"
                                                    << read_text(dir_.file(log));
   }
 };
@@ -214,7 +215,7 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
   ASSERT_NE(st, -1) << "still running 30 s after SIGTERM";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << "\n"
                                                      << read_text(dir_.file("run.log"));
-  EXPECT_LE(took, kStopTimeoutMs + 1000) << "took " << took << " ms\n"
+  EXPECT_LE(took, kStopTimeoutMs + 3000) << "took " << took << " ms\n"
                                          << read_text(dir_.file("run.log"));
   EXPECT_EQ(sent(), 3);
 

@@ -653,11 +653,11 @@ TEST_P(PgRelay, PublishesHandlerRowsOnceInOrderAndWakesOnNotify) {
                     .ok());
     w.commit();
   }
-  ASSERT_TRUE(wait_until([&] { return seen.size() > static_cast<size_t>(kCredits); }, 5s))
+  ASSERT_TRUE(wait_until([&] { return seen.size() > static_cast<size_t>(kCredits); }, 10s))
       << "the row committed elsewhere did not wake the relay";
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  EXPECT_LT(waited, 5s) << waited.count() << " ms";
+  EXPECT_LT(waited, 10s) << waited.count() << " ms";
   std::printf("row committed elsewhere arrived after %lld ms (relay poll 30000 ms)\n",
               static_cast<long long>(waited.count()));
   {

@@ -227,7 +227,7 @@ TEST_F(StartupTest, DeadlineEndsTheWaitWithTheLastTransientError) {
   EXPECT_NE(s.message().find("not ready after"), std::string::npos) << s.to_string();
   EXPECT_EQ(inbox, nullptr);
   EXPECT_GE(took.count(), 400);
-  EXPECT_LT(took.count(), 2000) << "the attempt's busy timeout was not cut to the deadline";
+  EXPECT_LT(took.count(), 4000) << "the attempt's busy timeout was not cut to the deadline";
   ASSERT_FALSE(progress_.calls().empty());
   EXPECT_FALSE(progress_.calls().back().stuck);
   // Nothing was written: the schema is not there.
