@@ -91,9 +91,16 @@ void Relay::Impl::run_own() {
   int backoff = options.reconnect_backoff_initial_ms;
   while (!is_stopping()) {
     write_metrics(false);
-    if (!hold_turn() || !lock_client_id_with_turn()) {
-      // Another relay of this outbox publishes (or, on this host, is still disconnecting):
-      // stand by, disconnected.
+    if (!hold_turn()) {
+      // Another relay of this outbox publishes: stand by, disconnected. With turns the
+      // client-id lock goes with the turn however it was lost (while connected, or in a
+      // backoff, a failed connect, a failed renewal), so a relay on this host can take both.
+      if (outbox->relays_take_turns())
+        detail::release_client_id_lock(&client_lock_fd, client_lock_path);
+      if (!pause_for(std::max(100, options.turn_lease_ms / 5))) break;
+      continue;
+    }
+    if (!lock_client_id_with_turn()) {  // a relay on this host still disconnecting
       if (!pause_for(std::max(100, options.turn_lease_ms / 5))) break;
       continue;
     }
@@ -322,7 +329,11 @@ Relay::Relay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Relay::~Relay() {
   // After a stop() that timed out the thread may still be inside a store call or Paho:
   // it is waited for here (relay.h: exit the process instead).
-  if (!stop().ok() && impl_->thread.joinable()) impl_->thread.join();
+  if (!stop().ok() && impl_->thread.joinable()) {
+    impl_->thread.join();
+    impl_->outbox->give_back_relay_turn();
+    detail::release_client_id_lock(&impl_->client_lock_fd, impl_->client_lock_path);
+  }
   // Its own client first: its callbacks use the mutex and maps declared after it. A
   // lender's client lives on; the link it keeps then forwards nothing.
   impl_->client.reset();
@@ -337,13 +348,15 @@ Status Relay::start() {
     if (Status s = detail::SubscriberConnection::attach(*m.lender, m.link); !s.ok()) return s;
   } else {
     // Relays that take turns (PostgreSQL) lock the client id with the turn (run_own), so
-    // that a relay standing by on the same host is not refused here.
-    if (!m.outbox->relays_take_turns()) {
-      if (Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
-                                                 &m.client_lock_fd, &m.client_lock_path);
-          !s.ok())
-        return s;
+    // that a relay standing by on the same host is not refused here: a busy lock is
+    // fine, any other failure (an unusable lock folder) is the caller's to fix now.
+    Status s = detail::take_client_id_lock(m.options.client_id_lock_dir, m.options.client_id,
+                                           &m.client_lock_fd, &m.client_lock_path);
+    if (m.outbox->relays_take_turns()) {
+      detail::release_client_id_lock(&m.client_lock_fd, m.client_lock_path);
+      if (s.code() == Status::Code::kBusy) s = Status::Ok();
     }
+    if (!s.ok()) return s;
     m.conn->started();
   }
   m.figures.started(Relay::Impl::Clock::now());

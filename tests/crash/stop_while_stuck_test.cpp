@@ -168,7 +168,7 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithAMessageInTheCallback) {
 // No message waits, only the relay, in its marks: its reads take no lock (a store locked
 // by another writer does not stop them), but marking PUBACKs sent waits for the lock (up
 // to the busy timeout, 5 s) and again after each poll (1 s). Rows enqueued from here while
-// the broker is frozen get their PUBACKs only once the lock is held. SIGTERM half a second
+// the broker is frozen get their PUBACKs only once the lock is held. SIGTERM just
 // into the second wait: the stop still takes at most the stop timeout, and exits 3 (the
 // relay was still in the store call); the next run marks them.
 TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
@@ -206,7 +206,9 @@ TEST_F(StopWhileStuckRelayTest, LockedStoreWithOnlyTheRelayWaiting) {
       seconds(30)))
       << "the relay never waited for the store:\n"
       << read_text(dir_.file("run.log"));
-  std::this_thread::sleep_for(milliseconds(1500));  // inside its next wait, 4.5 s to go
+  // Inside its next wait (after the 1 s poll), more than the stop timeout to go (if the
+  // wait ended first, the relay's last marks would wait again: exit 3 all the same).
+  std::this_thread::sleep_for(milliseconds(1200));
   const auto t0 = std::chrono::steady_clock::now();
   c->signal(SIGTERM);
   const int st = c->wait(seconds(30));

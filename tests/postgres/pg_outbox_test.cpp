@@ -855,6 +855,69 @@ void PgRelay::two_relays_take_turns(const std::string& db, bool one_host) {
   sub->disconnect()->wait();
 }
 
+// Two relays on one host (one client-id lock folder). The holder is cut from the broker
+// (it keeps the turn: it renews between its connection attempts) and then loses the turn
+// while disconnected (its turn's server session ends, as an operator's
+// pg_terminate_backend or a failover ends it); the other relay takes the turn. The
+// client-id lock must follow the turn: a relay that kept it while standing by left the
+// other one holding a turn it could not use, and nothing was published by either.
+TEST_P(PgRelay, TurnLostWhileDisconnectedGivesTheClientIdLockBack) {
+  const std::string db = fresh_db(GetParam() == MqttVersion::kV5 ? "turnlock_v5" : "turnlock_v311");
+  auto inbox_a = open_inbox(uri_of(db, "member_a"));
+  auto inbox_b = open_inbox(uri_of(db, "member_b"));
+  ASSERT_TRUE(inbox_a && inbox_b);
+  auto outbox_a = make_outbox(inbox_a.get());
+  auto outbox_b = make_outbox(inbox_b.get());
+  TempDir locks;
+  auto relay_a = make_relay(outbox_a.get(), broker_.uri(), GetParam(), 200, locks.path());
+  ASSERT_TRUE(relay_a && relay_a->start().ok());
+  ASSERT_TRUE(wait_until([&] { return relay_a->counters().connected; }, 10s));
+  auto relay_b = make_relay(outbox_b.get(), broker_.uri(), GetParam(), 200, locks.path());
+  ASSERT_TRUE(relay_b && relay_b->start().ok());
+
+  // The turn's holder: the backend holding the "outbox relay" group's slot 0.
+  const std::string holder =
+      "SELECT COALESCE((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+      "AND objsubid = 2 AND objid = 0 AND classid = "
+      "(hashtext('mqtt_inbox fleet \"mqtt_inbox\" outbox relay')::int8 & 4294967295)::oid), 0)";
+  const int64_t a_pid = q(db, holder);
+  ASSERT_NE(a_pid, 0);
+  broker_.stop();
+  std::this_thread::sleep_for(500ms);  // a is between connection attempts now
+  q(db, "SELECT count(*) FROM (SELECT pg_terminate_backend(" + std::to_string(a_pid) + ")) t");
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const int64_t now = q(db, holder);
+        return now != 0 && now != a_pid;
+      },
+      20s))
+      << "b never took the turn";
+  broker_.start();
+  Seen seen;
+  auto sub = subscribe(broker_.uri(), "pg-outbox-watcher", &seen);
+  for (int i = 0; i < 40; ++i) {
+    pqxx::connection app(uri_of(db, "app"));
+    pqxx::work w(app);
+    const std::string id = "l-" + std::to_string(i);
+    ASSERT_TRUE(
+        outbox_b
+            ->enqueue(w, msg("events/l", id,
+                             R"({"message_id":")" + id + R"(","account":"acct)" +
+                                 std::to_string(i % 3) + R"(","n":)" + std::to_string(i) + "}"))
+            .ok());
+    w.commit();
+  }
+  ASSERT_TRUE(wait_until([&] { return seen.size() >= 40; }, 30s))
+      << seen.size() << " published: the turn's holder never got the client-id lock";
+  EXPECT_TRUE(relay_b->counters().connected);
+  EXPECT_FALSE(relay_a->counters().connected);
+  std::this_thread::sleep_for(500ms);
+  expect_each_once_in_order(seen, 40);
+  EXPECT_TRUE(relay_a->stop().ok());
+  EXPECT_TRUE(relay_b->stop().ok());
+  sub->disconnect()->wait();
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, PgRelay,
                          ::testing::Values(MqttVersion::kV3_1_1, MqttVersion::kV5),
                          [](const ::testing::TestParamInfo<MqttVersion>& p) {
