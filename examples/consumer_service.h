@@ -151,7 +151,8 @@ class Service {
   // Runs the service until SIGINT/SIGTERM, or until the broker has refused this client
   // for --refused-limit-ms: the Consumer (`handler` runs inside the claim transaction),
   // the Pruner, the Subscriber, then `started` (e.g. an outbox relay's start; an error
-  // ends the run with exit 2, as a subscriber that does not start) and systemd's READY=1. At the
+  // ends the run as a subscriber's start does: exit 4 for a client-id lock held by another
+  // process, else 2) and systemd's READY=1. At the
   // stop, `stopping` (e.g. the relay's stop, bounded by the same
   // --stop-timeout-ms) runs on a thread of its own beside the subscriber's stop, so that
   // both together take at most --stop-timeout-ms: in turn, a stuck store would cost each

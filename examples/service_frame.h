@@ -173,7 +173,8 @@ class Frame {
   // READY=1; from now on a stop signal is handed to wait(). `subscriber`, `relay` and
   // `fleet`, if given, are watched by wait() for refusals: the relay and the fleet's slots
   // connect with the same flags, so a broker that refuses them (credentials, client id,
-  // CA) is the same configuration error.
+  // CA) is the same configuration error. A fleet counts as refused when every slot it
+  // serves is.
   void ready(const mqtt_inbox::Subscriber* subscriber, const mqtt_inbox::Relay* relay = nullptr,
              const mqtt_inbox::Fleet* fleet = nullptr) {
     {
@@ -181,14 +182,17 @@ class Frame {
       watched_.clear();
       if (subscriber) watched_.push_back({"client", [subscriber] { return subscriber->health(); }});
       if (relay) watched_.push_back({"relay", [relay] { return relay->health(); }});
-      // A fleet member: the first slot it serves that the broker refuses, if any. Slots
-      // connect with one set of flags, so a refusal of one is a refusal of all.
+      // A fleet member: refused when the broker refuses every slot it serves (the flags
+      // are one configuration). Not for one slot alone: a refusal tied to one client id
+      // (an ACL) would end each member in turn as the slot moved on.
       if (fleet)
-        watched_.push_back({"fleet slot", [fleet] {
+        watched_.push_back({"member's slots", [fleet] {
                               const mqtt_inbox::FleetHealth f = fleet->health();
                               for (const mqtt_inbox::SubscriberHealth& h : f.serving_health)
-                                if (!h.connected && refused(h)) return h;
-                              return mqtt_inbox::SubscriberHealth{};
+                                if (h.connected || !refused(h))
+                                  return mqtt_inbox::SubscriberHealth{};
+                              return f.serving_health.empty() ? mqtt_inbox::SubscriberHealth{}
+                                                              : f.serving_health.front();
                             }});
       running_ = true;
     }

@@ -34,6 +34,7 @@ build_and_test() {  # build_and_test DIR [cmake args...] [-- ctest args...]
   ctest_args=("$@")
   cmake -S "$ROOT" -B "$dir" -G Ninja -DMQTT_INBOX_WARNINGS_AS_ERRORS=ON "${cmake_args[@]}" >/dev/null &&
     timed "$dir: build" cmake --build "$dir" -j "$JOBS" &&
+    rm -f "$dir/Testing/Temporary/LastTestsFailed.log" &&
     { (cd "$dir" && timed "$dir: ctest" ctest --output-on-failure --timeout 300 -j "$CTEST_JOBS" "${ctest_args[@]}") ||
       { local rc=$?; record_failed_tests "$dir"; return $rc; }; }
 }
@@ -45,14 +46,15 @@ FAILED_TESTS=()
 record_failed_tests() {
   local dir="$1" list="$1/Testing/Temporary/LastTestsFailed.log" log="$1/Testing/Temporary/LastTest.log"
   [ -f "$list" ] || return 0
-  local name
+  local name line
+  [ -f "$log" ] || log=/dev/null
   while IFS=: read -r _ name; do
     FAILED_TESTS+=("${dir#"$ROOT"/}: $name")
     while IFS= read -r line; do FAILED_TESTS+=("    $line"); done < <(
       awk -v t="Testing: $name" '
         substr($0, length($0) - length(t) + 1) == t { on = 1; next }
         on && /^Test (Passed|Failed)/ { on = 0 }
-        on && !/^Command:/ && /Failure|Expected|Which is|Value of|Actual|error|FATAL|Sanitizer|SUMMARY|Timeout|[Ee]xception|timed out|lost|twice/ { print; if (++n == 12) exit }
+        on && !/^Command:/ && /Failure|Expected|Which is|Value of|Actual|FATAL|Sanitizer|SUMMARY|Timeout|[Ee]xception|timed out/ { print; if (++n == 12) exit }
       ' "$log" | cut -c1-200)
   done < "$list"
 }

@@ -133,8 +133,11 @@ class Fleet {
   // Stops every slot's Subscriber (Subscriber::stop(), in parallel), then leaves the
   // group, giving its slots back at once. kBusy as Subscriber::stop when a message was
   // still waiting for the store: the group is not left (the server frees the slots when
-  // the process exits), and the process should exit; nothing unacked is lost. A second
-  // stop() does nothing more and returns OK.
+  // the process exits), and the process should exit; nothing unacked is lost. A lease
+  // round that a server which stopped answering still holds after a lease is not waited
+  // for: its connection is broken (the server frees the slots when it sees that), so a
+  // stop takes at most SubscriberOptions::stop_timeout_ms plus a lease. A second stop()
+  // does nothing more and returns OK.
   Status stop();
 
   // A snapshot; never waits for the store, the lease thread or Paho's lock.
@@ -147,7 +150,7 @@ class Fleet {
 };
 
 // A ServiceNotifier source (service_notifier.h) for a fleet member, name "fleet":
-// connected while the lease is fresh and every slot this member serves is connected (a
+// connected while the lease is fresh and every slot this member holds is connected (a
 // member holding no slot, in a fleet with more members than slots, is connected once its
 // lease is); a note with the slots held and the members, and while not connected why
 // (the lease's age and last failed renewal, or a slot's last failed attempt). Keeps a

@@ -76,7 +76,8 @@ struct Fleet::Impl {
   std::atomic<int64_t> renewed_at{LLONG_MIN};
 
   mutable std::mutex mu;
-  mutable std::mutex subscribers_mu;  // Slot::subscriber's pointer (never held across a call)
+  mutable std::mutex subscribers_mu;  // Slot::subscriber's pointer (never held across a
+                                      // blocking call: health() reads Subscriber::health())
   std::condition_variable cv;
   bool started = false, stopping = false;
   bool slots_changed = false;  // wakes the slot thread: the lease thread changed a state
@@ -443,9 +444,13 @@ Status Fleet::stop() {
     impl_->cv.notify_all();
   }
   impl_->slot_thread.join();
+  // The Subscribers first, while the leases still hold: nobody else may connect their
+  // client ids before they stopped (the server frees the slots only a lease after the
+  // last renewal, or when the lease connection closes below).
+  const Status s = impl_->stop_all();
   // The lease thread ends after its round. A round blocked on a server that stopped
   // answering (TCP_USER_TIMEOUT ends it only when nothing acknowledges the bytes) is
-  // broken after a lease: by then the lease is stale and every slot stopped anyway.
+  // broken after a lease: every Subscriber has been asked to stop by then.
   {
     std::unique_lock<std::mutex> lock(impl_->mu);
     if (!impl_->cv.wait_for(lock, std::chrono::milliseconds(impl_->options.lease_ms),
@@ -459,7 +464,6 @@ Status Fleet::stop() {
     }
   }
   impl_->lease_thread.join();
-  const Status s = impl_->stop_all();
   if (!s.ok()) return s;  // a message waits for the store: keep the leases to the exit
   impl_->leases->leave();
   impl_->log->info("fleet {}: left the group", impl_->options.group);

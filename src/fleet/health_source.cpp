@@ -24,7 +24,9 @@ HealthSource health_source(const Fleet& fleet) {
     // Fresh as the member itself judges it (fleet.h): under half a lease since the last
     // successful renewal began.
     const bool fresh = f.renewed_ms_ago >= 0 && f.renewed_ms_ago < f.lease_ms / 2;
-    const bool all_connected = f.connected.size() == f.serving.size();
+    // Every slot held is served and connected (one whose Subscriber does not start, say
+    // for a client-id lock another process on this host holds, counts against it).
+    const bool all_connected = f.connected == f.slots;
     h.connected = fresh && all_connected;
     // Stable while all is well (STATUS= changes only when something does): the slots and
     // the members; the lease's age and the reason only once it is stale.

@@ -59,10 +59,11 @@ class SlotLeases {
   virtual Status list(std::vector<SlotHolder>* out) = 0;
   // Leaves the group: gives back every slot and closes the connection.
   virtual void leave() = 0;
-  // From any thread: breaks the connection's socket, so a round() or list() blocked on a
-  // server that stopped answering (hung, or a proxy in between frozen; TCP's own timeouts
-  // never fire while something still acknowledges the bytes) fails at once. The server
-  // frees the slots as after any broken connection. The next call connects again.
+  // From any thread, for a stop: breaks the connection's socket, so a round() or list()
+  // blocked on a server that stopped answering (hung, or a proxy in between frozen; TCP's
+  // own timeouts never fire while something still acknowledges the bytes) fails at once,
+  // also while it is still setting the connection up. The server frees the slots as after
+  // any broken connection. Sticky: every connection opened later is broken at once too.
   virtual void interrupt() = 0;
 };
 

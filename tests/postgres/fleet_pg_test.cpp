@@ -543,11 +543,10 @@ INSTANTIATE_TEST_SUITE_P(Mqtt, FleetPgTest, ::testing::Values("3.1.1", "5"), [](
   return std::string(p.param) == "5" ? "V5" : "V3_1_1";
 });
 
-// What a fleet refuses before anything connects: an SQLite inbox (the leases must be
-// reachable by every member), exit 1 with the reason.
 // A broker that refuses the slots' client (credentials, here): a member does not stay up
-// for ever, as one consumer does not (service_startup_test): once every attempt of a slot
-// it serves was refused for --refused-limit-ms, it stops cleanly with exit 7.
+// for ever, as one consumer does not (service_startup_test): once the broker refused
+// every attempt of every slot it serves for --refused-limit-ms, it stops cleanly with
+// exit 7.
 TEST_P(FleetPgTest, BrokerRefusingTheSlotsEndsWithExit7) {
   Broker closed(Broker::Config{}, {"allow_anonymous false\n"});
   std::vector<std::string> argv = member_argv("d");
@@ -568,10 +567,12 @@ TEST_P(FleetPgTest, BrokerRefusingTheSlotsEndsWithExit7) {
   const int st = d.wait(std::chrono::seconds(40));
   EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 7) << st << "\n" << all_logs();
   const std::string l = read_file(log("d"));
-  EXPECT_NE(l.find("the broker refused this fleet slot for 3 s"), std::string::npos) << l;
+  EXPECT_NE(l.find("the broker refused this member's slots for 3 s"), std::string::npos) << l;
   EXPECT_NE(l.find("fleet ledger: left the group"), std::string::npos) << l;
 }
 
+// What a fleet refuses before anything connects: an SQLite inbox (the leases must be
+// reachable by every member), exit 1 with the reason.
 TEST(FleetStartup, AFleetOnSqliteIsRefused) {
   TempDir dir;
   const std::string l = dir.file("sqlite.log");

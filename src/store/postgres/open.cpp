@@ -259,7 +259,8 @@ bool refused_identity(const std::string& what) {
 
 void prepare_pg_statements(PgStore& s);  // claim.cpp
 
-Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s) {
+Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s,
+                                const std::function<void(pqxx::connection&)>& on_open) {
   out->reset();
   std::string info = conninfo;
   if (connect_timeout_s > 0 && info.find("connect_timeout=") == std::string::npos)
@@ -275,6 +276,7 @@ Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int conn
       return Status(Status::Code::kPermissionDenied, "connecting to " + uri + ": " + what);
     return Status(Status::Code::kIoError, "connecting to " + uri + ": " + what);
   }
+  if (on_open) on_open(*c);
   try {
     pqxx::nontransaction n(*c);
     const std::string iso = n.exec1("SHOW default_transaction_isolation")[0].as<std::string>();

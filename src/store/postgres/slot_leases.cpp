@@ -15,6 +15,7 @@
 // the server frees them) and of one cut off by the network alike. The member's side
 // (fleet.cpp) stops serving its slots once half a lease has passed since the start of its
 // last successful round, before the server can have freed them.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -128,6 +129,7 @@ class PgSlotLeases final : public SlotLeases {
 
   void interrupt() override {
     std::lock_guard<std::mutex> lock(sock_mu_);
+    interrupted_ = true;
     if (sock_ >= 0) (void)::shutdown(sock_, SHUT_RDWR);
   }
 
@@ -148,27 +150,39 @@ class PgSlotLeases final : public SlotLeases {
     // a lease, not TCP's connect retries (about two minutes), so Fleet::stop and the
     // relay's stop are not held up by it. libpq counts whole seconds, at least 2.
     const int connect_s = std::max(2, static_cast<int>((options_.lease_ms + 999) / 1000));
-    if (Status s = store_.open_connection(&c, connect_s); !s.ok()) return s;
-    try {
-      pqxx::nontransaction n(*c);
-      // idle_session_timeout is PostgreSQL 14's; an older server refuses it here.
-      n.exec_params("SELECT set_config('idle_session_timeout', $1, false)",
-                    std::to_string(options_.lease_ms));
-      n.exec_params("SELECT set_config('application_name', $1, false)", options_.member_name);
-      key_ = n.exec_params1("SELECT hashtext($1)",
-                            "mqtt_inbox fleet " + store_.schema + " " + options_.group)[0]
-                 .as<int>();
-    } catch (const std::exception& e) {
-      return pg_to_status(e, "connecting for fleet '" + options_.group + "'");
-    }
-    // The member's own side of the lease: a round on a connection the network dropped
-    // fails within one lease instead of waiting for TCP's retransmissions (about 15
-    // minutes). A Unix-domain socket refuses the option and needs none.
-    const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
-    (void)::setsockopt(c->sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
-    {
+    Status s = store_.open_connection(&c, connect_s, [this](pqxx::connection& opened) {
+      // The member's own side of the lease: a round on a connection the network dropped
+      // fails within one lease instead of waiting for TCP's retransmissions (about 15
+      // minutes). A Unix-domain socket refuses the option and needs none.
+      const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
+      (void)::setsockopt(opened.sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms,
+                         sizeof timeout_ms);
+      // From here on interrupt() reaches this connection, the statements that set it up
+      // included. A descriptor of our own (a dup) for it: never closed under libpq, so
+      // its number is never another file's while interrupt() may use it.
       std::lock_guard<std::mutex> lock(sock_mu_);
-      sock_ = c->sock();
+      close_sock_locked();
+      sock_ = ::fcntl(opened.sock(), F_DUPFD_CLOEXEC, 0);
+      if (interrupted_ && sock_ >= 0) (void)::shutdown(sock_, SHUT_RDWR);
+    });
+    if (s.ok()) {
+      try {
+        pqxx::nontransaction n(*c);
+        // idle_session_timeout is PostgreSQL 14's; an older server refuses it here.
+        n.exec_params("SELECT set_config('idle_session_timeout', $1, false)",
+                      std::to_string(options_.lease_ms));
+        n.exec_params("SELECT set_config('application_name', $1, false)", options_.member_name);
+        key_ = n.exec_params1("SELECT hashtext($1)",
+                              "mqtt_inbox fleet " + store_.schema + " " + options_.group)[0]
+                   .as<int>();
+      } catch (const std::exception& e) {
+        s = pg_to_status(e, "connecting for fleet '" + options_.group + "'");
+      }
+    }
+    if (!s.ok()) {
+      c.reset();
+      drop();  // our descriptor too: the server sees the connection close
+      return s;
     }
     conn_ = std::move(c);
     return Status::Ok();
@@ -213,13 +227,11 @@ class PgSlotLeases final : public SlotLeases {
   // Closes the connection: the server frees its locks (at once if it is alive and
   // reachable; else one lease after the last renewal).
   void drop() {
-    {
-      // Forgotten before it is closed, so interrupt() never shuts down a descriptor
-      // number that something else opened since.
-      std::lock_guard<std::mutex> lock(sock_mu_);
-      sock_ = -1;
-    }
     conn_.reset();
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      close_sock_locked();
+    }
     joined_ = false;
     held_.clear();
   }
@@ -227,8 +239,13 @@ class PgSlotLeases final : public SlotLeases {
   PgStore& store_;
   const SlotLeaseOptions options_;
   std::unique_ptr<pqxx::connection> conn_;
-  std::mutex sock_mu_;  // sock_, for interrupt() from another thread
-  int sock_ = -1;       // conn_'s socket; -1 when there is none
+  void close_sock_locked() {
+    if (sock_ >= 0) ::close(sock_);
+    sock_ = -1;
+  }
+  std::mutex sock_mu_;        // sock_ and interrupted_, for interrupt() from another thread
+  int sock_ = -1;             // a dup of conn_'s socket (ours to close); -1 when none
+  bool interrupted_ = false;  // interrupt() was called: every later connection is broken too
   int key_ = 0;
   bool joined_ = false;  // conn_ holds the membership lock
   std::set<int> held_;

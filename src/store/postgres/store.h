@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -179,8 +180,10 @@ struct PgStore final : Store {
   // store-then-process worker's. No lock needed. Errors classified as connect_locked's (a
   // refused identity: kPermissionDenied; unreachable: kIoError), not counted.
   // `connect_timeout_s` > 0 bounds the connection attempt (libpq's connect_timeout)
-  // unless the location sets its own.
-  Status open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s = 0);
+  // unless the location sets its own. `on_open`, if set, is called once the server
+  // accepted the connection, before the settings' statements run on it.
+  Status open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s = 0,
+                         const std::function<void(pqxx::connection&)>& on_open = {});
   // Classifies a failure of the store's own statement, drops a lost connection (the next
   // call reconnects) and counts it (store_error). Under `mu`.
   Status failed(const std::exception& e, const std::string& context);
