@@ -460,9 +460,16 @@ Outcome Consumer::handle(const Message& message) {
   if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::handle").ok())
     return Outcome::kDeadLettered;
   const Outcome o = impl_->run(message, std::nullopt);
-  if (impl_->log->should_log(spdlog::level::debug))
-    impl_->log->debug("consumer '{}': message on '{}' (dup flag {}): {}", impl_->name,
-                      detail::printable(message.topic), message.dup ? 1 : 0, to_string(o));
+  if (impl_->log->should_log(spdlog::level::debug)) {
+    // The id again (debug only): which process applied which message, when several share
+    // a subscription (fleet.h).
+    std::string id, why;
+    DeadLetterReason reason{};
+    if (!extract_message_id(message, &id, &reason, &why)) id = "?";
+    impl_->log->debug("consumer '{}': message '{}' on '{}' (dup flag {}): {}", impl_->name,
+                      detail::printable(id), detail::printable(message.topic), message.dup ? 1 : 0,
+                      to_string(o));
+  }
   return o;
 }
 
