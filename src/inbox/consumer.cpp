@@ -192,9 +192,10 @@ struct Consumer::Impl {
   }
 
   // `stop`: set for the requeue thread only, which may give up while the store fails
-  // (StoreRetry::Stopped); a transport's caller never does.
+  // (StoreRetry::Stopped); a transport's caller never does. `id_out`, if set, receives
+  // the message id once it is extracted (handle()'s debug line).
   Outcome run(const Message& m, std::optional<int64_t> replay_of,
-              const std::atomic<bool>* stop = nullptr) {
+              const std::atomic<bool>* stop = nullptr, std::string* id_out = nullptr) {
     detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
     if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess) return retained(m);
     if (m.payload.size() > options.max_payload_bytes) {
@@ -224,6 +225,7 @@ struct Consumer::Impl {
       return dead_letter(m, std::nullopt, reason, why, 0, 0, replay_of, stop);
     const nlohmann::json* payload_json = document.is_discarded() ? nullptr : &document;
     log_fields.set_message_id(id);
+    if (id_out) *id_out = id;
 
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
@@ -459,17 +461,16 @@ Outcome Consumer::handle(const Message& message) {
   // message is dead-lettered as handler_reentered, which covers this one too.
   if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::handle").ok())
     return Outcome::kDeadLettered;
-  const Outcome o = impl_->run(message, std::nullopt);
-  if (impl_->log->should_log(spdlog::level::debug)) {
-    // The id again (debug only): which process applied which message, when several share
-    // a subscription (fleet.h).
-    std::string id, why;
-    DeadLetterReason reason{};
-    if (!extract_message_id(message, &id, &reason, &why)) id = "?";
+  // The id for the debug line comes from run()'s own extraction: nothing is parsed twice
+  // on the per-message path (an oversized payload, never parsed, shows as "?"). It names
+  // which process applied which message when several share a subscription (fleet.h).
+  const bool debug = impl_->log->should_log(spdlog::level::debug);
+  std::string id = "?";
+  const Outcome o = impl_->run(message, std::nullopt, nullptr, debug ? &id : nullptr);
+  if (debug)
     impl_->log->debug("consumer '{}': message '{}' on '{}' (dup flag {}): {}", impl_->name,
                       detail::printable(id), detail::printable(message.topic), message.dup ? 1 : 0,
                       to_string(o));
-  }
   return o;
 }
 

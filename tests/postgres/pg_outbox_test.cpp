@@ -591,6 +591,25 @@ std::unique_ptr<Relay> make_relay(Outbox* outbox, const std::string& uri, MqttVe
   return r;
 }
 
+// Rows `<prefix>from` .. `<prefix>(to-1)` on `topic`, each enqueued through `outbox` in an
+// application transaction of its own, for accounts acct0..acct2 in turn (the order
+// expect_each_once_in_order checks).
+void enqueue_rows(const std::string& db, Outbox* outbox, const std::string& topic,
+                  const std::string& prefix, int from, int to) {
+  for (int i = from; i < to; ++i) {
+    pqxx::connection app(uri_of(db, "app"));
+    pqxx::work w(app);
+    const std::string id = prefix + std::to_string(i);
+    ASSERT_TRUE(
+        outbox
+            ->enqueue(w, msg(topic, id,
+                             R"({"message_id":")" + id + R"(","account":"acct)" +
+                                 std::to_string(i % 3) + R"(","n":)" + std::to_string(i) + "}"))
+            .ok());
+    w.commit();
+  }
+}
+
 class PgRelay : public ::testing::TestWithParam<MqttVersion> {
  protected:
   void two_relays_take_turns(const std::string& db, bool one_host);
@@ -824,28 +843,15 @@ void PgRelay::two_relays_take_turns(const std::string& db, bool one_host) {
                             one_host ? locks_a.path() : locks_b.path());
   ASSERT_TRUE(relay_b && relay_b->start().ok());
 
-  const auto enqueue = [&](Outbox* o, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      pqxx::connection app(uri_of(db, "app"));
-      pqxx::work w(app);
-      const std::string id = "t-" + std::to_string(i);
-      ASSERT_TRUE(
-          o->enqueue(w, msg("events/t", id,
-                            R"({"message_id":")" + id + R"(","account":"acct)" +
-                                std::to_string(i % 3) + R"(","n":)" + std::to_string(i) + "}"))
-              .ok());
-      w.commit();
-    }
-  };
-  enqueue(outbox_a.get(), 0, 40);
-  enqueue(outbox_b.get(), 40, 80);
+  enqueue_rows(db, outbox_a.get(), "events/t", "t-", 0, 40);
+  enqueue_rows(db, outbox_b.get(), "events/t", "t-", 40, 80);
   ASSERT_TRUE(wait_until([&] { return seen.size() >= 80; }, 20s)) << seen.size();
   std::this_thread::sleep_for(500ms);
   EXPECT_FALSE(relay_b->counters().connected) << "the relay without the turn connected";
 
   // The holder stops (a member leaving): the other takes the turn and goes on.
   ASSERT_TRUE(relay_a->stop().ok());
-  enqueue(outbox_b.get(), 80, 120);
+  enqueue_rows(db, outbox_b.get(), "events/t", "t-", 80, 120);
   ASSERT_TRUE(wait_until([&] { return seen.size() >= 120; }, 20s)) << seen.size();
   EXPECT_TRUE(relay_b->counters().connected);
   std::this_thread::sleep_for(500ms);  // room for a duplicate to show
@@ -895,18 +901,7 @@ TEST_P(PgRelay, TurnLostWhileDisconnectedGivesTheClientIdLockBack) {
   broker_.start();
   Seen seen;
   auto sub = subscribe(broker_.uri(), "pg-outbox-watcher", &seen);
-  for (int i = 0; i < 40; ++i) {
-    pqxx::connection app(uri_of(db, "app"));
-    pqxx::work w(app);
-    const std::string id = "l-" + std::to_string(i);
-    ASSERT_TRUE(
-        outbox_b
-            ->enqueue(w, msg("events/l", id,
-                             R"({"message_id":")" + id + R"(","account":"acct)" +
-                                 std::to_string(i % 3) + R"(","n":)" + std::to_string(i) + "}"))
-            .ok());
-    w.commit();
-  }
+  enqueue_rows(db, outbox_b.get(), "events/l", "l-", 0, 40);
   ASSERT_TRUE(wait_until([&] { return seen.size() >= 40; }, 30s))
       << seen.size() << " published: the turn's holder never got the client-id lock";
   EXPECT_TRUE(relay_b->counters().connected);
