@@ -108,7 +108,10 @@ struct SubscriberOptions : ConnectionOptions {
   // A connection lost within this many ms of being made counts as unstable (for example
   // another client, on another host, using the same client id): reconnects then back
   // off exponentially up to reconnect_backoff_max_ms instead of reconnecting at once,
-  // so two such clients do not storm the broker. Default 10000.
+  // so two such clients do not storm the broker. The warning names a takeover only when
+  // the broker said so (MQTT 5 DISCONNECT reason code 0x8E); otherwise it gives the
+  // reason code the broker sent, or says that none came (always on MQTT 3.1.1).
+  // Default 10000.
   int unstable_connection_ms = 10000;
   // How long stop() waits for a message that is in the callback, ms. Default 10000.
   int stop_timeout_ms = 10000;
