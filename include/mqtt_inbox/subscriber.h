@@ -88,11 +88,14 @@ struct SubscriberOptions : ConnectionOptions {
   // kept. Size it to the longest time a device may stay offline. Default 7 days.
   uint32_t session_expiry_s = 7 * 24 * 3600;
   // MQTT 5 Receive Maximum sent in CONNECT (MQTT 5.0 section 3.1.2.11.3): how many QoS 1
-  // messages the broker sends before it waits for their PUBACKs. It bounds the in-flight
-  // window, and with it the burst of redeliveries after a crash; the callback commits one
-  // message at a time anyway, so a larger window buys little. 1..65535. Default 20.
-  // Ignored for MQTT 3.1.1, where the broker's own limit applies (mosquitto:
-  // max_inflight_messages, default 20).
+  // messages the broker may send before it waits for their PUBACKs. A broker that keeps
+  // it bounds the in-flight window, and with it the burst of redeliveries after a crash;
+  // mosquitto 2.0.11 keeps it only at 1 (each PUBACK releases up to this many more while
+  // messages wait: docs/brokers-and-tls.md#the-in-flight-window). Every redelivery is
+  // still applied once, and the callback commits one message at a time, so a larger
+  // window buys little. 1..65535. Default 20. Ignored for MQTT 3.1.1, where the broker's
+  // own limit applies (mosquitto: max_inflight_messages, default 20, likewise kept only
+  // at 1).
   uint16_t receive_maximum = 20;
   // MQTT 5 Maximum Packet Size sent in CONNECT (MQTT 5.0 section 3.1.2.11.4), bytes;
   // 0 = not sent (no limit). It keeps a huge PUBLISH (100 MB) from being read into the
