@@ -469,7 +469,9 @@ typedef struct mqtt_inbox_subscriber_options_t {
   int connect_timeout_ms;               /* one attempt, > 0; 10000 */
   int reconnect_backoff_initial_ms;     /* first wait after a failure, doubled; 500 */
   int reconnect_backoff_max_ms;         /* its cap; 30000 */
-  int receive_maximum;                  /* MQTT 5 in-flight window, 1..65535; 20 */
+  int receive_maximum;                  /* MQTT 5 Receive Maximum sent in CONNECT, 1..65535;
+                                           20. mosquitto 2.0.11 keeps it only at 1:
+                                           docs/brokers-and-tls.md#the-in-flight-window */
   int stop_timeout_ms;                  /* how long stop waits for a message in the handler;
                                            10000 */
   int tls_version;                      /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
