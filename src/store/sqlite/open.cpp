@@ -87,24 +87,52 @@ Status detail::open_sqlite_store(const std::string& path, const InboxOptions& op
   impl->startup = std::make_unique<detail::StoreRetry>(
       "inbox " + path, path, options.startup_backoff_initial.count(),
       options.startup_backoff_max.count(), options.startup_log_interval_ms, impl->clock, impl->log);
+  // What waiting would never mend fails before anything is created (a lock file beside a
+  // folder): a folder or a device as the path, a missing folder, a new database in a
+  // folder that cannot be written.
+  bool existed = false;
+  if (Status s = detail::check_database_location(path, &existed); !s.ok()) {
+    impl->log->error("inbox {}: {}", path, s.message());
+    return s;
+  }
   // Files another user left behind do not clear by themselves: refuse before SQLite
   // quietly opens the database read-only.
   if (Status s = detail::check_writable(path, options.exclusive); !s.ok()) {
     impl->log->error("inbox {}: {}", path, s.message());
     return s;
   }
+  struct stat lock_st {};
+  const bool lock_existed = ::stat((path + ".lock").c_str(), &lock_st) == 0;
   if (options.exclusive) {
     if (Status s = take_lock_file(path, &impl->lock_fd); !s.ok()) return s;
   }
   detail::SqliteStore* m = impl.get();
-  const Status s = m->wait_at_startup("opening the database",
-                                      [m](int busy_ms) { return m->open_connection(busy_ms); });
+  // A new database that does not fit on the file system: no message waits in it, so
+  // there is nothing to wait for (kFull is transient for an existing one). Reported as a
+  // non-transient status to end the start-up wait, and as kFull below.
+  bool new_file_full = false;
+  Status s = m->wait_at_startup("opening the database", [m, existed, &new_file_full](int busy_ms) {
+    Status r = m->open_connection(busy_ms);
+    if (existed || r.code() != Status::Code::kFull) return r;
+    new_file_full = true;
+    return Status::InvalidArgument(r.message());
+  });
+  if (new_file_full)
+    s = Status(Status::Code::kFull, "no room to create the new database " + path + " (" +
+                                        s.message() + "); nothing was left behind");
   if (impl->db) sqlite3_busy_timeout(impl->db->getHandle(), options.busy_timeout_ms);
   if (!s.ok()) {
     // Closed here, without what ~SqliteStore does after a successful open (persisting the
     // clock, clearing a marker that may hold an attempt not yet counted).
     impl->close_connection();
     impl->marker.reset();
+    if (new_file_full) {
+      // The files this call created, while it still holds the lock file: a database that
+      // was never made leaves nothing behind.
+      for (const char* suffix : {"-wal", "-shm", ""}) ::unlink((path + suffix).c_str());
+      if (!lock_existed && impl->lock_fd >= 0) ::unlink((path + ".lock").c_str());
+      impl->log->error("inbox {}: {}", path, s.message());
+    }
     if (impl->lock_fd >= 0) ::close(impl->lock_fd);
     impl->lock_fd = -1;
     return s;
