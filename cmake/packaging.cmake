@@ -23,7 +23,12 @@ set(MQTT_INBOX_SERVICE_LIBEXECDIR "${CMAKE_INSTALL_LIBEXECDIR}/mqtt-inbox")
 # out and restart it in a loop; and a package whose Depends dpkg-shlibdeps did not compute
 # installs programs that do not load on a fresh machine. Neither combination is packaged:
 # AUTO leaves the service package out (saying why), ON stops the configure.
-set(MQTT_INBOX_PACKAGE_SERVICE AUTO CACHE STRING
+# A firmware build (MQTT_INBOX_FIRMWARE) makes no programs: no service package, no warning.
+set(_mqtt_inbox_service_default AUTO)
+if(MQTT_INBOX_FIRMWARE)
+  set(_mqtt_inbox_service_default OFF)
+endif()
+set(MQTT_INBOX_PACKAGE_SERVICE ${_mqtt_inbox_service_default} CACHE STRING
   "Make the mqtt-inbox service .deb (programs + Type=notify units): AUTO, ON or OFF")
 set_property(CACHE MQTT_INBOX_PACKAGE_SERVICE PROPERTY STRINGS AUTO ON OFF)
 set(_mqtt_inbox_no_service "")

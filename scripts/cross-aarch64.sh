@@ -19,6 +19,9 @@
 #              dpkg-shlibdeps against what its programs load, Type=notify with
 #              libsystemd, RestartPreventExitStatus=, TimeoutStartSec=, systemd-analyze
 #              verify, its postinst, --help under qemu)
+#   firmware   scripts/firmware.sh for aarch64 into $BUILD_DIR-firmware: the firmware
+#              build (-DMQTT_INBOX_FIRMWARE=ON), installed, a C program linked against it
+#              shared and static, what it needs (NEEDED; ldd under qemu)
 #   test       ctest under qemu-aarch64: the unit tests, then the integration
 #              tests labelled core (every one with --all-integration; they start
 #              the host's /usr/sbin/mosquitto on 127.0.0.1; the test binary runs
@@ -50,6 +53,7 @@ CROSS_OBJDUMP_FORMAT=elf64-littleaarch64
 CROSS_QEMU=qemu-aarch64
 CROSS_QEMU_ROOT=/
 CROSS_PACKAGE=1
+CROSS_FIRMWARE=1
 
 DEPS_ONLY=0
 cross_arg() {

@@ -15,6 +15,9 @@
 #   CROSS_CMAKE_ARGS  array of extra configure arguments
 #   CROSS_PACKAGE     1: a stage "package" makes the .debs and checks the service one
 #                     (tests/package/service_deb_arch_test.cmake); needs a multiarch build
+#   CROSS_FIRMWARE    1: a stage "firmware" runs scripts/firmware.sh for the target into
+#                     $BUILD_DIR-firmware (the firmware build, a C program linked against it
+#                     shared and static); needs a multiarch build
 # and defines:
 #   cross_arg ARG         handle an option of its own (return 1 if unknown)
 #   cross_before_build    its stages before configure (deps, sysroot); may exit
@@ -30,6 +33,7 @@ BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 CTEST_TIMEOUT="${CTEST_TIMEOUT:-300}"
 CROSS_CMAKE_ARGS=()
 CROSS_PACKAGE=0
+CROSS_FIRMWARE=0
 
 # ---------------------------------------------------------------- options --
 DO_INSTALL=1 DO_TESTS=1 DO_INTEGRATION=1 DO_CLEAN=0 ALL_INTEGRATION=0
@@ -146,6 +150,12 @@ package() {
   cmake -DBUILD="$BUILD_DIR" -DWORK="$BUILD_DIR/packages" "${emulator[@]}" \
     -P "$SOURCE_DIR/tests/package/service_deb_arch_test.cmake"
   ls -l "$BUILD_DIR"/packages/out/*.deb
+}
+
+# The firmware build for the target (docs/packaging.md#the-firmware-build).
+firmware() {
+  "$SOURCE_DIR/scripts/firmware.sh" --toolchain "$TOOLCHAIN" --triplet "$TRIPLET" \
+    "$BUILD_DIR-firmware"
 }
 
 # ----------------------------------------------------------------- verify --
@@ -274,6 +284,7 @@ cross_main() {
   stage build build
   stage verify verify
   [ "$CROSS_PACKAGE" = 1 ] && stage package package
+  [ "$CROSS_FIRMWARE" = 1 ] && stage firmware firmware
   if [ "$DO_TESTS" = 1 ]; then
     stage unit-tests test_unit
     [ "$DO_INTEGRATION" = 1 ] && stage integration test_integration

@@ -5,9 +5,14 @@
 # (examples/c/ledger_consumer.c) side by side as VmRSS, RssAnon and Pss, with where the
 # anonymous memory is. Prints the tables docs/packaging.md#footprint shows.
 #
-#   scripts/footprint.sh [--no-cross] [--no-build] [--only-sizes] [--only-c]
+#   scripts/footprint.sh [--no-cross] [--no-build] [--only-sizes] [--only-c] [--firmware]
 #
 # --only-c: only the side-by-side table of the C++ and C consumers (and an idle mosquitto).
+# --firmware: only the idle memory of docs/c-api.md's minimal C program (examples/c/
+#   minimal.c) on the firmware build (scripts/firmware.sh into $FIRMWARE_BUILD, made if
+#   missing), linked shared and static, each on a new and on an existing database: VmRSS,
+#   RssAnon and Pss, where the RssAnon is (per library, heap, thread arenas, stacks), and an
+#   idle mosquitto's beside them. The figures of docs/packaging.md#footprint.
 #
 # Builds (own folders, -j$JOBS, tests/bench/tools off):
 #   $BUILD_PREFIX-x86     RelWithDebInfo (the default build type)  -> installed to $WORK/prefix
@@ -27,7 +32,8 @@
 # and read VmHWM from /proc/<pid>/status once all N ledger rows are committed.
 #
 # Environment: N (20000), JOBS (2), IDLE_S (5), WORK (/tmp/mqtt-inbox-footprint),
-#              BUILD_PREFIX (<repo>/build-footprint)
+#              BUILD_PREFIX (<repo>/build-footprint), FIRMWARE_BUILD (<repo>/build-firmware),
+#              RUNS (3: --firmware takes each figure's median of that many runs)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,13 +44,14 @@ JOBS="${JOBS:-2}"
 IDLE_S="${IDLE_S:-5}"
 WORK="${WORK:-/tmp/mqtt-inbox-footprint}"
 BUILD_PREFIX="${BUILD_PREFIX:-$ROOT/build-footprint}"
-DO_CROSS=1 DO_BUILD=1 DO_RSS=1 ONLY_C=0
+DO_CROSS=1 DO_BUILD=1 DO_RSS=1 ONLY_C=0 FIRMWARE=0
 for arg in "$@"; do
   case "$arg" in
     --no-cross) DO_CROSS=0 ;;
     --no-build) DO_BUILD=0 ;;
     --only-sizes) DO_RSS=0 ;;
     --only-c) ONLY_C=1 ;;
+    --firmware) FIRMWARE=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -65,6 +72,7 @@ build() {  # build DIR BUILD_TYPE [cmake args...]
 }
 
 if [ "$ONLY_C" = 1 ]; then DO_CROSS=0; fi
+if [ "$FIRMWARE" = 1 ]; then DO_CROSS=0 DO_BUILD=0 ONLY_C=1; fi
 if [ "$DO_BUILD" = 1 ]; then
   build "$BUILD_PREFIX-x86" RelWithDebInfo
   rm -rf "$WORK/prefix" && cmake --install "$BUILD_PREFIX-x86" --prefix "$WORK/prefix" >/dev/null
@@ -93,6 +101,7 @@ size_row() {  # size_row LABEL STRIP DIR
     "$(stripped "$s" "$(readlink -f "$d/libmqtt_inbox.so")")" \
     "$(stripped "$s" "$d/examples/ledger_consumer")" "$(stripped "$s" "$d/examples/c_ledger_consumer")"
 }
+if [ "$FIRMWARE" = 0 ]; then
 echo
 echo "Stripped sizes, bytes (ledger_consumer links libmqtt_inbox*.a and SQLiteCpp statically,"
 echo "the Debian shared libraries sqlite3, paho, spdlog, fmt, libstdc++ dynamically)"
@@ -104,6 +113,7 @@ size_row "x86-64 -Os (MinSizeRel)" strip "$BUILD_PREFIX-x86-os"
 if [ "$DO_CROSS" = 1 ]; then
   size_row "aarch64 -O2 (RelWithDebInfo)" aarch64-linux-gnu-strip "$BUILD_PREFIX-arm"
   size_row "aarch64 -Os (MinSizeRel)" aarch64-linux-gnu-strip "$BUILD_PREFIX-arm-os"
+fi
 fi
 [ "$DO_RSS" = 1 ] || exit 0
 
@@ -257,6 +267,84 @@ anon_breakdown() {
     if [ "${kib[$kind]}" -gt 0 ]; then printf '  %-48s %6d KiB\n' "$kind" "${kib[$kind]}"; fi
   done | sort -k1,1
 }
+
+# ----------------------------------------------------------------- firmware --
+# The minimal C program of docs/c-api.md on the firmware build, idle, linked shared and
+# static, on a new and then on the same (existing) database.
+if [ "$FIRMWARE" = 1 ]; then
+  FW="${FIRMWARE_BUILD:-$ROOT/build-firmware}"
+  RUNS="${RUNS:-3}"
+  if [ ! -x "$FW/programs/minimal_static" ]; then "$ROOT/scripts/firmware.sh" "$FW"; fi
+  # by_library PID: where RssAnon is, per file mapping (written data of each library) and
+  # per kind of anonymous mapping (anon_breakdown's kinds), largest first.
+  by_library() {
+    local start end name kind lastfile_end=-1 f1 f2
+    declare -A kib=()
+    while read -r f1 f2 _ _ _ name; do
+      if [[ "$f1" =~ ^([0-9a-f]+)-([0-9a-f]+)$ ]]; then
+        start=$((16#${BASH_REMATCH[1]})); end=$((16#${BASH_REMATCH[2]}))
+        if [ "$name" = "[heap]" ]; then kind="main heap (brk)"
+        elif [ "$name" = "[stack]" ]; then kind="main thread stack"
+        elif [[ "$name" == /* ]]; then kind="written data of ${name##*/}"
+        elif [ -n "$name" ]; then kind="other $name"
+        elif [ "$start" -eq "$lastfile_end" ]; then kind="libraries: .bss"
+        elif [ $((start % 67108864)) -eq 0 ]; then kind="malloc arenas of threads"
+        elif [ $((end - start)) -eq 8388608 ] || [ $((end - start)) -eq 8392704 ]; then kind="thread stacks"
+        else kind="other anonymous mmap (large allocations)"
+        fi
+        if [[ "$name" == /* ]]; then lastfile_end=$end; else lastfile_end=-1; fi
+      elif [ "$f1" = "Anonymous:" ]; then
+        kib[$kind]=$(( ${kib[$kind]:-0} + f2 ))
+      fi
+    done < "/proc/$1/smaps"
+    for kind in "${!kib[@]}"; do
+      if [ "${kib[$kind]}" -gt 0 ]; then printf '%6d KiB  %s\n' "${kib[$kind]}" "$kind"; fi
+    done | sort -rn
+  }
+  median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  # idle_once PROGRAM DB: one idle run; prints "vmrss rssanon pss", keeps the breakdown.
+  idle_once() {
+    local prog="$1" db="$2" tag pid
+    tag="$(basename "$prog")_$(basename "$db" .db)"
+    "$prog" "$BROKER" "$db" "fp-$tag-$RANDOM" >/dev/null 2>"$WORK/$tag.err" &
+    pid=$!
+    sleep "$IDLE_S"
+    echo "$(status_kib "$pid" VmRSS) $(status_kib "$pid" RssAnon) $(pss_kib "$pid")"
+    by_library "$pid" > "$WORK/$tag.anon"
+    kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  }
+  start_broker
+  echo
+  echo "docs/c-api.md's minimal program on the firmware build ($FW), idle ${IDLE_S} s,"
+  echo "connected and subscribed; KiB, the median of $RUNS runs"
+  echo
+  echo "| program | database | VmRSS | RssAnon | Pss |"
+  echo "|---|---|---:|---:|---:|"
+  for prog in minimal_shared minimal_static; do
+    for which in new existing; do
+      : > "$WORK/runs"
+      for _ in $(seq 1 "$RUNS"); do
+        db="$WORK/fw-$prog.db"
+        if [ "$which" = new ]; then rm -f "$db" "$db-wal" "$db-shm" "$db.lock"; fi
+        [ "$which" = existing ] && [ ! -f "$db" ] && idle_once "$FW/programs/$prog" "$db" >/dev/null
+        idle_once "$FW/programs/$prog" "$db" >> "$WORK/runs"
+      done
+      printf '| %s | %s | %s | %s | %s |\n' "$prog" "$which" \
+        "$(awk '{print $1}' "$WORK/runs" | median)" "$(awk '{print $2}' "$WORK/runs" | median)" \
+        "$(awk '{print $3}' "$WORK/runs" | median)"
+      cp "$WORK/${prog}_fw-$prog.anon" "$WORK/fw-$prog-$which.anon"
+    done
+  done
+  printf '| %s | | %s | %s | %s |\n' "mosquitto 2.0 (the broker), idle" \
+    "$(status_kib "$BROKER_PID" VmRSS)" "$(status_kib "$BROKER_PID" RssAnon)" "$(pss_kib "$BROKER_PID")"
+  stop_broker
+  for f in "$WORK"/fw-minimal_*-*.anon; do
+    echo
+    echo "Idle RssAnon of $(basename "$f" .anon | sed 's/^fw-//') (the last run), by mapping:"
+    cat "$f"
+  done
+  exit 0
+fi
 
 # measure_mem LABEL BINARY [VAR=value...]: idle and drain, VmRSS / RssAnon / Pss.
 measure_mem() {

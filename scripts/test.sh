@@ -4,10 +4,11 @@
 #   scripts/test.sh [--quick]
 #
 # Stages: deps, build + ctest (unit and integration: real SQLite files and a real
-# mosquitto started by the tests on a free 127.0.0.1 port), the same under
+# mosquitto started by the tests on a free 127.0.0.1 port), the firmware build
+# (scripts/firmware.sh), the same under
 # AddressSanitizer+UndefinedBehaviorSanitizer and under ThreadSanitizer, the fuzzers for a
 # bounded time, and a cross build for aarch64 whose tests run under qemu.
-# --quick runs only the first two. Each stage prints its duration.
+# --quick runs only the first three. Each stage prints its duration.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"
@@ -77,6 +78,10 @@ stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
 # perf, a third less compile time (the benchmarks build their own Release tree).
 stage "build+test" build_and_test "$ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" || FAILED=1
+# The firmware build (docs/packaging.md#the-firmware-build): the libraries alone (-Os, no
+# PostgreSQL store, no libsystemd), installed, and a C program linked against them shared
+# and static, checked for what it needs at run time. A small build: the library's sources.
+stage firmware "$ROOT/scripts/firmware.sh" "$ROOT/build-firmware" || FAILED=1
 
 if [ $QUICK -eq 0 ]; then
   # Races and leaks inside Paho (not in mqtt-inbox) are suppressed in tests/tsan.supp and

@@ -106,7 +106,12 @@ struct ProbeArgs {
   std::string topic_prefix = "mqtt-inbox/probe";
   int timeout_ms = 5000, count = 10, pause_offline_ms = 0;
   uint32_t session_expiry_s = 300;
-  bool shared = false;  // --shared: also probe a shared subscription's absent member
+  bool shared = false;        // --shared: also probe a shared subscription's absent member
+  int receive_maximum = 5;    // the in-flight check's Receive Maximum (and PUBACKs before it stops)
+  bool no_in_flight = false;  // --no-in-flight: skip the in-flight check
+  std::string reload_command;      // --reload-command: the reload check runs only with it
+  int pause_before_reload_ms = 0;  // a broker restart then
+  int reload_settle_ms = 1000;     // waited after the command
 };
 int cmd_probe(const ProbeArgs& a);
 

@@ -245,6 +245,28 @@ int main(int argc, char** argv) {
   probe->add_flag("--shared", pr.shared,
                   "Also check what the broker does with the turns of a shared subscription's "
                   "member that went away with its session kept (docs/admin-tool.md)");
+  probe
+      ->add_option("--receive-maximum", pr.receive_maximum,
+                   "In-flight check: the Receive Maximum it sends (MQTT 5), and the PUBACKs it "
+                   "sends before it stops acknowledging (default 5)")
+      ->check(CLI::Range(1, 30));
+  probe->add_flag("--no-in-flight", pr.no_in_flight,
+                  "Skip the in-flight check (a few seconds: it waits for the broker to end a "
+                  "connection whose keep-alive it missed)");
+  probe->add_option("--reload-command", pr.reload_command,
+                    "Shell command that makes the broker reload its configuration (e.g. "
+                    "'systemctl reload mosquitto'): checks that a reload keeps what is "
+                    "published to an offline persistent session. Shown in ps: no secrets");
+  probe
+      ->add_option("--pause-before-reload-ms", pr.pause_before_reload_ms,
+                   "With --reload-command: stay offline this long before the reload (restart "
+                   "the broker meanwhile to check a restart followed by a reload)")
+      ->check(CLI::NonNegativeNumber);
+  probe
+      ->add_option("--reload-settle-ms", pr.reload_settle_ms,
+                   "With --reload-command: wait this long after the command before publishing "
+                   "again (default 1000: a broker applies a reload in its own loop)")
+      ->check(CLI::Range(0, 600000));
   probe->callback([&] { run = [&] { return cmd_probe(pr); }; });
 
   if (int rc = command_line::parse(app, argc, argv, "mqtt-inbox"); rc >= 0)

@@ -1,7 +1,10 @@
 // `mqtt-inbox probe-broker`: checks that the broker keeps a persistent session and the
-// QoS 1 messages queued for it while offline, and with --shared what it does with the
-// turns of a shared subscription's member that went away (docs/admin-tool.md). The only file of the
-// tool that uses Paho; it holds no SQL.
+// QoS 1 messages queued for it while offline, with --shared what it does with the turns of
+// a shared subscription's member that went away, and (probe_broker_checks.h) how many
+// messages it keeps in flight to a consumer that stops acknowledging and, with
+// --reload-command, whether a reload keeps an offline session's messages
+// (docs/admin-tool.md). With probe_broker_checks.cpp the only files of the tool that use
+// Paho; they hold no SQL.
 #include <mqtt/async_client.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 
 #include "commands.h"
 #include "format.h"
+#include "probe_broker_checks.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -474,6 +478,30 @@ int cmd_probe(const ProbeArgs& a) {
       exit_code = kBroker;
     }
   }
+  if (exit_code != kBroker) {
+    ProbeContext ctx;
+    ctx.broker = c.broker;
+    ctx.mqtt_version = mqtt_version;
+    ctx.client_id = client_id;
+    ctx.topic = topic;
+    ctx.timeout = timeout;
+    ctx.session_expiry_s = a.session_expiry_s;
+    ctx.secure = secure;
+    // Informational: a large window costs duplicates, not messages, so neither its verdict
+    // nor an error in it changes the exit code (the error is in its section).
+    if (!a.no_in_flight) report["in_flight"] = probe_in_flight(ctx, a.receive_maximum, &warnings);
+    ReloadCheck rc;
+    rc.command = a.reload_command;
+    rc.count = a.count;
+    rc.pause_ms = a.pause_before_reload_ms;
+    rc.settle_ms = a.reload_settle_ms;
+    report["reload"] = probe_reload(ctx, rc, &warnings);
+    const std::string v = report["reload"]["verdict"].get<std::string>();
+    if (v == "error")
+      exit_code = kBroker;
+    else if ((v == "dropped" || v == "session_lost") && exit_code == kOk)
+      exit_code = kProblems;
+  }
   report["warnings"] = warnings;
   if (g.json)
     emit(report);
@@ -528,6 +556,43 @@ int cmd_probe(const ProbeArgs& a) {
       std::cout << "shared subscription (--shared):\n";
       print_kv(kv);
       if (sh.contains("error")) std::cout << "ERROR: " << sh["error"].get<std::string>() << "\n";
+    }
+    if (report.contains("in_flight")) {
+      const json& f = report["in_flight"];
+      std::vector<std::pair<std::string, std::string>> kv;
+      if (f.contains("in_flight"))
+        kv.push_back({"in flight when the consumer stopped acknowledging",
+                      s(f["in_flight"]) + (f.value("backlog_exhausted", false)
+                                               ? " (all that was left: at least that)"
+                                               : "")});
+      kv.push_back({"Receive Maximum sent", s(f.value("receive_maximum_sent", json()))});
+      kv.push_back({"published / acknowledged before stopping",
+                    s(f["published"]) + " / " + s(f["acked_before_stopping"])});
+      kv.push_back({"Receive Maximum",
+                    s(f["verdict"]) + (f.contains("reason") ? " (" + s(f["reason"]) + ")" : "")});
+      std::cout << "in-flight window (a consumer that stops acknowledging):\n";
+      print_kv(kv);
+      if (f.contains("error")) std::cout << "ERROR: " << f["error"].get<std::string>() << "\n";
+    }
+    if (report.contains("reload")) {
+      const json& r = report["reload"];
+      std::vector<std::pair<std::string, std::string>> kv;
+      if (r.contains("command")) kv.push_back({"reload command", s(r["command"])});
+      if (r.contains("queued_before_reload"))
+        kv.push_back({"queued before the reload", s(r["queued_before_reload"]["arrived"]) + " of " +
+                                                      s(r["queued_before_reload"]["sent"]) +
+                                                      " arrived"});
+      if (r.contains("published_after_reload"))
+        kv.push_back({"published after the reload, session offline",
+                      s(r["published_after_reload"]["arrived"]) + " of " +
+                          s(r["published_after_reload"]["sent"]) + " arrived"});
+      if (r.contains("session_present"))
+        kv.push_back({"session kept (session_present)", s(r["session_present"])});
+      kv.push_back({"reload keeps an offline session's messages",
+                    s(r["verdict"]) + (r.contains("reason") ? " (" + s(r["reason"]) + ")" : "")});
+      std::cout << "reload (--reload-command):\n";
+      print_kv(kv);
+      if (r.contains("error")) std::cout << "ERROR: " << r["error"].get<std::string>() << "\n";
     }
     if (report.contains("error"))
       std::cout << "ERROR: " << report["error"].get<std::string>() << "\n";

@@ -3,24 +3,46 @@
  * What the C++ headers say holds here too (inbox.h, consumer.h, handler.h, message.h);
  * this header says what is C's own. A guide with a whole program is docs/c-api.md.
  *
- * Conventions (those of sqlite3.h, mosquitto.h and leveldb's c.h):
+ * Conventions (those of sqlite3.h, mosquitto.h, MQTTAsync.h and leveldb's c.h):
  *  - Objects are opaque handles made by a *_create or *_open function and freed by its
- *    *_destroy or *_close function, which accepts NULL.
+ *    *_destroy or *_close function. Those return a code, as sqlite3_close does: NULL is
+ *    MQTT_INBOX_OK (nothing to do); a handle something else still uses (a consumer made
+ *    on an inbox, a subscriber routing to a consumer, a relay of an outbox, another
+ *    thread inside a call on it) is refused with MQTT_INBOX_BUSY and nothing is freed.
+ *  - The library knows which handles are live: a handle used after its close or
+ *    destroy, closed twice, or of the wrong kind (an outbox passed as an inbox) gets
+ *    MQTT_INBOX_MISUSE, never a crash. Not detectable: a pointer that was never a handle
+ *    (garbage is looked up, never read), a closed handle whose address a newer handle of
+ *    the same kind reuses (it then names the newer one), a delivery used after its
+ *    handler returned, and mqtt_inbox_subscriber_request_stop after destroy (it must be
+ *    async-signal-safe, so it cannot look).
  *  - Every fallible call returns an int result code, MQTT_INBOX_OK (0) or one of the
  *    codes below; mqtt_inbox_errstr(rc) names it, and the handle's *_errmsg function
- *    gives the last failure's message on that handle. Values come back through
- *    out-parameters, left untouched on failure unless a call says otherwise.
+ *    gives the message of the last call on that handle: "" after a call that succeeded,
+ *    as sqlite3_errmsg. Values come back through out-parameters, left untouched on
+ *    failure unless a call says otherwise.
  *  - No C++ exception ever crosses this boundary: out of memory is MQTT_INBOX_NOMEM,
  *    anything unexpected MQTT_INBOX_INTERNAL.
- *  - Option structs start with their own size: initialise them with their _INIT macro,
- *    which sets it, then change fields. A library newer than the program reads only the
- *    bytes the program's struct has and takes defaults for the rest; a struct larger
- *    than the library knows is accepted if the bytes it does not know are zero, and
- *    refused with MQTT_INBOX_INVALID_ARGUMENT otherwise.
+ *  - Option structs start with a header their _INIT macro fills, as MQTTAsync.h's
+ *    struct_id and struct_version: an eyecatcher naming the struct (struct_id), the
+ *    version of its layout (struct_version) and its size (struct_size). Initialise every
+ *    struct with its _INIT macro, then change fields. One that was not (struct_id wrong:
+ *    garbage, zeros, another struct) is refused with MQTT_INBOX_MISUSE, and so is a
+ *    struct_version this library does not know or a struct_size that is not that
+ *    version's: the library reads no byte past the size it knows for the declared
+ *    version. A library newer than the program reads an older version's fields and
+ *    takes the defaults for the rest.
+ *  - A field that takes one of a list of values (an MQTT_INBOX_* constant, or 0 and 1
+ *    for a switch) is refused with MQTT_INBOX_INVALID_ARGUMENT when it holds any other:
+ *    nothing is ever read as the nearest value, so a garbage `synchronous` never becomes
+ *    MQTT_INBOX_SYNC_NORMAL.
  *  - Strings are NUL-terminated UTF-8 unless a length is given. Strings the library
  *    returns for the caller to keep are freed with mqtt_inbox_free().
  *  - Callbacks take the void *ctx given with them; each says on which thread it runs
- *    and what it may call.
+ *    and what it may call. Calls that wait for another thread (a subscriber's stop, run
+ *    and destroy; a relay's stop and destroy; the destroy of a consumer or pruner) are
+ *    refused with MQTT_INBOX_MISUSE from inside a handler, an id extractor or a set-up
+ *    function: that thread may be waiting for the one the callback holds.
  *
  * Thread safety: as the C++ objects behind the handles (an inbox is thread-safe; a
  * consumer's feed call may run on several threads at once).
@@ -73,7 +95,10 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_version(const char** text);
 #define MQTT_INBOX_REJECTED 10          /* SQLite refused the change (a constraint) */
 #define MQTT_INBOX_PERMISSION_DENIED 11 /* a file or privilege is refused (see errmsg) */
 #define MQTT_INBOX_NOMEM 12             /* the library could not allocate memory */
-#define MQTT_INBOX_MISUSE 13            /* a NULL handle or argument, a bad struct_size */
+#define MQTT_INBOX_MISUSE                                \
+  13 /* a NULL, closed or wrong handle, a NULL argument, \
+        a struct not made by its _INIT macro, a call     \
+        from a callback that may not make it */
 #define MQTT_INBOX_OUTBOX_FULL                                                         \
   14                                 /* a bounded outbox class refused the row as full \
                                         (backpressure, not a fault: see                \
@@ -124,6 +149,14 @@ typedef void (*mqtt_inbox_log_fn)(void* ctx, int level, const char* msg);
  * made one (its sinks are the program's: nothing changes); _NOMEM. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_set_log_callback(mqtt_inbox_log_fn fn, void* ctx, int min_level);
 
+/* ---- Option structs ------------------------------------------------------------------
+ * Each starts with these three fields, which its _INIT macro sets (see the conventions
+ * above): struct_id, four characters naming the struct (not a string: no NUL);
+ * struct_version, the version of the layout the program was built with; struct_size,
+ * sizeof the struct of that version. */
+#define MQTT_INBOX_STRUCT_ID(a, b, c, d) \
+  { a, b, c, d }
+
 /* ---- The inbox: the SQLite file (inbox.h) -------------------------------------------- */
 typedef struct mqtt_inbox_t mqtt_inbox_t;
 
@@ -131,7 +164,9 @@ typedef struct mqtt_inbox_t mqtt_inbox_t;
 #define MQTT_INBOX_SYNC_NORMAL 1 /* survives a process crash only (docs/guarantees.md) */
 
 typedef struct mqtt_inbox_options_t {
-  size_t struct_size;          /* sizeof(mqtt_inbox_options_t); set by the _INIT macro */
+  char struct_id[4];           /* "MQIO" */
+  int struct_version;          /* 1 */
+  size_t struct_size;          /* sizeof(mqtt_inbox_options_t) */
   int synchronous;             /* MQTT_INBOX_SYNC_FULL (default) or _NORMAL */
   int busy_timeout_ms;         /* one wait for another connection's lock, ms; 5000 */
   int cache_size_kib;          /* SQLite page cache of the connection, KiB; 2048 */
@@ -140,30 +175,52 @@ typedef struct mqtt_inbox_options_t {
                                   MQTT_INBOX_BUSY (default); 0: for tools beside it */
   int record_metadata;         /* 1: keep topic and payload hash per claim; 0 (default) */
   int64_t startup_deadline_ms; /* how long open and setup wait for a store that is
-                                  transiently unavailable, ms; 0 = as long as it takes
-                                  (default) */
+                                  transiently unavailable (locked, full, failing), ms;
+                                  0 = as long as it takes (default). Errors that do not
+                                  go away by waiting never wait */
+  int low_memory;              /* 1 (default): keep idle memory small for a device
+                                  (docs/c-api.md#memory): SQLite's page cache takes
+                                  memory a page at a time, not 20 pages per connection
+                                  up front (process-wide, set at the first open if
+                                  SQLite is not initialised yet), and the memory start-up
+                                  freed goes back to the system after each open and
+                                  pruner create (malloc_trim, glibc). 0: SQLite's and the
+                                  allocator's own behaviour */
 } mqtt_inbox_options_t;
 
-#define MQTT_INBOX_OPTIONS_INIT \
-  { sizeof(mqtt_inbox_options_t), MQTT_INBOX_SYNC_FULL, 5000, 2048, 4096, 1, 0, 0 }
+#define MQTT_INBOX_OPTIONS_INIT                                                \
+  {                                                                            \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'I', 'O'), 1, sizeof(mqtt_inbox_options_t), \
+        MQTT_INBOX_SYNC_FULL, 5000, 2048, 4096, 1, 0, 0, 1                     \
+  }
 
 /* Opens (creating if needed) the inbox database at `path` with `options` (NULL: all
  * defaults); see Inbox::open in inbox.h for what it checks and how it waits at start-up.
  * On success *out owns the inbox and MQTT_INBOX_OK is returned. On failure *out is set
  * to NULL and, if `errmsg` is not NULL, *errmsg gets a message for mqtt_inbox_free()
- * (NULL if none could be made). Errors: MQTT_INBOX_INVALID_ARGUMENT (bad options),
- * _BUSY (another process holds the file), _PERMISSION_DENIED, _CORRUPTION, the last
- * transient error after startup_deadline_ms, _MISUSE (NULL path or out). */
+ * (NULL if none could be made), and no file is left that the call created.
+ * Only what may pass is waited for (a lock another process holds, a full disk or an I/O
+ * error on an existing database), with a log line, up to startup_deadline_ms. What
+ * waiting cannot mend fails at once: MQTT_INBOX_INVALID_ARGUMENT (bad options; `path` is
+ * a folder or not a regular file; its folder does not exist), _READ_ONLY (a new
+ * database in a folder this process cannot write), _FULL (no room to create a new
+ * database), _PERMISSION_DENIED (a file of the database belongs to another user),
+ * _CORRUPTION; after startup_deadline_ms the last transient error (_BUSY: another process
+ * holds the file; _FULL, _IO_ERROR, _READ_ONLY); _MISUSE (NULL path or out, a bad
+ * options struct). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_open(const char* path, const mqtt_inbox_options_t* options,
                                         mqtt_inbox_t** out, char** errmsg);
 
-/* Closes the database and releases the lock file. Everything made on the inbox
- * (consumers, subscribers using them, outboxes, relays, pruners) must be destroyed
- * first. NULL is a no-op. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_close(mqtt_inbox_t* inbox);
+/* Closes the database and releases the lock file, as sqlite3_close: while anything made
+ * on the inbox is alive (a consumer, and through it a subscriber; an outbox, and through
+ * it a relay; a pruner) or another thread is inside a call on it, it closes nothing and
+ * returns MQTT_INBOX_BUSY, its errmsg naming what is left. NULL: MQTT_INBOX_OK. A handle
+ * closed before: MQTT_INBOX_MISUSE. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_close(mqtt_inbox_t* inbox);
 
-/* The message of the last call on `inbox` that failed (from any thread), or "" if none
- * failed. The pointer stays valid until the next *_errmsg call on this thread. */
+/* The message of the last call on `inbox` (from any thread): "" if it succeeded. The
+ * pointer stays valid until the next *_errmsg call on this thread. A NULL or dead
+ * handle gets a text that says so. */
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_errmsg(const mqtt_inbox_t* inbox);
 
 /* The application's start-up SQL (CREATE TABLE IF NOT EXISTS ..., seed rows), one or
@@ -215,8 +272,13 @@ typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
        attempt (the message is not at fault); parked as the   \
        dead letter outbox_full with status 'requeued', which  \
        the consumer's requeue thread replays once the relay   \
-       has made room (needs requeue_poll_ms > 0) */
-/* Any other value counts as MQTT_INBOX_HANDLER_RETRY. */
+       has made room */
+/* A return that does not fit is a failed attempt (as MQTT_INBOX_HANDLER_RETRY: counted,
+ * retried up to max_attempts, then dead-lettered as handler_failed) whose reason text,
+ * logged as an error, names the mistake: any other value, and
+ * MQTT_INBOX_HANDLER_OUTBOX_FULL when no enqueue of this attempt was refused as full (no
+ * outbox, or none full: nothing would ever make room, and the parked message would be
+ * replayed every requeue_poll_ms for ever). */
 
 /* The application's handler: applies one message's effect with `db`, the inbox's own
  * connection, inside the claim transaction, which the library opened and commits after
@@ -325,19 +387,20 @@ typedef int (*mqtt_inbox_id_extractor)(void* ctx, const mqtt_inbox_delivery_t* d
 #define MQTT_INBOX_RETAINED_PROCESS 2     /* process it like any other */
 
 typedef struct mqtt_inbox_consumer_options_t {
-  size_t struct_size;               /* set by MQTT_INBOX_CONSUMER_OPTIONS_INIT */
-  int max_attempts;                 /* handler attempts before handler_failed, >= 1; 5 */
-  int retry_backoff_initial_ms;     /* between attempts, doubled each time: 100 ms ... */
-  int retry_backoff_max_ms;         /* ... capped at 2000 ms */
-  int retained;                     /* MQTT_INBOX_RETAINED_*; _SKIP */
-  size_t max_payload_bytes;         /* larger payloads: payload_too_large; 1 MiB */
-  size_t dead_letter_payload_bytes; /* payload kept in a dead letter; 1 MiB */
-  int64_t requeue_poll_ms;          /* the requeue thread's poll, ms; 0 = no thread; 2000 */
-  const char* id_user_property;     /* MQTT 5 user property holding the message id; NULL:
-                                       "message-id"; "": not read */
-  const char* id_json_field;        /* top-level string field of a JSON payload holding it;
-                                       NULL: "message_id"; "": not read */
-  /* Since 0.4.0 (an older program's struct gets the defaults): */
+  char struct_id[4];                    /* "MQCO" */
+  int struct_version;                   /* 1 */
+  size_t struct_size;                   /* sizeof(mqtt_inbox_consumer_options_t) */
+  int max_attempts;                     /* handler attempts before handler_failed, >= 1; 5 */
+  int retry_backoff_initial_ms;         /* between attempts, doubled each time: 100 ms ... */
+  int retry_backoff_max_ms;             /* ... capped at 2000 ms */
+  int retained;                         /* MQTT_INBOX_RETAINED_*; _SKIP */
+  size_t max_payload_bytes;             /* larger payloads: payload_too_large; 1 MiB */
+  size_t dead_letter_payload_bytes;     /* payload kept in a dead letter; 1 MiB */
+  int64_t requeue_poll_ms;              /* the requeue thread's poll, ms; 0 = no thread; 2000 */
+  const char* id_user_property;         /* MQTT 5 user property holding the message id; NULL:
+                                           "message-id"; "": not read */
+  const char* id_json_field;            /* top-level string field of a JSON payload holding it;
+                                           NULL: "message_id"; "": not read */
   mqtt_inbox_id_extractor id_extractor; /* the third id source; NULL: none */
   void* id_extractor_ctx;               /* its ctx */
   size_t max_id_bytes;                  /* longest id accepted, bytes, >= 1; 256 */
@@ -346,8 +409,9 @@ typedef struct mqtt_inbox_consumer_options_t {
 
 #define MQTT_INBOX_CONSUMER_OPTIONS_INIT                                                        \
   {                                                                                             \
-    sizeof(mqtt_inbox_consumer_options_t), 5, 100, 2000, MQTT_INBOX_RETAINED_SKIP, 1024 * 1024, \
-        1024 * 1024, 2000, NULL, NULL, NULL, NULL, 256, MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER  \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'O'), 1, sizeof(mqtt_inbox_consumer_options_t), 5, 100, \
+        2000, MQTT_INBOX_RETAINED_SKIP, 1024 * 1024, 1024 * 1024, 2000, NULL, NULL, NULL, NULL, \
+        256, MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER                                             \
   }
 
 /* Makes the consumer named `name` (non-empty, at most 200 bytes: recorded in every row)
@@ -360,9 +424,11 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const ch
                                                    mqtt_inbox_handler handler, void* ctx,
                                                    const mqtt_inbox_consumer_options_t* options,
                                                    mqtt_inbox_consumer_t** out);
-/* Stops the requeue thread and frees the consumer. Destroy the subscriber that delivers
- * to it first. NULL is a no-op. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t* consumer);
+/* Stops the requeue thread and frees the consumer. MQTT_INBOX_BUSY, freeing nothing,
+ * while a subscriber routes messages to it (destroy the subscriber first) or another
+ * thread is inside a call on it; _MISUSE from a handler (see the conventions) or for a
+ * dead handle. NULL: MQTT_INBOX_OK. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t* consumer);
 /* The last failure on `consumer`, as mqtt_inbox_errmsg. */
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_consumer_errmsg(const mqtt_inbox_consumer_t* consumer);
 
@@ -376,16 +442,17 @@ typedef struct mqtt_inbox_user_property_t {
 
 /* A message that arrived by another route (serial, a radio, another MQTT client). */
 typedef struct mqtt_inbox_message_t {
-  size_t struct_size;  /* set by MQTT_INBOX_MESSAGE_INIT */
-  const char* topic;   /* NUL-terminated; required */
+  char struct_id[4];   /* "MQMS" */
+  int struct_version;  /* 1 */
+  size_t struct_size;  /* sizeof(mqtt_inbox_message_t) */
+  const char* topic;   /* NUL-terminated topic name (UTF-8, no + or #); required */
   const void* payload; /* payload_len bytes; NULL only with payload_len 0 */
   size_t payload_len;
-  int qos;                                           /* 1 */
-  int dup;                                           /* 0 */
-  int retained;                                      /* 0 */
+  int qos;                                           /* 0..2; 1 */
+  int dup;                                           /* 0 or 1; 0 */
+  int retained;                                      /* 0 or 1; 0 */
   const mqtt_inbox_user_property_t* user_properties; /* user_property_count entries */
   size_t user_property_count;
-  /* Since 0.4.0, the other MQTT 5 properties (an older program's struct has none): */
   const char* content_type;     /* NUL-terminated; NULL: none */
   const char* response_topic;   /* NUL-terminated; NULL: none */
   const void* correlation_data; /* correlation_data_len bytes; NULL: none */
@@ -394,8 +461,11 @@ typedef struct mqtt_inbox_message_t {
   int64_t message_expiry_interval_s; /* 0..4294967295 s; -1: none */
 } mqtt_inbox_message_t;
 
-#define MQTT_INBOX_MESSAGE_INIT \
-  { sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, 0, 0, NULL, 0, NULL, NULL, NULL, 0, -1, -1 }
+#define MQTT_INBOX_MESSAGE_INIT                                                                  \
+  {                                                                                              \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'M', 'S'), 1, sizeof(mqtt_inbox_message_t), NULL, NULL, 0, 1, \
+        0, 0, NULL, 0, NULL, NULL, NULL, 0, -1, -1                                               \
+  }
 
 /* Outcomes of one delivery (Outcome, message.h). */
 #define MQTT_INBOX_OUTCOME_PROCESSED 0             /* the effect committed with the claim */
@@ -409,8 +479,10 @@ typedef struct mqtt_inbox_message_t {
  * its sender only then. Runs the handler on the calling thread. Blocks while the store
  * fails, for as long as it fails. Safe from several threads at once. Errors:
  * MQTT_INBOX_MISUSE (NULL arguments, no topic, a NULL pointer with a length, a bad
- * struct_size), _INVALID_ARGUMENT (payload_format_indicator not 0, 1 or -1;
- * message_expiry_interval_s not -1 or 0..4294967295), _NOMEM (nothing was recorded, or the
+ * struct), _INVALID_ARGUMENT (a topic MQTT does not allow in a PUBLISH: empty, a + or #
+ * wildcard, not UTF-8, U+0000, longer than 65535 bytes; qos not 0..2; dup or retained
+ * not 0 or 1; payload_format_indicator not 0, 1 or -1; message_expiry_interval_s not -1
+ * or 0..4294967295: nothing is recorded), _NOMEM (nothing was recorded, or the
  * outcome is durable but could not be reported: feed the message again, it is then a
  * duplicate; never acknowledge it before OK). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer,
@@ -418,7 +490,9 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer
 
 /* The consumer's counters since it was made (ConsumerCounters, consumer.h). */
 typedef struct mqtt_inbox_consumer_counters_t {
-  size_t struct_size;            /* set by MQTT_INBOX_CONSUMER_COUNTERS_INIT */
+  char struct_id[4];             /* "MQCC" */
+  int struct_version;            /* 1 */
+  size_t struct_size;            /* sizeof(mqtt_inbox_consumer_counters_t) */
   int64_t processed;             /* effects committed */
   int64_t duplicates;            /* deliveries skipped as already processed */
   int64_t dead_lettered;         /* messages written to the dead letters */
@@ -429,13 +503,16 @@ typedef struct mqtt_inbox_consumer_counters_t {
   int64_t outbox_full_parked;    /* deliveries parked because the outbox was full */
 } mqtt_inbox_consumer_counters_t;
 
-#define MQTT_INBOX_CONSUMER_COUNTERS_INIT \
-  { sizeof(mqtt_inbox_consumer_counters_t), 0, 0, 0, 0, 0, 0, 0, 0 }
+#define MQTT_INBOX_CONSUMER_COUNTERS_INIT                                                         \
+  {                                                                                               \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'C'), 1, sizeof(mqtt_inbox_consumer_counters_t), 0, 0, 0, \
+        0, 0, 0, 0, 0                                                                             \
+  }
 
-/* Fills *counters with a snapshot: the fields its struct_size covers (a program built
- * against an older c.h gets those it knows; struct_size is left as it was). Never waits
+/* Fills *counters with a snapshot: the fields of its struct_version (a program built
+ * against an older c.h gets those it knows; the header is left as it was). Never waits
  * for the store; any thread, a handler's included. Errors: MQTT_INBOX_MISUSE (NULL
- * arguments, a struct_size smaller than the field itself). */
+ * arguments, a struct not made by MQTT_INBOX_CONSUMER_COUNTERS_INIT). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
                                                      mqtt_inbox_consumer_counters_t* counters);
 /* The consumer's health (Consumer::health, health.h: its message path waiting for the
@@ -461,38 +538,40 @@ typedef struct mqtt_inbox_subscriber_t mqtt_inbox_subscriber_t;
 /* The subscriber's settings. Strings are copied by create; NULL means "not set". Secrets
  * come from files only: the password and the TLS key's password are never a field. */
 typedef struct mqtt_inbox_subscriber_options_t {
-  size_t struct_size;                   /* set by MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT */
-  const char* broker_uri;               /* tcp://, mqtt://, ws:// or ssl://, mqtts://, wss://
-                                           host[:port]; required */
-  const char* client_id;                /* required; stable across restarts: the broker keeps
-                                           the session, and its unacked messages, under it */
-  int mqtt_version;                     /* MQTT_INBOX_MQTT_3_1_1 (default) or _5 */
-  uint32_t session_expiry_s;            /* MQTT 5: sent, > 0; MQTT 3.1.1: declared (what the
-                                           broker keeps); 7 days. Retention must cover it */
-  int keep_alive_s;                     /* 1..65535; 30 */
-  int connect_timeout_ms;               /* one attempt, > 0; 10000 */
-  int reconnect_backoff_initial_ms;     /* first wait after a failure, doubled; 500 */
-  int reconnect_backoff_max_ms;         /* its cap; 30000 */
-  int receive_maximum;                  /* MQTT 5 in-flight window, 1..65535; 20 */
-  int stop_timeout_ms;                  /* how long stop waits for a message in the handler;
-                                           10000 */
-  int tls_version;                      /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
-  int tls_insecure_skip_hostname_check; /* INSECURE: 1 accepts a certificate for another
-                                      host name (the chain is still verified, so any
-                                      certificate from a trusted CA is accepted). Logged as
-                                      a warning at every connect; 0 */
-  const char* username;                 /* CONNECT user name (not a secret: logged); none */
-  const char* password_file;            /* file whose content (one trailing newline removed) is
-                                           the CONNECT password, read at every connect; none */
-  const char* tls_ca_file;              /* PEM CA certificate(s); none: the system trust store */
-  const char* tls_ca_dir;               /* hashed CA folder (openssl rehash); none */
-  const char* tls_cert_file;            /* client certificate (mutual TLS); none */
-  const char* tls_key_file;             /* its key; none: read from tls_cert_file */
-  const char* tls_key_password_file;    /* file holding the key's password; none */
-  const char* client_id_lock_dir;       /* folder of the per-host client-id lock; NULL: "auto"
-                                           (connection.h); "": no lock */
-  /* Appended after the first release of this struct: a program built with the older,
-   * smaller struct gets the defaults below. */
+  char struct_id[4];                       /* "MQSO" */
+  int struct_version;                      /* 1 */
+  size_t struct_size;                      /* sizeof(mqtt_inbox_subscriber_options_t) */
+  const char* broker_uri;                  /* tcp://, mqtt://, ws:// or ssl://, mqtts://, wss://
+                                              host[:port]; required */
+  const char* client_id;                   /* required; stable across restarts: the broker keeps
+                                              the session, and its unacked messages, under it */
+  int mqtt_version;                        /* MQTT_INBOX_MQTT_3_1_1 (default) or _5 */
+  uint32_t session_expiry_s;               /* MQTT 5: sent, > 0; MQTT 3.1.1: declared (what the
+                                              broker keeps); 7 days. Retention must cover it */
+  int keep_alive_s;                        /* 1..65535; 30 */
+  int connect_timeout_ms;                  /* one attempt, > 0; 10000 */
+  int reconnect_backoff_initial_ms;        /* first wait after a failure, doubled; 500 */
+  int reconnect_backoff_max_ms;            /* its cap; 30000 */
+  int receive_maximum;                     /* MQTT 5 Receive Maximum sent in CONNECT,
+                                              1..65535; 20. mosquitto 2.0.11 keeps it only
+                                              at 1: docs/brokers-and-tls.md#the-in-flight-window */
+  int stop_timeout_ms;                     /* how long stop waits for a message in the handler;
+                                              10000 */
+  int tls_version;                         /* lowest TLS version, MQTT_INBOX_TLS_*; _DEFAULT */
+  int tls_insecure_skip_hostname_check;    /* INSECURE: 1 accepts a certificate for another
+                                         host name (the chain is still verified, so any
+                                         certificate from a trusted CA is accepted). Logged as
+                                         a warning at every connect; 0 or 1; 0 */
+  const char* username;                    /* CONNECT user name (not a secret: logged); none */
+  const char* password_file;               /* file whose content (one trailing newline removed) is
+                                              the CONNECT password, read at every connect; none */
+  const char* tls_ca_file;                 /* PEM CA certificate(s); none: the system trust store */
+  const char* tls_ca_dir;                  /* hashed CA folder (openssl rehash); none */
+  const char* tls_cert_file;               /* client certificate (mutual TLS); none */
+  const char* tls_key_file;                /* its key; none: read from tls_cert_file */
+  const char* tls_key_password_file;       /* file holding the key's password; none */
+  const char* client_id_lock_dir;          /* folder of the per-host client-id lock; NULL: "auto"
+                                              (connection.h); "": no lock */
   const char* tls_ciphers;                 /* OpenSSL cipher list for TLS 1.2
                                               (SSL_CTX_set_cipher_list syntax, e.g.
                                               "ECDHE-ECDSA-AES128-GCM-SHA256"); TLS 1.3 suites
@@ -507,14 +586,15 @@ typedef struct mqtt_inbox_subscriber_options_t {
                                            certificate at all (nor its host name): the
                                            connection is encrypted, but anyone on the path
                                            can read and change it. Logged as a warning at
-                                           every connect; 0 */
+                                           every connect; 0 or 1; 0 */
 } mqtt_inbox_subscriber_options_t;
 
-#define MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT                                                         \
-  {                                                                                                \
-    sizeof(mqtt_inbox_subscriber_options_t), NULL, NULL, MQTT_INBOX_MQTT_3_1_1, 7u * 24u * 3600u,  \
-        30, 10000, 500, 30000, 20, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, \
-        NULL, NULL, NULL, NULL, NULL, 0, 0                                                         \
+#define MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT                                                        \
+  {                                                                                               \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'S', 'O'), 1, sizeof(mqtt_inbox_subscriber_options_t), NULL,   \
+        NULL, MQTT_INBOX_MQTT_3_1_1, 7u * 24u * 3600u, 30, 10000, 500, 30000, 20, 10000,          \
+        MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, \
+        0                                                                                         \
   }
 
 /* Checks the options (subscriber.h: a persistent session, TLS files readable and
@@ -524,10 +604,15 @@ typedef struct mqtt_inbox_subscriber_options_t {
  * MQTT_INBOX_INVALID_ARGUMENT, _IO_ERROR (the password file), _MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_create(const mqtt_inbox_subscriber_options_t* options,
                                                      mqtt_inbox_subscriber_t** out, char** errmsg);
-/* Stops (as mqtt_inbox_subscriber_stop) if still running and frees it. NULL is a no-op.
- * Destroy it before the consumers it delivers to. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_destroy(mqtt_inbox_subscriber_t* subscriber);
-/* The last failure on `subscriber`, as mqtt_inbox_errmsg. */
+/* Stops (as mqtt_inbox_subscriber_stop) if still running and frees it; then the
+ * consumers it delivered to may be destroyed. MQTT_INBOX_BUSY, freeing nothing, while a
+ * relay publishes on its connection (destroy the relay first) or another thread is
+ * inside a call on it (mqtt_inbox_subscriber_run: request the stop and let run return
+ * first); _MISUSE from a handler or for a dead handle. Also returns what the stop
+ * returned (MQTT_INBOX_BUSY after stop_timeout_ms: a message was stuck in the store and
+ * is not acknowledged; the subscriber is freed all the same). NULL: MQTT_INBOX_OK. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_destroy(mqtt_inbox_subscriber_t* subscriber);
+/* The last call on `subscriber`, as mqtt_inbox_errmsg. */
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_subscriber_errmsg(
     const mqtt_inbox_subscriber_t* subscriber);
 
@@ -547,23 +632,72 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_start(mqtt_inbox_subscriber_t* sub
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_wait_connected(mqtt_inbox_subscriber_t* subscriber,
                                                              int timeout_ms);
 /* Disconnects and stops reconnecting; a message in the handler commits (and is acked)
- * first. Safe from any thread but a handler's; also wakes mqtt_inbox_subscriber_run.
- * Errors: MQTT_INBOX_BUSY if a message was still not committed after stop_timeout_ms
- * (the store is stuck): the message is not acked, and the process should exit, so that
- * the broker redelivers it to the next run. */
+ * first. Also wakes mqtt_inbox_subscriber_run. Errors: MQTT_INBOX_BUSY if a message was
+ * still not committed after stop_timeout_ms (the store is stuck): the message is not
+ * acked, and the process should exit, so that the broker redelivers it to the next run;
+ * MQTT_INBOX_MISUSE at once from inside a handler, an id extractor or a set-up function
+ * (any subscriber's: every handler of the process may run on Paho's one receive thread,
+ * which the stop would wait for): call mqtt_inbox_subscriber_request_stop there. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_stop(mqtt_inbox_subscriber_t* subscriber);
 /* Asks for a stop, and only asks: async-signal-safe (an atomic store and a write(2) to a
- * pipe), for a SIGTERM handler. mqtt_inbox_subscriber_run then stops the subscriber. */
+ * pipe), for a SIGTERM handler or a message handler. mqtt_inbox_subscriber_run then stops
+ * the subscriber. It cannot check its handle (see the conventions): never call it with a
+ * destroyed one (clear the pointer a signal handler reads before destroying). */
 MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_request_stop(mqtt_inbox_subscriber_t* subscriber);
 /* Blocks the calling thread until mqtt_inbox_subscriber_request_stop or _stop is called,
  * then stops the subscriber and returns what stop returned. The main loop of a program
- * whose SIGTERM handler calls request_stop. */
+ * whose SIGTERM handler calls request_stop. MQTT_INBOX_MISUSE from a handler. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t* subscriber);
 /* The connection's state (subscriber.h, SubscriberHealth: connected, attempts, the last
  * failure and its reason, sessions lost) as a JSON object, in *json for mqtt_inbox_free.
  * Never waits for Paho or the store; any thread. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber,
                                                           char** json);
+
+/* Why the last connection attempt failed (SubscriberHealth::Failure, subscriber.h). */
+#define MQTT_INBOX_FAILURE_NONE 0 /* no attempt has failed yet */
+#define MQTT_INBOX_FAILURE_NETWORK                                                        \
+  1                                      /* no TCP connection: refused, unreachable, name \
+                                            not resolved, timed out */
+#define MQTT_INBOX_FAILURE_TLS 2         /* TLS handshake or certificate check failed */
+#define MQTT_INBOX_FAILURE_REFUSED 3     /* the broker refused the CONNECT (connack_code) */
+#define MQTT_INBOX_FAILURE_CREDENTIALS 4 /* the password file could not be read */
+#define MQTT_INBOX_FAILURE_SUBSCRIBE 5   /* connected, but a SUBSCRIBE was refused */
+#define MQTT_INBOX_FAILURE_OTHER 6       /* anything else Paho reported */
+
+/* The connection's state as numbers, for a program that acts on it (a status LED, a
+ * watchdog) without parsing JSON; the texts are in the JSON. Filled by the library. */
+typedef struct mqtt_inbox_connection_health_t {
+  char struct_id[4];            /* "MQCH" */
+  int struct_version;           /* 1 */
+  size_t struct_size;           /* sizeof(mqtt_inbox_connection_health_t) */
+  int connected;                /* 1: connected and subscribed now; 0: not */
+  int last_failure;             /* MQTT_INBOX_FAILURE_*: the last failed attempt's kind,
+                                   kept after a later success */
+  int64_t since_ms;             /* Unix time, ms, when `connected` last changed (start
+                                   counts as a change); 0 before start */
+  int64_t last_failure_ms;      /* Unix time, ms, of the last failed attempt; 0: none */
+  int64_t connect_attempts;     /* attempts started */
+  int64_t connects;             /* attempts that connected and subscribed */
+  int64_t consecutive_failures; /* failed attempts since the last success */
+  int connack_code;             /* the broker's last refusal: MQTT 3.1.1 return code 1..5
+                                   or MQTT 5 reason code >= 0x80; 0: none */
+  int64_t sessions_lost;        /* times the broker had lost the session (its queued
+                                   messages with it) */
+} mqtt_inbox_connection_health_t;
+
+#define MQTT_INBOX_CONNECTION_HEALTH_INIT                                                         \
+  {                                                                                               \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'H'), 1, sizeof(mqtt_inbox_connection_health_t), 0, 0, 0, \
+        0, 0, 0, 0, 0, 0                                                                          \
+  }
+
+/* Fills *health (initialised with MQTT_INBOX_CONNECTION_HEALTH_INIT) with the
+ * subscriber's connection state: the fields of its struct_version. Never waits for Paho
+ * or the store; any thread, a handler's included. Errors: MQTT_INBOX_MISUSE (NULL or
+ * dead handle, NULL health, a struct not made by its _INIT macro). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health(mqtt_inbox_subscriber_t* subscriber,
+                                                     mqtt_inbox_connection_health_t* health);
 
 /* ---- The transactional outbox and its relay (outbox.h, relay.h) ----------------------- */
 typedef struct mqtt_inbox_outbox_t mqtt_inbox_outbox_t;
@@ -586,8 +720,10 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create(mqtt_inbox_t* inbox, mqtt_inbox
  * topic belongs to the class with the longest matching prefix, and a topic matching none
  * is not bounded (OutboxClass, outbox.h). Bounds count pending rows (not yet PUBACKed). */
 typedef struct mqtt_inbox_outbox_class_t {
-  size_t struct_size;       /* set by MQTT_INBOX_OUTBOX_CLASS_INIT; every element of one
-                               array has the same (it is the array's stride) */
+  char struct_id[4];        /* "MQOC" */
+  int struct_version;       /* 1 */
+  size_t struct_size;       /* sizeof(mqtt_inbox_outbox_class_t); every element of one
+                               array has the same header (its size is the stride) */
   const char* topic_prefix; /* e.g. "telemetry/"; "" matches every topic; unique among the
                                classes; required */
   int64_t max_rows;         /* most pending rows, >= 0; 0 = no row limit */
@@ -600,11 +736,16 @@ typedef struct mqtt_inbox_outbox_class_t {
   int policy;               /* MQTT_INBOX_OUTBOX_REJECT (default) or _DROP_OLDEST */
 } mqtt_inbox_outbox_class_t;
 
-#define MQTT_INBOX_OUTBOX_CLASS_INIT \
-  { sizeof(mqtt_inbox_outbox_class_t), NULL, 0, 0, 0, MQTT_INBOX_OUTBOX_REJECT }
+#define MQTT_INBOX_OUTBOX_CLASS_INIT                                                               \
+  {                                                                                                \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'O', 'C'), 1, sizeof(mqtt_inbox_outbox_class_t), NULL, 0, 0, 0, \
+        MQTT_INBOX_OUTBOX_REJECT                                                                   \
+  }
 
 typedef struct mqtt_inbox_outbox_options_t {
-  size_t struct_size;                       /* set by MQTT_INBOX_OUTBOX_OPTIONS_INIT */
+  char struct_id[4];                        /* "MQOO" */
+  int struct_version;                       /* 1 */
+  size_t struct_size;                       /* sizeof(mqtt_inbox_outbox_options_t) */
   const mqtt_inbox_outbox_class_t* classes; /* class_count bounded classes, copied by
                                                create; NULL: none (nothing bounded) */
   size_t class_count;                       /* 0 */
@@ -613,23 +754,26 @@ typedef struct mqtt_inbox_outbox_options_t {
 } mqtt_inbox_outbox_options_t;
 
 #define MQTT_INBOX_OUTBOX_OPTIONS_INIT \
-  { sizeof(mqtt_inbox_outbox_options_t), NULL, 0, 256 }
+  { MQTT_INBOX_STRUCT_ID('M', 'Q', 'O', 'O'), 1, sizeof(mqtt_inbox_outbox_options_t), NULL, 0, 256 }
 
 /* Makes the outbox of `inbox` with `options` (NULL: defaults, nothing bounded). `inbox`
  * must outlive it. On failure *out is NULL and the message is the inbox's errmsg. Errors:
  * MQTT_INBOX_INVALID_ARGUMENT (a NULL or repeated topic_prefix, a negative bound, a
- * policy not listed, a class struct_size that differs from the first's), _MISUSE (NULL
- * inbox or out, NULL classes with a count, a bad struct_size). Any thread. */
+ * policy not listed), _MISUSE (NULL inbox or out, NULL classes with a count, a struct or
+ * class not made by its _INIT macro). Any thread. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_create_with_options(
     mqtt_inbox_t* inbox, const mqtt_inbox_outbox_options_t* options, mqtt_inbox_outbox_t** out);
-/* Frees it; destroy its relays first. NULL is a no-op. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox);
-/* The last failure on `outbox`, as mqtt_inbox_errmsg. */
+/* Frees it. MQTT_INBOX_BUSY, freeing nothing, while a relay of it is alive or another
+ * thread is inside a call on it; _MISUSE for a dead handle. NULL: MQTT_INBOX_OK. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox);
+/* The last call on `outbox`, as mqtt_inbox_errmsg. */
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_outbox_errmsg(const mqtt_inbox_outbox_t* outbox);
 
 /* One message to publish at QoS 1 (OutgoingMessage, outbox.h). */
 typedef struct mqtt_inbox_outgoing_t {
-  size_t struct_size;  /* set by MQTT_INBOX_OUTGOING_INIT */
+  char struct_id[4];   /* "MQOG" */
+  int struct_version;  /* 1 */
+  size_t struct_size;  /* sizeof(mqtt_inbox_outgoing_t) */
   const char* topic;   /* no wildcards; required */
   const void* payload; /* payload_len bytes; NULL only with payload_len 0 */
   size_t payload_len;
@@ -644,8 +788,11 @@ typedef struct mqtt_inbox_outgoing_t {
   size_t user_property_count;
 } mqtt_inbox_outgoing_t;
 
-#define MQTT_INBOX_OUTGOING_INIT \
-  { sizeof(mqtt_inbox_outgoing_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, 0 }
+#define MQTT_INBOX_OUTGOING_INIT                                                               \
+  {                                                                                            \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'O', 'G'), 1, sizeof(mqtt_inbox_outgoing_t), NULL, NULL, 0, \
+        NULL, NULL, NULL, NULL, 0                                                              \
+  }
 
 /* Adds `message` to the outbox inside the transaction of `db`, which must be the
  * connection the library lent: a handler's `db` (the row commits with the claim, or not
@@ -678,7 +825,9 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_derived_message_id(const char* incoming_id, c
  * (RelayOptions, relay.h). With mqtt_inbox_relay_create_on the connection is the
  * subscriber's: see there which fields are read. */
 typedef struct mqtt_inbox_relay_options_t {
-  size_t struct_size;                   /* set by MQTT_INBOX_RELAY_OPTIONS_INIT */
+  char struct_id[4];                    /* "MQRO" */
+  int struct_version;                   /* 1 */
+  size_t struct_size;                   /* sizeof(mqtt_inbox_relay_options_t) */
   const char* broker_uri;               /* required */
   const char* client_id;                /* required; differs from every subscriber's */
   int mqtt_version;                     /* MQTT_INBOX_MQTT_5 (default) or _3_1_1 */
@@ -690,7 +839,7 @@ typedef struct mqtt_inbox_relay_options_t {
   int poll_interval_ms;                 /* look for rows committed elsewhere, ms; 1000 */
   int stop_timeout_ms;                  /* 10000 */
   int tls_version;                      /* MQTT_INBOX_TLS_*; _DEFAULT */
-  int tls_insecure_skip_hostname_check; /* INSECURE; 0 */
+  int tls_insecure_skip_hostname_check; /* INSECURE; 0 or 1; 0 */
   const char* username;                 /* none */
   const char* password_file;            /* read at every connect; none */
   const char* tls_ca_file;
@@ -698,13 +847,11 @@ typedef struct mqtt_inbox_relay_options_t {
   const char* tls_cert_file;
   const char* tls_key_file;
   const char* tls_key_password_file;
-  const char* client_id_lock_dir; /* NULL: "auto"; "": no lock */
-  /* Appended after the first release of this struct: a program built with the older,
-   * smaller struct gets the defaults below. */
+  const char* client_id_lock_dir;          /* NULL: "auto"; "": no lock */
   const char* tls_ciphers;                 /* as the subscriber's; NULL */
   const char* const* tls_alpn;             /* as the subscriber's; NULL */
   size_t tls_alpn_count;                   /* 0 */
-  int tls_insecure_skip_certificate_check; /* INSECURE, as the subscriber's; 0 */
+  int tls_insecure_skip_certificate_check; /* INSECURE, as the subscriber's; 0 or 1; 0 */
   int mark_batch;                          /* most rows marked sent per transaction, >= 1;
                                               256 */
   int mark_linger_ms;                      /* longest a PUBACK waits to be marked sent, so
@@ -713,7 +860,7 @@ typedef struct mqtt_inbox_relay_options_t {
                                               written: those rows go again, same ids */
   int wake_on_commit;                      /* 1: a commit that enqueued wakes the relay at
                                               once (default); 0: rows are found at the poll
-                                              only */
+                                              only; no other value */
   int metrics_period_ms;                   /* between writes of prometheus_textfile, > 0;
                                               10000 */
   int64_t max_packet_size;                 /* largest PUBLISH sent, bytes, the whole packet;
@@ -728,11 +875,12 @@ typedef struct mqtt_inbox_relay_options_t {
                                               (a ".tmp" renamed over it); NULL: none */
 } mqtt_inbox_relay_options_t;
 
-#define MQTT_INBOX_RELAY_OPTIONS_INIT                                                             \
-  {                                                                                               \
-    sizeof(mqtt_inbox_relay_options_t), NULL, NULL, MQTT_INBOX_MQTT_5, 30, 10000, 500, 30000, 64, \
-        1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,   \
-        NULL, NULL, 0, 0, 256, 200, 1, 10000, 0, NULL                                             \
+#define MQTT_INBOX_RELAY_OPTIONS_INIT                                                            \
+  {                                                                                              \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'R', 'O'), 1, sizeof(mqtt_inbox_relay_options_t), NULL, NULL, \
+        MQTT_INBOX_MQTT_5, 30, 10000, 500, 30000, 64, 1000, 10000, MQTT_INBOX_TLS_DEFAULT, 0,    \
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 256, 200, 1, 10000, 0, \
+        NULL                                                                                     \
   }
 
 /* Makes a relay that publishes `outbox`'s rows in order and marks them sent on PUBACK,
@@ -759,17 +907,21 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox,
  * connection fields (broker_uri, client_id, user name, password file, every tls_* field,
  * client_id_lock_dir) must be left at their defaults: they belong to the subscriber, and
  * one set would be refused rather than silently dropped.
- * Neither `outbox` nor `subscriber` is owned: destroy the relay before either. One relay
- * per subscriber (a second one's start fails). On failure *out is NULL and *errmsg (if
- * not NULL) gets a message for mqtt_inbox_free. Errors: MQTT_INBOX_INVALID_ARGUMENT (a
- * connection field set, a count or interval out of range), _MISUSE (NULL outbox,
- * subscriber or out, a bad struct_size). Any thread but a handler's. */
+ * Neither `outbox` nor `subscriber` is owned: either refuses its destroy (BUSY) while the
+ * relay lives. One relay per subscriber (a second one's start fails). On failure *out is
+ * NULL and *errmsg (if not NULL) gets a message for mqtt_inbox_free. Errors:
+ * MQTT_INBOX_INVALID_ARGUMENT (a connection field set, a count or interval out of
+ * range), _MISUSE (NULL or dead outbox, subscriber or out, a struct not made by its
+ * _INIT macro). Any thread but a handler's. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox,
                                                    mqtt_inbox_subscriber_t* subscriber,
                                                    const mqtt_inbox_relay_options_t* options,
                                                    mqtt_inbox_relay_t** out, char** errmsg);
-/* Stops it if running and frees it. NULL is a no-op. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay);
+/* Stops it if running and frees it; returns what the stop returned (the relay is freed
+ * all the same). MQTT_INBOX_BUSY, freeing nothing, while another thread is inside a call
+ * on it; _MISUSE from a handler or for a dead handle. NULL: MQTT_INBOX_OK. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay);
+/* The last call on `relay`, as mqtt_inbox_errmsg. */
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay);
 /* Starts its thread; returns at once. Its own connection: takes the client-id lock, then
  * connects in the background. A subscriber's: publishes whenever the subscriber is
@@ -778,19 +930,28 @@ MQTT_INBOX_C_EXPORT const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay);
 /* Stops its thread and disconnects (its own connection; a subscriber's stays up);
  * unacknowledged rows stay pending for the next run.
- * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process). */
+ * Errors: MQTT_INBOX_BUSY when its thread is stuck in the store (exit the process);
+ * _MISUSE from a handler (its thread may be waiting for the connection the handler
+ * holds). */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay);
 /* Its counters (RelayCounters, relay.h: published, acked, rejected, connects,
  * max_inflight_seen, receive_maximum and maximum_packet_size from the last CONNACK,
  * expired, too_large, connection_dropped, connected, offline_ms) as a JSON object, in
  * *json for mqtt_inbox_free. Never waits; any thread. Errors: _NOMEM, _MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json);
+/* The relay's connection state, as mqtt_inbox_subscriber_health (for a relay on a
+ * subscriber's connection: `connected` is whether it can publish; the attempts are the
+ * subscriber's). */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_relay_health(mqtt_inbox_relay_t* relay,
+                                                mqtt_inbox_connection_health_t* health);
 
 /* ---- Retention (retention.h) ------------------------------------------------------- */
 typedef struct mqtt_inbox_pruner_t mqtt_inbox_pruner_t;
 
 typedef struct mqtt_inbox_pruner_options_t {
-  size_t struct_size;               /* set by MQTT_INBOX_PRUNER_OPTIONS_INIT */
+  char struct_id[4];                /* "MQPO" */
+  int struct_version;               /* 1 */
+  size_t struct_size;               /* sizeof(mqtt_inbox_pruner_options_t) */
   int64_t window_ms;                /* how long a processed id is remembered; 8 days */
   int64_t broker_session_expiry_ms; /* floor of the broker's session expiry; 7 days */
   int64_t max_offline_ms;           /* longest time the device may be away; 0 */
@@ -799,10 +960,12 @@ typedef struct mqtt_inbox_pruner_options_t {
   int64_t dead_letter_window_ms;    /* dead letters kept; 0 = until purged; 30 days */
 } mqtt_inbox_pruner_options_t;
 
-#define MQTT_INBOX_PRUNER_OPTIONS_INIT                                                      \
-  {                                                                                         \
-    sizeof(mqtt_inbox_pruner_options_t), 8LL * 24 * 3600 * 1000, 7LL * 24 * 3600 * 1000, 0, \
-        3600LL * 1000, 60000, 30LL * 24 * 3600 * 1000                                       \
+/* (int64_t)-cast products rather than LL literals, which C89 lacks. */
+#define MQTT_INBOX_PRUNER_OPTIONS_INIT                                                         \
+  {                                                                                            \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'P', 'O'), 1, sizeof(mqtt_inbox_pruner_options_t),          \
+        (int64_t)8 * 24 * 3600 * 1000, (int64_t)7 * 24 * 3600 * 1000, 0, (int64_t)3600 * 1000, \
+        60000, (int64_t)30 * 24 * 3600 * 1000                                                  \
   }
 
 /* Makes the pruner of `inbox` after checking the window against the horizon and the
@@ -814,8 +977,10 @@ typedef struct mqtt_inbox_pruner_options_t {
 MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_create(mqtt_inbox_t* inbox,
                                                  const mqtt_inbox_pruner_options_t* options,
                                                  mqtt_inbox_pruner_t** out);
-/* Stops its thread and frees it. NULL is a no-op. */
-MQTT_INBOX_C_EXPORT void mqtt_inbox_pruner_destroy(mqtt_inbox_pruner_t* pruner);
+/* Stops its thread and frees it. MQTT_INBOX_BUSY, freeing nothing, while another thread
+ * is inside a call on it; _MISUSE from a handler or for a dead handle. NULL:
+ * MQTT_INBOX_OK. */
+MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_destroy(mqtt_inbox_pruner_t* pruner);
 MQTT_INBOX_C_EXPORT const char* mqtt_inbox_pruner_errmsg(const mqtt_inbox_pruner_t* pruner);
 /* Starts the thread that runs a pass every period_ms. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_pruner_start(mqtt_inbox_pruner_t* pruner);

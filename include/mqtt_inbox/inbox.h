@@ -57,12 +57,17 @@ class Inbox {
   // system cannot do WAL), brings its schema to kSchemaVersion and applies `options`;
   // docs/design.md#opening-an-inbox says how. On success *out owns the inbox.
   // Start-up: while the store is transiently unavailable (another process holds the
-  // write lock, the disk is full, I/O fails, the file is read-only) it waits and retries
+  // write lock, the disk is full under an existing database, I/O fails, the file is
+  // read-only) it waits and retries
   // with capped backoff (InboxOptions::startup_*), reporting through
   // InboxOptions::startup_progress; it returns when the store is ready, so nothing can
   // connect to the broker before. Before touching SQLite it checks that this process can
   // write the database, its -wal, -shm and .lock files and their folder.
-  // Errors: kInvalidArgument for bad options; kBusy if another consumer process holds
+  // What waiting cannot mend fails at once, creating nothing: kInvalidArgument for a path
+  // that is a folder or a device or whose folder does not exist, kReadOnly for a new
+  // database in a folder this process cannot write, kFull for a new database that does
+  // not fit (its files removed). Errors: kInvalidArgument for bad options; kBusy if another
+  // consumer process holds
   // the database (InboxOptions::exclusive); kPermissionDenied for a file this process
   // cannot write (the message names it, its owner and the fix:
   // docs/operations.md#files-created-under-another-user); kCorruption for a file that is

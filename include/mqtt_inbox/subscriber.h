@@ -88,11 +88,14 @@ struct SubscriberOptions : ConnectionOptions {
   // kept. Size it to the longest time a device may stay offline. Default 7 days.
   uint32_t session_expiry_s = 7 * 24 * 3600;
   // MQTT 5 Receive Maximum sent in CONNECT (MQTT 5.0 section 3.1.2.11.3): how many QoS 1
-  // messages the broker sends before it waits for their PUBACKs. It bounds the in-flight
-  // window, and with it the burst of redeliveries after a crash; the callback commits one
-  // message at a time anyway, so a larger window buys little. 1..65535. Default 20.
-  // Ignored for MQTT 3.1.1, where the broker's own limit applies (mosquitto:
-  // max_inflight_messages, default 20).
+  // messages the broker may send before it waits for their PUBACKs. A broker that keeps
+  // it bounds the in-flight window, and with it the burst of redeliveries after a crash;
+  // mosquitto 2.0.11 keeps it only at 1 (each PUBACK releases up to this many more while
+  // messages wait: docs/brokers-and-tls.md#the-in-flight-window). Every redelivery is
+  // still applied once, and the callback commits one message at a time, so a larger
+  // window buys little. 1..65535. Default 20. Ignored for MQTT 3.1.1, where the broker's
+  // own limit applies (mosquitto: max_inflight_messages, default 20, likewise kept only
+  // at 1).
   uint16_t receive_maximum = 20;
   // MQTT 5 Maximum Packet Size sent in CONNECT (MQTT 5.0 section 3.1.2.11.4), bytes;
   // 0 = not sent (no limit). It keeps a huge PUBLISH (100 MB) from being read into the
@@ -108,7 +111,10 @@ struct SubscriberOptions : ConnectionOptions {
   // A connection lost within this many ms of being made counts as unstable (for example
   // another client, on another host, using the same client id): reconnects then back
   // off exponentially up to reconnect_backoff_max_ms instead of reconnecting at once,
-  // so two such clients do not storm the broker. Default 10000.
+  // so two such clients do not storm the broker. The warning names a takeover only when
+  // the broker said so (MQTT 5 DISCONNECT reason code 0x8E); otherwise it gives the
+  // reason code the broker sent, or says that none came (always on MQTT 3.1.1).
+  // Default 10000.
   int unstable_connection_ms = 10000;
   // How long stop() waits for a message that is in the callback, ms. Default 10000.
   int stop_timeout_ms = 10000;

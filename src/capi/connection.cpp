@@ -20,7 +20,8 @@ Status to_connection_options(const CConnection& in, ConnectionOptions* out) {
       out->mqtt_version = MqttVersion::kV5;
       break;
     default:
-      return Status::InvalidArgument("mqtt_version must be MQTT_INBOX_MQTT_3_1_1 or _5");
+      return Status::InvalidArgument("mqtt_version is " + std::to_string(in.mqtt_version) +
+                                     ": it must be MQTT_INBOX_MQTT_3_1_1 or MQTT_INBOX_MQTT_5");
   }
   out->keep_alive_s = in.keep_alive_s;
   out->connect_timeout_ms = in.connect_timeout_ms;
@@ -44,10 +45,21 @@ Status to_connection_options(const CConnection& in, ConnectionOptions* out) {
       tls.version = TlsVersion::kTls1_3;
       break;
     default:
-      return Status::InvalidArgument("tls_version must be MQTT_INBOX_TLS_DEFAULT, _1_2 or _1_3");
+      return Status::InvalidArgument("tls_version is " + std::to_string(in.tls_version) +
+                                     ": it must be MQTT_INBOX_TLS_DEFAULT, _1_2 or _1_3");
   }
-  tls.insecure_skip_hostname_check = in.tls_insecure_skip_hostname_check != 0;
-  tls.insecure_skip_certificate_check = in.tls_insecure_skip_certificate_check != 0;
+  // A switch is 0 or 1: a garbage value must not turn verification off.
+  for (const auto& [value, name] :
+       {std::pair<int, const char*>{in.tls_insecure_skip_hostname_check,
+                                    "tls_insecure_skip_hostname_check"},
+        std::pair<int, const char*>{in.tls_insecure_skip_certificate_check,
+                                    "tls_insecure_skip_certificate_check"}}) {
+    if (value != 0 && value != 1)
+      return Status::InvalidArgument(std::string(name) + " is " + std::to_string(value) +
+                                     ": it must be 0 or 1");
+  }
+  tls.insecure_skip_hostname_check = in.tls_insecure_skip_hostname_check == 1;
+  tls.insecure_skip_certificate_check = in.tls_insecure_skip_certificate_check == 1;
   if (in.tls_ciphers) tls.ciphers = in.tls_ciphers;
   if (!in.tls_alpn && in.tls_alpn_count)
     return Status::InvalidArgument("tls_alpn is NULL with tls_alpn_count " +

@@ -17,23 +17,38 @@
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/sqlite.h"
+#include "mqtt_inbox/topic.h"
+#include "util/log.h"
 
-using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::Kind;
+using mqtt_inbox::capi::with_handle;
 
 namespace {
 
 constexpr mqtt_inbox_consumer_options_t kDefaults = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
 
+// A handler's return that does not fit: a failed attempt (retried, then handler_failed)
+// whose text names the mistake, logged as an error so that it is seen before the dead
+// letter is.
+[[noreturn]] void misfit(const std::string& consumer, const std::string& text) {
+  mqtt_inbox::detail::logger_or_default(nullptr)->error("consumer '{}': {}", consumer, text);
+  throw std::runtime_error(text);
+}
+
 // Runs the C handler inside the claim transaction and turns its code into what the
 // per-message path judges (src/store/verdict.h): a return, a failed attempt, or a
 // permanent failure with its dead-letter reason.
-void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
-                   const mqtt_inbox::Delivery& d) {
+void run_c_handler(mqtt_inbox_handler handler, void* ctx, const std::string& consumer,
+                   SQLite::Database& db, const mqtt_inbox::Delivery& d) {
   mqtt_inbox_delivery_t view;
   view.delivery = &d;
   view.db = &db;
   mqtt_inbox::capi::ConnectionScope scope(&db);
-  const int rc = handler(ctx, db.getHandle(), &view);
+  int rc;
+  {
+    mqtt_inbox::capi::InCallback in_callback;
+    rc = handler(ctx, db.getHandle(), &view);
+  }
   auto text = [&](const char* fallback) { return view.has_reason ? view.reason : fallback; };
   switch (rc) {
     case MQTT_INBOX_HANDLER_OK:
@@ -52,8 +67,16 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
     case MQTT_INBOX_HANDLER_REJECT:
       throw mqtt_inbox::RejectMessage(text("handler returned MQTT_INBOX_HANDLER_REJECT"));
     case MQTT_INBOX_HANDLER_OUTBOX_FULL:
+      // Parking is for the backpressure an enqueue of this attempt met: without it,
+      // nothing would ever make room, and the parked message would be replayed every
+      // requeue_poll_ms for ever, logged once.
+      if (scope.refusal() != mqtt_inbox::capi::ConnectionScope::Refusal::kFull)
+        misfit(consumer,
+               "handler returned MQTT_INBOX_HANDLER_OUTBOX_FULL, but no "
+               "mqtt_inbox_outbox_enqueue of this attempt returned MQTT_INBOX_OUTBOX_FULL (no "
+               "outbox, or no bounded class full): taken as a failed attempt, not parked");
       // Backpressure, not the message's fault: parked, no attempt counted (outbox.h
-      // OutboxFull), with the outbox's own words when an enqueue here was refused as full.
+      // OutboxFull), with the outbox's own words when the handler set none.
       throw mqtt_inbox::OutboxFull(mqtt_inbox::Status(
           mqtt_inbox::Status::Code::kRejected,
           scope.refusal() == mqtt_inbox::capi::ConnectionScope::Refusal::kFull && !view.has_reason
@@ -62,8 +85,9 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, SQLite::Database& db,
     case MQTT_INBOX_HANDLER_RETRY:
       throw std::runtime_error(text("handler returned MQTT_INBOX_HANDLER_RETRY"));
     default:
-      throw std::runtime_error(
-          text(("handler returned " + std::to_string(rc) + ", taken as RETRY").c_str()));
+      misfit(consumer, "handler returned " + std::to_string(rc) +
+                           ", which is not an MQTT_INBOX_HANDLER_* code: taken as a failed "
+                           "attempt (as MQTT_INBOX_HANDLER_RETRY)");
   }
 }
 
@@ -78,7 +102,11 @@ std::function<std::optional<std::string>(const mqtt_inbox::Message&)> adapt_extr
     mqtt_inbox_delivery_t view;
     view.delivery = &d;
     std::string id(cap, '\0');
-    const int n = fn(ctx, &view, &id[0], cap);
+    int n;
+    {
+      mqtt_inbox::capi::InCallback in_callback;
+      n = fn(ctx, &view, &id[0], cap);
+    }
     if (n == MQTT_INBOX_ID_NONE) return std::nullopt;
     // Thrown from the extractor: undecodable_payload, with this text (message_id.cpp).
     if (n < 0)
@@ -116,16 +144,13 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
                                void* ctx, const mqtt_inbox_consumer_options_t* options,
                                mqtt_inbox_consumer_t** out) {
   if (out) *out = nullptr;
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  auto& err = inbox->error;
-  return guarded(&err, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
+    auto& err = inbox->error;
     if (!name || !handler || !out)
       return err.set(MQTT_INBOX_MISUSE,
                      "mqtt_inbox_consumer_create: name, handler and out must not be NULL");
     mqtt_inbox_consumer_options_t o;
-    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err,
-                                             "mqtt_inbox_consumer_options_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err)) return r;
     mqtt_inbox::ConsumerOptions co;
     co.max_attempts = o.max_attempts;
     co.retry_backoff_initial = std::chrono::milliseconds(o.retry_backoff_initial_ms);
@@ -142,7 +167,8 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
         break;
       default:
         return err.set(MQTT_INBOX_INVALID_ARGUMENT,
-                       "mqtt_inbox_consumer_options_t.retained must be MQTT_INBOX_RETAINED_*");
+                       "mqtt_inbox_consumer_options_t.retained is " + std::to_string(o.retained) +
+                           ": it must be MQTT_INBOX_RETAINED_SKIP, _DEAD_LETTER or _PROCESS");
     }
     co.max_payload_bytes = o.max_payload_bytes;
     co.dead_letter_payload_bytes = o.dead_letter_payload_bytes;
@@ -162,8 +188,10 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
         break;
       default:
         return err.set(MQTT_INBOX_INVALID_ARGUMENT,
-                       "mqtt_inbox_consumer_options_t.id_disagreement must be "
-                       "MQTT_INBOX_ID_DISAGREEMENT_*");
+                       "mqtt_inbox_consumer_options_t.id_disagreement is " +
+                           std::to_string(o.id_disagreement) +
+                           ": it must be MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER or "
+                           "_USER_PROPERTY_WINS");
     }
     if (o.id_extractor)
       co.message_id.extractor = adapt_extractor(o.id_extractor, o.id_extractor_ctx, o.max_id_bytes);
@@ -174,37 +202,59 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
     h->owner = inbox;
     h->handler = handler;
     h->ctx = ctx;
-    mqtt_inbox::Handler adapted = [handler, ctx](SQLite::Database& db,
-                                                 const mqtt_inbox::Delivery& d) {
-      run_c_handler(handler, ctx, db, d);
+    mqtt_inbox::Handler adapted = [handler, ctx, consumer = std::string(name)](
+                                      SQLite::Database& db, const mqtt_inbox::Delivery& d) {
+      run_c_handler(handler, ctx, consumer, db, d);
     };
     if (int r = err.set(mqtt_inbox::Consumer::create(inbox->inbox.get(), name, std::move(adapted),
                                                      co, &h->consumer)))
       return r;
+    mqtt_inbox::capi::adopt(h.get(), {inbox});
     *out = h.release();
     return MQTT_INBOX_OK;
   });
 }
 
-void mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t* consumer) { delete consumer; }
+int mqtt_inbox_consumer_destroy(mqtt_inbox_consumer_t* consumer) {
+  if (consumer && mqtt_inbox::capi::InCallback::active()) {
+    mqtt_inbox::capi::Use use(consumer, Kind::kConsumer);
+    return mqtt_inbox::capi::refused_in_callback(use ? &consumer->error : nullptr,
+                                                 "mqtt_inbox_consumer_destroy");
+  }
+  return mqtt_inbox::capi::release_handle(consumer, Kind::kConsumer, "mqtt_inbox_consumer_destroy",
+                                          [](mqtt_inbox_consumer_t*) { return MQTT_INBOX_OK; });
+}
 
 const char* mqtt_inbox_consumer_errmsg(const mqtt_inbox_consumer_t* consumer) {
-  return consumer ? consumer->error.read() : "mqtt_inbox_consumer_errmsg: NULL consumer";
+  mqtt_inbox::capi::Use use(consumer, Kind::kConsumer);
+  return use ? consumer->error.read() : mqtt_inbox::capi::dead_handle_text(Kind::kConsumer);
 }
 
 int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_message_t* message,
                              int* outcome) {
-  if (!consumer) return MQTT_INBOX_MISUSE;
-  auto& err = consumer->error;
-  return guarded(&err, [&] {
+  return with_handle(consumer, Kind::kConsumer, [&] {
+    auto& err = consumer->error;
     if (!message || !outcome)
       return err.set(MQTT_INBOX_MISUSE,
                      "mqtt_inbox_consumer_feed: message and outcome must not be NULL");
     const mqtt_inbox_message_t defaults = MQTT_INBOX_MESSAGE_INIT;
     mqtt_inbox_message_t m;
-    if (int r = mqtt_inbox::capi::read_sized(message, defaults, &m, &err, "mqtt_inbox_message_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(message, defaults, &m, &err)) return r;
     if (!m.topic) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_feed: NULL topic");
+    // What a broker would never deliver: refused before anything is recorded.
+    if (mqtt_inbox::Status s = mqtt_inbox::check_topic_name(m.topic, "mqtt_inbox_message_t.topic");
+        !s.ok())
+      return err.set(s);
+    if (m.qos < 0 || m.qos > 2)
+      return err.set(
+          MQTT_INBOX_INVALID_ARGUMENT,
+          "mqtt_inbox_message_t.qos is " + std::to_string(m.qos) + ": it must be 0, 1 or 2");
+    bool dup = false, retained = false;
+    if (int r = mqtt_inbox::capi::read_flag(m.dup, "mqtt_inbox_message_t.dup", &err, &dup))
+      return r;
+    if (int r = mqtt_inbox::capi::read_flag(m.retained, "mqtt_inbox_message_t.retained", &err,
+                                            &retained))
+      return r;
     if (!m.payload && m.payload_len > 0)
       return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_feed: NULL payload with a length");
     if (!m.user_properties && m.user_property_count > 0)
@@ -214,8 +264,8 @@ int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_m
     msg.topic = m.topic;
     if (m.payload_len) msg.payload.assign(static_cast<const char*>(m.payload), m.payload_len);
     msg.qos = m.qos;
-    msg.dup = m.dup != 0;
-    msg.retain = m.retained != 0;
+    msg.dup = dup;
+    msg.retain = retained;
     if (m.content_type) msg.content_type = m.content_type;
     if (m.response_topic) msg.response_topic = m.response_topic;
     if (m.correlation_data)
@@ -255,9 +305,8 @@ int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_m
 
 int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
                                  mqtt_inbox_consumer_counters_t* counters) {
-  if (!consumer) return MQTT_INBOX_MISUSE;
-  auto& err = consumer->error;
-  return guarded(&err, [&] {
+  return with_handle(consumer, Kind::kConsumer, [&] {
+    auto& err = consumer->error;
     if (!counters) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_counters: NULL counters");
     const mqtt_inbox::ConsumerCounters c = consumer->consumer->counters();
     mqtt_inbox_consumer_counters_t v = MQTT_INBOX_CONSUMER_COUNTERS_INIT;
@@ -269,14 +318,13 @@ int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
     v.store_retries = c.store_retries;
     v.retained_skipped = c.retained_skipped;
     v.outbox_full_parked = c.outbox_full_parked;
-    return mqtt_inbox::capi::write_sized(v, counters, &err, "mqtt_inbox_consumer_counters_t");
+    return mqtt_inbox::capi::write_sized(v, counters, &err);
   });
 }
 
 int mqtt_inbox_consumer_health_json(mqtt_inbox_consumer_t* consumer, char** json) {
-  if (!consumer) return MQTT_INBOX_MISUSE;
-  auto& err = consumer->error;
-  return guarded(&err, [&] {
+  return with_handle(consumer, Kind::kConsumer, [&] {
+    auto& err = consumer->error;
     if (!json) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_consumer_health_json: NULL json");
     return mqtt_inbox::capi::hand_out_json(
         mqtt_inbox::capi::health_json(consumer->consumer->health()), &err, json);

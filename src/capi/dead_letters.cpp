@@ -5,16 +5,16 @@
 #include "capi/handles.h"
 #include "capi/json_text.h"
 
-using mqtt_inbox::capi::guarded;
 using mqtt_inbox::capi::JsonObject;
+using mqtt_inbox::capi::Kind;
+using mqtt_inbox::capi::with_handle;
 
 extern "C" {
 
 int mqtt_inbox_dead_letters_json(mqtt_inbox_t* inbox, const char* consumer_name, int64_t limit,
                                  char** json) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  auto& err = inbox->error;
-  return guarded(&err, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
+    auto& err = inbox->error;
     if (!json) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_dead_letters_json: NULL json");
     mqtt_inbox::DeadLetterFilter f;
     if (consumer_name) f.consumer_name = consumer_name;
@@ -53,9 +53,8 @@ int mqtt_inbox_dead_letters_json(mqtt_inbox_t* inbox, const char* consumer_name,
 }
 
 int mqtt_inbox_dead_letter_requeue(mqtt_inbox_t* inbox, int64_t id) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  return guarded(&inbox->error,
-                 [&] { return inbox->error.set(inbox->inbox->requeue_dead_letter(id)); });
+  return with_handle(inbox, Kind::kInbox,
+                     [&] { return inbox->error.set(inbox->inbox->requeue_dead_letter(id)); });
 }
 
 }  // extern "C"

@@ -51,8 +51,16 @@ int LastError::set(int rc, const char* message) noexcept {
 }
 
 int LastError::set(const Status& s) noexcept {
-  if (s.ok()) return MQTT_INBOX_OK;
+  if (s.ok()) {
+    clear();
+    return MQTT_INBOX_OK;
+  }
   return set(to_rc(s), s.message().c_str());
+}
+
+void LastError::clear() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  text_.clear();
 }
 
 const char* LastError::read() const noexcept {

@@ -24,8 +24,10 @@ class LastError {
   // keeps a fixed text instead).
   int set(int rc, const char* message) noexcept;
   int set(int rc, const std::string& message) noexcept { return set(rc, message.c_str()); }
-  // Records s (if not OK); returns its code.
+  // Records s; returns its code (OK clears the message).
   int set(const Status& s) noexcept;
+  // A call succeeded: the message is "" again, as sqlite3_errmsg's after a success.
+  void clear() noexcept;
   // The message, valid until the next read() on this thread.
   const char* read() const noexcept;
 
@@ -35,11 +37,13 @@ class LastError {
 };
 
 // Runs `body` (which returns a result code) and turns whatever it throws into a code,
-// recorded in `err` when there is one.
+// recorded in `err` when there is one; MQTT_INBOX_OK clears `err`.
 template <typename Body>
 int guarded(LastError* err, Body&& body) noexcept {
   try {
-    return body();
+    const int rc = body();
+    if (rc == MQTT_INBOX_OK && err) err->clear();
+    return rc;
   } catch (const std::bad_alloc&) {
     return err ? err->set(MQTT_INBOX_NOMEM, "out of memory") : MQTT_INBOX_NOMEM;
   } catch (const std::exception& e) {

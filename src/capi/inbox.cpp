@@ -6,11 +6,14 @@
 #include "capi/connection_scope.h"
 #include "capi/handles.h"
 #include "capi/json_text.h"
+#include "capi/memory.h"
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/version.h"
 
 using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::Kind;
 using mqtt_inbox::capi::LastError;
+using mqtt_inbox::capi::with_handle;
 
 namespace {
 
@@ -39,49 +42,71 @@ int mqtt_inbox_open(const char* path, const mqtt_inbox_options_t* options, mqtt_
   const int rc = guarded(&err, [&] {
     if (!path || !out) return misuse(&err, "mqtt_inbox_open: path and out must not be NULL");
     mqtt_inbox_options_t o;
-    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err, "mqtt_inbox_options"))
-      return r;
-    if (o.synchronous != MQTT_INBOX_SYNC_FULL && o.synchronous != MQTT_INBOX_SYNC_NORMAL)
-      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
-                     "mqtt_inbox_options.synchronous must be MQTT_INBOX_SYNC_FULL or _NORMAL");
+    if (int r = mqtt_inbox::capi::read_sized(options, kDefaults, &o, &err)) return r;
     mqtt_inbox::InboxOptions io;
-    io.synchronous = o.synchronous == MQTT_INBOX_SYNC_NORMAL ? mqtt_inbox::Synchronous::kNormal
-                                                             : mqtt_inbox::Synchronous::kFull;
+    switch (o.synchronous) {
+      case MQTT_INBOX_SYNC_FULL:
+        io.synchronous = mqtt_inbox::Synchronous::kFull;
+        break;
+      case MQTT_INBOX_SYNC_NORMAL:
+        io.synchronous = mqtt_inbox::Synchronous::kNormal;
+        break;
+      default:
+        // Never read as the nearest value: durability is not lowered by a garbage value.
+        return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                       "mqtt_inbox_options_t.synchronous is " + std::to_string(o.synchronous) +
+                           ": it must be MQTT_INBOX_SYNC_FULL or MQTT_INBOX_SYNC_NORMAL");
+    }
+    bool low_memory = true;
+    if (int r = mqtt_inbox::capi::read_flag(o.exclusive, "mqtt_inbox_options_t.exclusive", &err,
+                                            &io.exclusive))
+      return r;
+    if (int r = mqtt_inbox::capi::read_flag(
+            o.record_metadata, "mqtt_inbox_options_t.record_metadata", &err, &io.record_metadata))
+      return r;
+    if (int r = mqtt_inbox::capi::read_flag(o.low_memory, "mqtt_inbox_options_t.low_memory", &err,
+                                            &low_memory))
+      return r;
     io.busy_timeout_ms = o.busy_timeout_ms;
     io.cache_size_kib = o.cache_size_kib;
     io.page_size_bytes = o.page_size_bytes;
-    io.exclusive = o.exclusive != 0;
-    io.record_metadata = o.record_metadata != 0;
     io.startup_deadline_ms = o.startup_deadline_ms;
+    if (low_memory) mqtt_inbox::capi::configure_sqlite_for_low_memory();
     auto h = std::make_unique<mqtt_inbox_t>();
+    h->low_memory = low_memory;
     if (int r = err.set(mqtt_inbox::Inbox::open(path, io, &h->inbox))) return r;
+    mqtt_inbox::capi::adopt(h.get(), {});
     *out = h.release();
+    if (low_memory) mqtt_inbox::capi::give_back_freed_memory();
     return MQTT_INBOX_OK;
   });
   if (rc != MQTT_INBOX_OK && errmsg) *errmsg = mqtt_inbox::capi::malloc_copy(err.read());
   return rc;
 }
 
-void mqtt_inbox_close(mqtt_inbox_t* inbox) { delete inbox; }
+int mqtt_inbox_close(mqtt_inbox_t* inbox) {
+  return mqtt_inbox::capi::release_handle(inbox, Kind::kInbox, "mqtt_inbox_close",
+                                          [](mqtt_inbox_t*) { return MQTT_INBOX_OK; });
+}
 
 const char* mqtt_inbox_errmsg(const mqtt_inbox_t* inbox) {
-  return inbox ? inbox->error.read() : "mqtt_inbox_errmsg: NULL inbox";
+  mqtt_inbox::capi::Use use(inbox, Kind::kInbox);
+  return use ? inbox->error.read() : mqtt_inbox::capi::dead_handle_text(Kind::kInbox);
 }
 
 int mqtt_inbox_setup(mqtt_inbox_t* inbox, const char* sql) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  return guarded(&inbox->error, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
     if (!sql) return misuse(&inbox->error, "mqtt_inbox_setup: NULL sql");
     return inbox->error.set(inbox->inbox->setup_sql(sql));
   });
 }
 
 int mqtt_inbox_setup_fn(mqtt_inbox_t* inbox, int (*fn)(void* ctx, sqlite3* db), void* ctx) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  return guarded(&inbox->error, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
     if (!fn) return misuse(&inbox->error, "mqtt_inbox_setup_fn: NULL fn");
     return inbox->error.set(inbox->inbox->setup([&](SQLite::Database& db) {
       mqtt_inbox::capi::ConnectionScope scope(&db);
+      mqtt_inbox::capi::InCallback in_callback;
       const int rc = fn(ctx, db.getHandle());
       // Thrown as SQLite's own error, so that setup classifies it like one of its own
       // statements: a transient code is waited out, the rest fails the call.
@@ -91,8 +116,7 @@ int mqtt_inbox_setup_fn(mqtt_inbox_t* inbox, int (*fn)(void* ctx, sqlite3* db), 
 }
 
 int mqtt_inbox_stats_json(mqtt_inbox_t* inbox, char** json) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  return guarded(&inbox->error, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
     if (!json) return misuse(&inbox->error, "mqtt_inbox_stats_json: NULL json");
     using mqtt_inbox::capi::JsonObject;
     const mqtt_inbox::InboxStats s = inbox->inbox->stats();
@@ -143,8 +167,7 @@ int mqtt_inbox_stats_json(mqtt_inbox_t* inbox, char** json) {
 }
 
 int mqtt_inbox_health_json(mqtt_inbox_t* inbox, char** json) {
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  return guarded(&inbox->error, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
     if (!json) return misuse(&inbox->error, "mqtt_inbox_health_json: NULL json");
     return mqtt_inbox::capi::hand_out_json(mqtt_inbox::capi::health_json(inbox->inbox->health()),
                                            &inbox->error, json);

@@ -19,16 +19,18 @@
 
 using mqtt_inbox::capi::ConnectionScope;
 using mqtt_inbox::capi::guarded;
+using mqtt_inbox::capi::Kind;
 using mqtt_inbox::capi::LastError;
+using mqtt_inbox::capi::with_handle;
 
-struct mqtt_inbox_outbox_t {
+struct mqtt_inbox_outbox_t : mqtt_inbox::capi::Handle {
+  mqtt_inbox_outbox_t() noexcept : Handle(Kind::kOutbox) {}
   std::unique_ptr<mqtt_inbox::Outbox> outbox;
-  LastError error;
 };
 
-struct mqtt_inbox_relay_t {
+struct mqtt_inbox_relay_t : mqtt_inbox::capi::Handle {
+  mqtt_inbox_relay_t() noexcept : Handle(Kind::kRelay) {}
   std::unique_ptr<mqtt_inbox::Relay> relay;
-  LastError error;
 };
 
 namespace {
@@ -39,32 +41,32 @@ constexpr mqtt_inbox_outbox_options_t kOutboxDefaults = MQTT_INBOX_OUTBOX_OPTION
 constexpr mqtt_inbox_outbox_class_t kClassDefaults = MQTT_INBOX_OUTBOX_CLASS_INIT;
 
 // The C outbox options as OutboxOptions. The classes are an array whose stride is the
-// first element's struct_size (a program built with an older c.h has smaller elements).
+// first element's size, as its header gives it (a program built with an older c.h has
+// smaller elements); every element must carry the same header.
 int to_outbox_options(const mqtt_inbox_outbox_options_t& o, LastError* err,
                       mqtt_inbox::OutboxOptions* out) {
   if (!o.classes && o.class_count)
     return err->set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_options_t: NULL classes with a count");
   out->max_id_bytes = o.max_id_bytes;
   const unsigned char* at = reinterpret_cast<const unsigned char*>(o.classes);
-  const size_t stride = o.class_count ? o.classes[0].struct_size : 0;
-  // Each element is read where the stride puts it: a stride that is too small or
-  // misaligned cannot be an array of these structs.
-  if (o.class_count &&
-      (stride < sizeof(size_t) || stride % alignof(mqtt_inbox_outbox_class_t) != 0))
-    return err->set(MQTT_INBOX_MISUSE,
-                    "mqtt_inbox_outbox_options_t.classes[0].struct_size is " +
-                        std::to_string(stride) +
-                        ": initialise every class with MQTT_INBOX_OUTBOX_CLASS_INIT");
+  size_t stride = 0;
+  if (o.class_count) {
+    if (int r = mqtt_inbox::capi::check_header(o.classes, err,
+                                               "mqtt_inbox_outbox_options_t.classes[0]", &stride))
+      return r;
+  }
   for (size_t i = 0; i < o.class_count; ++i, at += stride) {
     const auto* in = reinterpret_cast<const mqtt_inbox_outbox_class_t*>(at);
     const std::string what = "mqtt_inbox_outbox_options_t.classes[" + std::to_string(i) + "]";
-    if (in->struct_size != stride)
-      return err->set(MQTT_INBOX_INVALID_ARGUMENT,
+    size_t n = 0;
+    if (int r = mqtt_inbox::capi::check_header(in, err, what, &n)) return r;
+    if (n != stride)
+      return err->set(MQTT_INBOX_MISUSE,
                       what +
-                          ".struct_size differs from classes[0]'s: initialise every class "
+                          " has another struct_version than classes[0]: initialise every class "
                           "with MQTT_INBOX_OUTBOX_CLASS_INIT");
     mqtt_inbox_outbox_class_t c;
-    if (int r = mqtt_inbox::capi::read_sized(in, kClassDefaults, &c, err, what.c_str())) return r;
+    if (int r = mqtt_inbox::capi::read_sized(in, kClassDefaults, &c, err)) return r;
     if (!c.topic_prefix)
       return err->set(MQTT_INBOX_INVALID_ARGUMENT, what + ".topic_prefix is required");
     mqtt_inbox::OutboxClass oc;
@@ -81,7 +83,8 @@ int to_outbox_options(const mqtt_inbox_outbox_options_t& o, LastError* err,
         break;
       default:
         return err->set(MQTT_INBOX_INVALID_ARGUMENT,
-                        what + ".policy must be MQTT_INBOX_OUTBOX_REJECT or _DROP_OLDEST");
+                        what + ".policy is " + std::to_string(c.policy) +
+                            ": it must be MQTT_INBOX_OUTBOX_REJECT or _DROP_OLDEST");
     }
     out->classes.push_back(std::move(oc));
   }
@@ -89,18 +92,22 @@ int to_outbox_options(const mqtt_inbox_outbox_options_t& o, LastError* err,
 }
 
 // The publishing fields of the C relay options (those a lent relay reads too).
-void to_publishing(const mqtt_inbox_relay_options_t& o, mqtt_inbox::RelayOptions* ro) {
+int to_publishing(const mqtt_inbox_relay_options_t& o, LastError* err,
+                  mqtt_inbox::RelayOptions* ro) {
+  if (int r = mqtt_inbox::capi::read_flag(
+          o.wake_on_commit, "mqtt_inbox_relay_options_t.wake_on_commit", err, &ro->wake_on_commit))
+    return r;
   ro->max_inflight = o.max_inflight;
   ro->poll_interval_ms = o.poll_interval_ms;
   ro->stop_timeout_ms = o.stop_timeout_ms;
   ro->mark_batch = o.mark_batch;
   ro->mark_linger_ms = o.mark_linger_ms;
-  ro->wake_on_commit = o.wake_on_commit != 0;
   ro->metrics_period_ms = o.metrics_period_ms;
   ro->max_packet_size = o.max_packet_size;
   if (o.prometheus_textfile) ro->prometheus_textfile = o.prometheus_textfile;
   ro->reconnect_backoff_initial_ms = o.reconnect_backoff_initial_ms;
   ro->reconnect_backoff_max_ms = o.reconnect_backoff_max_ms;
+  return MQTT_INBOX_OK;
 }
 
 }  // namespace
@@ -115,35 +122,36 @@ int mqtt_inbox_outbox_create_with_options(mqtt_inbox_t* inbox,
                                           const mqtt_inbox_outbox_options_t* options,
                                           mqtt_inbox_outbox_t** out) {
   if (out) *out = nullptr;
-  if (!inbox) return MQTT_INBOX_MISUSE;
-  auto& err = inbox->error;
-  return guarded(&err, [&] {
+  return with_handle(inbox, Kind::kInbox, [&] {
+    auto& err = inbox->error;
     if (!out) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_create: NULL out");
     mqtt_inbox_outbox_options_t o;
-    if (int r = mqtt_inbox::capi::read_sized(options, kOutboxDefaults, &o, &err,
-                                             "mqtt_inbox_outbox_options_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(options, kOutboxDefaults, &o, &err)) return r;
     mqtt_inbox::OutboxOptions oo;
     if (int r = to_outbox_options(o, &err, &oo)) return r;
     auto h = std::make_unique<mqtt_inbox_outbox_t>();
     if (int r = err.set(mqtt_inbox::Outbox::create(inbox->inbox.get(), oo, &h->outbox))) return r;
+    mqtt_inbox::capi::adopt(h.get(), {inbox});
     *out = h.release();
     return MQTT_INBOX_OK;
   });
 }
 
-void mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox) { delete outbox; }
+int mqtt_inbox_outbox_destroy(mqtt_inbox_outbox_t* outbox) {
+  return mqtt_inbox::capi::release_handle(outbox, Kind::kOutbox, "mqtt_inbox_outbox_destroy",
+                                          [](mqtt_inbox_outbox_t*) { return MQTT_INBOX_OK; });
+}
 
 const char* mqtt_inbox_outbox_errmsg(const mqtt_inbox_outbox_t* outbox) {
-  return outbox ? outbox->error.read() : "mqtt_inbox_outbox_errmsg: NULL outbox";
+  mqtt_inbox::capi::Use use(outbox, Kind::kOutbox);
+  return use ? outbox->error.read() : mqtt_inbox::capi::dead_handle_text(Kind::kOutbox);
 }
 
 int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
                               const mqtt_inbox_outgoing_t* message, char** message_id) {
   if (message_id) *message_id = nullptr;
-  if (!outbox) return MQTT_INBOX_MISUSE;
-  auto& err = outbox->error;
-  return guarded(&err, [&] {
+  return with_handle(outbox, Kind::kOutbox, [&] {
+    auto& err = outbox->error;
     if (!db || !message)
       return err.set(MQTT_INBOX_MISUSE,
                      "mqtt_inbox_outbox_enqueue: db and message must not be NULL");
@@ -153,9 +161,7 @@ int mqtt_inbox_outbox_enqueue(mqtt_inbox_outbox_t* outbox, sqlite3* db,
                      "mqtt_inbox_outbox_enqueue: db is not a connection the library lent on "
                      "this thread (call it from a handler or a set-up function with its db)");
     mqtt_inbox_outgoing_t m;
-    if (int r = mqtt_inbox::capi::read_sized(message, kOutgoingDefaults, &m, &err,
-                                             "mqtt_inbox_outgoing_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(message, kOutgoingDefaults, &m, &err)) return r;
     if (!m.topic) return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_enqueue: NULL topic");
     if (!m.payload && m.payload_len)
       return err.set(MQTT_INBOX_MISUSE, "mqtt_inbox_outbox_enqueue: NULL payload with a length");
@@ -212,20 +218,20 @@ int mqtt_inbox_relay_create(mqtt_inbox_outbox_t* outbox, const mqtt_inbox_relay_
   if (out) *out = nullptr;
   if (errmsg) *errmsg = nullptr;
   LastError err;
+  mqtt_inbox::capi::Use held(outbox, Kind::kOutbox);
   const int rc = guarded(&err, [&] {
-    if (!outbox || !options || !out)
+    if (!held || !options || !out)
       return err.set(MQTT_INBOX_MISUSE,
-                     "mqtt_inbox_relay_create: outbox, options and out must not be NULL");
+                     "mqtt_inbox_relay_create: a live outbox, options and out are needed");
     mqtt_inbox_relay_options_t o;
-    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err,
-                                             "mqtt_inbox_relay_options_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err)) return r;
     const mqtt_inbox::capi::CConnection c = mqtt_inbox::capi::connection_of(o);
     mqtt_inbox::RelayOptions ro;
     if (int r = err.set(mqtt_inbox::capi::to_connection_options(c, &ro))) return r;
-    to_publishing(o, &ro);
+    if (int r = to_publishing(o, &err, &ro)) return r;
     auto h = std::make_unique<mqtt_inbox_relay_t>();
     if (int r = err.set(mqtt_inbox::Relay::create(outbox->outbox.get(), ro, &h->relay))) return r;
+    mqtt_inbox::capi::adopt(h.get(), {outbox});
     *out = h.release();
     return MQTT_INBOX_OK;
   });
@@ -239,14 +245,15 @@ int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox, mqtt_inbox_subscribe
   if (out) *out = nullptr;
   if (errmsg) *errmsg = nullptr;
   LastError err;
+  mqtt_inbox::capi::Use held_outbox(outbox, Kind::kOutbox);
+  mqtt_inbox::capi::Use held_subscriber(subscriber, Kind::kSubscriber);
   const int rc = guarded(&err, [&] {
-    if (!outbox || !subscriber || !out)
+    if (!held_outbox || !held_subscriber || !out)
       return err.set(MQTT_INBOX_MISUSE,
-                     "mqtt_inbox_relay_create_on: outbox, subscriber and out must not be NULL");
+                     "mqtt_inbox_relay_create_on: a live outbox and subscriber, and out, are "
+                     "needed");
     mqtt_inbox_relay_options_t o;
-    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err,
-                                             "mqtt_inbox_relay_options_t"))
-      return r;
+    if (int r = mqtt_inbox::capi::read_sized(options, kRelayDefaults, &o, &err)) return r;
     const char* field = nullptr;
     if (mqtt_inbox::capi::sets_connection(mqtt_inbox::capi::connection_of(o), &field))
       return err.set(MQTT_INBOX_INVALID_ARGUMENT,
@@ -254,11 +261,12 @@ int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox, mqtt_inbox_subscribe
                          " is set, but the connection is the subscriber's: leave it at its "
                          "default (set it in the subscriber's options)");
     mqtt_inbox::RelayOptions ro;
-    to_publishing(o, &ro);
+    if (int r = to_publishing(o, &err, &ro)) return r;
     auto h = std::make_unique<mqtt_inbox_relay_t>();
     if (int r = err.set(mqtt_inbox::Relay::create(
             outbox->outbox.get(), mqtt_inbox::capi::subscriber_of(subscriber), ro, &h->relay)))
       return r;
+    mqtt_inbox::capi::adopt(h.get(), {outbox, mqtt_inbox::capi::handle_of(subscriber)});
     *out = h.release();
     return MQTT_INBOX_OK;
   });
@@ -266,25 +274,43 @@ int mqtt_inbox_relay_create_on(mqtt_inbox_outbox_t* outbox, mqtt_inbox_subscribe
   return rc;
 }
 
-void mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay) { delete relay; }
+int mqtt_inbox_relay_destroy(mqtt_inbox_relay_t* relay) {
+  if (relay && mqtt_inbox::capi::InCallback::active()) {
+    mqtt_inbox::capi::Use use(relay, Kind::kRelay);
+    return mqtt_inbox::capi::refused_in_callback(use ? &relay->error : nullptr,
+                                                 "mqtt_inbox_relay_destroy");
+  }
+  return mqtt_inbox::capi::release_handle(
+      relay, Kind::kRelay, "mqtt_inbox_relay_destroy",
+      [](mqtt_inbox_relay_t* r) { return mqtt_inbox::capi::to_rc(r->relay->stop()); });
+}
 
 const char* mqtt_inbox_relay_errmsg(const mqtt_inbox_relay_t* relay) {
-  return relay ? relay->error.read() : "mqtt_inbox_relay_errmsg: NULL relay";
+  mqtt_inbox::capi::Use use(relay, Kind::kRelay);
+  return use ? relay->error.read() : mqtt_inbox::capi::dead_handle_text(Kind::kRelay);
 }
 
 int mqtt_inbox_relay_start(mqtt_inbox_relay_t* relay) {
-  if (!relay) return MQTT_INBOX_MISUSE;
-  return guarded(&relay->error, [&] { return relay->error.set(relay->relay->start()); });
+  return with_handle(relay, Kind::kRelay, [&] { return relay->error.set(relay->relay->start()); });
 }
 
 int mqtt_inbox_relay_stop(mqtt_inbox_relay_t* relay) {
-  if (!relay) return MQTT_INBOX_MISUSE;
-  return guarded(&relay->error, [&] { return relay->error.set(relay->relay->stop()); });
+  return with_handle(relay, Kind::kRelay, [&] {
+    if (mqtt_inbox::capi::InCallback::active())
+      return mqtt_inbox::capi::refused_in_callback(&relay->error, "mqtt_inbox_relay_stop");
+    return relay->error.set(relay->relay->stop());
+  });
+}
+
+int mqtt_inbox_relay_health(mqtt_inbox_relay_t* relay, mqtt_inbox_connection_health_t* health) {
+  return with_handle(relay, Kind::kRelay, [&] {
+    if (!health) return relay->error.set(MQTT_INBOX_MISUSE, "mqtt_inbox_relay_health: NULL health");
+    return mqtt_inbox::capi::write_connection_health(relay->relay->health(), health, &relay->error);
+  });
 }
 
 int mqtt_inbox_relay_counters_json(mqtt_inbox_relay_t* relay, char** json) {
-  if (!relay) return MQTT_INBOX_MISUSE;
-  return guarded(&relay->error, [&] {
+  return with_handle(relay, Kind::kRelay, [&] {
     if (!json)
       return relay->error.set(MQTT_INBOX_MISUSE, "mqtt_inbox_relay_counters_json: NULL json");
     const mqtt_inbox::RelayCounters c = relay->relay->counters();

@@ -86,7 +86,9 @@ std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& se
 // set with MQTTAsync_setTraceCallback. So, once per process: the level goes to
 // MQTTASYNC_TRACE_ERROR, unless MQTT_C_CLIENT_TRACE or MQTT_C_CLIENT_TRACE_LEVEL is set
 // (then Paho's own settings stay as the user asked). An application that sets a trace
-// callback sets its level after the library's first client (connection.h).
+// callback sets its level after the library's first client (connection.h). Also tells
+// Paho not to initialise OpenSSL, which initialises itself (docs/design.md, "Paho does not
+// initialise OpenSSL").
 void quiet_paho_trace();
 
 // CONNECT with `opts`, waiting until Paho ends the attempt (never earlier: Paho C++ 1.2.0

@@ -68,6 +68,9 @@ struct Subscriber::Impl {
   bool started = false;
   bool stopping = false;
   bool connection_lost = false;
+  // The reason code of the DISCONNECT the broker sent on the current connection (MQTT 5
+  // only), or -1: none came. Reset before each connection attempt.
+  int disconnect_reason = -1;
   detail::ConnectionWatcher* watcher = nullptr;  // the Relay sharing the connection, if any
   mqtt::properties last_connack;                 // of the current connection (MQTT 5)
   std::thread supervisor;
@@ -151,19 +154,49 @@ struct Subscriber::Impl {
       connection_lost = true;
       cv.notify_all();
     });
+    // MQTT 5 only: the broker's DISCONNECT, with its reason code. Paho C calls it before
+    // it closes the connection, so the code is recorded before the supervisor wakes.
     c.set_disconnected_handler([this](const mqtt::properties&, mqtt::ReasonCode rc) {
       if (rc == mqtt::ReasonCode::SESSION_TAKEN_OVER)
         log->error(
             "broker {} disconnected us: session taken over by another client with "
             "client id '{}' (MQTT 5 reason code 0x8E)",
-            options.broker_uri, options.client_id);
+            options.broker_uri, detail::printable(options.client_id));
       else
-        log->warn("broker {} disconnected us (reason code {})", options.broker_uri,
-                  static_cast<int>(rc));
+        log->warn("broker {} disconnected us: {}", options.broker_uri, reason_text(rc));
       std::lock_guard<std::mutex> lock(mu);
+      disconnect_reason = static_cast<int>(rc);
       connection_lost = true;
       cv.notify_all();
     });
+  }
+
+  // "0x87 (Not authorized)": an MQTT 5 reason code as the broker's log names it.
+  static std::string reason_text(mqtt::ReasonCode rc) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(rc) & 0xFFu);
+    const char* name = MQTTReasonCode_toString(static_cast<MQTTReasonCodes>(rc));
+    return std::string("MQTT 5 reason code ") + hex + (name ? std::string(" (") + name + ")" : "");
+  }
+
+  // Why a connection ended `lived_ms` after it was made, as far as the broker said: only an
+  // MQTT 5 DISCONNECT carries a reason (`reason`, -1 when none came). A takeover by another
+  // client with this client id is named only when the broker said so (0x8E); a reload, a
+  // restart, a credential or ACL change, a network cut or another client all look the
+  // same otherwise, so nothing is guessed.
+  std::string short_connection_text(int64_t lived_ms, int reason) const {
+    const std::string head =
+        "connection ended " + std::to_string(lived_ms) + " ms after it was made";
+    if (reason == static_cast<int>(mqtt::ReasonCode::SESSION_TAKEN_OVER))
+      return head + ": the broker says another client connected with client id '" +
+             detail::printable(options.client_id) +
+             "' (MQTT 5 DISCONNECT reason code 0x8E, session taken over)";
+    if (reason >= 0)
+      return head + ": the broker disconnected this client with " +
+             reason_text(static_cast<mqtt::ReasonCode>(reason));
+    if (options.mqtt_version == MqttVersion::kV5)
+      return head + " without a DISCONNECT from the broker, so without a reason (its log says why)";
+    return head + " (MQTT 3.1.1 carries no reason; the broker's log says why)";
   }
 
   // Before a reconnect of a connection lent to a Relay: a new Paho client, so that nothing
@@ -379,6 +412,7 @@ struct Subscriber::Impl {
         // the wait below, not be forgotten.
         std::lock_guard<std::mutex> lock(mu);
         connection_lost = false;
+        disconnect_reason = -1;
       }
       if (options.may_connect && !options.may_connect()) {
         // Not ours to connect now (a fleet slot whose lease is not held): ask again soon.
@@ -390,6 +424,7 @@ struct Subscriber::Impl {
       if (connect_once()) {
         const auto since = std::chrono::steady_clock::now();
         conn->set_connected(true);
+        int reason = -1;
         {
           std::unique_lock<std::mutex> lock(mu);
           connected = true;
@@ -397,6 +432,7 @@ struct Subscriber::Impl {
           cv.notify_all();
           cv.wait(lock, [&] { return stopping || connection_lost; });
           connected = false;
+          reason = disconnect_reason;
           if (watcher) watcher->connection_down();
         }
         conn->set_connected(false);
@@ -411,10 +447,8 @@ struct Subscriber::Impl {
           backoff = options.reconnect_backoff_initial_ms;
           continue;  // a stable connection was lost: reconnect at once
         }
-        log->warn(
-            "connection lost {} ms after it was made; backing off {} ms before "
-            "reconnecting (is another client using client id '{}'?)",
-            lived, backoff, options.client_id);
+        log->warn("{}; backing off {} ms before reconnecting", short_connection_text(lived, reason),
+                  backoff);
       } else if (!conn->attempt_failed()) {
         conn->fail(SubscriberHealth::Failure::kSubscribe,
                    "connected, but subscribing failed (see the log above)");

@@ -326,6 +326,9 @@ Status check_tls_options(const std::string& broker_uri, const TlsOptions& t) {
           "settings nor falls back to plaintext");
     return Status::Ok();
   }
+  // OpenSSL's reasons for what follows and for a failed handshake: loaded here, for TLS
+  // connections only, since Paho no longer initialises OpenSSL (connect.cpp).
+  OPENSSL_init_ssl(OPENSSL_INIT_LOAD_SSL_STRINGS | OPENSSL_INIT_LOAD_CRYPTO_STRINGS, nullptr);
   if (!t.key_file.empty() && t.cert_file.empty())
     return Status::InvalidArgument("tls.key_file '" + t.key_file +
                                    "' is set without tls.cert_file");

@@ -126,6 +126,10 @@ class StoreBackend {
   // version, applies the options, and sets the front's retention clock base. `lock_wait_ms`:
   // how long this attempt may wait for a lock. Errors classified.
   virtual Status open(int lock_wait_ms) = 0;
+  // After the start-up wait of open() gave up with `s`: closes what the attempts left and
+  // returns the status to report (SQLite: a new database that did not fit is kFull, and
+  // its files are removed).
+  virtual Status failed_open(Status s) { return s; }
   // Before a call on the main connection: reconnects a store whose connection was lost
   // (PostgreSQL). Errors classified.
   virtual Status ready() { return Status::Ok(); }

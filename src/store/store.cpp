@@ -89,7 +89,7 @@ Status Store::open(const std::string& location, const InboxOptions& options,
         const Status opened = b->open(lock_wait_ms);
         return opened.ok() ? opened : front->store_error(opened);
       });
-  if (!s.ok()) return s;
+  if (!s.ok()) return b->failed_open(s);
   *out = std::move(store);
   return Status::Ok();
 }

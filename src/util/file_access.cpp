@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 namespace mqtt_inbox::detail {
@@ -55,6 +56,36 @@ Status check_one(const std::string& path, int how, const char* role) {
 }
 
 }  // namespace
+
+Status check_database_location(const std::string& db_path, bool* exists) {
+  *exists = false;
+  if (db_path.rfind("file:", 0) == 0 || db_path == ":memory:") return Status::Ok();
+  struct stat st {};
+  if (::stat(db_path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      return Status::InvalidArgument("the database path " + db_path +
+                                     " is a folder: name a file in it (e.g. " + db_path +
+                                     "/inbox.db)");
+    if (!S_ISREG(st.st_mode))
+      return Status::InvalidArgument("the database path " + db_path +
+                                     " is not a regular file (a device, a pipe or a socket)");
+    *exists = true;
+    return Status::Ok();
+  }
+  const int err = errno;
+  const std::string folder = folder_of(db_path);
+  if (err == ENOTDIR || ::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("the folder of the database path " + db_path +
+                                   " does not exist or is not a folder (" + folder +
+                                   "): create it first");
+  if (::faccessat(AT_FDCWD, folder.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    const int why = errno;
+    return Status(Status::Code::kReadOnly, "cannot create the database " + db_path +
+                                               ": its folder " + folder + " cannot be written (" +
+                                               std::strerror(why) + ")");
+  }
+  return Status::Ok();
+}
 
 Status check_writable(const std::string& db_path, bool with_lock) {
   const std::string folder = folder_of(db_path);

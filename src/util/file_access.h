@@ -23,6 +23,14 @@ namespace mqtt_inbox::detail {
 // fix; OK otherwise.
 Status check_writable(const std::string& db_path, bool with_lock);
 
+// Whether `db_path` can be a database at all, checked before anything is created, for
+// the errors that waiting would never mend: kInvalidArgument if it names a folder or
+// anything but a regular file, or if its folder does not exist or is not a folder;
+// kReadOnly if the file does not exist yet and its folder cannot be written (a read-only
+// file system, no permission). *exists says whether the file exists. An SQLite URI
+// ("file:...") or ":memory:" is left to SQLite (OK, *exists false).
+Status check_database_location(const std::string& db_path, bool* exists);
+
 // "name (uid N)", or "uid N" when the user database has no name for it.
 std::string describe_user(uid_t uid);
 

@@ -18,6 +18,7 @@
 //                                           down is not a refusal
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <mqtt_inbox/inbox.h>
 #include <mqtt_inbox/service_notifier.h>
 #include <sys/file.h>
 #include <sys/wait.h>
@@ -291,17 +292,40 @@ TEST_F(ServiceStartupTest, StartUpWaitIsReportedWithinASecondWithItsTrueLength) 
   stop_cleanly(*c);
 }
 
+// The disk full at start: an existing database (messages may wait in it) is waited for,
+// STATUS saying so, until space is freed; a new one that does not fit is not (nothing
+// waits in a database never made): exit 4 at once, no file left, and the next start (the
+// unit's Restart=) once there is room.
 TEST_F(ServiceStartupTest, LedgerConsumerDiskFullAtStart) {
   const std::string mnt = dir_.file("fs");
   TmpfsMount fs(mnt, "1m");
   if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << fs.error() << ")";
-  const std::string filler = mnt + "/filler";
+  const std::string filler = mnt + "/filler", db = mnt + "/ledger.db";
+  {
+    std::unique_ptr<Inbox> made;
+    ASSERT_TRUE(Inbox::open(db, {}, &made).ok());
+  }
   ASSERT_GT(fill_file_system(filler), 0);
-  auto c = start(ledger(mnt + "/ledger.db"));
+  auto c = start(ledger(db));
   expect_wait_reported("store: waiting at start-up while");
   ::unlink(filler.c_str());
   expect_ready_after_wait();
   stop_cleanly(*c);
+  c.reset();
+
+  socket_ = std::make_unique<NotifySocket>(dir_.file("notify-new.sock"));
+  const std::string fresh = mnt + "/fresh.db";
+  ASSERT_GT(fill_file_system(filler), 0);
+  auto d = start(ledger(fresh));
+  EXPECT_EQ(exit_code(*d, seconds(20)), 4) << diagnostics();
+  EXPECT_NE(first_status("no room to create the new database"), -1) << diagnostics();
+  EXPECT_EQ(first("READY=1"), -1);
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"})
+    EXPECT_NE(::access((fresh + suffix).c_str(), F_OK), 0) << suffix;
+  ::unlink(filler.c_str());
+  auto e = start(ledger(fresh));
+  ASSERT_TRUE(socket_->wait_line("READY=1", seconds(30))) << diagnostics();
+  stop_cleanly(*e);
 }
 
 // systemctl stop (or the start timeout's SIGTERM) during a start-up wait ends the

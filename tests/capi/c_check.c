@@ -2,7 +2,11 @@
 #define _GNU_SOURCE
 #include "c_check.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 int c_check_failures = 0;
@@ -64,11 +68,66 @@ void c_query_text(const char* path, const char* sql, char* buf, size_t size) {
   sqlite3_close(db);
 }
 
+long long c_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int c_in_child(const char* what, void (*fn)(void* arg), void* arg, int timeout_ms) {
+  const long long deadline = c_now_ms() + timeout_ms;
+  int status = 0;
+  pid_t pid;
+  (void)c_temp_dir(); /* made (and removed) by this process, not the child */
+  fflush(NULL);
+  pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    c_check_failures = 0;
+    fn(arg);
+    fflush(NULL);
+    /* exit, not _exit: a sanitizer's leak check runs at exit and fails the child. */
+    exit(c_check_failures ? 1 : 0);
+  }
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    REQUIRE(r >= 0);
+    if (r == pid) break;
+    if (c_now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      fprintf(stderr, "%s: still running after %d ms: killed (a hang)\n", what, timeout_ms);
+      ++c_check_failures;
+      return 0;
+    }
+    usleep(5000);
+  }
+  if (WIFSIGNALED(status)) {
+    fprintf(stderr, "%s: the child died of signal %d (a crash)\n", what, WTERMSIG(status));
+    ++c_check_failures;
+    return 0;
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == C_CHECK_SKIP) c_skip(what);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "%s: the child failed (exit %d)\n", what,
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    ++c_check_failures;
+    return 0;
+  }
+  return 1;
+}
+
 static void c_remove_dir(void) {
   char cmd[4200];
   if (!c_dir[0]) return;
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", c_dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", c_dir);
+}
+
+void c_skip(const char* why) {
+  fprintf(stderr, "skipped: %s\n", why);
+  c_remove_dir();
+  exit(C_CHECK_SKIP);
 }
 
 int c_check_main(int argc, char** argv, const struct c_test* tests, size_t count) {

@@ -64,6 +64,22 @@ long long c_query_int(const char* path, const char* sql);
 /* The same as text into buf (empty if no row). */
 void c_query_text(const char* path, const char* sql, char* buf, size_t size);
 
+/* Runs fn(arg) in a child process (fork) and fails the case, saying why, if the child
+ * crashed (a signal), failed a check, exited otherwise than 0, or was still running after
+ * timeout_ms (then it is killed): a caller's mistake must end with a code within a bound,
+ * and a crash or a hang fails this case instead of killing or stalling the runner. The
+ * child's checks count in it only; 1 if the child passed, else 0. Call it from the case's
+ * own process before any thread starts. */
+int c_in_child(const char* what, void (*fn)(void* arg), void* arg, int timeout_ms);
+
+/* The exit code of a case that cannot run here (ctest SKIP_RETURN_CODE). */
+#define C_CHECK_SKIP 77
+/* Ends the case as skipped, saying why. */
+void c_skip(const char* why);
+
+/* Milliseconds on the monotonic clock. */
+long long c_now_ms(void);
+
 /* Runs the case named argv[1] of `tests`; 0 if it passed. */
 int c_check_main(int argc, char** argv, const struct c_test* tests, size_t count);
 

@@ -441,26 +441,6 @@ static void test_feed_and_create_refuse_misuse(void) {
   stop(&f);
 }
 
-/* An older program's consumer options without the id fields: the defaults take the id
- * from the JSON field, whatever lies beyond the struct. */
-static void test_an_older_consumer_options_struct_gets_default_id_sources(void) {
-  struct fixture f;
-  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
-  mqtt_inbox_consumer_t* c = NULL;
-  start(&f, LEDGER);
-  mqtt_inbox_consumer_destroy(f.consumer);
-  o.struct_size = offsetof(mqtt_inbox_consumer_options_t, id_user_property);
-  o.requeue_poll_ms = 0;
-  o.id_user_property = "";
-  o.id_json_field = ""; /* would leave no id source: every message missing_id */
-  REQUIRE(mqtt_inbox_consumer_create(f.inbox, "ledger", handler, &f.script, &o, &c) ==
-          MQTT_INBOX_OK);
-  f.consumer = c;
-  CHECK_EQ_INT(credit(&f, "o-1", "kate", 8), MQTT_INBOX_OUTCOME_PROCESSED);
-  CHECK_EQ_INT(balance(&f, "kate"), 8);
-  stop(&f);
-}
-
 #define CASE(name) \
   { #name, test_##name }
 static const struct c_test tests[] = {
@@ -479,7 +459,6 @@ static const struct c_test tests[] = {
     CASE(a_call_back_into_the_inbox_is_refused_and_dead_lettered),
     CASE(the_delivery_view_shows_what_was_fed),
     CASE(feed_and_create_refuse_misuse),
-    CASE(an_older_consumer_options_struct_gets_default_id_sources),
 };
 
 int main(int argc, char** argv) {

@@ -158,54 +158,6 @@ static void test_options_are_applied(void) {
   CHECK(inbox == NULL);
 }
 
-/* A program built against an older c.h passes a shorter struct: the library reads only
- * its bytes and takes defaults for the rest, whatever follows in memory. */
-static void test_an_older_shorter_options_struct_gets_defaults_for_the_rest(void) {
-  const char* path = c_temp_path("old.db");
-  mqtt_inbox_options_t o = MQTT_INBOX_OPTIONS_INIT;
-  mqtt_inbox_t* inbox = NULL;
-  long long cache = 0;
-  o.struct_size = offsetof(mqtt_inbox_options_t, cache_size_kib);
-  o.busy_timeout_ms = 1234; /* inside the old struct: read */
-  o.cache_size_kib = 999;   /* beyond it: not read */
-  o.page_size_bytes = 777;  /* would be refused if it were read */
-  o.exclusive = 12345;
-  REQUIRE(mqtt_inbox_open(path, &o, &inbox, NULL) == MQTT_INBOX_OK);
-  CHECK_EQ_INT(pragma_of(inbox, path, "page_size"), 4096);
-  CHECK_EQ_INT(mqtt_inbox_setup_fn(inbox, read_cache_size, &cache), MQTT_INBOX_OK);
-  CHECK_EQ_INT(cache, -2048);
-  mqtt_inbox_close(inbox);
-
-  /* Only the size field: every default. */
-  o.struct_size = sizeof(size_t);
-  REQUIRE(mqtt_inbox_open(path, &o, &inbox, NULL) == MQTT_INBOX_OK);
-  mqtt_inbox_close(inbox);
-}
-
-struct newer_options {
-  mqtt_inbox_options_t known;
-  int64_t unknown_field;
-};
-
-/* A program built against a newer c.h: accepted while the fields this library does not
- * know are zero (their defaults), refused when one is set. */
-static void test_a_newer_longer_options_struct_is_read_if_the_unknown_tail_is_zero(void) {
-  struct newer_options n;
-  mqtt_inbox_t* inbox = NULL;
-  char* err = NULL;
-  memset(&n, 0, sizeof n);
-  n.known = (mqtt_inbox_options_t)MQTT_INBOX_OPTIONS_INIT;
-  n.known.struct_size = sizeof n;
-  REQUIRE(mqtt_inbox_open(c_temp_path("new.db"), &n.known, &inbox, NULL) == MQTT_INBOX_OK);
-  mqtt_inbox_close(inbox);
-  n.unknown_field = 1;
-  CHECK_EQ_INT(mqtt_inbox_open(c_temp_path("new2.db"), &n.known, &inbox, &err),
-               MQTT_INBOX_INVALID_ARGUMENT);
-  CHECK(inbox == NULL);
-  CHECK_CONTAINS(err, "does not know");
-  mqtt_inbox_free(err);
-}
-
 static void test_a_struct_size_below_its_own_field_is_misuse(void) {
   mqtt_inbox_options_t o = MQTT_INBOX_OPTIONS_INIT;
   mqtt_inbox_t* inbox = NULL;
@@ -273,8 +225,6 @@ static const struct c_test tests[] = {
     CASE(failed_setup_rolls_back_and_says_why),
     CASE(setup_fn_runs_in_one_transaction),
     CASE(options_are_applied),
-    CASE(an_older_shorter_options_struct_gets_defaults_for_the_rest),
-    CASE(a_newer_longer_options_struct_is_read_if_the_unknown_tail_is_zero),
     CASE(a_struct_size_below_its_own_field_is_misuse),
     CASE(a_second_exclusive_open_is_busy_with_a_message),
     CASE(open_refuses_a_file_that_is_not_a_database),

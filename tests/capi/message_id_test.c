@@ -259,25 +259,6 @@ static void test_bad_id_options_are_refused(void) {
   mqtt_inbox_close(f.inbox);
 }
 
-/* An older program's options end before the extractor fields: whatever lies beyond its
- * struct_size, the defaults hold (no extractor, 256 bytes, dead-letter on disagreement). */
-static void test_an_older_options_struct_gets_the_id_defaults(void) {
-  struct fixture f;
-  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
-  open_inbox(&f);
-  o.struct_size = offsetof(mqtt_inbox_consumer_options_t, id_extractor);
-  o.id_extractor = extractor; /* beyond the old size: not read */
-  o.id_extractor_ctx = &f.x;
-  o.max_id_bytes = 1;
-  start(&f, &o);
-  CHECK_EQ_INT(
-      feed(&f, "credits/a", "{\"message_id\":\"d-1\",\"account\":\"ann\",\"amount\":2}", NULL, 0),
-      MQTT_INBOX_OUTCOME_PROCESSED);
-  CHECK_EQ_INT(f.x.calls, 0);
-  CHECK(strcmp(f.r.id, "d-1") == 0);
-  stop(&f);
-}
-
 static void test_the_mqtt5_properties_reach_the_handler(void) {
   struct fixture f;
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
@@ -360,28 +341,6 @@ static void test_bad_property_values_are_refused_before_any_row(void) {
   stop(&f);
 }
 
-/* An older program's message struct ends at user_property_count: no properties beyond. */
-static void test_an_older_message_struct_has_no_other_properties(void) {
-  struct fixture f;
-  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
-  mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
-  const char* payload = "{\"message_id\":\"p-4\",\"account\":\"ann\",\"amount\":2}";
-  int outcome = -1;
-  open_inbox(&f);
-  start(&f, &o);
-  m.struct_size = offsetof(mqtt_inbox_message_t, content_type);
-  m.topic = "credits/a";
-  m.payload = payload;
-  m.payload_len = strlen(payload);
-  m.content_type = "not/read";
-  m.payload_format_indicator = 9; /* beyond the old size: not read, so not refused */
-  REQUIRE(mqtt_inbox_consumer_feed(f.consumer, &m, &outcome) == MQTT_INBOX_OK);
-  CHECK_EQ_INT(outcome, MQTT_INBOX_OUTCOME_PROCESSED);
-  CHECK(strcmp(f.r.content_type, "(none)") == 0);
-  CHECK_EQ_INT(f.r.pfi, -1);
-  stop(&f);
-}
-
 #define CASE(name) \
   { #name, test_##name }
 static const struct c_test tests[] = {
@@ -393,11 +352,9 @@ static const struct c_test tests[] = {
     CASE(disagreeing_ids_are_dead_lettered_by_default),
     CASE(disagreeing_ids_with_user_property_wins_take_the_property),
     CASE(bad_id_options_are_refused),
-    CASE(an_older_options_struct_gets_the_id_defaults),
     CASE(the_mqtt5_properties_reach_the_handler),
     CASE(a_message_without_them_shows_none),
     CASE(bad_property_values_are_refused_before_any_row),
-    CASE(an_older_message_struct_has_no_other_properties),
 };
 
 int main(int argc, char** argv) {

@@ -134,6 +134,30 @@ TEST_P(CSubscriberTest, StopFromAnotherThreadEndsRun) {
   EXPECT_EQ(count("stopped"), 1u) << log_text();
 }
 
+// A stop from inside the handler, on Paho's receive thread, is refused at once with a
+// message that says so (it would wait for this very thread: before, the whole
+// stop_timeout_ms, 10 s, blaming the store); the handler asks for the stop instead, and
+// the program ends cleanly with the message applied once.
+TEST_P(CSubscriberTest, AStopFromInsideTheHandlerIsRefusedAtOnce) {
+  auto child = start({"--stop-in-handler", "1"});
+  {
+    TestPublisher pub(broker_.uri(), mqtt5());
+    pub.credit("credits/a", "s-1", "acct-s", 5);
+  }
+  const int st = child->wait(std::chrono::seconds(20));
+  ASSERT_NE(st, -1) << log_text();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << log_text();
+  std::smatch m;
+  const std::string t = log_text();
+  ASSERT_TRUE(std::regex_search(t, m, std::regex("stop in handler: misuse after (\\d+) ms: (.*)")))
+      << t;
+  EXPECT_LT(std::stoll(m[1]), 1000) << t;
+  EXPECT_NE(m[2].str().find("from inside a handler"), std::string::npos) << t;
+  EXPECT_NE(m[2].str().find("mqtt_inbox_subscriber_request_stop"), std::string::npos) << t;
+  EXPECT_EQ(count("stopped"), 1u) << t;
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'acct-s'"), 5);
+}
+
 // --emit-topic: each credit enqueues its credited event in the handler's transaction and
 // the C relay publishes it; a downstream inbox applies each event once, under the id
 // derived from its credit, with the balance after it. Credits are published twice.

@@ -3,7 +3,7 @@
  * examples/c/ledger.h.
  *
  *   subscriber_child URI CLIENT_ID FILTER DB MQTT_VERSION [--stop-from-thread MS]
- *                    [--emit-topic TOPIC] [--crash-in-handler ID]
+ *                    [--emit-topic TOPIC] [--crash-in-handler ID] [--stop-in-handler 1]
  *
  * MQTT_VERSION is "5" or "3.1.1". Prints "consuming" once connected and, after the stop,
  * the inbox's stats as JSON on one line starting "stats: ". --stop-from-thread stops the
@@ -11,7 +11,10 @@
  * also end mqtt_inbox_subscriber_run in the main thread. --emit-topic enqueues a
  * credited event per credit in the handler's transaction and runs a relay (client id
  * CLIENT_ID-relay) that publishes them. --crash-in-handler kills the process (SIGKILL) inside
- * the handler of message ID, every time: poison. Exit 0 after a clean stop. */
+ * the handler of message ID, every time: poison. --stop-in-handler calls
+ * mqtt_inbox_subscriber_stop from the first handler call (on Paho's receive thread), prints
+ * "stop in handler: <code name> after <ms> ms: <errmsg>", then asks for the stop with
+ * mqtt_inbox_subscriber_request_stop, as a handler should. Exit 0 after a clean stop. */
 #define _POSIX_C_SOURCE 200809L
 #include <mqtt_inbox/c.h>
 #include <pthread.h>
@@ -33,11 +36,26 @@ static void on_signal(int sig) {
 static mqtt_inbox_outbox_t* outbox;
 static const char* emit_topic;
 static const char* crash_id;
+static int stop_in_handler;
+
+static long long now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
 
 static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
   int rc;
   (void)ctx;
   if (crash_id && strcmp(mqtt_inbox_delivery_message_id(d), crash_id) == 0) raise(SIGKILL);
+  if (stop_in_handler) {
+    const long long t0 = now_ms();
+    const int stop_rc = mqtt_inbox_subscriber_stop(subscriber);
+    printf("stop in handler: %s after %lld ms: %s\n", mqtt_inbox_errstr(stop_rc), now_ms() - t0,
+           mqtt_inbox_subscriber_errmsg(subscriber));
+    mqtt_inbox_subscriber_request_stop(subscriber);
+    stop_in_handler = 0;
+  }
   rc = ledger_apply_credit(db, d);
   if (rc == MQTT_INBOX_HANDLER_OK && emit_topic)
     rc = ledger_enqueue_credited(outbox, db, d, emit_topic);
@@ -76,7 +94,7 @@ int main(int argc, char** argv) {
   if (argc < 6 || argc % 2 != 0) {
     fprintf(stderr,
             "usage: %s URI CLIENT_ID FILTER DB 5|3.1.1 [--stop-from-thread MS]"
-            " [--emit-topic TOPIC] [--crash-in-handler ID]\n",
+            " [--emit-topic TOPIC] [--crash-in-handler ID] [--stop-in-handler 1]\n",
             argv[0]);
     return 2;
   }
@@ -87,6 +105,8 @@ int main(int argc, char** argv) {
       emit_topic = argv[i + 1];
     else if (strcmp(argv[i], "--crash-in-handler") == 0)
       crash_id = argv[i + 1];
+    else if (strcmp(argv[i], "--stop-in-handler") == 0)
+      stop_in_handler = atoi(argv[i + 1]);
     else
       return 2;
   }

@@ -90,23 +90,9 @@ static void test_a_password_file_with_a_user_name_is_accepted(void) {
   mqtt_inbox_subscriber_destroy(s);
 }
 
-static void test_an_older_options_struct_gets_defaults_for_the_rest(void) {
-  mqtt_inbox_subscriber_options_t o = options();
-  mqtt_inbox_subscriber_t* s = NULL;
-  o.struct_size = offsetof(mqtt_inbox_subscriber_options_t, mqtt_version);
-  o.mqtt_version = MQTT_INBOX_MQTT_5;
-  o.session_expiry_s = 0; /* beyond the struct: not read, or create would refuse it */
-  o.client_id_lock_dir = "/nonexistent"; /* not read either: "auto" */
-  CHECK_EQ_INT(mqtt_inbox_subscriber_create(&o, &s, NULL), MQTT_INBOX_OK);
-  mqtt_inbox_subscriber_destroy(s);
-}
-
-/* The TLS fields appended to the struct (cipher list, ALPN, the INSECURE certificate
- * switch) reach the checks create makes, and a program built with the struct before them
- * (struct_size up to tls_ciphers) gets their defaults: values create would refuse are
- * then never read. */
-static void test_tls_ciphers_alpn_and_the_insecure_switch_are_read_only_when_the_struct_has_them(
-    void) {
+/* The TLS fields (cipher list, ALPN, the INSECURE certificate switch) reach the checks
+ * create makes. */
+static void test_tls_ciphers_alpn_and_the_insecure_switch_are_checked(void) {
   mqtt_inbox_subscriber_options_t o = options();
   mqtt_inbox_subscriber_t* s = NULL;
   const char* alpn[] = {"x-amzn-mqtt-ca", "mqtt"};
@@ -138,16 +124,6 @@ static void test_tls_ciphers_alpn_and_the_insecure_switch_are_read_only_when_the
   o.tls_alpn = alpn;
   o.tls_alpn_count = 1;
   refused(&o, MQTT_INBOX_INVALID_ARGUMENT, "plaintext");
-
-  /* The older struct: all three set to what a plaintext URI refuses, past its end. */
-  o = options();
-  o.struct_size = offsetof(mqtt_inbox_subscriber_options_t, tls_ciphers);
-  o.tls_ciphers = "NO-SUCH-CIPHER";
-  o.tls_alpn = empty_name;
-  o.tls_alpn_count = 1;
-  o.tls_insecure_skip_certificate_check = 1;
-  CHECK_EQ_INT(mqtt_inbox_subscriber_create(&o, &s, NULL), MQTT_INBOX_OK);
-  mqtt_inbox_subscriber_destroy(s);
 }
 
 static int never(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
@@ -198,8 +174,7 @@ static void test_misuse_and_a_stop_request_without_a_start(void) {
 static const struct c_test tests[] = {
     CASE(create_refuses_what_would_lose_messages_or_secrets),
     CASE(a_password_file_with_a_user_name_is_accepted),
-    CASE(an_older_options_struct_gets_defaults_for_the_rest),
-    CASE(tls_ciphers_alpn_and_the_insecure_switch_are_read_only_when_the_struct_has_them),
+    CASE(tls_ciphers_alpn_and_the_insecure_switch_are_checked),
     CASE(misuse_and_a_stop_request_without_a_start),
 };
 

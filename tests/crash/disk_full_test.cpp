@@ -12,6 +12,7 @@
 // is all the space a 4 MiB file system has: after the filler was deleted, the consumer
 // logged "full" forever.)
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -265,6 +266,11 @@ TEST(DiskFullAtOpen, EveryPathOfAFullDiskAtOpenSaysFull) {
     const Status s = Inbox::open(path, o, &inbox);
     EXPECT_EQ(s.code(), Status::Code::kFull) << s.to_string();
     EXPECT_TRUE(s.is_transient_store_error()) << s.to_string();
+    // A new database that does not fit is not waited for, and leaves no file behind.
+    if (path == fresh) {
+      for (const char* suffix : {"", "-wal", "-shm", ".lock"})
+        EXPECT_NE(::access((fresh + suffix).c_str(), F_OK), 0) << suffix;
+    }
   }
   ::unlink(filler.c_str());
   std::unique_ptr<Inbox> inbox;

@@ -203,7 +203,8 @@ void Broker::start() {
               ? "max_packet_size " + std::to_string(config_.max_packet_size) + "\n"
               : std::string())
       << "log_dest file " << log_ << "\n"
-      << "log_type all\n";
+      << "log_type all\n"
+      << "pid_file " << pid_file() << "\n";
     // Started as root, mosquitto drops to the `mosquitto` user, which cannot write our
     // folder: it would then run without persistence (guarantees.md section 2).
     if (geteuid() == 0) f << "user root\n";
@@ -234,6 +235,10 @@ void Broker::pause() {
 
 void Broker::resume() {
   if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
+void Broker::reload() {
+  if (pid_ > 0) kill(pid_, SIGHUP);
 }
 
 void Broker::stop() {

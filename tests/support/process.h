@@ -105,6 +105,15 @@ class Broker {
   // section 3.1.2.10). stop() resumes a frozen broker first.
   void pause();
   void resume();
+  // Asks the broker to reload its configuration (SIGHUP, what `systemctl reload mosquitto`
+  // and Debian's logrotate send): it reads its password and ACL files again and checks
+  // every client's credentials again. Returns at once; mosquitto acts on it in its loop.
+  void reload();
+  // The running broker's process id (a new one after each start()); -1 when stopped.
+  pid_t pid() const { return pid_; }
+  // The file where mosquitto writes its process id at each start (pid_file): a command run
+  // by another program reaches the broker after a restart too (kill -HUP "$(cat FILE)").
+  std::string pid_file() const { return dir_.file("mosquitto.pid"); }
   const std::string& log_path() const { return log_; }
 
  private:

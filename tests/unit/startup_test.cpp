@@ -380,8 +380,8 @@ class InjectedStartupFault : public StartupTest,
   FaultVfs vfs_{"startup_fault"};
 };
 
-// A new database while the file system fails for the next N calls: open waits, then
-// creates the inbox once the fault clears.
+// A new database while the file system fails for the next N calls (an I/O error, a
+// read-only file system): open waits, then creates the inbox once the fault clears.
 TEST_P(InjectedStartupFault, IsWaitedOutThenTheInboxOpens) {
   const StartupFault& c = GetParam();
   InboxOptions o = options();
@@ -404,6 +404,28 @@ TEST_P(InjectedStartupFault, IsWaitedOutThenTheInboxOpens) {
   EXPECT_EQ(query_int(db_, "SELECT balance FROM accounts WHERE account = 'sam'"), 5);
 }
 
+// A new database that does not fit (SQLITE_FULL while it is being made) is not waited for:
+// no message waits in a database that was never made. kFull at once, and the files the
+// open made are gone; an existing database on a full disk is still waited out
+// (tests/crash/disk_full_test.cpp).
+TEST_F(StartupTest, ANewDatabaseThatDoesNotFitFailsAtOnceAndLeavesNothing) {
+  FaultVfs vfs{"startup_full"};
+  InboxOptions o = options();
+  o.vfs = vfs.name();
+  vfs.arm(Fault::next(FaultOp::kWrite, 4, SQLITE_FULL));
+  std::unique_ptr<Inbox> inbox;
+  const Status s = Inbox::open(db_, o, &inbox);
+  EXPECT_EQ(s.code(), Status::Code::kFull) << s.to_string();
+  EXPECT_NE(s.message().find("no room to create the new database"), std::string::npos)
+      << s.to_string();
+  EXPECT_EQ(vfs.injected(), 1u);  // not retried
+  EXPECT_EQ(progress_.stuck_calls(), 0u);
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"})
+    EXPECT_NE(::access((db_ + suffix).c_str(), F_OK), 0) << suffix;
+  vfs.disarm();
+  ASSERT_TRUE(Inbox::open(db_, o, &inbox).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Faults, InjectedStartupFault,
     ::testing::Values(
@@ -411,7 +433,6 @@ INSTANTIATE_TEST_SUITE_P(
                      "io_error"},
         StartupFault{"IoErrWrite", Fault::next(FaultOp::kWrite, 4, SQLITE_IOERR_WRITE), "io_error"},
         StartupFault{"IoErrFsync", Fault::next(FaultOp::kSync, 4, SQLITE_IOERR_FSYNC), "io_error"},
-        StartupFault{"Full", Fault::next(FaultOp::kWrite, 4, SQLITE_FULL), "full"},
         StartupFault{"ReadOnly", Fault::next(FaultOp::kWrite, 4, SQLITE_READONLY), "read_only"}),
     [](const ::testing::TestParamInfo<StartupFault>& p) { return std::string(p.param.name); });
 

@@ -57,6 +57,7 @@ class SqliteBackend final : public StoreBackend {
   }
   void file_stats(InboxStats* out) const override;
   Status open(int lock_wait_ms) override;
+  Status failed_open(Status s) override;
   Status ready() override;
   Status classify_current(const std::string& context) override;
   void on_store_error(const Status& s) override;
@@ -208,7 +209,10 @@ class SqliteBackend final : public StoreBackend {
   };
 
  private:
-  bool opened_ = false;  // an open attempt succeeded: the destructor persists and clears
+  bool opened_ = false;         // an open attempt succeeded: the destructor persists and clears
+  bool existed_ = false;        // the database file was there before this open
+  bool lock_existed_ = false;   // and its lock file
+  bool new_file_full_ = false;  // a new database did not fit (open, failed_open)
   // A handler closed the connection (sqlite3_close*): close_connection lets it go.
   bool connection_closed_by_handler_ = false;
   std::unique_ptr<RetentionRows> retention;

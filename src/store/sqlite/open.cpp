@@ -90,21 +90,52 @@ detail::SqliteBackend::SqliteBackend(Store& front)
 }
 
 Status detail::SqliteBackend::prepare_files() {
+  // What waiting would never mend fails before anything is created (a lock file beside a
+  // folder): a folder or a device as the path, a missing folder, a new database in a
+  // folder that cannot be written.
+  if (Status s = detail::check_database_location(path, &existed_); !s.ok()) {
+    log->error("inbox {}: {}", path, s.message());
+    return s;
+  }
   // Files another user left behind do not clear by themselves: refuse before SQLite
   // quietly opens the database read-only.
   if (Status s = detail::check_writable(path, options.exclusive); !s.ok()) {
     log->error("inbox {}: {}", path, s.message());
     return s;
   }
+  struct stat lock_st {};
+  lock_existed_ = ::stat((path + ".lock").c_str(), &lock_st) == 0;
   if (options.exclusive) return take_lock_file(path, &lock_fd);
   return Status::Ok();
 }
 
 Status detail::SqliteBackend::open(int lock_wait_ms) {
   const Status s = open_connection(lock_wait_ms);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // A new database that does not fit on the file system: no message waits in it, so
+    // there is nothing to wait for (kFull is transient for an existing one). A status
+    // that ends the start-up wait; failed_open() reports it as kFull.
+    if (existed_ || s.code() != Status::Code::kFull) return s;
+    new_file_full_ = true;
+    return Status::InvalidArgument(s.message());
+  }
   sqlite3_busy_timeout(db->getHandle(), options.busy_timeout_ms);
   opened_ = true;
+  return s;
+}
+
+Status detail::SqliteBackend::failed_open(Status s) {
+  std::lock_guard<std::mutex> lock(mu);
+  close_connection();
+  marker.reset();
+  if (!new_file_full_) return s;
+  s = Status(Status::Code::kFull, "no room to create the new database " + path + " (" +
+                                      s.message() + "); nothing was left behind");
+  // The files this call created, while it still holds the lock file: a database that was
+  // never made leaves nothing behind.
+  for (const char* suffix : {"-wal", "-shm", ""}) ::unlink((path + suffix).c_str());
+  if (!lock_existed_ && lock_fd >= 0) ::unlink((path + ".lock").c_str());
+  log->error("inbox {}: {}", path, s.message());
   return s;
 }
 
