@@ -5,7 +5,10 @@
 // store/sessions.cpp.
 #include "store/store.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <climits>
 #include <stdexcept>
@@ -102,10 +105,17 @@ void Store::name_user(const std::string& consumer) {
 Status Store::check_handler_type(const std::type_info* type, const char* what) const {
   if (!type) return Status::InvalidArgument(std::string(what) + " is empty");
   if (*type == backend_->handler_type()) return Status::Ok();
-  return Status::InvalidArgument(std::string(what) + " takes a transaction of another store than " +
-                                 location_ + ", whose handlers take " +
-                                 backend_->handler_type_name() +
-                                 " (mqtt_inbox/sqlite.h, mqtt_inbox/postgres.h)");
+  // typeid(T*) of the handler's first parameter: "T*", demangled, names T.
+  std::string taken = type->name();
+  int rc = -1;
+  if (char* d = abi::__cxa_demangle(type->name(), nullptr, nullptr, &rc)) {
+    taken = d;
+    std::free(d);
+  }
+  if (!taken.empty() && taken.back() == '*') taken.back() = '&';
+  return Status::InvalidArgument(std::string(what) + " takes " + taken + ", a transaction of "
+                                 "another store: " + location_ + "'s handlers take " +
+                                 backend_->handler_type_name());
 }
 
 Status Store::locked(const char* what, FunctionRef<void()> fn) {

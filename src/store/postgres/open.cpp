@@ -548,6 +548,8 @@ Status PgBackend::connect_locked(bool migrate) {
 }
 
 void PgBackend::name_user(const std::string& consumer) {
+  // An application_name the location sets is the application's: kept.
+  if (conninfo.find("application_name=") != std::string::npos) return;
   if (("," + users + ",").find("," + consumer + ",") != std::string::npos) return;
   users += (users.empty() ? "" : ",") + consumer;
   if (!conn || !conn->is_open()) return;  // the next connection carries it
