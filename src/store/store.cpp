@@ -8,9 +8,9 @@
 #include <cxxabi.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <stdexcept>
 #include <utility>
 
@@ -113,9 +113,10 @@ Status Store::check_handler_type(const std::type_info* type, const char* what) c
     std::free(d);
   }
   if (!taken.empty() && taken.back() == '*') taken.back() = '&';
-  return Status::InvalidArgument(std::string(what) + " takes " + taken + ", a transaction of "
-                                 "another store: " + location_ + "'s handlers take " +
-                                 backend_->handler_type_name());
+  return Status::InvalidArgument(std::string(what) + " takes " + taken +
+                                 ", a transaction of "
+                                 "another store: " +
+                                 location_ + "'s handlers take " + backend_->handler_type_name());
 }
 
 Status Store::locked(const char* what, FunctionRef<void()> fn) {
