@@ -55,12 +55,13 @@ class PgBackend;
 constexpr int kPgSchemaVersion = 3;
 
 // A libpqxx connection whose libpq handle the store can read (PQtransactionStatus, the
-// socket): libpqxx 6.4 exposes it only to a connection policy, which this one is. It never
-// reconnects by itself (libpqxx's reactivation would lose the session's settings): a
-// broken connection stays broken until the store makes a new one.
+// socket): libpqxx 6.4 exposes it only to a connection policy, which this one is. With
+// `reconnects` false it never reconnects by itself (libpqxx's reactivation would lose the
+// session's settings, which a connection handlers run on depends on): a broken connection
+// stays broken until the store makes a new one.
 class PgConnection final : public pqxx::connection_base {
  public:
-  explicit PgConnection(const std::string& conninfo);
+  explicit PgConnection(const std::string& conninfo, bool reconnects = true);
   ~PgConnection() noexcept;
   // The libpq connection, or null once it is closed.
   PGconn* raw() const { return policy_.pg; }

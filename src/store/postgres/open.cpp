@@ -322,12 +322,12 @@ constexpr const char* kGuardSql =
 
 }  // namespace
 
-PgConnection::PgConnection(const std::string& conninfo)
+PgConnection::PgConnection(const std::string& conninfo, bool reconnects)
     : pqxx::connection_base(policy_), options_(conninfo), policy_(options_) {
   init();
   // libpqxx 6.4 reconnects a broken connection by itself at the next statement; the
   // session's settings (the guard, the read-only default) would be gone.
-  inhibit_reactivation(true);
+  if (!reconnects) inhibit_reactivation(true);
 }
 
 PgConnection::~PgConnection() noexcept { close(); }
@@ -408,14 +408,14 @@ Status PgBackend::open_connection(std::unique_ptr<PgConnection>* out, Role role,
                     (label.empty() ? std::string() : label + " ") + std::to_string(::getpid());
   if (app.size() > 63) app.resize(63);
   add_param(&info, "application_name", app);
+  const bool handlers = role == Role::kInbox || role == Role::kWorker;
   std::unique_ptr<PgConnection> c;
   try {
-    c = std::make_unique<PgConnection>(info);
+    c = std::make_unique<PgConnection>(info, /*reconnects=*/!handlers);
   } catch (const std::exception& e) {
     return connect_error(uri, e.what(), options.postgres_password_file);
   }
   if (on_open) on_open(*c);
-  const bool handlers = role == Role::kInbox || role == Role::kWorker;
   try {
     pqxx::nontransaction n(*c);
     const std::string iso = n.exec1("SHOW default_transaction_isolation")[0].as<std::string>();
