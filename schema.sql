@@ -553,3 +553,57 @@ ALTER TABLE inbox_sessions ADD COLUMN sessions_lost INTEGER NOT NULL DEFAULT 0
 ALTER TABLE inbox_sessions ADD COLUMN last_lost_at INTEGER;
 
 PRAGMA user_version = 13;
+
+-- @version 14
+-- Dead letters get the reason 'handler_ended_transaction' (issue 39): a handler that ends
+-- the library's transaction or tries to (COMMIT, ROLLBACK, BEGIN, commit() or abort() on the
+-- transaction object, closing the connection) is refused on every store alike, nothing of
+-- it commits, and its message is dead-lettered at once with the text naming what it ran,
+-- instead of being retried up to max_attempts as handler_failed. The table is rebuilt as in
+-- step 7 (SQLite cannot change a CHECK constraint in place); every column, row and index
+-- stays as it was.
+CREATE TABLE inbox_dead_letters_v14 (
+    id                INTEGER PRIMARY KEY,
+    consumer_name     TEXT    NOT NULL,
+    message_id        TEXT,              -- NULL when the message had no usable id
+    topic             TEXT    NOT NULL,
+    payload           BLOB    NOT NULL,
+    payload_size      INTEGER NOT NULL,  -- bytes received; > length(payload) if cut
+    properties        TEXT,              -- MQTT 5 properties as a JSON object
+    qos               INTEGER NOT NULL,
+    reason            TEXT    NOT NULL CHECK (reason IN (
+                          'missing_id', 'invalid_id', 'payload_too_large',
+                          'undecodable_payload', 'invalid_payload', 'handler_failed',
+                          'handler_crashed', 'retained', 'handler_reentered',
+                          'outbox_full', 'outbox_refused',
+                          'handler_ended_transaction')),
+    reason_text       TEXT    NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER NOT NULL,
+    last_attempt_at   INTEGER NOT NULL,
+    dead_lettered_at  INTEGER NOT NULL,
+    redeliveries      INTEGER NOT NULL DEFAULT 0,  -- deliveries seen after dead-lettering
+    -- 'dead' -> 'requeued' (admin tool) -> 'replayed' (the running Consumer committed it)
+    -- or 'dead' again (it failed again); 'dead' -> 'replayed' by a direct replay. A message
+    -- parked by a full outbox starts 'requeued' and is 'requeued' again while it stays full.
+    status            TEXT    NOT NULL DEFAULT 'dead'
+                          CHECK (status IN ('dead', 'requeued', 'replayed')),
+    replayed_at       INTEGER,
+    retention_at      INTEGER            -- retention clock, ms
+);
+INSERT INTO inbox_dead_letters_v14 (id, consumer_name, message_id, topic, payload, payload_size,
+    properties, qos, reason, reason_text, attempts, first_attempt_at, last_attempt_at,
+    dead_lettered_at, redeliveries, status, replayed_at, retention_at)
+  SELECT id, consumer_name, message_id, topic, payload, payload_size, properties, qos, reason,
+         reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at,
+         redeliveries, status, replayed_at, retention_at
+    FROM inbox_dead_letters;
+DROP TABLE inbox_dead_letters;
+ALTER TABLE inbox_dead_letters_v14 RENAME TO inbox_dead_letters;
+CREATE INDEX inbox_dead_letters_by_id ON inbox_dead_letters (consumer_name, message_id);
+CREATE INDEX inbox_dead_letters_by_time ON inbox_dead_letters (dead_lettered_at);
+CREATE INDEX inbox_dead_letters_retention ON inbox_dead_letters (retention_at);
+CREATE INDEX inbox_dead_letters_requeued ON inbox_dead_letters (consumer_name, id)
+    WHERE status = 'requeued';
+
+PRAGMA user_version = 14;

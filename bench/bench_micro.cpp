@@ -2,8 +2,8 @@
 //   BM_HandleNewId        Consumer::handle, ledger handler, a new id each time
 //   BM_HandleDuplicate    Consumer::handle of an id already processed (claim conflicts,
 //                         rollback)
-//   BM_ClaimNewId         ClaimStore::claim alone (no state read, no attempt), same handler
-//   BM_ClaimDuplicate     ClaimStore::claim of an id already claimed (insert conflicts,
+//   BM_ClaimNewId         Store::process, the claim transaction without the Consumer, same handler
+//   BM_ClaimDuplicate     Store::process of an id already claimed (insert conflicts,
 //                         rollback)
 // The handler is ledger::CreditHandler, as in ledger_consumer.
 // Argument: 1 = synchronous FULL, 0 = NORMAL.
@@ -24,8 +24,8 @@
 #include "bench_util.h"
 #include "ledger.h"
 #include "store/claims.h"
+#include "store/inbox.h"
 #include "store/store.h"
-#include "store/txn.h"
 
 namespace {
 
@@ -34,7 +34,7 @@ struct Fixture {
   std::unique_ptr<mqtt_inbox::Inbox> inbox;
   std::unique_ptr<mqtt_inbox::Consumer> consumer;
   ledger::CreditHandler handler;
-  mqtt_inbox::detail::StoreHandler bound;  // `handler` as the store's claim calls it
+  mqtt_inbox::TransactionHandler bound;  // `handler` as the store's claim calls it
   std::mt19937_64 rng{1};
 
   explicit Fixture(bool full) {
@@ -50,12 +50,14 @@ struct Fixture {
     inbox->with_connection([](SQLite::Database& db) { ledger::create_tables(db); });
     if (!mqtt_inbox::Consumer::create(inbox.get(), "ledger", handler, {}, &consumer).ok())
       std::abort();
-    bound = mqtt_inbox::detail::bind_sqlite_handler(std::ref(handler));
+    bound = mqtt_inbox::Handler(std::ref(handler));
   }
-  mqtt_inbox::detail::ClaimStore& claims() { return inbox->store().claims(); }
+  mqtt_inbox::detail::Store& store() {
+    return *mqtt_inbox::detail::InboxImpl::store_of(inbox.get());
+  }
   ~Fixture() {
     consumer.reset();
-    bound = nullptr;
+    bound = mqtt_inbox::TransactionHandler();
     handler = ledger::CreditHandler{};  // its statements belong to the inbox's connection
     inbox.reset();
     cleanup();
@@ -99,10 +101,9 @@ void BM_ClaimNewId(benchmark::State& state) {
     const std::string id = bench::uuid_like(f.rng);
     const auto m = f.message(id);
     state.ResumeTiming();
-    mqtt_inbox::detail::ClaimResult r;
-    std::string err;
-    if (!f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err).ok() ||
-        r != mqtt_inbox::detail::ClaimResult::kProcessed)
+    mqtt_inbox::detail::ProcessReport r;
+    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r).ok() ||
+        r.result != mqtt_inbox::detail::ClaimResult::kProcessed)
       state.SkipWithError("claim failed");
   }
   state.SetItemsProcessed(state.iterations());
@@ -112,12 +113,11 @@ void BM_ClaimDuplicate(benchmark::State& state) {
   Fixture f(state.range(0) != 0);
   const std::string id = "the-same-id";
   const auto m = f.message(id);
-  mqtt_inbox::detail::ClaimResult r;
-  std::string err;
-  (void)f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err);
+  mqtt_inbox::detail::ProcessReport r;
+  (void)f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r);
   for (auto _ : state) {
-    if (!f.claims().claim("ledger", m, id, 1, f.bound, std::nullopt, &r, &err).ok() ||
-        r != mqtt_inbox::detail::ClaimResult::kDuplicate)
+    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r).ok() ||
+        r.result != mqtt_inbox::detail::ClaimResult::kDuplicate)
       state.SkipWithError("not a duplicate");
   }
   state.SetItemsProcessed(state.iterations());

@@ -11,6 +11,7 @@
 
 #include <mqtt_inbox/dead_letter.h>
 #include <mqtt_inbox/inbox.h>
+#include <mqtt_inbox/sqlite.h>
 
 #include "connection_flags.h"  // examples/common/: the flags every program that connects shares
 

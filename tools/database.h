@@ -13,6 +13,7 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 
 #include <mqtt_inbox/inbox.h>
+#include <mqtt_inbox/sqlite.h>
 #include <mqtt_inbox/store_then_process.h>
 
 #include "tool.h"

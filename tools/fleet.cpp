@@ -10,6 +10,7 @@
 #include "database.h"
 #include "format.h"
 #include "pg_admin.h"
+#include "store/inbox.h"
 #include "store/slot_leases.h"
 #include "store/store.h"
 #include "tool.h"
@@ -30,7 +31,7 @@ int cmd_fleet(const std::string& db, const FleetArgs& a) {
   o.lease_ms = 60000;  // the observer's own session; it holds nothing
   o.member_name = "mqtt-inbox fleet (admin tool)";
   std::unique_ptr<detail::SlotLeases> leases;
-  check_status(inbox->store().open_slot_leases(o, &leases), "fleet");
+  check_status(detail::InboxImpl::store_of(inbox.get())->open_slot_leases(o, &leases), "fleet");
   std::vector<detail::SlotHolder> rows;
   check_status(leases->list(&rows), "fleet");
   leases->leave();

@@ -93,16 +93,20 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_version(const char** text);
 #define MQTT_INBOX_ABORTED 8            /* stopped on request */
 #define MQTT_INBOX_INTERNAL 9           /* anything else: a bug, an unexpected error */
 #define MQTT_INBOX_REJECTED 10          /* SQLite refused the change (a constraint) */
-#define MQTT_INBOX_PERMISSION_DENIED 11 /* a file belongs to another user (see errmsg) */
+#define MQTT_INBOX_PERMISSION_DENIED 11 /* a file or privilege is refused (see errmsg) */
 #define MQTT_INBOX_NOMEM 12             /* the library could not allocate memory */
 #define MQTT_INBOX_MISUSE                                \
   13 /* a NULL, closed or wrong handle, a NULL argument, \
         a struct not made by its _INIT macro, a call     \
         from a callback that may not make it */
-#define MQTT_INBOX_OUTBOX_FULL                         \
-  14 /* a bounded outbox class refused the row as full \
-        (backpressure, not a fault: see                \
-        mqtt_inbox_outbox_enqueue) */
+#define MQTT_INBOX_OUTBOX_FULL                                                         \
+  14                                 /* a bounded outbox class refused the row as full \
+                                        (backpressure, not a fault: see                \
+                                        mqtt_inbox_outbox_enqueue) */
+#define MQTT_INBOX_AUTHENTICATION 15 /* the server refused who we are (a password) */
+#define MQTT_INBOX_SCHEMA                               \
+  16 /* the schema is missing, too old for this role to \
+        migrate, or newer than this library */
 
 /* The name of a result code, e.g. "busy"; "unknown" for a code not listed. Static
  * storage; any thread. */

@@ -49,14 +49,9 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
-#include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
-
-namespace detail {
-class Txn;
-}
 
 // Monotonic counters since the Consumer was created (this process only).
 struct ConsumerCounters {
@@ -74,14 +69,13 @@ struct ConsumerCounters {
 class Consumer final : public MessageSink {
  public:
   // `inbox` must outlive the Consumer. `name` is the consumer name recorded in every row
-  // (non-empty, at most 200 bytes). The handler is written for the inbox's store: a
-  // Handler (handler.h, SQLite::Database&) for an SQLite inbox, a PgHandler (postgres.h,
-  // pqxx::transaction_base&) for a PostgreSQL one; a plain lambda picks its overload by its
-  // first parameter. Errors: kInvalidArgument for a bad name or options, an empty handler,
-  // or a handler written for the other store (the message names both).
-  static Status create(Inbox* inbox, const std::string& name, Handler handler,
-                       const ConsumerOptions& options, std::unique_ptr<Consumer>* out);
-  static Status create(Inbox* inbox, const std::string& name, PgHandler handler,
+  // (non-empty, at most 200 bytes). The handler is written for the inbox's store (handler.h):
+  // a function of (SQLite::Database&, const Delivery&) for an SQLite inbox
+  // (mqtt_inbox/sqlite.h: Handler), of (pqxx::transaction_base&, const Delivery&) for a
+  // PostgreSQL one (mqtt_inbox/postgres.h: PgHandler). Errors: kInvalidArgument for a bad
+  // name or options, an empty handler, or a handler written for the other store (the
+  // message names what this store's handlers take).
+  static Status create(Inbox* inbox, const std::string& name, TransactionHandler handler,
                        const ConsumerOptions& options, std::unique_ptr<Consumer>* out);
   ~Consumer() override;
 
@@ -126,9 +120,6 @@ class Consumer final : public MessageSink {
 
  private:
   struct Impl;
-  static Status create_bound(Inbox* inbox, const std::string& name,
-                             std::function<void(const detail::Txn&, const Delivery&)> handler,
-                             const ConsumerOptions& options, std::unique_ptr<Consumer>* out);
   explicit Consumer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

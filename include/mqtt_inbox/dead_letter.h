@@ -14,32 +14,37 @@ namespace mqtt_inbox {
 // The fixed set of reasons. The text forms ("missing_id", ...) are what the database
 // stores and what the admin tool prints; they never change meaning.
 enum class DeadLetterReason {
-  kMissingId,           // no message id in any configured source
-  kInvalidId,           // an id was found but is empty, whitespace, too long, not UTF-8,
-                        // holds control characters, or is not a JSON string
-  kPayloadTooLarge,     // payload longer than ConsumerOptions::max_payload_bytes
-  kUndecodablePayload,  // the id extractor or the handler (by throwing
-                        // UndecodablePayload) said the bytes cannot be decoded
-  kInvalidPayload,      // the handler threw RejectMessage: the message decodes but its
-                        // content is refused (a value out of range, an unknown account)
-  kHandlerFailed,       // the handler threw on every attempt up to the limit
-  kHandlerCrashed,      // the process died inside the handler on every attempt up to the
-                        // limit (counted durably across restarts)
-  kRetained,            // a retained message (Message::retain) under
-                        // RetainedPolicy::kDeadLetter; replaying it processes it
-  kHandlerReentered,    // the handler called back into its own Inbox (or a Consumer,
-                        // Pruner or StoreThenProcess on it), which would have deadlocked;
-                        // the text names the call (handler.h)
-  kOutboxFull,          // not a failure: the handler's Outbox::enqueue_or_throw met a full
-                        // OutboxFullPolicy::kReject class (OutboxFull). The Consumer parks
-                        // the message here with status 'requeued' and no attempt counted,
-                        // and its requeue thread replays it once the relay has made room
-                        // (docs/outbox.md#backpressure)
-  kOutboxRefused,       // the handler's Outbox::enqueue_or_throw refused its outgoing
-                        // message for good (OutboxRefused, outbox.h: an id too long or
-                        // malformed, a topic or property MQTT does not allow, a message
-                        // larger than its class): dead-lettered at once, one attempt; the
-                        // text names the refusal
+  kMissingId,                // no message id in any configured source
+  kInvalidId,                // an id was found but is empty, whitespace, too long, not UTF-8,
+                             // holds control characters, or is not a JSON string
+  kPayloadTooLarge,          // payload longer than ConsumerOptions::max_payload_bytes
+  kUndecodablePayload,       // the id extractor or the handler (by throwing
+                             // UndecodablePayload) said the bytes cannot be decoded
+  kInvalidPayload,           // the handler threw RejectMessage: the message decodes but its
+                             // content is refused (a value out of range, an unknown account)
+  kHandlerFailed,            // the handler threw on every attempt up to the limit
+  kHandlerCrashed,           // the process died inside the handler on every attempt up to the
+                             // limit (counted durably across restarts)
+  kRetained,                 // a retained message (Message::retain) under
+                             // RetainedPolicy::kDeadLetter; replaying it processes it
+  kHandlerReentered,         // the handler called back into its own Inbox (or a Consumer,
+                             // Pruner or StoreThenProcess on it), which would have deadlocked;
+                             // the text names the call (handler.h)
+  kOutboxFull,               // not a failure: the handler's Outbox::enqueue_or_throw met a full
+                             // OutboxFullPolicy::kReject class (OutboxFull). The Consumer parks
+                             // the message here with status 'requeued' and no attempt counted,
+                             // and its requeue thread replays it once the relay has made room
+                             // (docs/outbox.md#backpressure)
+  kOutboxRefused,            // the handler's Outbox::enqueue_or_throw refused its outgoing
+                             // message for good (OutboxRefused, outbox.h: an id too long or
+                             // malformed, a topic or property MQTT does not allow, a message
+                             // larger than its class): dead-lettered at once, one attempt; the
+                             // text names the refusal
+  kHandlerEndedTransaction,  // the handler ended the library's transaction or tried to
+                             // (COMMIT, ROLLBACK, BEGIN, commit()/abort() on it, or closed
+                             // the inbox's connection): nothing of it committed, refused by
+                             // every store alike (handler.h); dead-lettered at once, the text
+                             // names what the handler ran
 };
 
 // Every reason, in declaration order (for parsing, listing and help texts).
@@ -49,7 +54,7 @@ inline constexpr DeadLetterReason kDeadLetterReasons[] = {
     DeadLetterReason::kInvalidPayload,   DeadLetterReason::kHandlerFailed,
     DeadLetterReason::kHandlerCrashed,   DeadLetterReason::kRetained,
     DeadLetterReason::kHandlerReentered, DeadLetterReason::kOutboxFull,
-    DeadLetterReason::kOutboxRefused};
+    DeadLetterReason::kOutboxRefused,    DeadLetterReason::kHandlerEndedTransaction};
 
 const char* to_string(DeadLetterReason reason);
 // Parses the text form; returns false for an unknown name.

@@ -1,16 +1,26 @@
-// Handler: the application's business change for one message.
-//
-// A handler runs inside the inbox's write transaction (BEGIN IMMEDIATE), on the inbox's
-// own SQLite connection, right after the claim row was inserted. Everything it writes
-// through `db` commits atomically with the claim, or not at all. Rules:
-//  - Do not BEGIN, COMMIT, ROLLBACK or END: the inbox owns the transaction. While the
-//    handler runs they are refused at prepare time (SQLite::Exception, SQLITE_AUTH), and
-//    the attempt fails with the text "handler ended the transaction: it ran COMMIT" (or
-//    ROLLBACK, BEGIN) whatever the handler did with the error, so nothing it wrote commits
-//    apart from the claim; a run that returns after an error rolled the transaction back
-//    fails by the same name. Such a failure counts as an attempt (retried, then
-//    handler_failed). SAVEPOINT, RELEASE and ROLLBACK TO of your own are fine. The same
-//    holds for a store-then-process handler (store_then_process.h).
+// Handler: the application's business change for one message, run by the library inside
+// its own transaction on the inbox's store, right after the claim row was inserted.
+// Everything the handler writes through the transaction it is given commits atomically
+// with the claim, or not at all. A handler is a function of (T&, const Delivery&), where T
+// is the store's transaction: SQLite::Database on an SQLite inbox (mqtt_inbox/sqlite.h:
+// Handler), pqxx::transaction_base on a PostgreSQL one (mqtt_inbox/postgres.h: PgHandler).
+// Give the handler to Consumer::create as a lambda or std::function; it becomes a
+// TransactionHandler, and create() refuses one written for the other store. Rules, the
+// same on every store (each store header adds its own notes):
+//  - The library owns the transaction. Do not end it or try to: no BEGIN, COMMIT,
+//    ROLLBACK or END, no commit() or abort() on the transaction object, no closing the
+//    connection. Every store refuses it (SQLite at prepare time with SQLITE_AUTH;
+//    PostgreSQL rolls everything back and refuses the rest), nothing of the handler's
+//    work commits, and the message is dead-lettered at once as handler_ended_transaction
+//    with the text "handler ended the transaction: it ran COMMIT" (or what it ran),
+//    whatever the handler did with the error. SAVEPOINT, RELEASE and ROLLBACK TO of your
+//    own are fine. A handler that returns normally after an error it did not report
+//    rolled the transaction back or aborted it fails the attempt by the same name ("... it
+//    was rolled back inside the handler"): retried, then handler_failed. The same holds for
+//    a store-then-process handler (store_then_process.h).
+//  - Finalize or reset every statement you prepare on the inbox's connection before
+//    returning. A statement left stepped is reset by the library, with a warning naming
+//    it (it would hold a read snapshot and stop checkpoints).
 //  - Signal failure by throwing. Any exception rolls back the claim and the handler's
 //    writes; the message is retried (ConsumerOptions::max_attempts) and then
 //    dead-lettered as handler_failed. For input that can never succeed, throw one of the
@@ -23,51 +33,138 @@
 //    The outbox throws a third for you: OutboxRefused (outbox.h), when an outgoing
 //    message can never be enqueued (an id too long, a topic MQTT forbids, a message
 //    larger than its class) -> reason outbox_refused. OutboxFull is not a failure.
-//  - A SQLite::Exception is judged by its code (the one table, src/store/sqlite/errors.h): a
-//    store error code (BUSY, FULL, IOERR, READONLY, ...) is a store failure, not a
-//    handler failure: it is retried until the store recovers and does not count as an
-//    attempt; a corrupt file (CORRUPT, NOTADB) stops the inbox without an ack; any other
-//    code (a constraint, a CHECK, a syntax error) is a failed attempt.
-//  - Keep it short and local: SQLite has one writer at a time, and the PUBACK waits for
-//    it. External side effects (HTTP, e-mail, other brokers) are outside the transaction
-//    and may repeat; give them their own idempotency key.
+//  - The store's own exceptions (SQLite::Exception, pqxx's) are judged by their code
+//    (each store's one table, docs/api-guide.md#errors): a failure of
+//    the store (busy, full, I/O, read only, a lost connection) is retried until the store
+//    recovers and never counts as an attempt; a corrupt store stops the inbox without an
+//    ack; anything else (a constraint, a syntax error) is a failed attempt.
+//  - Keep it short and local: the PUBACK waits for the commit, and on SQLite the handler
+//    holds the single write lock. External side effects (HTTP, e-mail, other brokers) are
+//    outside the transaction and may repeat; give them their own idempotency key, or
+//    publish through the outbox (outbox.h).
 //  - It may run more than once for the same message (after a rollback or a crash); only
 //    its committed effect is exactly-once.
-//  - `db` and `delivery` (and what delivery refers to) are valid only during the call:
-//    copy what you keep (message.h, Delivery).
+//  - The transaction and `delivery` (and what delivery refers to) are valid only during
+//    the call: copy what you keep (message.h, Delivery).
 //  - Do not call back into the library for the inbox it runs for. While it runs, the
-//    handler holds that inbox's connection (its mutex in Consumer mode, SQLite's write
-//    lock in a store-then-process worker), so such a call would wait for its own thread:
+//    handler holds that inbox's connection, so such a call would wait for its own thread:
 //    on Paho's callback thread a silent hang, no PUBACK, no log. The library detects the
 //    call on the handler's thread and refuses it: every method of that Inbox, of its
 //    SessionRecords, and of a Consumer, Pruner or StoreThenProcess made on it, that takes
 //    the connection returns kInvalidArgument naming the call (Inbox::with_connection
-//    throws std::logic_error; Consumer/StoreThenProcess::handle and reject return
-//    kDeadLettered without recording anything; Pruner::stop only asks its thread to
-//    stop, ~Pruner joins it). The handler's own message is then dead-lettered at once as
+//    throws std::logic_error; Consumer::handle and StoreThenProcess::handle return
+//    kRefused and record nothing; Pruner::stop only asks its thread to stop, ~Pruner
+//    joins it). The handler's own message is then dead-lettered at once as
 //    handler_reentered, with the call in the reason text, whatever the handler did with
 //    the refusal; the stream goes on with the next message. Calls that never wait stay
 //    allowed: Inbox::path, options, retention_clock_ms, stats, health;
 //    SessionRecords::note_lost; Consumer::name, health, counters, extract_message_id;
 //    StoreThenProcess::name, health, counters; Pruner::required_window_ms. Instead of
-//    the inbox's calls, read or write through the `db` the handler is given: it sees the
-//    inbox's tables (inbox_processed, inbox_dead_letters, ...) inside the same
+//    the inbox's calls, read or write through the transaction the handler is given: it
+//    sees the inbox's tables (inbox_processed, inbox_dead_letters, ...) inside the same
 //    transaction. A PrepareFn (store_then_process.h) holds no connection and may call
 //    anything.
 #pragma once
 
 #include <functional>
 #include <stdexcept>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
 
 #include "mqtt_inbox/message.h"
 
-namespace SQLite {
-class Database;
-}
-
 namespace mqtt_inbox {
 
-using Handler = std::function<void(SQLite::Database& db, const Delivery& delivery)>;
+namespace detail {
+
+// A store's transaction as a handler receives it: the address of the store's own object
+// (an SQLite::Database, a pqxx::transaction_base) and the type of a pointer to it
+// (typeid(T*): a handler's header may have declared T without defining it). Made by the
+// library.
+struct TxnRef {
+  void* handle = nullptr;
+  const std::type_info* type = nullptr;
+};
+
+// The parameters of a callable with one call operator: First and Second (void if absent).
+template <typename F>
+struct CallableParams : CallableParams<decltype(&F::operator())> {};
+template <typename R, typename... A>
+struct CallableParams<R (*)(A...)> : CallableParams<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableParams<R (C::*)(A...)> : CallableParams<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableParams<R (C::*)(A...) const> : CallableParams<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableParams<R (C::*)(A...) noexcept> : CallableParams<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableParams<R (C::*)(A...) const noexcept> : CallableParams<R(A...)> {};
+template <typename R, typename A>
+struct CallableParams<R(A)> {
+  using First = A;
+};
+template <typename R, typename A, typename B>
+struct CallableParams<R(A, B)> {
+  using First = A;
+  using Second = B;
+};
+
+// The object type a callable's first parameter refers to (SQLite::Database for a
+// function of SQLite::Database&).
+template <typename F>
+using FirstParamObject =
+    std::remove_cv_t<std::remove_reference_t<typename CallableParams<std::decay_t<F>>::First>>;
+
+// Whether a callable is empty (a null std::function or function pointer).
+template <typename F>
+bool is_empty_callable(const F& f) {
+  if constexpr (std::is_constructible_v<bool, const F&>)
+    return !static_cast<bool>(f);
+  else
+    return false;
+}
+
+}  // namespace detail
+
+// A handler bound to the type of transaction it takes: what Consumer::create and
+// StoreThenProcess::create accept. Made implicitly from a function of (T&, const D&), a
+// lambda (not a generic one: its first parameter names the store's type) or a
+// std::function; T is the store's transaction type (mqtt_inbox/sqlite.h,
+// mqtt_inbox/postgres.h). An empty std::function makes an empty handler. Thread safety: a
+// value; the handler is called on the thread that runs the message.
+template <typename D>
+class TransactionHandlerOf {
+ public:
+  TransactionHandlerOf() = default;
+  template <typename F,
+            typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, TransactionHandlerOf>>>
+  TransactionHandlerOf(F fn) {  // NOLINT: implicit, so that a lambda can be given
+    using T = detail::FirstParamObject<F>;
+    static_assert(std::is_lvalue_reference_v<typename detail::CallableParams<F>::First>,
+                  "a handler takes the store's transaction by reference: (T& txn, const D& d)");
+    static_assert(std::is_invocable_v<F&, T&, const D&>,
+                  "a handler is a function of (T& txn, const D& delivery)");
+    if (detail::is_empty_callable(fn)) return;
+    type_ = &typeid(T*);
+    call_ = [f = std::move(fn)](const detail::TxnRef& txn, const D& d) mutable {
+      f(*static_cast<T*>(txn.handle), d);
+    };
+  }
+
+  explicit operator bool() const noexcept { return static_cast<bool>(call_); }
+  // The type of a pointer to the transaction the handler takes (typeid(T*)); null for an
+  // empty handler.
+  const std::type_info* transaction_type() const noexcept { return type_; }
+  // Runs it with the library's transaction `txn`, of transaction_type(). Internal.
+  void operator()(const detail::TxnRef& txn, const D& d) const { call_(txn, d); }
+
+ private:
+  const std::type_info* type_ = nullptr;
+  std::function<void(const detail::TxnRef&, const D&)> call_;
+};
+
+using TransactionHandler = TransactionHandlerOf<Delivery>;
 
 // Throw from a handler when the payload can never be processed (bad JSON, wrong types).
 // The message is dead-lettered at once as undecodable_payload with what() as the reason

@@ -1,29 +1,31 @@
-// Inbox: the database behind the idempotent consumer ("the file"). Knows nothing of MQTT.
+// Inbox: the database behind the idempotent consumer. Knows nothing of MQTT.
 //
-// One Inbox owns one SQLite connection to one database file in WAL mode. Several
-// consumer names can share the file: every row is keyed by (consumer_name, message_id),
-// so each consumer records its own claim. One process owns the file at a time
-// (InboxOptions::exclusive, a flock); tools and tests may open more connections with
-// exclusive=false, and SQLite's single-writer lock serialises the short transactions.
+// One Inbox owns one connection to one store: an SQLite database file in WAL mode
+// (mqtt_inbox/sqlite.h), or a schema on a PostgreSQL server (mqtt_inbox/postgres.h);
+// Inbox::open chooses by the location. Several consumer names can share it: every row is
+// keyed by (consumer_name, message_id), so each consumer records its own claim. On SQLite
+// one process owns the file at a time (InboxOptions::exclusive, a flock); tools and tests
+// may open more connections with exclusive=false, and SQLite's single-writer lock
+// serialises the short transactions. On PostgreSQL any number of processes share it.
 //
 // Applications open it, run their start-up SQL in setup(), and make the library's parts
 // on it: a Consumer (consumer.h) or StoreThenProcess (store_then_process.h) per consumer
 // name, an Outbox, a Pruner. Beyond that the Inbox offers what an operator needs: stats,
 // health, the dead letters, and the transport's session records.
 //
-// Backups: in WAL mode a committed transaction may live only in "<path>-wal" until a
-// checkpoint copies it into the database file (https://sqlite.org/wal.html). A copy of
-// the database file alone, or of both files while a consumer runs, can miss committed
-// messages (their ids then look new: duplicates get through after a restore) or be torn.
-// Back up with SQLite's online backup (`sqlite3 <path> ".backup <copy>"`, the
-// sqlite3_backup_* API) or `VACUUM INTO '<copy>'`, both consistent snapshots taken next to
-// a running consumer; or stop the consumer and copy the database file together with its
-// -wal file. The -shm file and "<path>.lock" are not needed.
+// Backups of an SQLite inbox: in WAL mode a committed transaction may live only in "<path>-wal"
+// until a checkpoint copies it into the database file (https://sqlite.org/wal.html). A copy of the
+// database file alone, or of both files while a consumer runs, can miss committed messages (their
+// ids then look new: duplicates get through after a restore) or be torn. Back up with SQLite's
+// online backup (`sqlite3 <path> ".backup <copy>"`, the sqlite3_backup_* API) or `VACUUM INTO
+// '<copy>'`, both consistent snapshots taken next to a running consumer; or stop the consumer and
+// copy the database file together with its -wal file. The -shm file and "<path>.lock" are not
+// needed.
 //
 // Thread safety: an Inbox is thread-safe; calls that use the connection are serialised
 // on it (a handler runs holding it, and a call from inside a handler of this inbox is
 // refused: handler.h). Errors: every method returns a Status and never throws, except
-// with_connection.
+// with_connection. The error codes are the same on every store (status.h).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "mqtt_inbox/dead_letter.h"
@@ -42,24 +46,6 @@
 #include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
-
-namespace detail {
-class Store;  // the store layer's seam, internal to the library
-}
-
-// The schema version this library writes (PRAGMA user_version). Opening a database with
-// a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 13;
-
-// The text of schema.sql, embedded at build time.
-const char* schema_sql();
-
-// The free space, in bytes, that the file system holding the database must keep so the
-// inbox can always recover from a full disk by itself once the outside cause is gone
-// (docs/operations.md#disk-space): room for its smallest WAL (32 pages) and for the database growth
-// that checkpointing it needs, twice over, plus the -shm file (32 KiB): 544 KiB with 4 KiB
-// pages. The growth of your own data comes on top. `mqtt-inbox check` warns below it.
-int64_t min_free_bytes(int page_size_bytes);
 
 class Inbox {
  public:
@@ -95,66 +81,84 @@ class Inbox {
   // process's lock) and closes the database, then gives up the lock file. Everything
   // made on the Inbox (Consumer, StoreThenProcess, Outbox, Pruner, relays) must be
   // destroyed first.
-  ~Inbox();
+  virtual ~Inbox();
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
 
   // The database path and the options given to open(). Any thread; never wait.
-  const std::string& path() const;
-  const InboxOptions& options() const;
+  virtual const std::string& path() const = 0;
+  virtual const InboxOptions& options() const = 0;
 
   // The application's start-up SQL (CREATE TABLE IF NOT EXISTS ..., its own migrations,
-  // seed rows): runs `fn` on the inbox's connection inside one transaction, waiting out
-  // transient store errors exactly like open() (InboxOptions::startup_*); a failed
-  // attempt is rolled back, so `fn` always starts from the same state. `fn` may not open
-  // or end transactions, nor run PRAGMAs that cannot run inside one (journal_mode).
-  // Never throws: an SQLite error of `fn` comes back classified (kRejected, kInternal,
-  // ...), another exception as kInvalidArgument with its text. Errors: as for open's
-  // start-up (the last transient error after startup_deadline_ms; kCorruption).
-  Status setup(const std::function<void(SQLite::Database&)>& fn);
+  // seed rows): runs `fn` inside one transaction of the store, waiting out transient store
+  // errors exactly like open() (InboxOptions::startup_*); a failed attempt is rolled back,
+  // so `fn` always starts from the same state. `fn` is a function of the store's
+  // transaction: (SQLite::Database&) on SQLite (mqtt_inbox/sqlite.h), on the inbox's
+  // connection inside BEGIN IMMEDIATE; (pqxx::transaction_base&) on PostgreSQL
+  // (mqtt_inbox/postgres.h). `fn` may not open or end transactions, nor run what cannot
+  // run inside one (SQLite's journal_mode). Never throws: a store error of `fn` comes back
+  // classified (kRejected, kInternal, ...), another exception as kInvalidArgument with its
+  // text, and a function of the other store's type as kInvalidArgument. Errors: as for
+  // open's start-up (the last transient error after startup_deadline_ms; kCorruption).
+  template <typename F>
+  Status setup(F&& fn) {
+    using T = detail::FirstParamObject<F>;
+    return setup_with(&typeid(T*), [f = std::forward<F>(fn)](const detail::TxnRef& txn) mutable {
+      f(*static_cast<T*>(txn.handle));
+    });
+  }
   // setup() with SQL text: runs `sql` (one or more statements separated by ';') inside
   // that transaction (SQLite: sqlite3_exec; PostgreSQL: one simple-protocol query), with
   // the same waits and errors. For callers that hold their schema as text (the C API's
-  // mqtt_inbox_setup, c.h) and for the PostgreSQL store, whose set-up is text only. On
-  // PostgreSQL look before you create (docs/postgres.md#privileges); there set-ups take
-  // turns per database (an advisory lock held to the commit), so processes starting
-  // together do not race on the same CREATE TABLE.
-  Status setup_sql(const std::string& sql);
+  // mqtt_inbox_setup, c.h). On PostgreSQL look before you create
+  // (docs/postgres.md#privileges); there set-ups take turns per database (an advisory
+  // lock held to the commit), so processes starting together do not race on the same
+  // CREATE TABLE.
+  virtual Status setup_sql(const std::string& sql) = 0;
 
-  // Runs `fn` with exclusive use of the connection, outside any transaction, once. For
-  // tools and tests that need plain SQL on the same connection; start-up SQL belongs in
-  // setup(), which waits for a locked store. The one call that can throw: whatever `fn`
-  // throws (SQLiteCpp exceptions included) propagates to the caller. Once the file was
-  // found corrupt it throws SQLite::Exception (SQLITE_CORRUPT) without running `fn`.
-  void with_connection(const std::function<void(SQLite::Database&)>& fn);
+  // Runs `fn` with exclusive use of the store's connection, outside any transaction, once:
+  // a function of (SQLite::Database&) on SQLite, of (pqxx::connection_base&) on PostgreSQL.
+  // For tools and tests that need plain SQL on the same connection; start-up SQL belongs
+  // in setup(), which waits for a locked store. The one call that can throw: whatever
+  // `fn` throws (the store's exceptions included) propagates to the caller;
+  // std::logic_error for a function of another store's type or a call from inside a
+  // handler of this inbox. Once the store was found unusable it throws without running
+  // `fn` (SQLite: SQLite::Exception with SQLITE_CORRUPT).
+  template <typename F>
+  void with_connection(F&& fn) {
+    using T = detail::FirstParamObject<F>;
+    auto call = [&fn](const detail::TxnRef& txn) { fn(*static_cast<T*>(txn.handle)); };
+    with_connection_of(&typeid(T*), call);
+  }
 
   // The inbox's own view of the store (health.h): its start-up and maintenance waits
   // (setup, Pruner::create, ...) and, for every user of the file, whether the file was
   // found corrupt (`fatal`, red). Cheap; any thread; never waits for the store.
-  Health health() const;
+  virtual Health health() const = 0;
 
   // The retention clock, ms: received_at of new claims. Starts at the wall clock when the
   // database is created, then advances only with the monotonic clock while an Inbox is
   // open, and continues from its persisted value after a restart, so wall-clock jumps
   // never move it (docs/operations.md#clock-safety). Cheap; any thread.
-  int64_t retention_clock_ms() const;
+  virtual int64_t retention_clock_ms() const = 0;
 
   // A snapshot of counters, commit latency, file sizes and the last row measurement.
   // Cheap and safe from any thread: never waits for the store (stats.h).
-  InboxStats stats() const;
+  virtual InboxStats stats() const = 0;
   // Measures rows per consumer now (a scan of the claims under the connection: message
   // commits wait for it). The Pruner measures on its own connection instead, after each
   // pass. Errors: store codes.
-  Status refresh_row_stats();
+  virtual Status refresh_row_stats() = 0;
 
   // --- dead-letter administration (dead_letter.h) ---
 
   // Rows matching `filter`, newest first, payloads included.
-  Status list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out);
+  virtual Status list_dead_letters(const DeadLetterFilter& filter,
+                                   std::vector<DeadLetter>* out) = 0;
   // One row by id; kNotFound if absent.
-  Status get_dead_letter(int64_t id, DeadLetter* out);
+  virtual Status get_dead_letter(int64_t id, DeadLetter* out) = 0;
   // Deletes rows matching `filter` (its limit is ignored); *removed gets the row count.
-  Status purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed);
+  virtual Status purge_dead_letters(const DeadLetterFilter& filter, int64_t* removed) = 0;
   // Marks dead letter `id` 'requeued': the running Consumer of its consumer name replays
   // it by itself, on its own thread (ConsumerOptions::requeue_poll_ms;
   // docs/api-guide.md#replaying-a-dead-letter-while-the-service-runs), through the handler
@@ -167,20 +171,22 @@ class Inbox {
   // Errors: kNotFound; kInvalidArgument if the row is not 'dead' (already requeued or
   // replayed), its payload was cut (dead_letter_payload_bytes), or it belongs to a
   // store-then-process consumer (use StoreThenProcess::replay); store codes.
-  Status requeue_dead_letter(int64_t id);
+  virtual Status requeue_dead_letter(int64_t id) = 0;
 
   // The transport's session records in this inbox (session_record.h): what the MQTT
   // Subscriber's persistent sessions hold, which the Pruner checks its retention window
   // against. Lives as long as the Inbox; thread-safe.
-  SessionRecords& sessions() const;
+  virtual SessionRecords& sessions() const = 0;
 
-  // The store behind this inbox, for the library's own parts made on it (Consumer,
-  // Outbox, Pruner, StoreThenProcess); an incomplete type to applications.
-  detail::Store& store() const;
+ protected:
+  Inbox() = default;
 
  private:
-  explicit Inbox(std::unique_ptr<detail::Store> store);
-  std::unique_ptr<detail::Store> store_;
+  // The typed calls' common part (the store checks the type; src/store/inbox.h).
+  virtual Status setup_with(const std::type_info* type,
+                            std::function<void(const detail::TxnRef&)> fn) = 0;
+  virtual void with_connection_of(const std::type_info* type,
+                                  const std::function<void(const detail::TxnRef&)>& fn) = 0;
 };
 
 }  // namespace mqtt_inbox

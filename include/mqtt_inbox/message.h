@@ -81,6 +81,9 @@ enum class Outcome {
   kAlreadyDeadLettered,  // a redelivery of a message already dead-lettered
   kSkipped,              // not processed and not recorded, by policy: a retained message
                          // under RetainedPolicy::kSkip (options.h); acked and counted
+  kRefused,              // not handled and nothing recorded: the call came from inside a
+                         // handler of the same inbox (handler.h), which would deadlock; the
+                         // running handler's message is dead-lettered as handler_reentered
 };
 const char* to_string(Outcome outcome);
 

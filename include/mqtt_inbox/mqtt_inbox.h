@@ -17,6 +17,7 @@
 #include "mqtt_inbox/retention.h"
 #include "mqtt_inbox/service_notifier.h"
 #include "mqtt_inbox/session_record.h"
+#include "mqtt_inbox/sqlite.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/store_then_process.h"

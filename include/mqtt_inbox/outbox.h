@@ -30,18 +30,14 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
+#include "mqtt_inbox/handler.h"  // detail::TxnRef
 #include "mqtt_inbox/message.h"  // MessageProperties
 #include "mqtt_inbox/status.h"
 
-namespace SQLite {
-class Database;
-}
-namespace pqxx {
-class transaction_base;
-}
 namespace spdlog {
 class logger;
 }
@@ -49,10 +45,6 @@ class logger;
 namespace mqtt_inbox {
 
 class Inbox;
-namespace detail {
-class Txn;
-}
-
 // What enqueue() does when a class is full.
 enum class OutboxFullPolicy {
   // enqueue() fails with kRejected ("outbox full: ..."): the caller's transaction should
@@ -307,49 +299,43 @@ class Outbox {
 
   // --- producer side ---
 
-  // Adds `message` as a pending row on `db`, which must be inside an open transaction (a
-  // handler's, or one the application began with BEGIN IMMEDIATE); the row commits or
-  // rolls back with it. *message_id (optional) receives the id, given or assigned.
-  // If a row with that id exists already (a re-run after a committed enqueue, a replay),
-  // nothing is added and the call succeeds: the id names one message.
-  // Errors: kInvalidArgument for every refusal that can never succeed (the members are
-  // listed at OutboxRefused: no open transaction, a topic, id or MQTT 5 property MQTT or
-  // the next hop refuses, a message larger than MQTT or its class allows); kRejected
-  // "outbox full: ..." (a full kReject class); kIoError when a random id cannot be made;
-  // store codes (kFull, kIoError, kCorruption, ...) when SQLite fails.
-  Status enqueue(SQLite::Database& db, const OutgoingMessage& message,
-                 std::string* message_id = nullptr);
+  // Adds `message` as a pending row inside the caller's open transaction `txn`: the
+  // store's own transaction object, a handler's (SQLite::Database& on SQLite,
+  // mqtt_inbox/sqlite.h; pqxx::transaction_base& on PostgreSQL, mqtt_inbox/postgres.h) or
+  // one the application began on the same database (SQLite: BEGIN IMMEDIATE on a
+  // connection to the file; PostgreSQL: a libpqxx transaction at READ COMMITTED, such as
+  // pqxx::work). The row commits or rolls back with it. *message_id (optional) receives
+  // the id, given or assigned. If a row with that id exists already (a re-run after a
+  // committed enqueue, a replay), nothing is added and the call succeeds: the id names one
+  // message. Errors: kInvalidArgument for every refusal that can never succeed (the
+  // members are listed at OutboxRefused: no open transaction, a transaction of another
+  // store, a topic, id or MQTT 5 property MQTT or the next hop refuses, a message larger
+  // than MQTT or its class allows); kRejected "outbox full: ..." (a full kReject class);
+  // kIoError when a random id cannot be made; the store's codes when it fails (kFull,
+  // kIoError, kCorruption; on PostgreSQL a transient code for 40001, 55P03, class 08,
+  // and `txn` is then aborted, as after any failed statement).
+  // On PostgreSQL: the transaction holds the outbox's lock of the schema from its first
+  // enqueue to its end, so that rows become visible in seq order
+  // (docs/postgres.md#the-outbox), and each enqueue that adds a row notifies the relays
+  // through NOTIFY, delivered when `txn` commits. Thread safety: on the thread that uses
+  // `txn`.
+  template <typename T>
+  Status enqueue(T& txn, const OutgoingMessage& message, std::string* message_id = nullptr) {
+    return enqueue_status(detail::TxnRef{static_cast<void*>(std::addressof(txn)), &typeid(T*)},
+                          message, message_id);
+  }
 
   // enqueue() for handlers: throws OutboxRefused for a refusal that can never succeed
   // (the incoming message is dead-lettered at once as outbox_refused), OutboxFull for a
   // full kReject class (backpressure), OutboxRejected when a random id cannot be made
-  // (a failed attempt), and lets an SQLite failure through as the SQLite::Exception it
-  // is, so that a Consumer treats store errors (BUSY, FULL, IOERR) as store failures, not
-  // as handler attempts (handler.h).
-  void enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& message,
-                        std::string* message_id = nullptr);
-
-  // enqueue() and enqueue_or_throw() on the PostgreSQL store (postgres.h): `txn` is a
-  // PgHandler's transaction, or one the application opened on its own connection to the
-  // same database (a libpqxx transaction at READ COMMITTED; a pqxx::nontransaction,
-  // which commits each statement, is refused as "no open transaction"); the row commits
-  // or rolls back with it. Same semantics, refusals and exceptions as the SQLite calls above, with
-  // these differences:
-  //  - a libpqxx error (the server refused a statement, the connection broke) passes out
-  //    of enqueue_or_throw as itself, so that a Consumer classifies it by its SQLSTATE
-  //    (postgres.h); enqueue() returns it as a store Status (a transient code for 40001,
-  //    55P03, class 08, ...), and `txn` is then aborted, as after any failed statement;
-  //  - the transaction holds the outbox's lock of the schema from its first enqueue to
-  //    its end: transactions that enqueue into the same schema run their enqueues one at
-  //    a time, so that rows become visible in seq order (docs/postgres.md#the-outbox);
-  //  - each enqueue that adds a row notifies the relays through NOTIFY, delivered when
-  //    `txn` commits: a relay in any process wakes (add_commit_waker).
-  // Defined in the PostgreSQL store's library (mqtt_inbox_postgres): link it to call them.
-  // Thread safety: on the thread that uses `txn`.
-  Status enqueue(pqxx::transaction_base& txn, const OutgoingMessage& message,
-                 std::string* message_id = nullptr);
-  void enqueue_or_throw(pqxx::transaction_base& txn, const OutgoingMessage& message,
-                        std::string* message_id = nullptr);
+  // (a failed attempt), and lets the store's own failure through as the exception it is
+  // (SQLite::Exception, a libpqxx error), so that a Consumer treats store errors (busy,
+  // full, I/O, a lost connection) as store failures, not as handler attempts (handler.h).
+  template <typename T>
+  void enqueue_or_throw(T& txn, const OutgoingMessage& message, std::string* message_id = nullptr) {
+    enqueue_in(detail::TxnRef{static_cast<void*>(std::addressof(txn)), &typeid(T*)}, message,
+               message_id);
+  }
 
   // --- relay side (on the Inbox's connection) ---
 
@@ -440,10 +426,11 @@ class Outbox {
  private:
   struct Impl;
   explicit Outbox(std::unique_ptr<Impl> impl);
-  // The enqueue in a store's transaction (store/txn.h), for the overloads above that a
-  // store's own library defines: enqueue_or_throw's and enqueue's bodies.
-  void enqueue_in(const detail::Txn& txn, const OutgoingMessage& message, std::string* message_id);
-  Status enqueue_status(const detail::Txn& txn, const OutgoingMessage& message,
+  // The enqueue in a store's transaction (handler.h's TxnRef): enqueue_or_throw's and
+  // enqueue's bodies.
+  void enqueue_in(const detail::TxnRef& txn, const OutgoingMessage& message,
+                  std::string* message_id);
+  Status enqueue_status(const detail::TxnRef& txn, const OutgoingMessage& message,
                         std::string* message_id);
   std::unique_ptr<Impl> impl_;
 };

@@ -32,10 +32,19 @@ class [[nodiscard]] Status {
     kRejected,          // SQLite refused the change of one message: a constraint (CHECK,
                         // FOREIGN KEY at COMMIT, NOT NULL, UNIQUE, a commit hook's veto),
                         // TOOBIG, MISMATCH, RANGE. The message's fault, not the store's
-    kPermissionDenied,  // a file the inbox must write (the database, its -wal, -shm or
-                        // .lock, or their folder) belongs to another user or cannot be
-                        // written by this process; the message names the file, its owner
-                        // and the fix (docs/operations.md#files-created-under-another-user)
+    kPermissionDenied,  // the store refuses this process or role an object it needs:
+                        // SQLite, a file the inbox must write (the database, its -wal, -shm
+                        // or .lock, or their folder) belongs to another user or cannot be
+                        // written (docs/operations.md#files-created-under-another-user);
+                        // PostgreSQL, a missing privilege (SQLSTATE 42501), a password file
+                        // that cannot be read. The message names the object and the fix
+                        // (the GRANT it needs: docs/postgres.md#privileges)
+    // The codes below have fixed values: 12 to 14 are the C API's own (c.h).
+    kAuthentication = 15,  // the server refused who we are: a wrong password, no
+                           // pg_hba.conf entry, an unknown role (PostgreSQL)
+    kSchema = 16,          // the store's schema is missing, older than this library and
+                           // this role may not migrate it ("run `mqtt-inbox migrate` as the
+                           // owner"), or newer than this library (a newer library wrote it)
   };
 
   Status() = default;  // OK

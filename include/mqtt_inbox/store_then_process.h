@@ -61,21 +61,13 @@
 #include <string>
 
 #include "mqtt_inbox/consumer.h"
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
-#include "mqtt_inbox/postgres.h"
 #include "mqtt_inbox/status.h"
 
-namespace SQLite {
-class Database;
-}
-
 namespace mqtt_inbox {
-
-namespace detail {
-class Txn;
-}
 
 // One stored message as a worker hands it to the application.
 struct StoredDelivery {
@@ -89,21 +81,19 @@ struct StoredDelivery {
   const std::any& prepared;
 };
 
-// The business change. Runs inside the worker's BEGIN IMMEDIATE transaction on the
-// worker's own connection; the row is marked 'done' in the same transaction. The rules
-// of handler.h apply (no BEGIN/COMMIT/ROLLBACK; throw to fail; UndecodablePayload for
-// input that can never succeed). It holds SQLite's single write lock while it runs:
-// receipt (handle()) waits for it, so keep it short. Put slow work in a PrepareFn.
-using StoredHandler = std::function<void(SQLite::Database& db, const StoredDelivery& d)>;
+// The business change of one stored message: a function of (T& txn, const StoredDelivery&)
+// where T is the store's transaction (mqtt_inbox/sqlite.h: StoredHandler, on the worker's
+// own connection inside BEGIN IMMEDIATE; mqtt_inbox/postgres.h: PgStoredHandler, in the
+// worker's transaction). The row is marked 'done' in the same transaction. The rules of
+// handler.h apply (the library owns the transaction; throw to fail; UndecodablePayload for
+// input that can never succeed). Keep it short: put slow work in a PrepareFn.
+using StoredTransactionHandler = TransactionHandlerOf<StoredDelivery>;
 
 // Optional first phase: runs before the transaction, holding no lock (d.prepared is
 // empty here). Its result reaches the handler as d.prepared. Use it for slow, read-only
 // or idempotent work (parsing, computing, an idempotent remote call). It may run more
 // than once per message (retries, a lost claim); throwing counts as a failed attempt.
 using PrepareFn = std::function<std::any(const StoredDelivery& d)>;
-
-// Adapts a Consumer-style Handler (handler.h): same Delivery, same transaction rules.
-StoredHandler stored_handler(Handler handler);
 
 // Aggregate key extractors for StoreThenProcessOptions::aggregate_key.
 // The topic level at `index` (0-based; "sensors/dev-7/temp" level 1 is "dev-7"), or ""
@@ -246,15 +236,12 @@ class StoreThenProcess final : public MessageSink {
   // are used for the worker connections, its clock for every timestamp, its logger for
   // logs. `name`: consumer name (1..200 bytes of UTF-8). Opens one maintenance
   // connection (reaper, replay, prune); starts no thread. The handler is written for the
-  // inbox's store: a StoredHandler (SQLite::Database&) for an SQLite inbox, a
-  // PgStoredHandler (postgres.h, pqxx::transaction_base&) for a PostgreSQL one; a plain
-  // lambda picks its overload by its first parameter. Errors: kInvalidArgument for bad
-  // arguments, an empty handler, or a handler written for the other store (the message
-  // names both); store codes if the connection cannot be opened.
-  static Status create(Inbox* inbox, const std::string& name, StoredHandler handler,
-                       const StoreThenProcessOptions& options,
-                       std::unique_ptr<StoreThenProcess>* out);
-  static Status create(Inbox* inbox, const std::string& name, PgStoredHandler handler,
+  // inbox's store: a function of (SQLite::Database&, const StoredDelivery&) for an SQLite
+  // inbox (mqtt_inbox/sqlite.h), of (pqxx::transaction_base&, const StoredDelivery&) for a
+  // PostgreSQL one (mqtt_inbox/postgres.h). Errors: kInvalidArgument for bad arguments, an
+  // empty handler, or a handler written for the other store (the message names what this
+  // store's handlers take); store codes if the connection cannot be opened.
+  static Status create(Inbox* inbox, const std::string& name, StoredTransactionHandler handler,
                        const StoreThenProcessOptions& options,
                        std::unique_ptr<StoreThenProcess>* out);
   // Stops the workers (see stop()).
@@ -324,10 +311,6 @@ class StoreThenProcess final : public MessageSink {
 
  private:
   struct Impl;
-  static Status create_bound(Inbox* inbox, const std::string& name,
-                             std::function<void(const detail::Txn&, const StoredDelivery&)> handler,
-                             const StoreThenProcessOptions& options,
-                             std::unique_ptr<StoreThenProcess>* out);
   explicit StoreThenProcess(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

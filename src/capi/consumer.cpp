@@ -16,6 +16,7 @@
 #include "capi/sized_struct.h"
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"
+#include "mqtt_inbox/sqlite.h"
 #include "mqtt_inbox/topic.h"
 #include "util/log.h"
 
@@ -129,6 +130,8 @@ int to_outcome(mqtt_inbox::Outcome o) {
       return MQTT_INBOX_OUTCOME_ALREADY_DEAD_LETTERED;
     case mqtt_inbox::Outcome::kSkipped:
       return MQTT_INBOX_OUTCOME_SKIPPED;
+    case mqtt_inbox::Outcome::kRefused:
+      break;  // feed returns MQTT_INBOX_INVALID_ARGUMENT instead
   }
   return MQTT_INBOX_OUTCOME_DEAD_LETTERED;
 }
@@ -289,7 +292,13 @@ int mqtt_inbox_consumer_feed(mqtt_inbox_consumer_t* consumer, const mqtt_inbox_m
       msg.user_properties.emplace_back(std::string(p.name ? p.name : "", p.name_len),
                                        std::string(p.value ? p.value : "", p.value_len));
     }
-    *outcome = to_outcome(consumer->consumer->handle(msg));
+    const mqtt_inbox::Outcome o = consumer->consumer->handle(msg);
+    if (o == mqtt_inbox::Outcome::kRefused)
+      return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                     "mqtt_inbox_consumer_feed called from inside a handler of this inbox: "
+                     "refused, nothing recorded (it would deadlock); the running handler's "
+                     "message is dead-lettered as handler_reentered");
+    *outcome = to_outcome(o);
     return MQTT_INBOX_OK;
   });
 }

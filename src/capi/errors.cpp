@@ -17,7 +17,10 @@ static_assert(MQTT_INBOX_INVALID_ARGUMENT == static_cast<int>(Status::Code::kInv
                   MQTT_INBOX_ABORTED == static_cast<int>(Status::Code::kAborted) &&
                   MQTT_INBOX_INTERNAL == static_cast<int>(Status::Code::kInternal) &&
                   MQTT_INBOX_REJECTED == static_cast<int>(Status::Code::kRejected) &&
-                  MQTT_INBOX_PERMISSION_DENIED == static_cast<int>(Status::Code::kPermissionDenied),
+                  MQTT_INBOX_PERMISSION_DENIED ==
+                      static_cast<int>(Status::Code::kPermissionDenied) &&
+                  MQTT_INBOX_AUTHENTICATION == static_cast<int>(Status::Code::kAuthentication) &&
+                  MQTT_INBOX_SCHEMA == static_cast<int>(Status::Code::kSchema),
               "c.h's result codes follow Status::Code");
 
 int to_rc(const Status& s) noexcept {
@@ -120,6 +123,10 @@ const char* mqtt_inbox_errstr(int rc) {
       return "misuse";
     case MQTT_INBOX_OUTBOX_FULL:
       return "outbox full";
+    case MQTT_INBOX_AUTHENTICATION:
+      return "authentication";
+    case MQTT_INBOX_SCHEMA:
+      return "schema";
     default:
       return "unknown";
   }

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "mqtt_inbox/inbox.h"
+#include "store/inbox.h"
 #include "store/slot_leases.h"
 #include "store/store.h"
 #include "util/log.h"
@@ -382,7 +383,9 @@ Status Fleet::create(Inbox* inbox, const FleetOptions& options, std::unique_ptr<
   // PostgreSQL keeps 63 bytes of an application_name: the process id before the host.
   lo.member_name =
       "mqtt-inbox fleet " + options.group + " " + std::to_string(::getpid()) + "@" + host_name();
-  if (Status s = inbox->store().open_slot_leases(lo, &impl->leases); !s.ok()) return s;
+  detail::Store* store = detail::InboxImpl::store_of(inbox);
+  if (!store) return Status::InvalidArgument("Fleet::create: inbox is null");
+  if (Status s = store->open_slot_leases(lo, &impl->leases); !s.ok()) return s;
   for (int i = 0; i < options.slots; ++i) impl->slots.push_back(std::make_unique<Impl::Slot>());
   out->reset(new Fleet(std::move(impl)));
   return Status::Ok();

@@ -1,7 +1,7 @@
 // The per-message policy: what happens to one delivery between "arrived" and "may be
 // acked". Every path out of run() has a durable record behind it. It holds the store's
-// interfaces (store/claims.h, store/dead_letters.h) and the handler bound for the store's
-// transaction (store/txn.h), never a store's own type.
+// front (store/store.h), which makes the claim decision, and the handler bound to the
+// store's transaction type (handler.h), never a store's own type.
 #include "mqtt_inbox/consumer.h"
 
 #include <algorithm>
@@ -21,11 +21,10 @@
 #include "mqtt_inbox/clock.h"
 #include "mqtt_inbox/inbox.h"
 #include "store/claims.h"
-#include "store/dead_letters.h"
+#include "store/inbox.h"
 #include "store/reentry.h"
 #include "store/retry.h"
 #include "store/store.h"
-#include "store/txn.h"
 #include "util/log.h"
 #include "util/log_context.h"
 #include "util/text.h"
@@ -48,6 +47,8 @@ const char* to_string(Outcome outcome) {
       return "already_dead_lettered";
     case Outcome::kSkipped:
       return "skipped";
+    case Outcome::kRefused:
+      return "refused";
   }
   return "unknown";
 }
@@ -76,6 +77,8 @@ const char* to_string(DeadLetterReason reason) {
       return "outbox_full";
     case DeadLetterReason::kOutboxRefused:
       return "outbox_refused";
+    case DeadLetterReason::kHandlerEndedTransaction:
+      return "handler_ended_transaction";
   }
   return "unknown";
 }
@@ -92,11 +95,9 @@ bool parse_dead_letter_reason(const std::string& text, DeadLetterReason* out) {
 
 struct Consumer::Impl {
   detail::Store* store = nullptr;
-  detail::ClaimStore* claims = nullptr;  // store->claims(), once: one virtual call a message
-  detail::DeadLetterStore* dead_letters = nullptr;
   SessionRecords* sessions = nullptr;  // the Inbox's (MessageSink::sessions())
   std::string name;
-  detail::StoreHandler handler;  // the application's, bound for the store's transaction
+  TransactionHandler handler;  // the application's, for the store's transaction
   ConsumerOptions options;
   Clock* clock = nullptr;
   std::shared_ptr<spdlog::logger> log;
@@ -150,7 +151,7 @@ struct Consumer::Impl {
     int64_t row = 0;
     until_stored(
         parked ? "parking a message" : "writing a dead letter",
-        [&] { return dead_letters->add(dl, replace_id, &row); }, stop);
+        [&] { return store->add_dead_letter(dl, replace_id, &row); }, stop);
     if (parked) {
       // Once at info; a replay that finds the outbox still full (every poll, for as long
       // as the uplink is down) at debug.
@@ -186,7 +187,8 @@ struct Consumer::Impl {
     bump.consumer_name = name;
     bump.message_id = id;
     until_stored(
-        "counting a redelivery", [&] { return dead_letters->add(bump, std::nullopt, &row); }, stop);
+        "counting a redelivery", [&] { return store->add_dead_letter(bump, std::nullopt, &row); },
+        stop);
     count(&ConsumerCounters::already_dead_lettered);
     return Outcome::kAlreadyDeadLettered;
   }
@@ -207,7 +209,7 @@ struct Consumer::Impl {
       if (id && !replay_of) {
         MessageState st;
         until_stored(
-            "looking up a message", [&] { return claims->lookup(name, *id, &st); }, stop);
+            "looking up a message", [&] { return store->lookup(name, *id, &st); }, stop);
         if (st.processed) return duplicate();
       }
       return dead_letter(m, id, DeadLetterReason::kPayloadTooLarge,
@@ -230,13 +232,13 @@ struct Consumer::Impl {
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
       // One transaction decides and applies: duplicate, dead-lettered, out of attempts,
-      // or the handler's outcome (store/claims.h, ClaimStore::process).
+      // or the handler's outcome (Store::process, store/claims.cpp).
       ProcessReport r;
       until_stored(
           "committing",
           [&] {
-            return claims->process(name, m, id, handler, options.max_attempts, replay_of,
-                                   payload_json, &r);
+            return store->process(name, m, id, handler, options.max_attempts, replay_of,
+                                  payload_json, &r);
           },
           stop);
       const MessageState& st = r.state;
@@ -261,19 +263,10 @@ struct Consumer::Impl {
           return dead_letter(m, id, cause, text, st.attempts, st.first_attempt_at_ms, replay_of,
                              stop);
         }
-        case ClaimResult::kUndecodable:
-        case ClaimResult::kRejected:
-        case ClaimResult::kReentered:
-        case ClaimResult::kOutboxRefused: {
+        case ClaimResult::kDeadLetterNow:
           // Permanent: retrying cannot change the outcome, so no backoff holds the stream.
-          const DeadLetterReason permanent =
-              r.result == ClaimResult::kRejected        ? DeadLetterReason::kInvalidPayload
-              : r.result == ClaimResult::kReentered     ? DeadLetterReason::kHandlerReentered
-              : r.result == ClaimResult::kOutboxRefused ? DeadLetterReason::kOutboxRefused
-                                                        : DeadLetterReason::kUndecodablePayload;
-          return dead_letter(m, id, permanent, r.handler_error, r.attempt, st.first_attempt_at_ms,
+          return dead_letter(m, id, r.reason, r.handler_error, r.attempt, st.first_attempt_at_ms,
                              replay_of, stop);
-        }
         case ClaimResult::kOutboxFull:
           // Backpressure, not a failure: parked with no attempt counted, replayed by the
           // requeue thread once the relay has made room (outbox.h OutboxFull).
@@ -299,7 +292,7 @@ struct Consumer::Impl {
   Status replay(int64_t id, Outcome* outcome, const std::atomic<bool>* stop,
                 bool requeued_only = false) {
     DeadLetter dl;
-    Status s = dead_letters->get(id, &dl);
+    Status s = store->get_dead_letter(id, &dl);
     if (!s.ok()) return s;
     if (requeued_only && !dl.requeued)
       return Status::InvalidArgument("dead letter " + std::to_string(id) +
@@ -322,7 +315,7 @@ struct Consumer::Impl {
     std::vector<int64_t> ids;
     std::set<int64_t> refused;  // ids replay() refused in this pass
     for (;;) {
-      Status s = dead_letters->requeued(name, 16, &ids);
+      Status s = store->requeued_dead_letters(name, 16, &ids);
       if (s.ok())
         ids.erase(std::remove_if(ids.begin(), ids.end(),
                                  [&](int64_t id) { return refused.count(id) > 0; }),
@@ -397,28 +390,15 @@ Consumer::~Consumer() {
   if (impl_->poller.joinable()) impl_->poller.join();
 }
 
-Status Consumer::create(Inbox* inbox, const std::string& name, Handler handler,
+Status Consumer::create(Inbox* inbox, const std::string& name, TransactionHandler handler,
                         const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
-  if (!inbox) return Status::InvalidArgument("inbox is null");
+  detail::Store* store = detail::InboxImpl::store_of(inbox);
+  if (!store) return Status::InvalidArgument("inbox is null");
   if (!handler) return Status::InvalidArgument("handler is empty");
-  detail::StoreHandler bound;
-  if (Status s = inbox->store().bind_consumer_handler(std::move(handler), &bound); !s.ok())
+  // A handler written for the other store is refused by name (handler.h).
+  if (Status s = store->check_handler_type(handler.transaction_type(), "the consumer's handler");
+      !s.ok())
     return s;
-  return create_bound(inbox, name, std::move(bound), options, out);
-}
-
-Status Consumer::create(Inbox* inbox, const std::string& name, PgHandler handler,
-                        const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
-  if (!inbox) return Status::InvalidArgument("inbox is null");
-  if (!handler) return Status::InvalidArgument("handler is empty");
-  detail::StoreHandler bound;
-  if (Status s = inbox->store().bind_consumer_handler(std::move(handler), &bound); !s.ok())
-    return s;
-  return create_bound(inbox, name, std::move(bound), options, out);
-}
-
-Status Consumer::create_bound(Inbox* inbox, const std::string& name, detail::StoreHandler handler,
-                              const ConsumerOptions& options, std::unique_ptr<Consumer>* out) {
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
   if (!handler) return Status::InvalidArgument("handler is empty");
@@ -435,18 +415,16 @@ Status Consumer::create_bound(Inbox* inbox, const std::string& name, detail::Sto
     return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
   if (options.requeue_poll_ms < 0) return Status::InvalidArgument("requeue_poll_ms must be >= 0");
 
-  detail::Store& store = inbox->store();
+  store->name_user(name);
   auto impl = std::make_unique<Impl>();
-  impl->store = &store;
-  impl->claims = &store.claims();
-  impl->dead_letters = &store.dead_letters();
+  impl->store = store;
   impl->sessions = &inbox->sessions();
   impl->name = name;
   impl->handler = std::move(handler);
   impl->options = options;
-  impl->clock = store.clock;
-  impl->log = store.log;
-  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", store.location(),
+  impl->clock = store->clock();
+  impl->log = store->log();
+  impl->retry = std::make_unique<detail::StoreRetry>("consumer '" + name + "'", store->location(),
                                                      options, impl->clock, impl->log);
   Impl* self = impl.get();
   out->reset(new Consumer(std::move(impl)));
@@ -457,10 +435,10 @@ Status Consumer::create_bound(Inbox* inbox, const std::string& name, detail::Sto
 const std::string& Consumer::name() const { return impl_->name; }
 
 Outcome Consumer::handle(const Message& message) {
-  // From inside a handler of the same inbox: refused (store/reentry.h). The running handler's
-  // message is dead-lettered as handler_reentered, which covers this one too.
-  if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::handle").ok())
-    return Outcome::kDeadLettered;
+  // From inside a handler of the same inbox: refused (store/reentry.h), nothing recorded.
+  // The running handler's message is dead-lettered as handler_reentered.
+  if (!detail::refuse_if_in_handler(impl_->store->owner(), "Consumer::handle").ok())
+    return Outcome::kRefused;
   // The id for the debug line comes from run()'s own extraction: nothing is parsed twice
   // on the per-message path (an oversized payload, never parsed, shows as "?"). It names
   // which process applied which message when several share a subscription (fleet.h).
@@ -475,8 +453,8 @@ Outcome Consumer::handle(const Message& message) {
 }
 
 Outcome Consumer::reject(const Message& message, const std::string& why) {
-  if (!detail::refuse_if_in_handler(impl_->store->owner, "Consumer::reject").ok())
-    return Outcome::kDeadLettered;
+  if (!detail::refuse_if_in_handler(impl_->store->owner(), "Consumer::reject").ok())
+    return Outcome::kRefused;
   try {
     return impl_->dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why, 0, 0,
                               std::nullopt);
@@ -486,14 +464,15 @@ Outcome Consumer::reject(const Message& message, const std::string& why) {
 }
 
 Status Consumer::replay_dead_letter(int64_t id, Outcome* outcome) {
-  if (Status r = detail::refuse_if_in_handler(impl_->store->owner, "Consumer::replay_dead_letter");
+  if (Status r =
+          detail::refuse_if_in_handler(impl_->store->owner(), "Consumer::replay_dead_letter");
       !r.ok())
     return r;
   return impl_->replay(id, outcome, nullptr);
 }
 
 Status Consumer::replay_requeued(int64_t* replayed) {
-  if (Status r = detail::refuse_if_in_handler(impl_->store->owner, "Consumer::replay_requeued");
+  if (Status r = detail::refuse_if_in_handler(impl_->store->owner(), "Consumer::replay_requeued");
       !r.ok())
     return r;
   return impl_->replay_requeued(replayed);
@@ -557,7 +536,7 @@ Outcome Consumer::Impl::retained(const Message& m) {
     return dead_letter(m, std::nullopt, DeadLetterReason::kRetained,
                        detail::retained_dead_letter_text(), 0, 0, std::nullopt);
   MessageState st;
-  until_stored("looking up a message", [&] { return claims->lookup(name, id, &st); });
+  until_stored("looking up a message", [&] { return store->lookup(name, id, &st); });
   if (st.processed) return duplicate();
   if (st.dead_letter_id) return already_dead_lettered(id);
   return dead_letter(m, id, DeadLetterReason::kRetained, detail::retained_dead_letter_text(), 0, 0,

@@ -21,6 +21,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/topic.h"
 #include "outbox/outbox_impl.h"
+#include "store/inbox.h"
 #include "store/outbox_rows.h"
 #include "store/reentry.h"
 #include "util/log.h"
@@ -123,7 +124,7 @@ void to_outbox_rows(std::vector<StoredOutboxRow>&& stored, std::vector<OutboxRow
 
 }  // namespace detail
 
-void Outbox::Impl::count_drops(const detail::Txn& txn, const OutboxClass& c, int64_t n,
+void Outbox::Impl::count_drops(const detail::TxnRef& txn, const OutboxClass& c, int64_t n,
                                const std::string& first_id, const char* why) {
   if (n == 0) return;
   rows->count_drops(txn, c.topic_prefix, n);
@@ -134,7 +135,7 @@ void Outbox::Impl::count_drops(const detail::Txn& txn, const OutboxClass& c, int
       detail::printable(c.topic_prefix), why, n, detail::printable(first_id));
 }
 
-Status Outbox::Impl::enforce_age(const detail::Txn& txn, const OutboxClass& c, int64_t new_seq,
+Status Outbox::Impl::enforce_age(const detail::TxnRef& txn, const OutboxClass& c, int64_t new_seq,
                                  int64_t clock_now) {
   const int64_t cutoff = clock_now - c.max_age_ms;
   detail::OldestPending oldest;
@@ -154,7 +155,7 @@ Status Outbox::Impl::enforce_age(const detail::Txn& txn, const OutboxClass& c, i
   return Status::Ok();
 }
 
-Status Outbox::Impl::make_room(const detail::Txn& txn, const OutboxClass& c, int64_t size,
+Status Outbox::Impl::make_room(const detail::TxnRef& txn, const OutboxClass& c, int64_t size,
                                int64_t new_seq, int64_t clock_now) {
   if (c.max_age_ms > 0) {
     Status s = enforce_age(txn, c, new_seq, clock_now);
@@ -195,8 +196,8 @@ Status Outbox::Impl::make_room(const detail::Txn& txn, const OutboxClass& c, int
 }
 
 Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_ptr<Outbox>* out) {
-  if (!inbox) return Status::InvalidArgument("Outbox::create: inbox is null");
-  if (Status s = inbox->store().supports("the outbox (Outbox::create)"); !s.ok()) return s;
+  detail::Store* store = detail::InboxImpl::store_of(inbox);
+  if (!store) return Status::InvalidArgument("Outbox::create: inbox is null");
   for (size_t i = 0; i < options.classes.size(); ++i) {
     const auto& c = options.classes[i];
     if (c.max_rows < 0 || c.max_bytes < 0 || c.max_age_ms < 0)
@@ -209,11 +210,11 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
   if (options.max_id_bytes == 0) return Status::InvalidArgument("max_id_bytes must be > 0");
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
-  impl->store = &inbox->store();
+  impl->store = store;
   impl->rows = &impl->store->outbox();
   impl->options = options;
   // Without a logger of its own, the outbox logs where its Inbox does (docs/outbox.md).
-  impl->log = options.logger ? options.logger : impl->store->log;
+  impl->log = options.logger ? options.logger : impl->store->log();
   out->reset(new Outbox(std::move(impl)));
   return Status::Ok();
 }
@@ -288,19 +289,12 @@ std::string refusal(const OutgoingMessage& m) {
 Outbox::Outbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Outbox::~Outbox() = default;
 
-void Outbox::enqueue_or_throw(SQLite::Database& db, const OutgoingMessage& m,
-                              std::string* message_id) {
-  // The handler's connection as the store's transaction (store/txn.h). Passed by
-  // reference, so that the std::function holds one pointer and allocates nothing.
-  auto run = [&](const detail::Txn& txn) { impl_->enqueue(txn, m, message_id); };
-  detail::with_sqlite_txn(db, std::ref(run));
-}
-
-void Outbox::enqueue_in(const detail::Txn& txn, const OutgoingMessage& m, std::string* message_id) {
+void Outbox::enqueue_in(const detail::TxnRef& txn, const OutgoingMessage& m,
+                        std::string* message_id) {
   impl_->enqueue(txn, m, message_id);
 }
 
-Status Outbox::enqueue_status(const detail::Txn& txn, const OutgoingMessage& m,
+Status Outbox::enqueue_status(const detail::TxnRef& txn, const OutgoingMessage& m,
                               std::string* message_id) {
   try {
     impl_->enqueue(txn, m, message_id);
@@ -314,12 +308,18 @@ Status Outbox::enqueue_status(const detail::Txn& txn, const OutgoingMessage& m,
   }
 }
 
-void Outbox::Impl::enqueue(const detail::Txn& txn, const OutgoingMessage& m,
+void Outbox::Impl::enqueue(const detail::TxnRef& txn, const OutgoingMessage& m,
                            std::string* message_id) {
   // Every refusal but a full class is for good (OutboxRefused): the same message is
   // refused on every attempt. The members are listed in outbox.h; all are checked before
   // anything is written, except the class's max_bytes (make_room).
-  if (!rows->in_transaction(txn))
+  bool open = false;
+  try {
+    open = rows->in_transaction(txn);
+  } catch (const std::invalid_argument& e) {  // a transaction of another store (outbox_rows.h)
+    throw OutboxRefused(Status::InvalidArgument(e.what()));
+  }
+  if (!open)
     throw OutboxRefused(Status::InvalidArgument("outbox enqueue needs an open transaction"));
   if (std::string why = refusal(m); !why.empty()) throw OutboxRefused(Status::InvalidArgument(why));
   std::string id = m.message_id;
@@ -348,7 +348,7 @@ void Outbox::Impl::enqueue(const detail::Txn& txn, const OutgoingMessage& m,
   row.payload = &m.payload;
   row.properties_json = &props;
   row.size_bytes = size;
-  row.enqueued_at_ms = store->clock->wall_ms();
+  row.enqueued_at_ms = store->clock()->wall_ms();
   const int64_t clock_now = store->retention_clock();
   row.enqueued_clock = clock_now;
   int64_t seq = 0;
@@ -370,26 +370,13 @@ void Outbox::Impl::enqueue(const detail::Txn& txn, const OutgoingMessage& m,
   if (message_id) *message_id = id;
 }
 
-Status Outbox::enqueue(SQLite::Database& db, const OutgoingMessage& m, std::string* message_id) {
-  try {
-    enqueue_or_throw(db, m, message_id);
-    return Status::Ok();
-  } catch (const OutboxRejected& e) {
-    return e.status();
-  } catch (const std::exception& e) {
-    Status s;
-    if (impl_->rows->store_error(e, "outbox enqueue", &s)) return s;
-    return Status::Internal(std::string("outbox enqueue: ") + e.what());
-  }
-}
-
 Status Outbox::renew_relay_turn(int lease_ms, bool* held) {
   *held = false;
   if (lease_ms < 1000 || lease_ms > 3600000)
     return Status::InvalidArgument("renew_relay_turn: lease_ms must be 1000..3600000, got " +
                                    std::to_string(lease_ms));
-  // SQLite: one process holds the file (InboxOptions::exclusive), so its relay is the one.
-  if (impl_->store->kind() == detail::StoreKind::kSqlite) {
+  // A store one process holds (SQLite's file, InboxOptions::exclusive): its relay is the one.
+  if (!impl_->store->shared_by_processes()) {
     *held = true;
     return Status::Ok();
   }
@@ -413,9 +400,7 @@ void Outbox::give_back_relay_turn() {
   if (impl_->relay_turn) impl_->relay_turn->leave();
 }
 
-bool Outbox::relays_take_turns() const {
-  return impl_->store->kind() != detail::StoreKind::kSqlite;
-}
+bool Outbox::relays_take_turns() const { return impl_->store->shared_by_processes(); }
 
 Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
   out->clear();

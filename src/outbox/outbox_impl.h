@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"
 #include "store/outbox_rows.h"
 #include "store/store.h"
-#include "store/txn.h"
 
 namespace mqtt_inbox {
 
@@ -46,21 +46,21 @@ struct Outbox::Impl {
   }
 
   // enqueue_or_throw inside the store's transaction `txn`.
-  void enqueue(const detail::Txn& txn, const OutgoingMessage& m, std::string* message_id);
+  void enqueue(const detail::TxnRef& txn, const OutgoingMessage& m, std::string* message_id);
 
   // Makes room for the row `seq` of `size` bytes in class `c`, just inserted (and so
   // already counted in the class's usage) inside the caller's transaction: OK if it fits
   // (after drops of older rows under kDropOldest), else the refusal. Throws the store's
   // errors.
-  Status make_room(const detail::Txn& txn, const OutboxClass& c, int64_t size, int64_t seq,
+  Status make_room(const detail::TxnRef& txn, const OutboxClass& c, int64_t size, int64_t seq,
                    int64_t clock_now);
   // The age bound of make_room: kRejected if the class's oldest other pending row is older
   // than c.max_age_ms (kReject), else drops those rows (kDropOldest) and returns OK.
-  Status enforce_age(const detail::Txn& txn, const OutboxClass& c, int64_t new_seq,
+  Status enforce_age(const detail::TxnRef& txn, const OutboxClass& c, int64_t new_seq,
                      int64_t clock_now);
   // Counts and logs `n` rows of class `c` dropped, the first with id `first_id`, because
   // of `why` ("full", "older than max_age_ms").
-  void count_drops(const detail::Txn& txn, const OutboxClass& c, int64_t n,
+  void count_drops(const detail::TxnRef& txn, const OutboxClass& c, int64_t n,
                    const std::string& first_id, const char* why);
 };
 

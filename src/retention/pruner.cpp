@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mqtt_inbox/retention.h"
+#include "store/inbox.h"
 #include "store/reentry.h"
 #include "store/retention_rows.h"
 #include "store/store.h"
@@ -62,7 +63,7 @@ struct Pruner::Impl {
   void pace(int64_t busy_us) {
     const auto pause_ms =
         static_cast<int64_t>(options.pause_factor * static_cast<double>(busy_us) / 1000.0);
-    store->clock->sleep_ms(std::max<int64_t>(options.batch_pause.count(), pause_ms));
+    store->clock()->sleep_ms(std::max<int64_t>(options.batch_pause.count(), pause_ms));
   }
 
   // Deletes, batch by batch with `batch(limit, &b)`, until no expired row is left or the
@@ -75,7 +76,7 @@ struct Pruner::Impl {
     int64_t total = 0;
     int64_t limit = options.batch_rows;
     for (;;) {
-      if (store->clock->steady_ms() >= deadline_ms) {
+      if (store->clock()->steady_ms() >= deadline_ms) {
         r->budget_exhausted = true;
         break;
       }
@@ -134,16 +135,16 @@ struct Pruner::Impl {
   void report() {
     const InboxStats s = inbox->stats();
     if (options.stats_log_period_ms > 0) {
-      const int64_t now = store->clock->steady_ms();
+      const int64_t now = store->clock()->steady_ms();
       if (last_stats_log_ms == 0 || now - last_stats_log_ms >= options.stats_log_period_ms) {
         last_stats_log_ms = now;
-        store->log->info("inbox {}: {}", store->location(), summary_line(s));
+        store->log()->info("inbox {}: {}", store->location(), summary_line(s));
       }
     }
     std::string error;
     if (!options.prometheus_textfile.empty() &&
         !detail::write_textfile(options.prometheus_textfile, prometheus_text(s), &error))
-      store->log->warn("{}", error);
+      store->log()->warn("{}", error);
   }
 };
 
@@ -156,7 +157,8 @@ int64_t Pruner::required_window_ms(const RetentionOptions& o) {
 }
 
 Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique_ptr<Pruner>* out) {
-  if (!inbox) return Status::InvalidArgument("inbox is null");
+  detail::Store* store = detail::InboxImpl::store_of(inbox);
+  if (!store) return Status::InvalidArgument("inbox is null");
   if (Status r = detail::refuse_if_in_handler(inbox, "Pruner::create"); !r.ok()) return r;
   if (options.window.count() <= 0) return Status::InvalidArgument("retention window must be > 0");
   if (options.batch_rows < 1) return Status::InvalidArgument("batch_rows must be >= 1");
@@ -171,7 +173,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
   const int64_t required = required_window_ms(options);
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
-  impl->store = &inbox->store();
+  impl->store = store;
   impl->options = options;
   if (options.window.count() < required) {
     const std::string what =
@@ -180,7 +182,7 @@ Status Pruner::create(Inbox* inbox, const RetentionOptions& options, std::unique
         " = max(session expiry, max offline) + replay window + margin): a redelivery after the "
         "window would be processed again";
     if (!options.allow_window_below_horizon) return Status::InvalidArgument(what);
-    impl->store->log->warn(
+    impl->store->log()->warn(
         "RETENTION OVERRIDE: {}. Accepted because "
         "allow_window_below_horizon is set.",
         what);
@@ -207,16 +209,16 @@ Status Pruner::prune_once(PruneResult* result) {
   if (Status r = detail::refuse_if_in_handler(m.inbox, "Pruner::prune_once"); !r.ok()) return r;
   std::lock_guard<std::mutex> pass(m.pass_mu);
   *result = PruneResult{};
-  if (m.store->fatal.load()) return m.store->fatal_status();  // never touch a corrupt file
+  if (m.store->unusable()) return m.store->fatal_status();  // never touch a corrupt file
   if (Status s = m.check_recorded_sessions(false); !s.ok()) return s;
   PruneResult r;
-  const int64_t start = m.store->clock->steady_ms();
+  const int64_t start = m.store->clock()->steady_ms();
   const int64_t deadline = start + m.options.pass_budget.count();
   const int64_t now = m.store->retention_clock();
   r.cutoff = now - m.options.window.count();
   Status deleted = m.delete_expired_claims(r.cutoff, deadline, &r, &r.processed_deleted);
   if (deleted.ok()) {
-    m.store->pruned += r.processed_deleted;
+    m.store->count_pruned(r.processed_deleted, 0);
     deleted = m.delete_expired(detail::ExpiringRows::kOutboxSent, r.cutoff, deadline, &r,
                                &r.outbox_sent_deleted);
   }
@@ -225,13 +227,13 @@ Status Pruner::prune_once(PruneResult* result) {
     deleted = m.delete_expired(detail::ExpiringRows::kDeadLetters, dead_cutoff, deadline, &r,
                                &r.dead_letters_deleted);
     if (deleted.ok()) {
-      m.store->dead_letters_pruned += r.dead_letters_deleted;
+      m.store->count_pruned(0, r.dead_letters_deleted);
       deleted = m.delete_expired(detail::ExpiringRows::kOutboxDead, dead_cutoff, deadline, &r,
                                  &r.outbox_dead_deleted);
     }
   }
   if (!deleted.ok()) {  // the pass stops; what was deleted stays deleted
-    r.duration_ms = m.store->clock->steady_ms() - start;
+    r.duration_ms = m.store->clock()->steady_ms() - start;
     *result = r;
     return deleted;
   }
@@ -248,10 +250,10 @@ Status Pruner::prune_once(PruneResult* result) {
     m.sweep->finish_pass();
   else if (s.ok())
     s = reclaimed;
-  r.duration_ms = m.store->clock->steady_ms() - start;
+  r.duration_ms = m.store->clock()->steady_ms() - start;
   if (r.processed_deleted || r.dead_letters_deleted || r.outbox_sent_deleted ||
       r.outbox_dead_deleted)
-    m.store->log->info(
+    m.store->log()->info(
         "retention pass: {} ids, {} dead letters, {} sent and {} dead outbox rows "
         "deleted in {} batches, {} pages freed, {} ms{}",
         r.processed_deleted, r.dead_letters_deleted, r.outbox_sent_deleted, r.outbox_dead_deleted,
@@ -274,7 +276,7 @@ Status Pruner::start() {
     {
       std::lock_guard<std::mutex> pass(im.pass_mu);
       const Status s = im.sweep->measure_rows();
-      if (!s.ok()) im.store->log->warn("retention: measuring rows failed: {}", s.to_string());
+      if (!s.ok()) im.store->log()->warn("retention: measuring rows failed: {}", s.to_string());
     }
     // The Prometheus textfile exists from the start, not a whole period later.
     if (!im.options.prometheus_textfile.empty()) im.report();
@@ -291,7 +293,7 @@ Status Pruner::start() {
       }
       PruneResult r;
       const Status s = prune_once(&r);
-      if (!s.ok()) im.store->log->warn("retention pass failed: {}", s.to_string());
+      if (!s.ok()) im.store->log()->warn("retention pass failed: {}", s.to_string());
       backlog = s.ok() && r.budget_exhausted;
     }
   });
@@ -350,13 +352,13 @@ Status Pruner::Impl::check_recorded_sessions(bool at_create) {
       "lower SubscriberOptions::session_expiry_s, or, for a client id retired for good, "
       "SessionRecords::forget";
   if (!options.allow_window_below_horizon) {
-    if (!at_create) store->log->error("RETENTION REFUSED, nothing deleted: {}", what);
+    if (!at_create) store->log()->error("RETENTION REFUSED, nothing deleted: {}", what);
     return Status::InvalidArgument(what);
   }
   if (session_override_warned_ms != required) {
     session_override_warned_ms = required;
-    store->log->warn("RETENTION OVERRIDE: {}. Accepted because allow_window_below_horizon is set.",
-                     what);
+    store->log()->warn(
+        "RETENTION OVERRIDE: {}. Accepted because allow_window_below_horizon is set.", what);
   }
   return Status::Ok();
 }

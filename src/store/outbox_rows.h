@@ -38,9 +38,9 @@
 #include <string>
 #include <vector>
 
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/status.h"
-#include "store/txn.h"
 
 namespace mqtt_inbox::detail {
 
@@ -80,29 +80,30 @@ class OutboxStore {
 
   // --- inside the caller's transaction `txn` (throw the store's exceptions) ---
 
-  // Whether `txn` is an open transaction (SQLite: not in autocommit mode).
-  virtual bool in_transaction(const Txn& txn) = 0;
+  // Whether `txn` is an open transaction (SQLite: not in autocommit mode). Throws
+  // std::invalid_argument for a transaction that is not of this store's type.
+  virtual bool in_transaction(const TxnRef& txn) = 0;
   // Inserts `row` as pending unless a row with its message id exists (false: nothing
   // added). *seq receives the new row's seq (enqueue order, never reused).
-  virtual bool insert(const Txn& txn, const NewOutboxRow& row, int64_t* seq) = 0;
+  virtual bool insert(const TxnRef& txn, const NewOutboxRow& row, int64_t* seq) = 0;
   // Deletes the row `seq` (an insert the policy refused).
-  virtual void remove(const Txn& txn, int64_t seq) = 0;
+  virtual void remove(const TxnRef& txn, int64_t seq) = 0;
   // The pending rows and bytes of class `class_prefix`, the row just inserted included
   // (0, 0 if it has none).
-  virtual void class_usage(const Txn& txn, const std::string& class_prefix, int64_t* rows,
+  virtual void class_usage(const TxnRef& txn, const std::string& class_prefix, int64_t* rows,
                            int64_t* bytes) = 0;
   // The oldest pending row of class `class_prefix` other than `except_seq`; false if none.
-  virtual bool oldest_pending(const Txn& txn, const std::string& class_prefix, int64_t except_seq,
-                              OldestPending* out) = 0;
+  virtual bool oldest_pending(const TxnRef& txn, const std::string& class_prefix,
+                              int64_t except_seq, OldestPending* out) = 0;
   // Deletes the pending rows of class `class_prefix` other than `except_seq` whose
   // enqueued_clock is below `cutoff`; returns how many.
-  virtual int64_t remove_pending_before(const Txn& txn, const std::string& class_prefix,
+  virtual int64_t remove_pending_before(const TxnRef& txn, const std::string& class_prefix,
                                         int64_t except_seq, int64_t cutoff) = 0;
   // Adds `n` to the drops of class `class_prefix` (OutboxClassUsage::dropped).
-  virtual void count_drops(const Txn& txn, const std::string& class_prefix, int64_t n) = 0;
+  virtual void count_drops(const TxnRef& txn, const std::string& class_prefix, int64_t n) = 0;
   // Wakes the commit wakers once `txn` commits (not if it rolls back; SQLite: only on a
   // connection the library opened, see store/sqlite/commit_wake.h).
-  virtual void wake_after_commit(const Txn& txn) = 0;
+  virtual void wake_after_commit(const TxnRef& txn) = 0;
   // If `e` is the store's own exception (from the calls above, or the caller's own
   // statements), sets *out to the store error it stands for, with `what` as the context,
   // and returns true; else false.

@@ -37,8 +37,7 @@ bool parse_session_expiry_source(const std::string& text, SessionExpirySource* o
 namespace detail {
 
 Status SessionStore::record(const SessionRecord& record) {
-  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::record"); !r.ok()) return r;
-  if (store_.unusable()) return store_.fatal_status();
+  if (Status r = refuse_if_in_handler(store_.owner(), "SessionRecords::record"); !r.ok()) return r;
   if (record.client_id.empty())
     return Status::InvalidArgument("session record: client id is empty");
   if (record.session_expiry_ms < 0)
@@ -50,15 +49,17 @@ Status SessionStore::record(const SessionRecord& record) {
   normal.topic_filters.assign(filters.begin(), filters.end());
   normal.session_expiry_ms = record.session_expiry_ms;
   normal.expiry_source = record.expiry_source;
-  normal.updated_at_ms = store_.clock->wall_ms();
-  return write(normal);
+  normal.updated_at_ms = store_.clock()->wall_ms();
+  return store_.write_txn("recording a session", [&](StoreBackend& b) { b.write_session(normal); });
 }
 
 Status SessionStore::load(const std::string& client_id, SessionRecord* out) {
-  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::load"); !r.ok()) return r;
-  if (store_.unusable()) return store_.fatal_status();
+  if (Status r = refuse_if_in_handler(store_.owner(), "SessionRecords::load"); !r.ok()) return r;
   std::vector<SessionRecord> found;
-  if (Status s = read(&client_id, &found); !s.ok()) return s;
+  if (Status s = store_.read_txn("reading a session record",
+                                 [&](StoreBackend& b) { b.read_sessions(&client_id, &found); });
+      !s.ok())
+    return s;
   if (found.empty())
     return Status::NotFound("no session recorded for client '" + printable(client_id) + "'");
   *out = std::move(found.front());
@@ -66,17 +67,21 @@ Status SessionStore::load(const std::string& client_id, SessionRecord* out) {
 }
 
 Status SessionStore::list(std::vector<SessionRecord>* out) {
-  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::list"); !r.ok()) return r;
-  if (store_.unusable()) return store_.fatal_status();
-  return read(nullptr, out);
+  if (Status r = refuse_if_in_handler(store_.owner(), "SessionRecords::list"); !r.ok()) return r;
+  return store_.read_txn("reading the session records", [&](StoreBackend& b) {
+    out->clear();
+    b.read_sessions(nullptr, out);
+  });
 }
 
 Status SessionStore::forget(const std::string& client_id, bool* removed) {
-  if (Status r = refuse_if_in_handler(store_.owner, "SessionRecords::forget"); !r.ok()) return r;
-  if (store_.unusable()) return store_.fatal_status();
-  if (Status s = remove(client_id, removed); !s.ok()) return s;
+  if (Status r = refuse_if_in_handler(store_.owner(), "SessionRecords::forget"); !r.ok()) return r;
+  if (Status s = store_.write_txn("forgetting a session",
+                                  [&](StoreBackend& b) { *removed = b.remove_session(client_id); });
+      !s.ok())
+    return s;
   if (*removed)
-    store_.log->warn(
+    store_.log()->warn(
         "inbox {}: forgot the session record of client '{}'; the Pruner no longer "
         "checks the retention window against its session expiry",
         store_.location(), printable(client_id));
@@ -84,13 +89,16 @@ Status SessionStore::forget(const std::string& client_id, bool* removed) {
 }
 
 void SessionStore::note_lost(const std::string& client_id) {
-  store_.sessions_lost.fetch_add(1);
+  store_.count_session_lost();
   // From inside a handler of this inbox the write would wait for the connection that
   // handler holds, for ever (tests/reentry_test.cpp): counted in memory only, as before.
-  if (in_handler_of(store_.owner)) return;
+  if (in_handler_of(store_.owner())) return;
   if (store_.unusable()) return;
-  if (Status s = add_lost(client_id, store_.clock->wall_ms()); !s.ok())
-    store_.log->warn(
+  const int64_t at = store_.clock()->wall_ms();
+  if (Status s = store_.write_txn("recording a lost session",
+                                  [&](StoreBackend& b) { b.add_lost_session(client_id, at); });
+      !s.ok())
+    store_.log()->warn(
         "inbox {}: cannot record the lost session of client '{}' ({}); counted "
         "in this process only",
         store_.location(), printable(client_id), s.to_string());

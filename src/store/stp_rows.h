@@ -56,23 +56,17 @@
 #include <string>
 #include <vector>
 
+#include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/store_then_process.h"
-#include "store/txn.h"
 #include "store/verdict.h"
 
 namespace mqtt_inbox::detail {
 
-// The handler of a store-then-process consumer, as the policy holds it (store/txn.h).
-using StoredStoreHandler = StoreHandlerOf<StoredDelivery>;
-
-// The public StoredHandler takes the SQLite store's transaction (SQLite::Database&), so
-// it is bound where that type is complete (store/sqlite/stp_rows.cpp). A store with
-// another transaction type binds its own public handler type the same way
-// (Store::bind_stored_handler: PgStoredHandler in store/postgres/store.h).
-StoredStoreHandler bind_stored_handler(StoredHandler handler);
+// The handler of a store-then-process consumer, as the policy holds it (handler.h).
+using StoredStoreHandler = TransactionHandlerOf<StoredDelivery>;
 
 // A row as one claim holds it.
 struct RowClaim {

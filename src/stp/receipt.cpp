@@ -10,7 +10,6 @@
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "inbox/retained.h"
-#include "store/dead_letters.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -37,7 +36,7 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
   dl.last_attempt_at_ms = clock->wall_ms();
   int64_t row = 0;
   until_stored("writing a dead letter",
-               [&] { return inbox->store().dead_letters().add(dl, std::nullopt, &row); });
+               [&] { return store->add_dead_letter(dl, std::nullopt, &row); });
   count(&StoreThenProcessCounters::dead_lettered);
   log->warn("store-then-process '{}': dead-lettered message '{}' on topic '{}' as {} (row {}): {}",
             name, id ? detail::printable(*id) : std::string("<no id>"), detail::printable(m.topic),
@@ -104,7 +103,7 @@ Outcome StoreThenProcess::reject(const Message& message, const std::string& why)
   // From inside a handler of the same inbox: refused (store/reentry.h); that handler's message
   // is dead-lettered as handler_reentered.
   if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::reject").ok())
-    return Outcome::kDeadLettered;
+    return Outcome::kRefused;
   try {
     return impl_->receipt_dead_letter(message, std::nullopt, DeadLetterReason::kHandlerFailed, why);
   } catch (...) {
@@ -114,7 +113,7 @@ Outcome StoreThenProcess::reject(const Message& message, const std::string& why)
 
 Outcome StoreThenProcess::handle(const Message& message) {
   if (!detail::refuse_if_in_handler(impl_->inbox, "StoreThenProcess::handle").ok())
-    return Outcome::kDeadLettered;
+    return Outcome::kRefused;
   Outcome o = Outcome::kDuplicate;
   try {
     o = impl_->receive(message);

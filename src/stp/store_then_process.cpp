@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "store/inbox.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -98,32 +99,18 @@ StoreThenProcess::StoreThenProcess(std::unique_ptr<Impl> impl) : impl_(std::move
 // The store's rows (and their connections) close with impl_, after the threads are gone.
 StoreThenProcess::~StoreThenProcess() { (void)stop(); }
 
-Status StoreThenProcess::create(Inbox* inbox, const std::string& name, StoredHandler handler,
+Status StoreThenProcess::create(Inbox* inbox, const std::string& name,
+                                StoredTransactionHandler handler,
                                 const StoreThenProcessOptions& options,
                                 std::unique_ptr<StoreThenProcess>* out) {
-  if (!inbox) return Status::InvalidArgument("inbox is null");
-  if (!handler) return Status::InvalidArgument("handler is empty");
-  detail::StoredStoreHandler bound;
-  if (Status s = inbox->store().bind_stored_handler(std::move(handler), &bound); !s.ok()) return s;
-  return create_bound(inbox, name, std::move(bound), options, out);
-}
-
-Status StoreThenProcess::create(Inbox* inbox, const std::string& name, PgStoredHandler handler,
-                                const StoreThenProcessOptions& options,
-                                std::unique_ptr<StoreThenProcess>* out) {
-  if (!inbox) return Status::InvalidArgument("inbox is null");
-  if (!handler) return Status::InvalidArgument("handler is empty");
-  detail::StoredStoreHandler bound;
-  if (Status s = inbox->store().bind_stored_handler(std::move(handler), &bound); !s.ok()) return s;
-  return create_bound(inbox, name, std::move(bound), options, out);
-}
-
-Status StoreThenProcess::create_bound(Inbox* inbox, const std::string& name,
-                                      detail::StoredStoreHandler handler,
-                                      const StoreThenProcessOptions& options,
-                                      std::unique_ptr<StoreThenProcess>* out) {
+  detail::Store* store = detail::InboxImpl::store_of(inbox);
+  if (!store) return Status::InvalidArgument("inbox is null");
   if (Status r = detail::refuse_if_in_handler(inbox, "StoreThenProcess::create"); !r.ok()) return r;
-  if (Status s = inbox->store().supports("store-then-process (StoreThenProcess::create)"); !s.ok())
+  if (!handler) return Status::InvalidArgument("handler is empty");
+  // A handler written for the other store is refused by name (handler.h).
+  if (Status s =
+          store->check_handler_type(handler.transaction_type(), "the store-then-process handler");
+      !s.ok())
     return s;
   if (name.empty() || name.size() > 200 || !detail::is_valid_utf8(name))
     return Status::InvalidArgument("consumer name must be 1..200 bytes of UTF-8");
@@ -147,25 +134,24 @@ Status StoreThenProcess::create_bound(Inbox* inbox, const std::string& name,
       options.slow_handler_warn_ms < 0)
     return Status::InvalidArgument("intervals and retention durations must be >= 0");
 
-  detail::Store& store = inbox->store();
+  store->name_user(name);
   auto impl = std::make_unique<Impl>();
   impl->inbox = inbox;
-  impl->store = &store;
+  impl->store = store;
   impl->name = name;
-  // Bound by the store for its own transaction type (Store::bind_stored_handler).
   impl->handler = std::move(handler);
   impl->options = options;
   impl->clock = inbox->options().clock ? inbox->options().clock : Clock::system();
   impl->log = detail::logger_or_default(inbox->options().logger);
   impl->retry =
-      std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'", store.location(),
+      std::make_unique<detail::StoreRetry>("store-then-process '" + name + "'", store->location(),
                                            options.consumer, impl->clock, impl->log);
   impl->token = instance_token();
   // At start-up: waited out like Inbox::open while the store is transiently unavailable.
   Impl* m = impl.get();
-  const Status opened = store.wait_at_startup(
+  const Status opened = store->wait_at_startup(
       "opening the store-then-process maintenance connection",
-      [m, &store](int) -> Status { return store.stp_rows().open(m->name, &m->rows); });
+      [m, store](int) -> Status { return store->stp_rows().open(m->name, &m->rows); });
   if (!opened.ok()) return opened;
   out->reset(new StoreThenProcess(std::move(impl)));
   return Status::Ok();

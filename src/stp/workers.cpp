@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "inbox/properties_json.h"
-#include "store/dead_letters.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -159,7 +158,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(Worker
   dl.last_attempt_at_ms = clock->wall_ms();
   int64_t id = 0;
   if (!worker_retry("writing a dead letter",
-                    [&] { return inbox->store().dead_letters().add(dl, std::nullopt, &id); }))
+                    [&] { return store->add_dead_letter(dl, std::nullopt, &id); }))
     return RunResult::kStopped;
   if (!worker_retry("marking a row dead",
                     [&] { return w.session->mark_dead(r.claim(), attempts, text, &owned); }))

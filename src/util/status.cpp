@@ -28,6 +28,10 @@ const char* to_string(Status::Code code) {
       return "rejected";
     case Status::Code::kPermissionDenied:
       return "permission_denied";
+    case Status::Code::kAuthentication:
+      return "authentication";
+    case Status::Code::kSchema:
+      return "schema";
   }
   return "unknown";
 }

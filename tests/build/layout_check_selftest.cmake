@@ -75,10 +75,10 @@ expect("clean tree" "${t}" "")
 
 # Rule 1: the folder table.
 make_tree("${t}")
-file(WRITE "${t}/src/store/sqlite/store.h" "#pragma once\n")
-file(APPEND "${t}/src/inbox/consumer.cpp" "#include \"store/sqlite/store.h\"\n")
+file(WRITE "${t}/src/store/sqlite/backend.h" "#pragma once\n")
+file(APPEND "${t}/src/inbox/consumer.cpp" "#include \"store/sqlite/backend.h\"\n")
 expect("policy includes a store implementation" "${t}"
-  "^src/inbox/consumer.cpp \\(layer inbox\\) includes src/store/sqlite/store.h \\(layer store/sqlite\\)")
+  "^src/inbox/consumer.cpp \\(layer inbox\\) includes src/store/sqlite/backend.h \\(layer store/sqlite\\)")
 
 make_tree("${t}")
 file(APPEND "${t}/src/util/log.h" "#include \"store/store.h\"\n")

@@ -270,11 +270,11 @@ static void test_an_unknown_return_code_is_a_failed_attempt(void) {
 }
 
 /* A handler that ends or nests the library's transaction (COMMIT, ROLLBACK, BEGIN): the
- * statement is refused at prepare time (SQLITE_AUTH), and the attempt fails with the named
- * text "handler ended the transaction: it ran <statement>" whatever the handler returns
- * next, OK included (END is SQLite's COMMIT and named so). So the write it made before the
- * statement never commits: no balance, no ledger entry, no claim; after max_attempts (3) a
- * handler_failed dead letter says why. */
+ * statement is refused at prepare time (SQLITE_AUTH), and the message is a dead letter
+ * handler_ended_transaction at once, its text "handler ended the transaction: it ran
+ * <statement>", whatever the handler returns next, OK included (END is SQLite's COMMIT and
+ * named so). So the write it made before the statement never commits: no balance, no
+ * ledger entry, no claim. (The same contract on every store: tests/contract.) */
 static void expect_ended_transaction(const char* sql, const char* named, int after, const char* id,
                                      const char* account) {
   struct fixture f;
@@ -285,13 +285,13 @@ static void expect_ended_transaction(const char* sql, const char* named, int aft
   f.script.after = after;
   CHECK_EQ_INT(credit(&f, id, account, 9), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
   CHECK_EQ_INT(f.script.tx_rc, SQLITE_AUTH);
-  CHECK_EQ_INT(f.script.calls, 3);
+  CHECK_EQ_INT(f.script.calls, 1);
   CHECK_EQ_INT(balance(&f, account), 0);
   CHECK_EQ_INT(rows(&f, "ledger_entries"), 0);
   CHECK_EQ_INT(rows(&f, "inbox_processed"), 0);
   dead_letter(&f, id, reason, sizeof reason, text, sizeof text, &attempts);
-  CHECK(strcmp(reason, "handler_failed") == 0);
-  CHECK_EQ_INT(attempts, 3);
+  CHECK(strcmp(reason, "handler_ended_transaction") == 0);
+  CHECK_EQ_INT(attempts, 1);
   snprintf(expected, sizeof expected, "handler ended the transaction: it ran %s", named);
   CHECK_CONTAINS(text, expected);
   /* A redelivery stays dead-lettered; the next message is processed as usual. */

@@ -31,10 +31,10 @@ static void test_every_code_has_a_name(void) {
   int rc;
   CHECK(strcmp(mqtt_inbox_errstr(MQTT_INBOX_OK), "ok") == 0);
   CHECK(strcmp(mqtt_inbox_errstr(MQTT_INBOX_BUSY), "busy") == 0);
-  for (rc = MQTT_INBOX_OK; rc <= MQTT_INBOX_OUTBOX_FULL; ++rc)
+  for (rc = MQTT_INBOX_OK; rc <= MQTT_INBOX_SCHEMA; ++rc)
     CHECK(strcmp(mqtt_inbox_errstr(rc), "unknown") != 0);
   CHECK(strcmp(mqtt_inbox_errstr(-1), "unknown") == 0);
-  CHECK(strcmp(mqtt_inbox_errstr(MQTT_INBOX_OUTBOX_FULL + 1), "unknown") == 0);
+  CHECK(strcmp(mqtt_inbox_errstr(MQTT_INBOX_SCHEMA + 1), "unknown") == 0);
 }
 
 static void test_null_arguments_are_misuse_and_destroy_is_null_safe(void) {

@@ -765,6 +765,19 @@ TEST_P(PgRelay, ServerRestartTheRelayAndItsWakeUpGoOn) {
       },
       10s))
       << "the inbox did not LISTEN again after the restart";
+  // The restart also ended the relay turn's session: the relay learns it at its next
+  // renewal, gives the turn up (unmarked rows in flight then go out again, the next hop's
+  // inbox drops them) and takes it on a new session. Once it has, a row committed elsewhere
+  // goes out once.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q(db,
+                 "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                 "'mqtt-inbox outbox relay%'") == 1 &&
+               relay->counters().connected;
+      },
+      15s))
+      << "the relay did not take its turn again after the restart";
   auto other = open_inbox(uri_of(db, "other_gateway"));
   ASSERT_TRUE(other);
   auto other_outbox = make_outbox(other.get());

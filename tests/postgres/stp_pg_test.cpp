@@ -30,11 +30,11 @@
 
 #include "store/store.h"
 #include "store/stp_rows.h"
-#include "store/txn.h"
 #include "support/cut_proxy.h"
 #include "support/postgres.h"
 #include "support/process.h"
 #include "support/publisher.h"
+#include "support/store_access.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -347,7 +347,7 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
   const std::string uri = fresh_db("stp_fence");
   auto inbox = open_inbox(uri);
   ASSERT_TRUE(inbox);
-  detail::StpRows& api = inbox->store().stp_rows();
+  detail::StpRows& api = store_of(*inbox).stp_rows();
   EXPECT_FALSE(api.single_process());
   std::unique_ptr<detail::StpConsumerRows> rows;
   ASSERT_TRUE(api.open("fence", &rows).ok());
@@ -378,23 +378,22 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
                           1, none};
   int64_t reaped = 0;
   const detail::StoredStoreHandler handler_a =
-      detail::bind_handler<pqxx::transaction_base, StoredDelivery>(
-          [&](pqxx::transaction_base& t, const StoredDelivery& d) {
-            t.exec_params0(
-                "INSERT INTO ledger_entries (message_id, account, amount, writer)"
-                " VALUES ($1, 'acct', 5, 'A')",
-                d.message_id);
-            // Meanwhile, on other connections: A's lease runs out; B claims the row again.
-            ASSERT_TRUE(rows->reap(
-                                [](const std::vector<detail::LiveClaim>& claims,
-                                   std::vector<detail::ReturnedClaim>* back) {
-                                  for (const auto& c : claims)
-                                    back->push_back({c.claimant, c.running_seq, "expired"});
-                                },
-                                &reaped)
-                            .ok());
-            ASSERT_TRUE(b->claim("B", 4, take_all, &batch_b).ok());
-          });
+      PgStoredHandler([&](pqxx::transaction_base& t, const StoredDelivery& d) {
+        t.exec_params0(
+            "INSERT INTO ledger_entries (message_id, account, amount, writer)"
+            " VALUES ($1, 'acct', 5, 'A')",
+            d.message_id);
+        // Meanwhile, on other connections: A's lease runs out; B claims the row again.
+        ASSERT_TRUE(rows->reap(
+                            [](const std::vector<detail::LiveClaim>& claims,
+                               std::vector<detail::ReturnedClaim>* back) {
+                              for (const auto& c : claims)
+                                back->push_back({c.claimant, c.running_seq, "expired"});
+                            },
+                            &reaped)
+                        .ok());
+        ASSERT_TRUE(b->claim("B", 4, take_all, &batch_b).ok());
+      });
   detail::StoredRunResult run_a;
   ASSERT_TRUE(a->process(ra.claim, "A", handler_a, da, &run_a).ok());
   EXPECT_EQ(reaped, 1);
@@ -420,13 +419,12 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
   const StoredDelivery db{m, rb.message_id, rb.aggregate_key, rb.claim.seq, rb.received_at,
                           2, none};
   const detail::StoredStoreHandler handler_b =
-      detail::bind_handler<pqxx::transaction_base, StoredDelivery>(
-          [](pqxx::transaction_base& t, const StoredDelivery& d) {
-            t.exec_params0(
-                "INSERT INTO ledger_entries (message_id, account, amount, writer)"
-                " VALUES ($1, 'acct', 5, 'B')",
-                d.message_id);
-          });
+      PgStoredHandler([](pqxx::transaction_base& t, const StoredDelivery& d) {
+        t.exec_params0(
+            "INSERT INTO ledger_entries (message_id, account, amount, writer)"
+            " VALUES ($1, 'acct', 5, 'B')",
+            d.message_id);
+      });
   detail::StoredRunResult run_b;
   ASSERT_TRUE(b->process(rb.claim, "B", handler_b, db, &run_b).ok());
   EXPECT_EQ(run_b.kind, detail::StoredRunResult::Kind::kDone);
@@ -449,7 +447,7 @@ TEST(StpPg, ConcurrentClaimsNeverShareAnAggregateAndNeverWait) {
   auto inbox = open_inbox(uri);
   ASSERT_TRUE(inbox);
   std::unique_ptr<detail::StpConsumerRows> rows;
-  ASSERT_TRUE(inbox->store().stp_rows().open("claims", &rows).ok());
+  ASSERT_TRUE(store_of(*inbox).stp_rows().open("claims", &rows).ok());
   bool stored = false;
   for (const char* id : {"x-1", "y-1", "x-2", "y-2"}) {
     const std::string account(1, id[0]);
@@ -574,7 +572,7 @@ TEST(StpPg, HandlerOfTheOtherStoreIsRefused) {
   Status s = StoreThenProcess::create(
       inbox.get(), "s", [](SQLite::Database&, const StoredDelivery&) {}, fast_options(), &stp);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(s.message().find("PgStoredHandler"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("pqxx::transaction_base&"), std::string::npos) << s.message();
   EXPECT_FALSE(stp);
   TempDir dir;
   std::unique_ptr<Inbox> lite;
@@ -582,7 +580,7 @@ TEST(StpPg, HandlerOfTheOtherStoreIsRefused) {
   s = StoreThenProcess::create(
       lite.get(), "s", [](pqxx::transaction_base&, const StoredDelivery&) {}, fast_options(), &stp);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(s.message().find("PgStoredHandler"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("SQLite::Database&"), std::string::npos) << s.message();
   EXPECT_FALSE(stp);
 }
 

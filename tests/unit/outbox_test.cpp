@@ -15,11 +15,11 @@
 #include <functional>
 #include <set>
 
-#include "store/dead_letters.h"
 #include "store/sqlite/schema.h"
 #include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "support/store_access.h"
 #include "util/log.h"
 
 namespace mqtt_inbox::test {
@@ -410,7 +410,7 @@ TEST_F(OutboxTest, ReparkingAPurgedRowWritesItAgain) {
   dl.reason_text = "outbox full";
   dl.requeued = true;
   int64_t id = 0;
-  ASSERT_TRUE(inbox_->store().dead_letters().add(dl, /*replace_id=*/4242, &id).ok());
+  ASSERT_TRUE(store_of(*inbox_).add_dead_letter(dl, /*replace_id=*/4242, &id).ok());
   EXPECT_NE(id, 4242);
   EXPECT_EQ(query_int(db_path_,
                       "SELECT count(*) FROM inbox_dead_letters WHERE message_id = "

@@ -18,10 +18,9 @@
 #include <thread>
 
 #include "store/claims.h"
-#include "store/dead_letters.h"
 #include "store/store.h"
-#include "store/txn.h"
 #include "support/ledger_fixture.h"
+#include "support/store_access.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -91,13 +90,10 @@ class ReentryTest : public ::testing::Test {
 };
 
 TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
-  int64_t rows = 0;
   detail::MessageState state;
-  detail::ClaimResult claim_result = detail::ClaimResult::kProcessed;
-  std::string claim_error;
   std::vector<int64_t> ids;
-  detail::Store& store = inbox_->store();
-  const detail::StoreHandler bound = detail::bind_sqlite_handler(ledger::apply_credit);
+  detail::Store& store = store_of(*inbox_);
+  const TransactionHandler bound(Handler(ledger::apply_credit));
   DeadLetter dl;
   std::vector<DeadLetter> dls;
   int64_t n = 0;
@@ -116,36 +112,23 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   const std::vector<Case> cases = {
       // Inbox: reads and inspection
       {"Inbox::refresh_row_stats", [&] { return inbox_->refresh_row_stats(); }},
-      {"ClaimStore::count_claims", [&] { return store.claims().count_claims("ledger", &rows); }},
-      {"ClaimStore::lookup", [&] { return store.claims().lookup("ledger", "x", &state); }},
+      {"looking up message", [&] { return store.lookup("ledger", "x", &state); }},
       {"Store::persist_retention_clock", [&] { return store.persist_retention_clock(); }},
       // The store's per-message path
-      {"ClaimStore::process",
+      {"Store::process",
        [&] {
-         return store.claims().process("audit", other_msg, "audit-1", bound, 5, std::nullopt,
-                                       nullptr, &report);
+         return store.process("audit", other_msg, "audit-1", bound, 5, std::nullopt, nullptr,
+                              &report);
        }},
-      {"ClaimStore::claim",
-       [&] {
-         return store.claims().claim("audit", other_msg, "audit-1", 1, bound, std::nullopt,
-                                     &claim_result, &claim_error);
-       }},
-      {"ClaimStore::begin_attempt",
-       [&] {
-         int a = 0;
-         return store.claims().begin_attempt("ledger", "x", &a);
-       }},
-      {"ClaimStore::record_attempt_failure",
-       [&] { return store.claims().record_attempt_failure("ledger", "x", "failed"); }},
       // Inbox: dead-letter administration, and the store's dead letters behind it
       {"Inbox::list_dead_letters", [&] { return inbox_->list_dead_letters({}, &dls); }},
       {"Inbox::get_dead_letter", [&] { return inbox_->get_dead_letter(1, &dl); }},
       {"Inbox::purge_dead_letters", [&] { return inbox_->purge_dead_letters({}, &n); }},
       {"Inbox::requeue_dead_letter", [&] { return inbox_->requeue_dead_letter(1); }},
-      {"DeadLetterStore::add",
-       [&] { return store.dead_letters().add(DeadLetter{}, std::nullopt, &n); }},
-      {"DeadLetterStore::requeued",
-       [&] { return store.dead_letters().requeued("ledger", 10, &ids); }},
+      {"writing dead letter",
+       [&] { return store.add_dead_letter(DeadLetter{}, std::nullopt, &n); }},
+      {"listing requeued dead letters",
+       [&] { return store.requeued_dead_letters("ledger", 10, &ids); }},
       // Inbox: set-up and the transport's session records (main's calls on the connection)
       {"Inbox::setup", [&] { return inbox_->setup([](SQLite::Database&) {}); }},
       {"SessionRecords::record", [&] { return inbox_->sessions().record(SessionRecord{}); }},
@@ -178,8 +161,8 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       {"Consumer::handle",
        [&] {
          outcome = other_->handle(other_msg);
-         return outcome == Outcome::kDeadLettered ? Status::InvalidArgument("Consumer::handle")
-                                                  : Status::Ok();
+         return outcome == Outcome::kRefused ? Status::InvalidArgument("Consumer::handle")
+                                             : Status::Ok();
        }},
       {"Consumer::replay_dead_letter", [&] { return other_->replay_dead_letter(1, &outcome); }},
       // The Pruner
@@ -190,7 +173,7 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       {"StoreThenProcess::replay", [&] { return stp_->replay({}, &rr); }},
       {"StoreThenProcess::handle",
        [&] {
-         return stp_->handle(other_msg) == Outcome::kDeadLettered
+         return stp_->handle(other_msg) == Outcome::kRefused
                     ? Status::InvalidArgument("StoreThenProcess::handle")
                     : Status::Ok();
        }},
@@ -255,8 +238,10 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
   EXPECT_FALSE(pruner2);
   EXPECT_FALSE(stp2);
   // Outside a handler the same calls work again.
-  EXPECT_TRUE(store.claims().count_claims("ledger", &rows).ok());
-  EXPECT_EQ(rows, static_cast<int64_t>(cases.size()));
+  EXPECT_TRUE(store.lookup("ledger", "next-0", &state).ok());
+  EXPECT_TRUE(state.processed);
+  EXPECT_EQ(q("SELECT count(*) FROM inbox_processed WHERE consumer_name = 'ledger'"),
+            static_cast<int64_t>(cases.size()));
   EXPECT_EQ(other_->handle(other_msg), Outcome::kProcessed);
 }
 
@@ -331,7 +316,7 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
                       DeadLetter dl;
                       dl.consumer_name = "worker";
                       dl.topic = "t";
-                      if (!inbox_->store().dead_letters().add(dl, std::nullopt, &n).ok()) ++refused;
+                      if (!store_of(*inbox_).add_dead_letter(dl, std::nullopt, &n).ok()) ++refused;
                     }
                     Delivery del{d.message, d.message_id, d.attempt};
                     ledger::apply_credit(db, del);
@@ -356,7 +341,7 @@ TEST_F(ReentryTest, StoreThenProcessWorkerHandlerIsRefusedAndTheRowDeadLettered)
       1);
   EXPECT_EQ(q("SELECT count(*) FROM inbox_dead_letters WHERE message_id = 'w-reenter'"
               " AND reason = 'handler_reentered'"
-              " AND instr(reason_text, 'DeadLetterStore::add') > 0"),
+              " AND instr(reason_text, 'writing dead letter') > 0"),
             1);
 }
 

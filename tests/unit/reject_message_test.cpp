@@ -9,10 +9,10 @@
 #include <chrono>
 #include <thread>
 
-#include "store/dead_letters.h"
 #include "store/sqlite/schema.h"
 #include "store/store.h"
 #include "support/ledger_fixture.h"
+#include "support/store_access.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -304,7 +304,7 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
                       " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
             4);
   std::vector<int64_t> requeued;
-  ASSERT_TRUE(inbox->store().dead_letters().requeued("ledger", 10, &requeued).ok());
+  ASSERT_TRUE(store_of(*inbox).requeued_dead_letters("ledger", 10, &requeued).ok());
   EXPECT_EQ(requeued, std::vector<int64_t>{3});
   DeadLetter parked;
   parked.consumer_name = "ledger";
@@ -314,7 +314,7 @@ TEST(DeadLetterSchemaMigration, VersionEightGainsTheOutboxFullReasonKeepingEvery
   parked.reason_text = "outbox full: class 'events/' holds 11 rows";
   parked.requeued = true;
   int64_t id = 0;
-  ASSERT_TRUE(inbox->store().dead_letters().add(parked, std::nullopt, &id).ok());
+  ASSERT_TRUE(store_of(*inbox).add_dead_letter(parked, std::nullopt, &id).ok());
   EXPECT_GT(id, 8);
   EXPECT_EQ(
       query_int(path, "SELECT count(*) FROM inbox_dead_letters WHERE id = " + std::to_string(id) +
@@ -363,7 +363,7 @@ TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEve
                       " 'inbox_dead_letters_retention', 'inbox_dead_letters_requeued')"),
             4);
   std::vector<int64_t> requeued;
-  ASSERT_TRUE(inbox->store().dead_letters().requeued("ledger", 10, &requeued).ok());
+  ASSERT_TRUE(store_of(*inbox).requeued_dead_letters("ledger", 10, &requeued).ok());
   EXPECT_EQ(requeued, std::vector<int64_t>{5});
   DeadLetter refused;
   refused.consumer_name = "ledger";
@@ -372,7 +372,7 @@ TEST(DeadLetterSchemaMigration, VersionNineGainsTheOutboxRefusedReasonKeepingEve
   refused.reason = DeadLetterReason::kOutboxRefused;
   refused.reason_text = "outbox message id refused: message id is 259 bytes, longer than 256";
   int64_t id = 0;
-  ASSERT_TRUE(inbox->store().dead_letters().add(refused, std::nullopt, &id).ok());
+  ASSERT_TRUE(store_of(*inbox).add_dead_letter(refused, std::nullopt, &id).ok());
   EXPECT_GT(id, 11);
   DeadLetter got;
   ASSERT_TRUE(inbox->get_dead_letter(id, &got).ok());

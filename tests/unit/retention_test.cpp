@@ -16,6 +16,7 @@
 #include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "support/store_access.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -368,7 +369,7 @@ TEST_F(RetentionTest, StoreSweepDeletesExpiredClaimsBatchByBatchAndNothingElse) 
   insert_processed(
       1, [](int) { return std::string("at-cutoff"); }, 150);
   std::unique_ptr<detail::RetentionSweep> sweep;
-  ASSERT_TRUE(inbox_->store().retention_rows().open_sweep({}, &sweep).ok());
+  ASSERT_TRUE(store_of(*inbox_).retention_rows().open_sweep({}, &sweep).ok());
   auto sweep_all = [&](std::vector<int64_t>* found, int64_t* deleted) {
     *deleted = 0;
     for (int i = 0; i < 10; ++i) {

@@ -21,6 +21,7 @@
 #include "store/stp_rows.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "support/store_access.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -446,7 +447,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, StpLateWriteTest,
 // (the handler does not even run) and the new holder's writes all land.
 TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheToken) {
   std::unique_ptr<detail::StpConsumerRows> rows;
-  ASSERT_TRUE(inbox_->store().stp_rows().open("sensors", &rows).ok());
+  ASSERT_TRUE(store_of(*inbox_).stp_rows().open("sensors", &rows).ok());
   bool stored = false;
   for (const auto& [device, id] :
        std::vector<std::pair<std::string, std::string>>{{"a", "a-1"}, {"b", "b-1"}, {"a", "a-2"}}) {
@@ -506,11 +507,11 @@ TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheT
 
   // Every write of the returned claim: nothing changes.
   int handler_runs = 0;
-  const detail::StoredStoreHandler handler =
-      detail::bind_stored_handler([&](SQLite::Database& db, const StoredDelivery& d) {
+  const detail::StoredStoreHandler handler(
+      StoredHandler([&](SQLite::Database& db, const StoredDelivery& d) {
         ++handler_runs;
         record_run(db, d);
-      });
+      }));
   const std::any none;
   const Message m = reading("a", "a-1");
   auto delivery = [&](const detail::StoredRow& r, int attempt) {
@@ -572,7 +573,7 @@ TEST_F(StpClockTest, ClosesWithoutTouchingAStoreFoundUnusable) {
   ASSERT_EQ(stp.handle(reading("h", "h-1")), Outcome::kProcessed);  // prepares receipt's statements
   ASSERT_TRUE(stp.start().ok());
   ASSERT_TRUE(wait_settled());
-  inbox_->store().latch_fatal(Status(Status::Code::kCorruption, "test: the file is corrupt"));
+  store_of(*inbox_).latch_fatal(Status(Status::Code::kCorruption, "test: the file is corrupt"));
   StoreThenProcessStats st;
   EXPECT_EQ(stp.stats(&st).code(), Status::Code::kCorruption);
   ReplayResult rr;

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "store/postgres/backend.h"
 #include "store/postgres/errors.h"
-#include "store/postgres/store.h"
 
 namespace mqtt_inbox::detail {
 

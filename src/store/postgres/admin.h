@@ -25,7 +25,7 @@
 
 namespace mqtt_inbox::detail {
 
-// The PostgreSQL schema version this library writes (store/postgres/store.h's
+// The PostgreSQL schema version this library writes (store/postgres/backend.h's
 // kPgSchemaVersion, for code that does not include libpqxx).
 int postgres_schema_version();
 

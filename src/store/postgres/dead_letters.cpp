@@ -1,13 +1,11 @@
-// PgDeadLetters (store/dead_letters.h) on the PostgreSQL store: the same rows and rules as
-// the SQLite store's (store/sqlite/dead_letters.cpp), one transaction per call. All of
-// their SQL is in this file.
+// The PostgreSQL store's dead-letter rows (store/backend.h): the same rows as the SQLite
+// store's, the rules the front's (store/dead_letters.cpp). All of their SQL is in this file.
 #include <pqxx/pqxx>
 
 #include <string>
 #include <vector>
 
-#include "store/postgres/store.h"
-#include "store/reentry.h"
+#include "store/postgres/backend.h"
 
 namespace mqtt_inbox::detail {
 
@@ -59,145 +57,104 @@ std::string where_of(const DeadLetterFilter& f, pqxx::transaction_base& w) {
 
 }  // namespace
 
-Status PgDeadLetters::add(const DeadLetter& dl, std::optional<int64_t> replace_id, int64_t* id) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::add"); !r.ok()) return r;
-  const std::string table = s_.t("inbox_dead_letters");
-  const int64_t now = s_.clock->wall_ms();
-  bool counted = false;
-  const Status st = s_.with_txn("writing dead letter", [&](pqxx::work& w) {
-    counted = false;
-    bool have_row = replace_id.has_value();
-    int64_t row = replace_id.value_or(0);
-    if (!have_row && dl.message_id) {
-      const pqxx::result r = w.exec_params(
-          "UPDATE " + table + " SET redeliveries = redeliveries + 1 WHERE id = (SELECT id FROM " +
-              table +
-              " WHERE consumer_name = $1 AND message_id = $2 AND status IN ('dead', 'requeued')"
-              " ORDER BY id DESC LIMIT 1) RETURNING id",
-          dl.consumer_name, *dl.message_id);
-      if (!r.empty()) {
-        row = r[0][0].as<int64_t>();
-        have_row = true;
-      }
-    } else if (have_row) {
-      const pqxx::result r = w.exec_params(
-          "UPDATE " + table +
-              " SET reason = $2, reason_text = $3, attempts = $4, last_attempt_at = $5,"
-              " dead_lettered_at = $6, status = $7, replayed_at = NULL WHERE id = $1",
-          row, std::string(to_string(dl.reason)), dl.reason_text, dl.attempts,
-          dl.last_attempt_at_ms, now, std::string(dl.requeued ? "requeued" : "dead"));
-      if (r.affected_rows() == 0) have_row = false;  // purged meanwhile: written anew
-      counted = true;
-    }
-    if (!have_row) {
-      const pqxx::row r = w.exec_params1(
-          "INSERT INTO " + table +
-              " (consumer_name, message_id, topic, payload, payload_size, properties, qos,"
-              " reason, reason_text, attempts, first_attempt_at, last_attempt_at,"
-              " dead_lettered_at, retention_at, status)"
-              " VALUES ($1, $2, $3, $4::bytea, $5, $6, $7, $8, $9, $10, $11, $12, $13, " +
-              std::string(kPgNowMs) + ", $14) RETURNING id",
-          dl.consumer_name, dl.message_id ? dl.message_id->c_str() : nullptr, dl.topic,
-          w.esc_raw(dl.payload), dl.payload_size, dl.properties_json, dl.qos,
-          std::string(to_string(dl.reason)), dl.reason_text, dl.attempts,
-          dl.first_attempt_at_ms ? dl.first_attempt_at_ms : now,
-          dl.last_attempt_at_ms ? dl.last_attempt_at_ms : now, now,
-          std::string(dl.requeued ? "requeued" : "dead"));
-      row = r[0].as<int64_t>();
-      counted = true;
-    }
-    if (dl.message_id)
-      w.exec_params0(
-          "DELETE FROM " + s_.t("inbox_attempts") + " WHERE consumer_name = $1 AND message_id = $2",
-          dl.consumer_name, *dl.message_id);
-    *id = row;
-  });
-  if (st.ok() && counted && !dl.requeued) ++s_.dead_lettered;
-  return st;
+std::optional<int64_t> PgBackend::open_dead_letter(const ClaimKey& key) {
+  const pqxx::result r =
+      tx().exec_params("SELECT id FROM " + t("inbox_dead_letters") +
+                           " WHERE consumer_name = $1 AND message_id = $2"
+                           " AND status IN ('dead', 'requeued') ORDER BY id DESC LIMIT 1",
+                       key.consumer, key.message_id);
+  if (r.empty()) return std::nullopt;
+  return r[0][0].as<int64_t>();
 }
 
-Status PgDeadLetters::list(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::list"); !r.ok()) return r;
-  out->clear();
-  return s_.with_txn("listing dead letters", [&](pqxx::work& w) {
-    out->clear();
-    std::string sql = std::string("SELECT ") + kColumns + " FROM " + s_.t("inbox_dead_letters") +
-                      where_of(filter, w) + " ORDER BY id DESC";
-    if (filter.limit > 0) sql += " LIMIT " + std::to_string(filter.limit);
-    for (const pqxx::row& r : w.exec(sql)) out->push_back(read_row(r));
-  });
+void PgBackend::count_redelivery(int64_t dead_letter_id) {
+  tx().exec_params0(
+      "UPDATE " + t("inbox_dead_letters") + " SET redeliveries = redeliveries + 1 WHERE id = $1",
+      dead_letter_id);
 }
 
-Status PgDeadLetters::get(int64_t id, DeadLetter* out) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::get"); !r.ok()) return r;
-  bool found = false;
-  const Status st = s_.with_txn("reading dead letter", [&](pqxx::work& w) {
-    const pqxx::result r = w.exec_params(std::string("SELECT ") + kColumns + " FROM " +
-                                             s_.t("inbox_dead_letters") + " WHERE id = $1",
-                                         id);
-    found = !r.empty();
-    if (found) *out = read_row(r[0]);
-  });
-  if (!st.ok()) return st;
-  if (!found) return Status::NotFound("dead letter " + std::to_string(id) + " not found");
-  return Status::Ok();
+bool PgBackend::rewrite_dead_letter(int64_t id, const DeadLetter& dl, int64_t now_ms) {
+  const pqxx::result r = tx().exec_params(
+      "UPDATE " + t("inbox_dead_letters") +
+          " SET reason = $2, reason_text = $3, attempts = $4, last_attempt_at = $5,"
+          " dead_lettered_at = $6, status = $7, replayed_at = NULL WHERE id = $1",
+      id, std::string(to_string(dl.reason)), dl.reason_text, dl.attempts, dl.last_attempt_at_ms,
+      now_ms, std::string(dl.requeued ? "requeued" : "dead"));
+  return r.affected_rows() > 0;
 }
 
-Status PgDeadLetters::purge(const DeadLetterFilter& filter, int64_t* removed) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::purge"); !r.ok()) return r;
-  return s_.with_txn("purging dead letters", [&](pqxx::work& w) {
-    *removed = static_cast<int64_t>(
-        w.exec("DELETE FROM " + s_.t("inbox_dead_letters") + where_of(filter, w)).affected_rows());
-  });
+int64_t PgBackend::insert_dead_letter(const DeadLetter& dl, int64_t now_ms) {
+  pqxx::transaction_base& w = tx();
+  const pqxx::row r = w.exec_params1(
+      "INSERT INTO " + t("inbox_dead_letters") +
+          " (consumer_name, message_id, topic, payload, payload_size, properties, qos,"
+          " reason, reason_text, attempts, first_attempt_at, last_attempt_at,"
+          " dead_lettered_at, retention_at, status)"
+          " VALUES ($1, $2, $3, $4::bytea, $5, $6, $7, $8, $9, $10, $11, $12, $13, " +
+          std::string(kPgNowMs) + ", $14) RETURNING id",
+      dl.consumer_name, dl.message_id ? dl.message_id->c_str() : nullptr, dl.topic,
+      w.esc_raw(dl.payload), dl.payload_size, dl.properties_json, dl.qos,
+      std::string(to_string(dl.reason)), dl.reason_text, dl.attempts,
+      dl.first_attempt_at_ms ? dl.first_attempt_at_ms : now_ms,
+      dl.last_attempt_at_ms ? dl.last_attempt_at_ms : now_ms, now_ms,
+      std::string(dl.requeued ? "requeued" : "dead"));
+  return r[0].as<int64_t>();
 }
 
-Status PgDeadLetters::requeue(int64_t id) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeue"); !r.ok()) return r;
-  Status refusal;
-  const Status st = s_.with_txn("requeuing dead letter", [&](pqxx::work& w) {
-    refusal = Status::Ok();
-    const std::string row = "dead letter " + std::to_string(id);
-    const pqxx::result r = w.exec_params(
-        "SELECT d.status, length(d.payload) < d.payload_size,"
-        " EXISTS (SELECT 1 FROM " +
-            s_.t("inbox_messages") +
-            " m WHERE m.consumer_name = d.consumer_name"
-            "                AND m.message_id = d.message_id)"
-            " FROM " +
-            s_.t("inbox_dead_letters") + " d WHERE d.id = $1 FOR UPDATE OF d",
-        id);
-    if (r.empty()) {
-      refusal = Status::NotFound(row + " not found");
-      return;
-    }
-    const std::string status = r[0][0].as<std::string>();
-    if (status != "dead")
-      refusal = Status::InvalidArgument(row + " is '" + status + "', not 'dead': refused, a " +
-                                        "dead letter is replayed at most once at a time");
-    else if (r[0][1].as<bool>())
-      refusal = Status::InvalidArgument(row + " holds a cut payload; it cannot be replayed");
-    else if (r[0][2].as<bool>())
-      refusal = Status::InvalidArgument(
-          row + " belongs to a store-then-process consumer: " + "use StoreThenProcess::replay");
-    if (!refusal.ok()) return;
-    w.exec_params0(
-        "UPDATE " + s_.t("inbox_dead_letters") + " SET status = 'requeued' WHERE id = $1", id);
-  });
-  return st.ok() ? refusal : st;
+void PgBackend::list_dead_letters(const DeadLetterFilter& filter, std::vector<DeadLetter>* out) {
+  pqxx::transaction_base& w = tx();
+  std::string sql = std::string("SELECT ") + kColumns + " FROM " + t("inbox_dead_letters") +
+                    where_of(filter, w) + " ORDER BY id DESC";
+  if (filter.limit > 0) sql += " LIMIT " + std::to_string(filter.limit);
+  for (const pqxx::row& r : w.exec(sql)) out->push_back(read_row(r));
 }
 
-Status PgDeadLetters::requeued(const std::string& consumer, int64_t limit,
-                               std::vector<int64_t>* ids) {
-  if (Status r = refuse_if_in_handler(s_.owner, "DeadLetterStore::requeued"); !r.ok()) return r;
-  ids->clear();
-  return s_.with_txn("listing requeued dead letters", [&](pqxx::work& w) {
-    ids->clear();
-    for (const pqxx::row& r :
-         w.exec_params("SELECT id FROM " + s_.t("inbox_dead_letters") +
-                           " WHERE consumer_name = $1 AND status = 'requeued' ORDER BY id LIMIT $2",
-                       consumer, limit))
-      ids->push_back(r[0].as<int64_t>());
-  });
+bool PgBackend::get_dead_letter(int64_t id, DeadLetter* out) {
+  const pqxx::result r = tx().exec_params(
+      std::string("SELECT ") + kColumns + " FROM " + t("inbox_dead_letters") + " WHERE id = $1",
+      id);
+  if (r.empty()) return false;
+  *out = read_row(r[0]);
+  return true;
+}
+
+int64_t PgBackend::purge_dead_letters(const DeadLetterFilter& filter) {
+  pqxx::transaction_base& w = tx();
+  return static_cast<int64_t>(
+      w.exec("DELETE FROM " + t("inbox_dead_letters") + where_of(filter, w)).affected_rows());
+}
+
+RequeueFacts PgBackend::requeue_facts(int64_t id) {
+  const pqxx::result r = tx().exec_params(
+      "SELECT d.status, length(d.payload) < d.payload_size,"
+      " EXISTS (SELECT 1 FROM " +
+          t("inbox_messages") +
+          " m WHERE m.consumer_name = d.consumer_name"
+          "                AND m.message_id = d.message_id)"
+          " FROM " +
+          t("inbox_dead_letters") + " d WHERE d.id = $1 FOR UPDATE OF d",
+      id);
+  RequeueFacts f;
+  if (r.empty()) return f;
+  f.found = true;
+  f.status = r[0][0].as<std::string>();
+  f.cut_payload = r[0][1].as<bool>();
+  f.stored = r[0][2].as<bool>();
+  return f;
+}
+
+void PgBackend::set_requeued(int64_t id) {
+  tx().exec_params0("UPDATE " + t("inbox_dead_letters") + " SET status = 'requeued' WHERE id = $1",
+                    id);
+}
+
+void PgBackend::requeued_dead_letters(const std::string& consumer, int64_t limit,
+                                      std::vector<int64_t>* ids) {
+  for (const pqxx::row& r : tx().exec_params(
+           "SELECT id FROM " + t("inbox_dead_letters") +
+               " WHERE consumer_name = $1 AND status = 'requeued' ORDER BY id LIMIT $2",
+           consumer, limit))
+    ids->push_back(r[0].as<int64_t>());
 }
 
 }  // namespace mqtt_inbox::detail

@@ -37,7 +37,7 @@ constexpr Row kRows[] = {
     {"53200", T, C::kFull, "out_of_memory"},
     {"53300", T, C::kBusy, "too_many_connections"},
     {"25006", T, C::kReadOnly, "read_only_sql_transaction"},
-    {"42501", T, C::kReadOnly, "insufficient_privilege"},
+    {"42501", T, C::kPermissionDenied, "insufficient_privilege"},
     {"XX001", F, C::kCorruption, "data_corrupted"},
     {"XX002", F, C::kCorruption, "index_corrupted"},
     // Classes.
@@ -132,8 +132,16 @@ Status pg_to_status(const std::exception& e, const std::string& context, bool* c
     const PgErrorClass c = classify_sqlstate(state);
     if (connection_lost)
       *connection_lost = state.compare(0, 2, "08") == 0 || state.compare(0, 3, "57P") == 0;
-    return Status(c.status, context + ": " + trimmed(e.what()) + " (SQLSTATE " +
-                                (state.empty() ? "unknown" : state) + " " + c.name + ")");
+    std::string text = context + ": " + trimmed(e.what()) + " (SQLSTATE " +
+                       (state.empty() ? "unknown" : state) + " " + c.name + ")";
+    // A missing privilege names its object in libpq's text ("permission denied for table
+    // x"); say what to grant.
+    if (state == "42501")
+      text +=
+          ": the role lacks a privilege on the object named; its owner grants it, e.g. GRANT "
+          "SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA <the inbox's schema> TO "
+          "<this role>, with USAGE on the schema (docs/postgres.md#privileges)";
+    return Status(c.status, text);
   }
   return Status::Internal(context + ": " + e.what());
 }

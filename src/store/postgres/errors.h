@@ -11,8 +11,9 @@
 //               class 08 (connection exceptions), a broken connection; and the ones that
 //               need an operator but no change to the message: 53100 disk_full and the
 //               rest of class 53 (insufficient resources), 25006 read_only_sql_transaction
-//               (a standby after failover), 42501 insufficient_privilege, class 58 (system
-//               errors); Health shows them (stuck, last_error) while the consumer waits.
+//               (a standby after failover), 42501 insufficient_privilege (kPermissionDenied,
+//               naming the GRANT: at start-up it fails at once), class 58 (system errors);
+//               Health shows them (stuck, last_error) while the consumer waits.
 //   kMessage    this message's change was refused: class 23 (constraints, also at COMMIT
 //               for a deferred one), class 22 (data exceptions), and any other SQLSTATE the
 //               handler's own statements raise (a syntax error, an undefined table): a

@@ -1,18 +1,24 @@
-// Opening the PostgreSQL store: the location (a libpq URI that may not hold a password),
-// the connection with its READ COMMITTED check and lock_timeout, the schema in versioned
-// steps under an advisory lock, the server's clock, start-up waits and the fatal latch.
+// Opening the PostgreSQL store: the location (a libpq URI that may not hold a password)
+// and the password file, each connection with the settings of its role (application_name,
+// connect_timeout, the READ COMMITTED check, lock_timeout, durability, and the handler's
+// transaction guard on the connections handlers run on), the schema in versioned steps
+// under an advisory lock, the server's clock, the application's set-up, the connection's
+// libpq handle, and the fatal latch's texts. Connection errors get the vocabulary every
+// store shares (status.h): authentication, not found, permission, schema.
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "store/postgres/backend.h"
 #include "store/postgres/errors.h"
-#include "store/postgres/store.h"
 #include "store/reentry.h"
 #include "util/log.h"
 
@@ -247,34 +253,167 @@ std::string percent_encode(const std::string& s) {
 
 namespace {
 
-// A failed connection attempt that waiting cannot cure: the server refused who we are.
-bool refused_identity(const std::string& what) {
-  for (const char* s : {"password authentication failed", "no pg_hba.conf entry", "does not exist",
-                        "no password supplied", "authentication failed"})
-    if (what.find(s) != std::string::npos) return true;
-  return false;
+// A failed connection attempt, classified by libpq's text (a connection has no SQLSTATE
+// before the server accepted it): the same vocabulary as every store's.
+Status connect_error(const std::string& uri, std::string what, const std::string& password_file) {
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  const auto has = [&](const char* s) { return what.find(s) != std::string::npos; };
+  const std::string where = "connecting to " + uri + ": ";
+  if (has("password authentication failed") || has("no password supplied") ||
+      has("authentication failed") || has("no pg_hba.conf entry") ||
+      (has("role \"") && has("does not exist")))
+    return Status(Status::Code::kAuthentication,
+                  where + what + " (the password comes from " +
+                      (password_file.empty() ? std::string("PGPASSFILE or ~/.pgpass")
+                                             : "the password file " + password_file) +
+                      "; docs/postgres.md#the-password)");
+  if (has("database \"") && has("does not exist"))
+    return Status(Status::Code::kNotFound, where + what + " (create it, or fix the location)");
+  if (has("permission denied for database"))
+    return Status(Status::Code::kPermissionDenied,
+                  where + what + " (GRANT CONNECT ON DATABASE ... TO the role)");
+  return Status(Status::Code::kIoError, where + what);
 }
+
+const char* role_name(PgBackend::Role role) {
+  switch (role) {
+    case PgBackend::Role::kInbox:
+      return "inbox";
+    case PgBackend::Role::kWorker:
+      return "stp-worker";
+    case PgBackend::Role::kListen:
+      return "listen";
+    case PgBackend::Role::kLease:
+      return "lease";
+    case PgBackend::Role::kRelayTurn:
+      return "relay";
+    case PgBackend::Role::kAdmin:
+      return "admin";
+  }
+  return "connection";
+}
+
+// Adds `key=value` to a libpq URI, unless it sets the key already.
+void add_param(std::string* info, const std::string& key, const std::string& value) {
+  if (info->find(key + "=") != std::string::npos) return;
+  *info += std::string(info->find('?') == std::string::npos ? "?" : "&") + key + "=" +
+           percent_encode(value);
+}
+
+// The handler's transaction guard, made on each connection a handler runs on (backend.h):
+// a temporary table whose deferred trigger refuses a COMMIT the library did not mark as its
+// own (SET LOCAL mqtt_inbox.commit), the whole transaction rolling back with it. The
+// warning before the error tells the library what the handler ran, also when the handler
+// swallowed the error.
+constexpr const char* kGuardSql =
+    "CREATE TEMPORARY TABLE IF NOT EXISTS mqtt_inbox_txn_guard (x integer) ON COMMIT DELETE ROWS;"
+    "CREATE OR REPLACE FUNCTION pg_temp.mqtt_inbox_txn_guard() RETURNS trigger"
+    " LANGUAGE plpgsql AS $$ BEGIN"
+    "  IF current_setting('mqtt_inbox.commit', true) IS DISTINCT FROM 'on' THEN"
+    "   RAISE WARNING 'mqtt-inbox: the handler ran COMMIT';"
+    "   RAISE EXCEPTION 'mqtt-inbox: a handler may not end the library''s transaction;"
+    " the transaction is rolled back (handler.h)' USING ERRCODE = '2D000';"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $$;"
+    "DROP TRIGGER IF EXISTS mqtt_inbox_txn_guard ON pg_temp.mqtt_inbox_txn_guard;"
+    "CREATE CONSTRAINT TRIGGER mqtt_inbox_txn_guard AFTER INSERT ON pg_temp.mqtt_inbox_txn_guard"
+    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.mqtt_inbox_txn_guard()";
 
 }  // namespace
 
-void prepare_pg_statements(PgStore& s);  // claim.cpp
+PgConnection::PgConnection(const std::string& conninfo, bool reconnects)
+    : pqxx::connection_base(policy_), options_(conninfo), policy_(options_) {
+  init();
+  // libpqxx 6.4 reconnects a broken connection by itself at the next statement; the
+  // session's settings (the guard, the read-only default) would be gone.
+  if (!reconnects) inhibit_reactivation(true);
+}
 
-Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int connect_timeout_s,
-                                const std::function<void(pqxx::connection&)>& on_open) {
+PgConnection::~PgConnection() noexcept { close(); }
+
+PgConnection::Policy::handle PgConnection::Policy::do_startconnect(handle orig) {
+  pg = pqxx::connect_direct::do_startconnect(orig);
+  return pg;
+}
+
+PgConnection::Policy::handle PgConnection::Policy::do_completeconnect(handle orig) {
+  pg = pqxx::connect_direct::do_completeconnect(orig);
+  return pg;
+}
+
+PgConnection::Policy::handle PgConnection::Policy::do_dropconnect(handle orig) noexcept {
+  pg = nullptr;
+  return pqxx::connect_direct::do_dropconnect(orig);
+}
+
+PgConnection::Policy::handle PgConnection::Policy::do_disconnect(handle orig) noexcept {
+  pg = nullptr;
+  return pqxx::connect_direct::do_disconnect(orig);
+}
+
+void prepare_pg_statements(PgBackend& s);  // claim.cpp
+
+Status make_postgres_backend(Store& front, std::unique_ptr<StoreBackend>* out) {
+  auto backend = std::make_unique<PgBackend>(front);
+  if (Status s = backend->configure(); !s.ok()) return s;
+  *out = std::move(backend);
+  return Status::Ok();
+}
+
+PgBackend::PgBackend(Store& front)
+    : StoreBackend(front),
+      uri(front.location()),
+      conninfo(front.location()),
+      options(front.options()),
+      clock(front.clock()),
+      log(front.log()) {
+  retention = make_pg_retention_rows(*this);
+  stp = make_pg_stp_rows(*this);
+  outbox_store = make_pg_outbox(*this);
+}
+
+Status PgBackend::configure() {
+  if (Status s = refuse_password_in_location(uri); !s.ok()) return s;
+  if (!valid_schema_name(options.postgres_schema))
+    return Status::InvalidArgument("postgres_schema '" + printable(options.postgres_schema) +
+                                   "' must be 1..63 characters of [a-z0-9_], not starting with "
+                                   "a digit");
+  if (options.postgres_idle_in_transaction_timeout_ms < 0)
+    return Status::InvalidArgument("postgres_idle_in_transaction_timeout_ms < 0");
+  if (!options.postgres_password_file.empty()) {
+    // libpq says only "no password supplied" for a password file it cannot read.
+    std::ifstream f(options.postgres_password_file);
+    if (!f)
+      return Status(Status::Code::kPermissionDenied,
+                    "the password file " + options.postgres_password_file +
+                        " (InboxOptions::postgres_password_file) cannot be read by this process: " +
+                        std::strerror(errno));
+    conninfo += std::string(uri.find('?') == std::string::npos ? "?" : "&") +
+                "passfile=" + percent_encode(options.postgres_password_file);
+  }
+  schema = "\"" + options.postgres_schema + "\"";
+  return Status::Ok();
+}
+
+Status PgBackend::open_connection(std::unique_ptr<PgConnection>* out, Role role,
+                                  const std::string& label, int connect_timeout_s,
+                                  const std::function<void(pqxx::connection_base&)>& on_open) {
   out->reset();
   std::string info = conninfo;
-  if (connect_timeout_s > 0 && info.find("connect_timeout=") == std::string::npos)
-    info += std::string(info.find('?') == std::string::npos ? "?" : "&") +
-            "connect_timeout=" + std::to_string(connect_timeout_s);
-  std::unique_ptr<pqxx::connection> c;
+  if (connect_timeout_s > 0) add_param(&info, "connect_timeout", std::to_string(connect_timeout_s));
+  // pg_stat_activity tells which consumer and part a server process belongs to. PostgreSQL
+  // keeps 63 bytes of it.
+  std::string app = "mqtt-inbox " + std::string(role_name(role)) + " " +
+                    (label.empty() ? std::string() : label + " ") + std::to_string(::getpid());
+  if (app.size() > 63) app.resize(63);
+  add_param(&info, "application_name", app);
+  const bool handlers = role == Role::kInbox || role == Role::kWorker;
+  std::unique_ptr<PgConnection> c;
   try {
-    c = std::make_unique<pqxx::connection>(info);
+    c = std::make_unique<PgConnection>(info, /*reconnects=*/!handlers);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
-    if (refused_identity(what))
-      return Status(Status::Code::kPermissionDenied, "connecting to " + uri + ": " + what);
-    return Status(Status::Code::kIoError, "connecting to " + uri + ": " + what);
+    return connect_error(uri, e.what(), options.postgres_password_file);
   }
   if (on_open) on_open(*c);
   try {
@@ -287,28 +426,48 @@ Status PgStore::open_connection(std::unique_ptr<pqxx::connection>* out, int conn
           "NOTHING fails with 40001 against a claim committed after the snapshot "
           "instead of skipping it): set it to 'read committed' for the inbox's role or "
           "database (docs/postgres.md#read-committed)");
+    std::string settings;
     // 0 is "do not wait", as on SQLite (PRAGMA busy_timeout = 0), not PostgreSQL's
     // lock_timeout = 0, which waits for ever behind a stuck node.
-    n.exec0("SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)));
+    settings += "SET lock_timeout = " + std::to_string(std::max(1, options.busy_timeout_ms)) + ";";
     // A session frozen or cut off inside a claim's transaction holds its row locks until
     // the server ends it: bounded here, not by TCP (which may never tell).
     if (options.postgres_idle_in_transaction_timeout_ms > 0)
-      n.exec0("SET idle_in_transaction_session_timeout = " +
-              std::to_string(options.postgres_idle_in_transaction_timeout_ms));
+      settings += "SET idle_in_transaction_session_timeout = " +
+                  std::to_string(options.postgres_idle_in_transaction_timeout_ms) + ";";
+    if (handlers) {
+      // Durability is what the options say, whatever the server's or the database's
+      // default: a commit is acknowledged (and the PUBACK sent) only once it is durable,
+      // unless the application chose kNormal by name (options.h).
+      settings += options.synchronous == Synchronous::kFull ? "SET synchronous_commit = on;"
+                                                            : "SET synchronous_commit = off;";
+      settings += kGuardSql;
+      settings += ";SET default_transaction_read_only = on";
+    }
+    n.exec0(settings);
   } catch (const std::exception& e) {
-    return pg_to_status(e, "opening " + uri);
+    Status s = pg_to_status(e, "setting up a connection to " + uri);
+    if (s.code() == Status::Code::kPermissionDenied)
+      s = Status(Status::Code::kPermissionDenied,
+                 s.message() +
+                     ": the inbox's connections need the TEMPORARY privilege on the "
+                     "database for the handler's transaction guard (GRANT TEMPORARY "
+                     "ON DATABASE ... TO the role; docs/postgres.md#privileges)");
+    return s;
   }
   *out = std::move(c);
   return Status::Ok();
 }
 
-Status PgStore::connect_locked(bool migrate) {
+Status PgBackend::connect_locked(bool migrate) {
   if (conn && conn->is_open()) return Status::Ok();
-  conn.reset();
-  if (Status s = open_connection(&conn); !s.ok()) return store_error(s);
+  drop_connection();
+  if (Status s = open_connection(&conn, Role::kInbox, users); !s.ok()) return s;
+  int version = -1;  // what the schema was at before migrating; -1: not read
   try {
+    watch = std::make_unique<PgNoticeWatch>(*conn);
     if (migrate) {
-      pqxx::work w(*conn);
+      PgWork w(*conn);
       // One migrator at a time per schema: consumers starting together wait here.
       w.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", "mqtt_inbox schema " + schema);
       // Look before creating: PostgreSQL checks the CREATE privilege before IF NOT EXISTS,
@@ -319,21 +478,22 @@ Status PgStore::connect_locked(bool migrate) {
             w.exec("SELECT value FROM " + t("inbox_meta") + " WHERE key = 'schema_version'");
         return r.empty() ? 0 : std::stoi(r[0][0].as<std::string>());
       };
-      int version = 0;
+      version = 0;
       if (!w.exec1("SELECT to_regclass(" + w.quote(t("inbox_meta")) + ") IS NULL")[0].as<bool>())
         version = read_version();
+      if (version > kPgSchemaVersion) {
+        w.abort_by_library();
+        drop_connection();
+        return Status(Status::Code::kSchema,
+                      uri + ": schema " + schema + " is at version " + std::to_string(version) +
+                          ", newer than this library's " + std::to_string(kPgSchemaVersion) +
+                          ": a newer mqtt-inbox migrated it; use that version");
+      }
       if (version < kPgSchemaVersion) {
         w.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
         w.exec0("CREATE TABLE IF NOT EXISTS " + t("inbox_meta") +
                 " (key text PRIMARY KEY, value text NOT NULL)");
         version = read_version();
-      }
-      if (version > kPgSchemaVersion) {
-        w.abort();
-        conn.reset();
-        return Status(Status::Code::kCorruption,
-                      uri + ": schema " + schema + " is at version " + std::to_string(version) +
-                          ", newer than this library's " + std::to_string(kPgSchemaVersion));
       }
       for (const PgSchemaStep& step : kSteps) {
         if (step.version <= version) continue;
@@ -345,38 +505,103 @@ Status PgStore::connect_locked(bool migrate) {
         if (version > 0)
           log->info("{}: schema {} migrated to version {}", uri, schema, step.version);
       }
-      w.commit();
+      w.commit_by_library();
+      // Settings of the server that void the guarantee are said once, loudly: the inbox
+      // sets synchronous_commit itself, but cannot change these.
+      pqxx::nontransaction n(*conn);
+      for (const char* setting : {"fsync", "full_page_writes"})
+        if (n.exec1(std::string("SHOW ") + setting)[0].as<std::string>() != "on")
+          log->error(
+              "{}: the server runs with {} = off: a server crash can lose commits the inbox "
+              "acknowledged (docs/postgres.md#durability); `mqtt-inbox check` reports it",
+              uri, setting);
+      if (options.synchronous != Synchronous::kFull)
+        log->warn(
+            "{}: synchronous_commit = off for the inbox's transactions "
+            "(InboxOptions::synchronous = kNormal): a server crash can lose the last "
+            "acknowledged messages",
+            uri);
     }
     {
       pqxx::nontransaction n(*conn);
-      const int64_t now = n.exec1(std::string("SELECT ") + kPgNowMs)[0].as<int64_t>();
-      clock_base_ms = now;
-      steady_base_ms = clock->steady_ms();
+      front().set_retention_clock_base(n.exec1(std::string("SELECT ") + kPgNowMs)[0].as<int64_t>());
     }
     prepare_pg_statements(*this);
   } catch (const std::exception& e) {
     Status s = pg_to_status(e, "opening " + uri);
-    conn.reset();
-    return store_error(s);
+    drop_connection();
+    // A role that may use the inbox's tables but not create them meets a schema that is
+    // not there, or not at this library's version: the owner migrates it.
+    if (migrate && s.code() == Status::Code::kPermissionDenied && version < kPgSchemaVersion)
+      return Status(Status::Code::kSchema,
+                    uri + ": the schema " + schema +
+                        (version <= 0 ? std::string(" is missing")
+                                      : " is at version " + std::to_string(version) +
+                                            ", older than this library's " +
+                                            std::to_string(kPgSchemaVersion)) +
+                        " and this role may not create it (" + s.message() +
+                        "): run `mqtt-inbox migrate` as its owner "
+                        "(docs/postgres.md#privileges)");
+    return s;
   }
   return Status::Ok();
 }
 
-Status PgStore::failed(const std::exception& e, const std::string& context) {
+void PgBackend::name_user(const std::string& consumer) {
+  // An application_name the location sets is the application's: kept.
+  if (conninfo.find("application_name=") != std::string::npos) return;
+  if (("," + users + ",").find("," + consumer + ",") != std::string::npos) return;
+  users += (users.empty() ? "" : ",") + consumer;
+  if (!conn || !conn->is_open()) return;  // the next connection carries it
+  try {
+    std::string app = "mqtt-inbox inbox " + users + " " + std::to_string(::getpid());
+    if (app.size() > 63) app.resize(63);
+    pqxx::nontransaction n(*conn);
+    n.exec_params("SELECT set_config('application_name', $1, false)", app);
+  } catch (const std::exception& e) {
+    log->warn("{}: cannot name the inbox's connection for consumer '{}': {}", uri,
+              printable(consumer), printable(e.what()));
+  }
+}
+
+void PgBackend::drop_connection() noexcept {
+  if (txn) {
+    txn->abort_by_library();
+    txn.reset();
+  }
+  reading.reset();
+  watch.reset();
+  conn.reset();
+}
+
+Status PgBackend::failed(const std::exception& e, const std::string& context) {
   bool lost = false;
   Status s = pg_to_status(e, context, &lost);
-  if (lost || (conn && !conn->is_open())) conn.reset();  // the next call reconnects
+  if (lost || (conn && !conn->is_open())) drop_connection();  // the next call reconnects
   return store_error(s);
 }
 
-Status PgStore::with_txn(const std::string& context, const std::function<void(pqxx::work&)>& fn) {
-  if (fatal.load()) return fatal_status();
-  std::lock_guard<std::mutex> lock(mu);
-  if (Status s = connect_locked(false); !s.ok()) return s;
+Status PgBackend::classify_current(const std::string& context) {
   try {
-    pqxx::work w(*conn);
+    throw;
+  } catch (const std::exception& e) {
+    bool lost = false;
+    Status s = pg_to_status(e, context, &lost);
+    if (lost || (conn && !conn->is_open())) drop_connection();
+    return s;
+  } catch (...) {
+    return Status::Internal(context + ": a non-standard exception");
+  }
+}
+
+Status PgBackend::with_txn(const std::string& context, const std::function<void(PgWork&)>& fn) {
+  if (unusable()) return fatal_status();
+  std::lock_guard<std::mutex> lock(mu);
+  if (Status s = connect_locked(false); !s.ok()) return store_error(s);
+  try {
+    PgWork w(*conn);
     fn(w);
-    w.commit();
+    w.commit_by_library();
   } catch (const std::exception& e) {
     outbox_wake_armed = false;  // rolled back: nothing to wake for
     return failed(e, context);
@@ -385,98 +610,71 @@ Status PgStore::with_txn(const std::string& context, const std::function<void(pq
   return Status::Ok();
 }
 
-Status PgStore::setup_sql(const std::string& sql) {
-  if (Status r = refuse_if_in_handler(owner, "Inbox::setup_sql"); !r.ok()) return r;
-  return wait_at_startup("running the application's set-up", [&](int) -> Status {
-    return with_txn("application set-up", [&](pqxx::work& w) {
-      // One set-up at a time per database, as the schema's steps: consumers starting
-      // together would otherwise race on the same CREATE TABLE (IF NOT EXISTS, or a DO
-      // block that looks first), and the loser fails with 23505 on pg_type's unique index
-      // once the winner commits. Behind the lock, the second one sees the table.
-      w.exec("SELECT pg_advisory_xact_lock(hashtext('mqtt_inbox application set-up'))");
-      w.exec(sql);
-    });
-  });
+Status PgBackend::open(int lock_wait_ms) {
+  (void)lock_wait_ms;  // lock_timeout is the session's (busy_timeout_ms)
+  return connect_locked(/*migrate=*/true);
 }
 
-Status PgStore::wait_at_startup(const char* what, const std::function<Status(int)>& op) {
-  return startup->until_ready(
-      what,
-      [&]() -> Status {
-        if (fatal.load()) return fatal_status();
-        return op(options.busy_timeout_ms);
-      },
-      options.startup_deadline_ms, options.startup_progress);
+void PgBackend::setup(int lock_wait_ms, FunctionRef<void(const TxnRef&)> fn) {
+  (void)lock_wait_ms;
+  PgWork w(*conn);
+  // One set-up at a time per database, as the schema's steps: consumers starting together
+  // would otherwise race on the same CREATE TABLE (IF NOT EXISTS, or a DO block that looks
+  // first), and the loser fails with 23505 on pg_type's unique index once the winner
+  // commits. Behind the lock, the second one sees the table.
+  w.exec("SELECT pg_advisory_xact_lock(hashtext('mqtt_inbox application set-up'))");
+  pqxx::transaction_base& base = w;
+  fn(TxnRef{&base, &typeid(pqxx::transaction_base*)});
+  w.commit_by_library();
 }
 
-void PgStore::latch_fatal(const Status& s) {
+void PgBackend::setup_sql(int lock_wait_ms, const std::string& sql) {
+  setup(lock_wait_ms,
+        [&](const TxnRef& t) { static_cast<pqxx::transaction_base*>(t.handle)->exec(sql); });
+}
+
+void PgBackend::with_connection(FunctionRef<void(const TxnRef&)> fn) {
+  if (unusable()) throw std::runtime_error(fatal_status().to_string());
+  // The application's own transactions on it read and write as usual while it has it.
+  pqxx::connection_base& c = *conn;
   {
-    std::lock_guard<std::mutex> lock(stats_mu);
-    if (fatal.load()) return;
-    fatal_error = s.to_string();
-    fatal = true;
+    pqxx::nontransaction n(c);
+    n.exec0("SET default_transaction_read_only = off");
   }
-  log->error(
-      "{}: the server reports corruption ({}); the inbox stops taking messages and "
-      "acknowledges none until it is restarted (docs/postgres.md)",
-      uri, s.to_string());
+  struct Restore {
+    pqxx::connection_base& c;
+    ~Restore() {
+      try {
+        pqxx::nontransaction n(c);
+        n.exec0("SET default_transaction_read_only = on");
+      } catch (...) {
+        // A connection that broke meanwhile is made anew, with its settings.
+      }
+    }
+  } restore{c};
+  fn(TxnRef{&c, &typeid(pqxx::connection_base*)});
 }
 
-Status PgStore::fatal_status() const {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return Status(Status::Code::kCorruption,
-                uri + " reported corruption (" + fatal_error + "); the inbox no longer uses it");
+std::string PgBackend::fatal_advice(const std::string& error) const {
+  return "the server reports corruption (" + error +
+         "); the inbox stops taking messages and acknowledges none until it is restarted "
+         "(docs/postgres.md)";
 }
 
-PgStore::~PgStore() {
+std::string PgBackend::fatal_text(const std::string& error) const {
+  return uri + " reported corruption (" + error + "); the inbox no longer uses it";
+}
+
+PgBackend::~PgBackend() {
   outbox_store.reset();  // stops its listener thread, which reads conninfo
   std::lock_guard<std::mutex> lock(mu);
-  conn.reset();
-}
-
-Status open_postgres_store(const std::string& uri, const InboxOptions& options,
-                           std::unique_ptr<Store>* out) {
-  if (Status s = refuse_password_in_location(uri); !s.ok()) return s;
-  if (!valid_schema_name(options.postgres_schema))
-    return Status::InvalidArgument("postgres_schema '" + printable(options.postgres_schema) +
-                                   "' must be 1..63 characters of [a-z0-9_], not starting with "
-                                   "a digit");
-  if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
-  if (options.postgres_idle_in_transaction_timeout_ms < 0)
-    return Status::InvalidArgument("postgres_idle_in_transaction_timeout_ms < 0");
-  if (options.startup_backoff_initial.count() < 1 ||
-      options.startup_backoff_max < options.startup_backoff_initial ||
-      options.startup_deadline_ms < 0 || options.startup_log_interval_ms < 0)
-    return Status::InvalidArgument(
-        "start-up options: need 1 ms <= startup_backoff_initial <= startup_backoff_max, "
-        "startup_deadline_ms >= 0, startup_log_interval_ms >= 0");
-  auto impl = std::make_unique<PgStore>();
-  impl->uri = uri;
-  impl->conninfo = uri;
-  if (!options.postgres_password_file.empty())
-    impl->conninfo += std::string(uri.find('?') == std::string::npos ? "?" : "&") +
-                      "passfile=" + percent_encode(options.postgres_password_file);
-  impl->options = options;
-  impl->schema = "\"" + options.postgres_schema + "\"";
-  impl->clock = options.clock ? options.clock : Clock::system();
-  impl->log = logger_or_default(options.logger);
-  impl->startup = std::make_unique<StoreRetry>(
-      "inbox " + uri, uri, options.startup_backoff_initial.count(),
-      options.startup_backoff_max.count(), options.startup_log_interval_ms, impl->clock, impl->log);
-  PgStore* m = impl.get();
-  const Status s = m->wait_at_startup("connecting to PostgreSQL", [m](int) {
-    std::lock_guard<std::mutex> lock(m->mu);
-    return m->connect_locked(/*migrate=*/true);
-  });
-  if (!s.ok()) return s;
-  *out = std::move(impl);
-  return Status::Ok();
+  drop_connection();
 }
 
 }  // namespace mqtt_inbox::detail
 
 namespace mqtt_inbox {
 
-void enable_postgres_store() { detail::register_postgres_opener(&detail::open_postgres_store); }
+void enable_postgres_store() { detail::register_postgres_backend(&detail::make_postgres_backend); }
 
 }  // namespace mqtt_inbox

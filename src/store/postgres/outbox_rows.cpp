@@ -3,7 +3,7 @@
 // enqueue's statements run in the caller's libpqxx transaction (a PgHandler's, on the
 // store's connection, or one the application opened on its own connection); the relay's
 // fetch and marks, inspection and repair on the store's connection under its mutex
-// (PgStore::with_txn). docs/postgres.md#the-outbox says why each step is the way it is.
+// (PgBackend::with_txn). docs/postgres.md#the-outbox says why each step is the way it is.
 //
 // Commit order is seq order. The relay reads pending rows past the last seq it took, so a
 // row whose seq is below one already read must never become visible later. On SQLite one
@@ -19,7 +19,7 @@
 // delivered only if it commits. With a commit waker added, a thread of this store LISTENs
 // on a connection of its own and calls the wakers on each notification, from any process
 // (the relay of another gateway, an application's own connection). A commit on the
-// store's connection also wakes them in process right after it (PgStore::outbox_committed),
+// store's connection also wakes them in process right after it (PgBackend::outbox_committed),
 // without the round trip.
 #include "store/outbox_rows.h"
 
@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "mqtt_inbox/outbox.h"
+#include "store/postgres/backend.h"
 #include "store/postgres/errors.h"
-#include "store/postgres/store.h"
 #include "store/reentry.h"
 #include "util/log.h"
 
@@ -85,10 +85,24 @@ StoredOutboxRow read_row(const pqxx::row& q, int64_t clock_now) {
   return s;
 }
 
-pqxx::transaction_base& txn_of(const Txn& txn) {
-  if (txn.handle_type() != typeid(pqxx::transaction_base))
-    throw std::logic_error("outbox enqueue in a transaction of another kind of store");
-  return static_cast<const TypedTxn<pqxx::transaction_base>&>(txn).handle();
+// The libpqxx transaction `txn` names: a handler's (pqxx::transaction_base), or one the
+// application opened of a type libpqxx 6.4 has (Outbox::enqueue takes its own type).
+pqxx::transaction_base& txn_of(const TxnRef& txn) {
+  const std::type_info& t = txn.type ? *txn.type : typeid(void);
+  if (t == typeid(pqxx::transaction_base*))
+    return *static_cast<pqxx::transaction_base*>(txn.handle);
+  if (t == typeid(pqxx::dbtransaction*)) return *static_cast<pqxx::dbtransaction*>(txn.handle);
+  if (t == typeid(pqxx::work*)) return *static_cast<pqxx::work*>(txn.handle);
+  if (t == typeid(pqxx::transaction<pqxx::repeatable_read>*))
+    return *static_cast<pqxx::transaction<pqxx::repeatable_read>*>(txn.handle);
+  if (t == typeid(pqxx::transaction<pqxx::serializable>*))
+    return *static_cast<pqxx::transaction<pqxx::serializable>*>(txn.handle);
+  if (t == typeid(pqxx::subtransaction*)) return *static_cast<pqxx::subtransaction*>(txn.handle);
+  if (t == typeid(pqxx::nontransaction*)) return *static_cast<pqxx::nontransaction*>(txn.handle);
+  if (t == typeid(PgWork*)) return *static_cast<PgWork*>(txn.handle);
+  throw std::invalid_argument(
+      "outbox enqueue: the transaction is not a libpqxx transaction of this inbox's store "
+      "(pass the handler's pqxx::transaction_base&, or a pqxx::work)");
 }
 
 // The notification channel of the schema (a channel name is at most 63 bytes; two
@@ -102,15 +116,15 @@ std::string channel_of(const std::string& quoted_schema) {
 
 class PgOutbox final : public OutboxStore {
  public:
-  // Made with the PgStore, before open_postgres_store sets its schema: nothing here reads
+  // Made with the PgBackend, before open_postgres_store sets its schema: nothing here reads
   // it yet.
-  explicit PgOutbox(PgStore& store) : s_(store) {}
+  explicit PgOutbox(PgBackend& store) : s_(store) {}
   ~PgOutbox() override {
     stopping_for_good_ = true;
     stop_listener();
   }
 
-  bool in_transaction(const Txn& txn) override {
+  bool in_transaction(const TxnRef& txn) override {
     // A libpqxx transaction object is open from its construction to its commit or abort;
     // but a nontransaction commits each statement: the row would be visible before the
     // caller's change, the lock that keeps seq order would not hold, and a refused row
@@ -118,7 +132,7 @@ class PgOutbox final : public OutboxStore {
     return dynamic_cast<const pqxx::nontransaction*>(&txn_of(txn)) == nullptr;
   }
 
-  bool insert(const Txn& txn, const NewOutboxRow& row, int64_t* seq) override {
+  bool insert(const TxnRef& txn, const NewOutboxRow& row, int64_t* seq) override {
     pqxx::transaction_base& w = txn_of(txn);
     lock_outbox(w);
     // The class's usage row, made if new and read FOR UPDATE: the bounds are checked
@@ -142,11 +156,11 @@ class PgOutbox final : public OutboxStore {
     return true;
   }
 
-  void remove(const Txn& txn, int64_t seq) override {
+  void remove(const TxnRef& txn, int64_t seq) override {
     txn_of(txn).exec_params0("DELETE FROM " + s_.t("outbox_messages") + " WHERE seq = $1", seq);
   }
 
-  void class_usage(const Txn& txn, const std::string& class_prefix, int64_t* rows,
+  void class_usage(const TxnRef& txn, const std::string& class_prefix, int64_t* rows,
                    int64_t* bytes) override {
     const pqxx::result r = txn_of(txn).exec_params(
         "SELECT rows, bytes FROM " + s_.t("outbox_usage") + " WHERE class = $1", class_prefix);
@@ -154,7 +168,7 @@ class PgOutbox final : public OutboxStore {
     *bytes = r.empty() ? 0 : r[0][1].as<int64_t>();
   }
 
-  bool oldest_pending(const Txn& txn, const std::string& class_prefix, int64_t except_seq,
+  bool oldest_pending(const TxnRef& txn, const std::string& class_prefix, int64_t except_seq,
                       OldestPending* out) override {
     const pqxx::result r = txn_of(txn).exec_params(
         "SELECT seq, size_bytes, message_id, enqueued_clock FROM " + s_.t("outbox_messages") +
@@ -168,8 +182,8 @@ class PgOutbox final : public OutboxStore {
     return true;
   }
 
-  int64_t remove_pending_before(const Txn& txn, const std::string& class_prefix, int64_t except_seq,
-                                int64_t cutoff) override {
+  int64_t remove_pending_before(const TxnRef& txn, const std::string& class_prefix,
+                                int64_t except_seq, int64_t cutoff) override {
     return static_cast<int64_t>(
         txn_of(txn)
             .exec_params("DELETE FROM " + s_.t("outbox_messages") +
@@ -179,18 +193,18 @@ class PgOutbox final : public OutboxStore {
             .affected_rows());
   }
 
-  void count_drops(const Txn& txn, const std::string& class_prefix, int64_t n) override {
+  void count_drops(const TxnRef& txn, const std::string& class_prefix, int64_t n) override {
     txn_of(txn).exec_params0(
         "UPDATE " + s_.t("outbox_usage") + " SET dropped = dropped + $1 WHERE class = $2", n,
         class_prefix);
   }
 
-  void wake_after_commit(const Txn& txn) override {
+  void wake_after_commit(const TxnRef& txn) override {
     (void)txn;
     // A handler of this inbox runs in the store's transaction, under its mutex: its commit
-    // wakes the relays in process (PgStore::outbox_committed). Any other transaction's
+    // wakes the relays in process (PgBackend::outbox_committed). Any other transaction's
     // commit reaches them through NOTIFY.
-    if (in_handler_of(s_.owner)) s_.outbox_wake_armed = true;
+    if (in_handler_of(s_.owner())) s_.outbox_wake_armed = true;
   }
 
   bool store_error(const std::exception& e, const char* what, Status* out) override {
@@ -212,7 +226,7 @@ class PgOutbox final : public OutboxStore {
 
   Status fetch_once(int64_t after_seq, int limit, std::vector<StoredOutboxRow>* out) {
     // One statement at READ COMMITTED: one snapshot, no lock but the table's share lock.
-    return s_.with_txn("Outbox::fetch_pending", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::fetch_pending", [&](PgWork& w) {
       out->clear();
       const int64_t clock_now = s_.retention_clock();
       for (const pqxx::row& r :
@@ -225,7 +239,7 @@ class PgOutbox final : public OutboxStore {
 
   Status mark_sent(const std::vector<OutboxMark>& rows, int64_t* changed) override {
     *changed = 0;
-    return s_.with_txn("Outbox::mark_sent", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::mark_sent", [&](PgWork& w) {
       *changed = 0;
       // A lost mark only means a resend with the same id (store/outbox_rows.h).
       w.exec0("SET LOCAL synchronous_commit = off");
@@ -245,7 +259,7 @@ class PgOutbox final : public OutboxStore {
   Status mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
                    const std::string& text, bool* changed) override {
     *changed = false;
-    return s_.with_txn("Outbox::mark_dead", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::mark_dead", [&](PgWork& w) {
       lock_outbox(w);
       *changed =
           w.exec_params("UPDATE " + s_.t("outbox_messages") +
@@ -259,7 +273,7 @@ class PgOutbox final : public OutboxStore {
   }
 
   Status list(OutboxState state, int limit, std::vector<StoredOutboxRow>* out) override {
-    return s_.with_txn("Outbox::list", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::list", [&](PgWork& w) {
       out->clear();
       const int64_t clock_now = s_.retention_clock();
       // The state as a literal, so the query can use that state's partial index.
@@ -272,11 +286,11 @@ class PgOutbox final : public OutboxStore {
   }
 
   Status usage(std::vector<OutboxClassUsage>* out) override {
-    return s_.with_txn("Outbox::usage", [&](pqxx::work& w) { read_usage(w, out); });
+    return s_.with_txn("Outbox::usage", [&](PgWork& w) { read_usage(w, out); });
   }
 
   Status summary(OutboxSummary* out) override {
-    return s_.with_txn("Outbox::summary", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::summary", [&](PgWork& w) {
       read_usage(w, &out->classes);
       const std::string m = s_.t("outbox_messages");
       const pqxx::row r =
@@ -299,7 +313,7 @@ class PgOutbox final : public OutboxStore {
 
   Status get(const std::string& message_id, StoredOutboxRow* out, bool* found) override {
     *found = false;
-    return s_.with_txn("Outbox::get", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::get", [&](PgWork& w) {
       const pqxx::result r = w.exec_params(std::string("SELECT ") + kRowColumns + " FROM " +
                                                s_.t("outbox_messages") + " WHERE message_id = $1",
                                            message_id);
@@ -310,7 +324,7 @@ class PgOutbox final : public OutboxStore {
 
   Status replay_dead(const std::string& message_id, std::optional<OutboxState>* state,
                      int64_t* new_seq) override {
-    return s_.with_txn("Outbox::replay_dead", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::replay_dead", [&](PgWork& w) {
       state->reset();
       lock_outbox(w);
       const pqxx::result r = w.exec_params(
@@ -339,7 +353,7 @@ class PgOutbox final : public OutboxStore {
 
   Status purge(const OutboxPurgeFilter& f, int64_t* removed) override {
     *removed = 0;
-    return s_.with_txn("Outbox::purge", [&](pqxx::work& w) {
+    return s_.with_txn("Outbox::purge", [&](PgWork& w) {
       const bool dead = f.state == OutboxState::kDead;
       // Sent and dead rows only: no class's usage changes, so no outbox lock.
       std::string sql = "DELETE FROM " + s_.t("outbox_messages") + " WHERE state = '" +
@@ -391,7 +405,7 @@ class PgOutbox final : public OutboxStore {
     w.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", "mqtt_inbox outbox " + s_.schema);
   }
 
-  void read_usage(pqxx::work& w, std::vector<OutboxClassUsage>* out) {
+  void read_usage(PgWork& w, std::vector<OutboxClassUsage>* out) {
     out->clear();
     for (const pqxx::row& r : w.exec("SELECT class, rows, bytes, dropped FROM " +
                                      s_.t("outbox_usage") + " ORDER BY class"))
@@ -444,17 +458,23 @@ class PgOutbox final : public OutboxStore {
   void listen_loop() {
     int backoff_ms = 100;
     while (true) {
-      std::unique_ptr<pqxx::connection> c;
+      std::unique_ptr<PgConnection> c;
       std::unique_ptr<Receiver> receiver;
       std::atomic<bool> got{false};
+      std::string error;
       try {
-        c = std::make_unique<pqxx::connection>(s_.conninfo);
-        receiver = std::make_unique<Receiver>(*c, channel(), &got);  // runs LISTEN
+        if (Status s = s_.open_connection(&c, PgBackend::Role::kListen); !s.ok())
+          error = s.to_string();
+        else
+          receiver = std::make_unique<Receiver>(*c, channel(), &got);  // runs LISTEN
       } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (!error.empty()) {
         receiver.reset();
         c.reset();
         s_.log->warn("outbox: listening for enqueues on {} failed, retrying in {} ms: {}", s_.uri,
-                     backoff_ms, printable(e.what()));
+                     backoff_ms, printable(error));
         if (wait_stop(backoff_ms)) return;
         backoff_ms = std::min(backoff_ms * 2, 5000);
         continue;
@@ -491,7 +511,7 @@ class PgOutbox final : public OutboxStore {
     }
   }
 
-  PgStore& s_;
+  PgBackend& s_;
   // The notification channel (the schema is set once, before any call).
   std::string channel() const { return channel_of(s_.schema); }
   std::mutex wake_mu_;
@@ -505,32 +525,14 @@ class PgOutbox final : public OutboxStore {
 
 }  // namespace
 
-std::unique_ptr<OutboxStore> make_pg_outbox(PgStore& store) {
+std::unique_ptr<OutboxStore> make_pg_outbox(PgBackend& store) {
   return std::make_unique<PgOutbox>(store);
 }
 
-void PgStore::outbox_committed() {
+void PgBackend::outbox_committed() {
   if (!outbox_wake_armed) return;
   outbox_wake_armed = false;
   static_cast<PgOutbox&>(*outbox_store).wake();
 }
 
 }  // namespace mqtt_inbox::detail
-
-namespace mqtt_inbox {
-
-// The public calls of outbox.h that take a libpqxx transaction: the policy's enqueue with
-// `txn` as the store's transaction (store/txn.h).
-Status Outbox::enqueue(pqxx::transaction_base& txn, const OutgoingMessage& message,
-                       std::string* message_id) {
-  const detail::TypedTxn<pqxx::transaction_base> t(txn);
-  return enqueue_status(t, message, message_id);
-}
-
-void Outbox::enqueue_or_throw(pqxx::transaction_base& txn, const OutgoingMessage& message,
-                              std::string* message_id) {
-  const detail::TypedTxn<pqxx::transaction_base> t(txn);
-  enqueue_in(t, message, message_id);
-}
-
-}  // namespace mqtt_inbox

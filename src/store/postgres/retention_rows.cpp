@@ -12,7 +12,7 @@
 #include <map>
 #include <mutex>
 
-#include "store/postgres/store.h"
+#include "store/postgres/backend.h"
 
 namespace mqtt_inbox::detail {
 
@@ -26,7 +26,7 @@ int64_t us_since(std::chrono::steady_clock::time_point t0) {
 
 class PgRetentionSweep final : public RetentionSweep {
  public:
-  explicit PgRetentionSweep(PgStore& store) : s_(store) {}
+  explicit PgRetentionSweep(PgBackend& store) : s_(store) {}
 
   Status delete_expired_claims(int64_t cutoff, int64_t limit, RetentionBatch* out) override {
     *out = RetentionBatch{};
@@ -63,12 +63,12 @@ class PgRetentionSweep final : public RetentionSweep {
     return Status::Ok();
   }
   void finish_pass() override {}
-  Status measure_rows() override { return s_.refresh_row_stats(); }
+  Status measure_rows() override { return s_.measure_rows(); }
 
  private:
   Status batch(const std::string& sql, int64_t cutoff, int64_t limit, RetentionBatch* out) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Status s = s_.with_txn("deleting expired rows", [&](pqxx::work& w) {
+    const Status s = s_.with_txn("deleting expired rows", [&](PgWork& w) {
       out->deleted = static_cast<int64_t>(w.exec_params(sql, cutoff, limit).affected_rows());
     });
     if (!s.ok()) return s;
@@ -78,15 +78,15 @@ class PgRetentionSweep final : public RetentionSweep {
     return s;
   }
 
-  PgStore& s_;
+  PgBackend& s_;
 };
 
 class PgRetentionRows final : public RetentionRows {
  public:
-  explicit PgRetentionRows(PgStore& store) : s_(store) {}
+  explicit PgRetentionRows(PgBackend& store) : s_(store) {}
 
   Status record_required_window(int64_t required_ms, int) override {
-    return s_.with_txn("recording the retention horizon", [&](pqxx::work& w) {
+    return s_.with_txn("recording the retention horizon", [&](PgWork& w) {
       w.exec_params0("INSERT INTO " + s_.t("inbox_meta") +
                          " (key, value) VALUES ('required_window_ms', $1)"
                          " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -102,19 +102,19 @@ class PgRetentionRows final : public RetentionRows {
   }
 
  private:
-  PgStore& s_;
+  PgBackend& s_;
 };
 
 }  // namespace
 
-std::unique_ptr<RetentionRows> make_pg_retention_rows(PgStore& store) {
+std::unique_ptr<RetentionRows> make_pg_retention_rows(PgBackend& store) {
   return std::make_unique<PgRetentionRows>(store);
 }
 
-Status PgStore::refresh_row_stats() {
+Status PgBackend::measure_rows() {
   std::map<std::string, ConsumerRows> rows;
   OutboxRows outbox;
-  const Status s = with_txn("measuring rows", [&](pqxx::work& w) {
+  const Status s = with_txn("measuring rows", [&](PgWork& w) {
     rows.clear();
     // The outbox: per class from outbox_usage (kept by its trigger), the rest from the
     // partial index of each state.
@@ -145,10 +145,7 @@ Status PgStore::refresh_row_stats() {
     }
   });
   if (!s.ok()) return s;
-  std::lock_guard<std::mutex> lock(stats_mu);
-  consumer_rows = std::move(rows);
-  outbox_rows = std::move(outbox);
-  rows_measured_at = std::max<int64_t>(1, retention_clock());
+  front().set_row_stats(std::move(rows), std::move(outbox));
   return Status::Ok();
 }
 

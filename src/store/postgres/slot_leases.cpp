@@ -26,8 +26,8 @@
 #include <mutex>
 #include <set>
 
+#include "store/postgres/backend.h"
 #include "store/postgres/errors.h"
-#include "store/postgres/store.h"
 
 namespace mqtt_inbox::detail {
 
@@ -38,7 +38,7 @@ constexpr int kMemberKey = 2147483647;
 
 class PgSlotLeases final : public SlotLeases {
  public:
-  PgSlotLeases(PgStore& store, SlotLeaseOptions options)
+  PgSlotLeases(PgBackend& store, SlotLeaseOptions options)
       : store_(store), options_(std::move(options)) {}
   ~PgSlotLeases() override { leave(); }
 
@@ -145,26 +145,29 @@ class PgSlotLeases final : public SlotLeases {
   // Connects and sets the lease on the session.
   Status connect() {
     drop();
-    std::unique_ptr<pqxx::connection> c;
+    std::unique_ptr<PgConnection> c;
     // An unreachable server (a partition, a host gone) fails the attempt within about
     // a lease, not TCP's connect retries (about two minutes), so Fleet::stop and the
     // relay's stop are not held up by it. libpq counts whole seconds, at least 2.
     const int connect_s = std::max(2, static_cast<int>((options_.lease_ms + 999) / 1000));
-    Status s = store_.open_connection(&c, connect_s, [this](pqxx::connection& opened) {
-      // The member's own side of the lease: a round on a connection the network dropped
-      // fails within one lease instead of waiting for TCP's retransmissions (about 15
-      // minutes). A Unix-domain socket refuses the option and needs none.
-      const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
-      (void)::setsockopt(opened.sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms,
-                         sizeof timeout_ms);
-      // From here on interrupt() reaches this connection, the statements that set it up
-      // included. A descriptor of our own (a dup) for it: never closed under libpq, so
-      // its number is never another file's while interrupt() may use it.
-      std::lock_guard<std::mutex> lock(sock_mu_);
-      close_sock_locked();
-      sock_ = ::fcntl(opened.sock(), F_DUPFD_CLOEXEC, 0);
-      if (interrupted_ && sock_ >= 0) (void)::shutdown(sock_, SHUT_RDWR);
-    });
+    const PgBackend::Role role =
+        options_.group == "outbox relay" ? PgBackend::Role::kRelayTurn : PgBackend::Role::kLease;
+    Status s = store_.open_connection(
+        &c, role, options_.group, connect_s, [this](pqxx::connection_base& opened) {
+          // The member's own side of the lease: a round on a connection the network dropped
+          // fails within one lease instead of waiting for TCP's retransmissions (about 15
+          // minutes). A Unix-domain socket refuses the option and needs none.
+          const unsigned int timeout_ms = static_cast<unsigned int>(options_.lease_ms);
+          (void)::setsockopt(opened.sock(), IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms,
+                             sizeof timeout_ms);
+          // From here on interrupt() reaches this connection, the statements that set it up
+          // included. A descriptor of our own (a dup) for it: never closed under libpq, so
+          // its number is never another file's while interrupt() may use it.
+          std::lock_guard<std::mutex> lock(sock_mu_);
+          close_sock_locked();
+          sock_ = ::fcntl(opened.sock(), F_DUPFD_CLOEXEC, 0);
+          if (interrupted_ && sock_ >= 0) (void)::shutdown(sock_, SHUT_RDWR);
+        });
     if (s.ok()) {
       try {
         pqxx::nontransaction n(*c);
@@ -236,9 +239,9 @@ class PgSlotLeases final : public SlotLeases {
     held_.clear();
   }
 
-  PgStore& store_;
+  PgBackend& store_;
   const SlotLeaseOptions options_;
-  std::unique_ptr<pqxx::connection> conn_;
+  std::unique_ptr<PgConnection> conn_;
   void close_sock_locked() {
     if (sock_ >= 0) ::close(sock_);
     sock_ = -1;
@@ -253,8 +256,8 @@ class PgSlotLeases final : public SlotLeases {
 
 }  // namespace
 
-Status PgStore::open_slot_leases(const SlotLeaseOptions& lease_options,
-                                 std::unique_ptr<SlotLeases>* out) {
+Status PgBackend::open_slot_leases(const SlotLeaseOptions& lease_options,
+                                   std::unique_ptr<SlotLeases>* out) {
   *out = std::make_unique<PgSlotLeases>(*this, lease_options);
   return Status::Ok();
 }

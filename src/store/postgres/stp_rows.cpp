@@ -1,7 +1,7 @@
 // The PostgreSQL store's store-then-process rows (store/stp_rows.h): <schema>.inbox_messages.
 // Receipt runs one INSERT ... ON CONFLICT DO NOTHING on the store's shared connection
 // (under its mutex); each worker and each consumer's maintenance have a connection of
-// their own (PgStore::open_connection: READ COMMITTED, lock_timeout), so workers never
+// their own (PgBackend::open_connection: READ COMMITTED, lock_timeout), so workers never
 // wait for one another's connection, and workers of several processes work one consumer's
 // rows. There is no single write lock: a claim takes its aggregates with transaction-
 // scoped advisory locks, tried and never waited for; a claim token checked at the end of
@@ -26,9 +26,11 @@
 #include <utility>
 #include <vector>
 
+#include <libpq-fe.h>
+#include "mqtt_inbox/handler.h"
+#include "store/contract.h"
+#include "store/postgres/backend.h"
 #include "store/postgres/errors.h"
-#include "store/postgres/store.h"
-#include "store/txn.h"
 #include "store/verdict.h"
 
 namespace mqtt_inbox::detail {
@@ -43,9 +45,9 @@ bool refused_row(const std::exception& e) {
   return server_error && classify_sqlstate(pg_sqlstate(e)).kind == PgErrorKind::kMessage;
 }
 
-void abort_quietly(std::optional<pqxx::work>& w) {
+void abort_quietly(std::optional<PgWork>& w) {
   try {
-    if (w) w->abort();
+    if (w) w->abort_by_library();
   } catch (...) {
     // A lost connection rolls back by itself.
   }
@@ -68,21 +70,35 @@ int aggregates_per_claim(int max_rows) { return std::clamp(4 * max_rows, 64, 102
 // One connection of a worker or of the maintenance, reopened after it was lost.
 class PgSession {
  public:
-  explicit PgSession(PgStore& store) : s_(store) {}
+  PgSession(PgBackend& store, std::string label) : s_(store), label_(std::move(label)) {}
 
   Status connect() {
-    if (s_.fatal.load()) return s_.fatal_status();
+    if (s_.unusable()) return s_.fatal_status();
     if (c_ && c_->is_open()) return Status::Ok();
-    c_.reset();
-    return s_.open_connection(&c_);
+    drop();
+    if (Status s = s_.open_connection(&c_, PgBackend::Role::kWorker, label_); !s.ok()) return s;
+    watch_ = std::make_unique<PgNoticeWatch>(*c_);
+    return Status::Ok();
   }
 
   // The classified Status of `e`; drops a lost connection (the next call reconnects).
   Status failed(const std::exception& e, const std::string& what) {
     bool lost = false;
     Status s = pg_to_status(e, what, &lost);
-    if (lost || (c_ && !c_->is_open())) c_.reset();
+    if (lost || (c_ && !c_->is_open())) drop();
     return s;
+  }
+
+  void drop() {
+    watch_.reset();
+    c_.reset();
+  }
+
+  // A transaction the library's object no longer owns (a handler's commit() left libpqxx
+  // thinking it ended) is rolled back on the server all the same.
+  void end_transaction_on_server() {
+    if (c_ && c_->raw() && PQtransactionStatus(c_->raw()) != PQTRANS_IDLE)
+      if (PGresult* r = PQexec(c_->raw(), "ROLLBACK")) PQclear(r);
   }
 
   // Runs `fn` in one READ COMMITTED transaction and commits it; `async`: with
@@ -90,12 +106,12 @@ class PgSession {
   template <typename Fn>
   Status txn(const std::string& what, bool async, Fn&& fn) {
     if (Status s = connect(); !s.ok()) return s;
-    std::optional<pqxx::work> w;
+    std::optional<PgWork> w;
     try {
       w.emplace(*c_);
       if (async) w->exec0("SET LOCAL synchronous_commit = off");
       fn(*w);
-      w->commit();
+      w->commit_by_library();
       w.reset();
     } catch (const std::exception& e) {
       abort_quietly(w);
@@ -104,17 +120,19 @@ class PgSession {
     return Status::Ok();
   }
 
-  pqxx::connection& conn() { return *c_; }
+  PgConnection& conn() { return *c_; }
 
  protected:
-  PgStore& s_;
-  std::unique_ptr<pqxx::connection> c_;
+  PgBackend& s_;
+  const std::string label_;  // application_name: the consumer it works for
+  std::unique_ptr<PgConnection> c_;
+  std::unique_ptr<PgNoticeWatch> watch_;  // on c_: what a handler ran (txn_guard.cpp)
 };
 
 class PgStpWorkerSession final : public StpWorkerSession, PgSession {
  public:
-  PgStpWorkerSession(PgStore& store, std::string consumer)
-      : PgSession(store), consumer_(std::move(consumer)), m_(store.t("inbox_messages")) {}
+  PgStpWorkerSession(PgBackend& store, std::string consumer)
+      : PgSession(store, consumer), consumer_(std::move(consumer)), m_(store.t("inbox_messages")) {}
 
   Status open() { return connect(); }
 
@@ -124,7 +142,7 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
     const int64_t now = s_.retention_clock();
     std::vector<ClaimCandidate> offered;
     std::vector<int64_t> take;
-    const Status s = txn("claiming rows", /*async=*/true, [&](pqxx::work& w) {
+    const Status s = txn("claiming rows", /*async=*/true, [&](PgWork& w) {
       batch->clear();
       offered.clear();
       take.clear();
@@ -224,9 +242,9 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
     *out = StoredRunResult{};
     if (Status s = connect(); !s.ok()) return s;
     const int64_t began = s_.clock->steady_ms();
-    std::optional<pqxx::work> w;
+    std::optional<PgWork> w;
     try {
-      w.emplace(conn());
+      w.emplace(conn(), /*guarded=*/true);
       // A claim returned long ago runs no handler (not the fence: that is the UPDATE
       // below). A row 'done' under this claim's token was finished by this claim: a
       // retry after a COMMIT whose outcome was unknown finds that it committed. That is
@@ -246,13 +264,18 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
       abort_quietly(w);
       return failed(e, "handler transaction");
     }
-    const TypedTxn<pqxx::transaction_base> txn(*w);
-    const HandlerVerdict v =
-        run_handler(s_.owner, &classify_pg_exception, [&] { handler(txn, d); });
-    if (v.kind != HandlerVerdict::Kind::kOk) {
+    // The handler's contract, judged as for a Consumer (store/contract.h).
+    HandlerRun run;
+    run_pg_handler(
+        conn(), *w, *watch_, s_.owner(), [&](const TxnRef& txn) { handler(txn, d); }, &run);
+    judge_contract(&run);
+    const HandlerVerdict& v = run.verdict;
+    if (run.left != TxnLeft::kOpen || v.kind != HandlerVerdict::Kind::kOk) {
       abort_quietly(w);
+      end_transaction_on_server();
+      if (run.left == TxnLeft::kClosed || (c_ && !c_->is_open())) drop();
       if (v.kind == HandlerVerdict::Kind::kStoreError) {  // run it again
-        if (v.store.code() == Status::Code::kIoError || (c_ && !c_->is_open())) c_.reset();
+        if (v.store.code() == Status::Code::kIoError) drop();
         return v.store;
       }
       out->kind = StoredRunResult::Kind::kNotDone;
@@ -290,13 +313,13 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
       return failed(e, "handler transaction");
     }
     try {
-      w->commit();
+      w->commit_by_library();
       w.reset();
     } catch (const pqxx::in_doubt_error& e) {
       // The outcome is unknown: a store error. The retried run finds the row 'done'
       // under this token (kDone: nothing runs twice) or still carrying it (it runs again).
       w.reset();
-      c_.reset();
+      drop();
       return pg_to_status(e, "handler transaction: COMMIT (outcome unknown)");
     } catch (const std::exception& e) {
       w.reset();
@@ -311,7 +334,7 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
                      const std::vector<RowClaim>& release_too, bool* held) override {
     *held = true;
     const int64_t due = s_.retention_clock() + delay_ms;
-    return txn("putting a row back to wait", /*async=*/true, [&](pqxx::work& w) {
+    return txn("putting a row back to wait", /*async=*/true, [&](PgWork& w) {
       *held = w.exec_params("UPDATE " + m_ +
                                 " SET status = 'pending', attempts = $2, last_error = $3,"
                                 "     next_attempt_at = $4, claimant = NULL, claimed_at = NULL"
@@ -323,12 +346,12 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
   }
 
   Status release(const std::vector<RowClaim>& rows) override {
-    return txn("releasing rows", /*async=*/true, [&](pqxx::work& w) { release_rows(w, rows); });
+    return txn("releasing rows", /*async=*/true, [&](PgWork& w) { release_rows(w, rows); });
   }
 
   Status mark_dead(const RowClaim& c, int attempts, const std::string& text, bool* held) override {
     *held = true;
-    return txn("marking a row dead", /*async=*/false, [&](pqxx::work& w) {
+    return txn("marking a row dead", /*async=*/false, [&](PgWork& w) {
       *held =
           w.exec_params("UPDATE " + m_ + " SET status = 'dead', attempts = $2, last_error = $3," +
                             " done_at = " + kPgNowMs +
@@ -347,7 +370,7 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
         .as<bool>();
   }
 
-  void release_rows(pqxx::work& w, const std::vector<RowClaim>& rows) {
+  void release_rows(PgWork& w, const std::vector<RowClaim>& rows) {
     for (const RowClaim& c : rows)  // a finished or returned row no longer matches
       w.exec_params0("UPDATE " + m_ +
                          " SET status = 'pending', claimant = NULL, claimed_at = NULL"
@@ -370,15 +393,15 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
 
 class PgStpConsumerRows final : public StpConsumerRows, PgSession {
  public:
-  PgStpConsumerRows(PgStore& store, std::string name)
-      : PgSession(store), name_(std::move(name)), m_(store.t("inbox_messages")) {}
+  PgStpConsumerRows(PgBackend& store, std::string name)
+      : PgSession(store, name), name_(std::move(name)), m_(store.t("inbox_messages")) {}
 
   Status open() { return connect(); }
 
   Status store_received(const std::string& message_id, const std::string& aggregate_key,
                         const Message& m, const std::string& properties_json,
                         bool* stored) override {
-    return on_shared_connection("storing message", [&](pqxx::work& w) {
+    return on_shared_connection("storing message", [&](PgWork& w) {
       // Committed with the server's synchronous_commit before this returns.
       *stored = w.exec_params("INSERT INTO " + m_ +
                                   " (consumer_name, message_id, aggregate_key, topic, payload,"
@@ -394,7 +417,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
   }
 
   Status is_stored(const std::string& message_id, bool* found) override {
-    return on_shared_connection("looking up a stored message", [&](pqxx::work& w) {
+    return on_shared_connection("looking up a stored message", [&](PgWork& w) {
       *found = w.exec_params1("SELECT EXISTS (SELECT 1 FROM " + m_ +
                                   " WHERE consumer_name = $1 AND message_id = $2)",
                               name_, message_id)[0]
@@ -413,7 +436,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
     *rows = 0;
     std::vector<LiveClaim> claims;
     std::vector<ReturnedClaim> back;
-    return txn("reaping expired claims", /*async=*/true, [&](pqxx::work& w) {
+    return txn("reaping expired claims", /*async=*/true, [&](PgWork& w) {
       claims.clear();
       back.clear();
       *rows = 0;
@@ -449,7 +472,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
   }
 
   Status replay(const ReplayFilter& f, ReplayResult* out) override {
-    return txn("replaying rows", /*async=*/false, [&](pqxx::work& w) {
+    return txn("replaying rows", /*async=*/false, [&](PgWork& w) {
       *out = ReplayResult{};
       std::string where = " WHERE consumer_name = " + w.quote(name_);
       if (f.received_since_ms)
@@ -477,7 +500,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
 
   Status compact_done(int64_t done_before, int limit, int64_t* rows) override {
     *rows = 0;
-    return txn("compacting done rows", /*async=*/false, [&](pqxx::work& w) {
+    return txn("compacting done rows", /*async=*/false, [&](PgWork& w) {
       // Served by the partial index inbox_messages_compact.
       *rows = static_cast<int64_t>(
           w.exec_params("UPDATE " + m_ +
@@ -493,7 +516,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
 
   Status delete_finished(int64_t received_before, int limit, int64_t* rows) override {
     *rows = 0;
-    return txn("deleting old rows", /*async=*/false, [&](pqxx::work& w) {
+    return txn("deleting old rows", /*async=*/false, [&](PgWork& w) {
       *rows = static_cast<int64_t>(
           w.exec_params("DELETE FROM " + m_ + " WHERE seq IN (SELECT seq FROM " + m_ +
                             "   WHERE received_at < $2 AND consumer_name = $1"
@@ -504,7 +527,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
   }
 
   Status count(StoreThenProcessStats* out) override {
-    return txn("counting stored messages", /*async=*/false, [&](pqxx::work& w) {
+    return txn("counting stored messages", /*async=*/false, [&](PgWork& w) {
       *out = StoreThenProcessStats{};
       for (const pqxx::row& r : w.exec_params(
                "SELECT status, count(*) FROM " + m_ + " WHERE consumer_name = $1 GROUP BY status",
@@ -528,20 +551,20 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
   // per-message path does); errors come back classified, not counted (the policy counts).
   template <typename Fn>
   Status on_shared_connection(const char* what, Fn&& fn) {
-    if (s_.fatal.load()) return s_.fatal_status();
+    if (s_.unusable()) return s_.fatal_status();
     std::lock_guard<std::mutex> lock(s_.mu);
     if (Status c = s_.connect_locked(false); !c.ok()) return c;
-    std::optional<pqxx::work> w;
+    std::optional<PgWork> w;
     try {
       w.emplace(*s_.conn);
       fn(*w);
-      w->commit();
+      w->commit_by_library();
       w.reset();
     } catch (const std::exception& e) {
       abort_quietly(w);
       bool lost = false;
       Status s = pg_to_status(e, what, &lost);
-      if (lost || (s_.conn && !s_.conn->is_open())) s_.conn.reset();
+      if (lost || (s_.conn && !s_.conn->is_open())) s_.drop_connection();
       return s;
     }
     return Status::Ok();
@@ -553,7 +576,7 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
 
 class PgStpRows final : public StpRows {
  public:
-  explicit PgStpRows(PgStore& store) : store_(store) {}
+  explicit PgStpRows(PgBackend& store) : store_(store) {}
 
   Status open(const std::string& name, std::unique_ptr<StpConsumerRows>* out) override {
     auto rows = std::make_unique<PgStpConsumerRows>(store_, name);
@@ -566,12 +589,12 @@ class PgStpRows final : public StpRows {
   bool single_process() const override { return false; }
 
  private:
-  PgStore& store_;
+  PgBackend& store_;
 };
 
 }  // namespace
 
-std::unique_ptr<StpRows> make_pg_stp_rows(PgStore& store) {
+std::unique_ptr<StpRows> make_pg_stp_rows(PgBackend& store) {
   return std::make_unique<PgStpRows>(store);
 }
 

@@ -1,6 +1,7 @@
-// SqliteClaims (store/claims.h): the claim transaction with the handler inside it, and the
-// attempt counting that stops crash loops, on the SQLite store. All of their SQL is in this
-// file; how it works: docs/design.md#the-claim-transaction and
+// The SQLite store's claim transaction: its statements (store/backend.h's claim and
+// attempt primitives), the running-attempt marker, and the handler's run under the
+// transaction fence. The decision is the front's (store/claims.cpp). All of their SQL is
+// in this file; how it works: docs/design.md#the-claim-transaction and
 // docs/design.md#attempts-and-crash-loops.
 //
 // A first delivery costs one write transaction (BEGIN IMMEDIATE, claim, what is recorded
@@ -16,20 +17,17 @@
 #include <mutex>
 
 #include "mqtt_inbox/clock.h"
+#include "mqtt_inbox/handler.h"
 #include "store/reentry.h"
+#include "store/sqlite/backend.h"
 #include "store/sqlite/errors.h"
-#include "store/sqlite/store.h"
 #include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
-#include "store/txn.h"
 #include "store/verdict.h"
+#include "util/log.h"
 #include "util/text.h"
 
 namespace mqtt_inbox::detail {
-
-StoreHandler bind_sqlite_handler(Handler handler) {
-  return bind_handler<SQLite::Database>(std::move(handler));
-}
 
 namespace {
 
@@ -100,18 +98,6 @@ constexpr const char* kDeleteAttemptsSql =
 constexpr const char* kMarkReplayedSql =
     "UPDATE inbox_dead_letters SET status = 'replayed', replayed_at = ?2 WHERE id = ?1";
 
-// A change of this message refused at any point of its transaction, COMMIT included (a
-// deferred foreign key, a CHECK, the commit hook's veto): a failure of this message, not
-// of the store (store/sqlite/errors.h), so it counts as a handler attempt instead of being
-// retried forever. True (and the result set) if `e` is one; else the caller reports a
-// store error (transient: retried; fatal: latched).
-bool refused_message(const SQLite::Exception& e, ClaimResult* result, std::string* error) {
-  if (error_class(e.getErrorCode()) != ErrorClass::kMessage) return false;
-  *result = ClaimResult::kHandlerFailed;
-  *error = std::string("the store refused this message's transaction: ") + e.what();
-  return true;
-}
-
 // Runs a cached statement that returns no rows, once.
 void run(SQLite::Statement& q) {
   StatementReset reset(q);
@@ -120,21 +106,22 @@ void run(SQLite::Statement& q) {
 
 }  // namespace
 
-void SqliteStore::prepare_statements() {
+void SqliteBackend::prepare_statements() {
   SQLite::Database& d = *db;
   begin_immediate = std::make_unique<SQLite::Statement>(d, "BEGIN IMMEDIATE");
-  commit = std::make_unique<SQLite::Statement>(d, "COMMIT");
+  commit_stmt = std::make_unique<SQLite::Statement>(d, "COMMIT");
+  rollback_stmt = std::make_unique<SQLite::Statement>(d, "ROLLBACK");
   lookup = std::make_unique<SQLite::Statement>(d, kLookupSql);
   claim_if_nothing_recorded = std::make_unique<SQLite::Statement>(d, kClaimIfNothingRecordedSql);
   begin_attempt = std::make_unique<SQLite::Statement>(d, kBeginAttemptSql);
   attempt_failed = std::make_unique<SQLite::Statement>(d, kAttemptFailedSql);
   attempt_failed_counted = std::make_unique<SQLite::Statement>(d, kAttemptFailedCountedSql);
   claim = std::make_unique<SQLite::Statement>(d, kClaimSql);
-  delete_attempts = std::make_unique<SQLite::Statement>(d, kDeleteAttemptsSql);
-  mark_replayed = std::make_unique<SQLite::Statement>(d, kMarkReplayedSql);
+  delete_attempts_stmt = std::make_unique<SQLite::Statement>(d, kDeleteAttemptsSql);
+  mark_replayed_stmt = std::make_unique<SQLite::Statement>(d, kMarkReplayedSql);
 }
 
-void SqliteStore::recover_marked_attempt() {
+void SqliteBackend::recover_marked_attempt() {
   AttemptMarker::Entry e;
   if (!marker->read(&e)) return;
   enum class Recovery { kNothing, kCounted, kRequeuedIsDeadAgain } outcome = Recovery::kNothing;
@@ -205,14 +192,13 @@ void SqliteStore::recover_marked_attempt() {
         path, printable(e.message_id), printable(e.consumer));
 }
 
-int SqliteStore::count_attempt(const std::string& consumer, const std::string& id,
-                               const std::string* error) {
+int SqliteBackend::count_attempt(const ClaimKey& key, const std::string* error) {
   RelaxedSync relaxed(*this);
   const bool failed = error != nullptr;
   SQLite::Statement& q = failed ? *attempt_failed_counted : *begin_attempt;
   StatementReset reset(q);
-  q.bind(1, consumer);
-  q.bind(2, id);
+  q.bind(1, key.consumer);
+  q.bind(2, key.message_id);
   q.bind(3, clock->wall_ms());
   if (failed) q.bind(4, *error);
   if (!q.executeStep()) throw SQLite::Exception("attempt upsert returned no row", SQLITE_INTERNAL);
@@ -223,80 +209,57 @@ int SqliteStore::count_attempt(const std::string& consumer, const std::string& i
   return attempts;
 }
 
-Status SqliteClaims::lookup(const std::string& consumer, const std::string& message_id,
-                            MessageState* out) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::lookup"); !r.ok()) return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    if (s_.read_lookup(consumer, message_id, out))
-      ++s_.duplicates;  // the caller skips it as a duplicate
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "looking up message"));
-  }
-  return Status::Ok();
+void SqliteBackend::mark_attempt_failed(const ClaimKey& key, const std::string& error) {
+  RelaxedSync relaxed(*this);
+  SQLite::Statement& q = *attempt_failed;
+  StatementReset reset(q);
+  q.bind(1, key.consumer);
+  q.bind(2, key.message_id);
+  q.bind(3, error);
+  q.exec();
 }
 
-Status SqliteClaims::begin_attempt(const std::string& consumer, const std::string& message_id,
-                                   int* attempt) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::begin_attempt"); !r.ok()) return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    *attempt = s_.count_attempt(consumer, message_id, nullptr);
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "recording attempt"));
-  }
-  return Status::Ok();
+bool SqliteBackend::mark_running(const ClaimKey& key) {
+  return marker && marker->set(key.consumer, key.message_id);
 }
 
-Status SqliteClaims::record_attempt_failure(const std::string& consumer,
-                                            const std::string& message_id,
-                                            const std::string& error) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::record_attempt_failure"); !r.ok())
-    return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    SqliteStore::RelaxedSync relaxed(s_);
-    SQLite::Statement& q = *s_.attempt_failed;
-    StatementReset reset(q);
-    q.bind(1, consumer);
-    q.bind(2, message_id);
-    q.bind(3, error);
-    q.exec();
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "recording attempt failure"));
-  }
-  ++s_.retries;
-  return Status::Ok();
+void SqliteBackend::clear_running() noexcept {
+  if (marker) marker->clear();
 }
 
-Status SqliteClaims::count_claims(const std::string& consumer, int64_t* rows) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::count_claims"); !r.ok()) return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    SQLite::Statement q(*s_.db, "SELECT count(*) FROM inbox_processed WHERE consumer_name = ?1");
-    q.bind(1, consumer);
-    q.executeStep();
-    *rows = q.getColumn(0).getInt64();
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(to_status(e, "counting processed rows"));
-  }
-  return Status::Ok();
+void SqliteBackend::begin(bool for_handler) {
+  (void)for_handler;  // the fence is the connection's authorizer, always installed
+  run(*begin_immediate);
 }
 
-bool SqliteStore::insert_claim(const std::string& consumer, const Message& message,
-                               const std::string& message_id, bool only_if_nothing_recorded) {
-  SqliteStore& m = *this;
-  SQLite::Statement& q = only_if_nothing_recorded ? *m.claim_if_nothing_recorded : *m.claim;
+CommitOutcome SqliteBackend::commit(const ClaimKey* claim, std::string* why) {
+  (void)claim;  // an SQLite commit's outcome is never unknown to its process
+  try {
+    run(*commit_stmt);
+  } catch (const SQLite::Exception& e) {
+    // A change of this message refused at COMMIT (a deferred foreign key, the commit
+    // hook's veto): a failure of this message, not of the store (store/sqlite/errors.h).
+    if (error_class(e.getErrorCode()) != ErrorClass::kMessage) throw;
+    rollback();
+    *why = e.what();
+    return CommitOutcome::kRefused;
+  }
+  return CommitOutcome::kCommitted;
+}
+
+void SqliteBackend::rollback() noexcept {
+  if (db && !connection_closed_by_handler_) rollback_quietly(*db);
+}
+
+bool SqliteBackend::insert_claim(const ClaimKey& key, const Message& message,
+                                 bool only_if_nothing_recorded) {
+  SQLite::Statement& q = only_if_nothing_recorded ? *claim_if_nothing_recorded : *claim;
   StatementReset reset(q);
   // No copies: the strings outlive the statement's step (StatementReset clears them).
-  q.bindNoCopy(1, consumer);
-  q.bindNoCopy(2, message_id);
-  q.bind(3, m.retention_clock());
-  if (m.options.record_metadata) {
+  q.bindNoCopy(1, key.consumer);
+  q.bindNoCopy(2, key.message_id);
+  q.bind(3, retention_clock());
+  if (options.record_metadata) {
     q.bindNoCopy(4, message.topic);
     if (message.content_type) q.bindNoCopy(5, *message.content_type);
     if (message.correlation_data && is_valid_utf8(*message.correlation_data))
@@ -304,15 +267,14 @@ bool SqliteStore::insert_claim(const std::string& consumer, const Message& messa
     q.bind(7, claim_payload_hash(message.payload));
   }
   q.exec();
-  return m.db->getChanges() > 0;
+  return db->getChanges() > 0;
 }
 
-bool SqliteStore::read_lookup(const std::string& consumer, const std::string& message_id,
-                              MessageState* out) {
+bool SqliteBackend::read_state(const ClaimKey& key, MessageState* out) {
   SQLite::Statement& q = *lookup;
   StatementReset reset(q);
-  q.bindNoCopy(1, consumer);
-  q.bindNoCopy(2, message_id);
+  q.bindNoCopy(1, key.consumer);
+  q.bindNoCopy(2, key.message_id);
   *out = MessageState{};
   if (!q.executeStep()) return false;
   out->processed = q.getColumn(0).getInt() != 0;
@@ -326,236 +288,28 @@ bool SqliteStore::read_lookup(const std::string& consumer, const std::string& me
   return out->processed;
 }
 
-void SqliteStore::delete_attempt_row(const std::string& consumer, const std::string& id) {
-  SQLite::Statement& q = *delete_attempts;
+void SqliteBackend::delete_attempts(const ClaimKey& key) {
+  SQLite::Statement& q = *delete_attempts_stmt;
   StatementReset reset(q);
-  q.bind(1, consumer);
-  q.bind(2, id);
+  q.bind(1, key.consumer);
+  q.bind(2, key.message_id);
   q.exec();
 }
 
-void SqliteStore::mark_replayed_row(int64_t dead_letter_id) {
-  SQLite::Statement& q = *mark_replayed;
+void SqliteBackend::mark_replayed(int64_t dead_letter_id) {
+  SQLite::Statement& q = *mark_replayed_stmt;
   StatementReset reset(q);
   q.bind(1, dead_letter_id);
   q.bind(2, clock->wall_ms());
   q.exec();
 }
 
-Status SqliteStore::claim_locked(const std::string& consumer, const Message& message,
-                                 const std::string& message_id, int attempt,
-                                 const StoreHandler& handler, bool delete_attempt_row_after,
-                                 std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
-                                 std::string* handler_error, const nlohmann::json* payload_json) {
-  // Called with the transaction open and the claim inserted. From here on, every path
-  // either commits or rolls back before returning.
-  SQLite::Database& d = *db;
-  try {
-    const Delivery delivery{message, message_id, attempt, payload_json};
-    const TypedTxn<SQLite::Database> txn(d);
-    HandlerVerdict v;
-    {
-      const TxnFence fence(d.getHandle());
-      v = run_handler(owner, &classify_sqlite_exception, [&] { handler(txn, delivery); });
-      fence.judge(&v);
-    }
-    switch (v.kind) {
-      case HandlerVerdict::Kind::kOk:
-        break;
-      case HandlerVerdict::Kind::kStoreError:
-        rollback_quietly(d);
-        return store_error(v.store);
-      case HandlerVerdict::Kind::kFailed:
-      case HandlerVerdict::Kind::kDeadLetter:
-      case HandlerVerdict::Kind::kOutboxFull:
-        rollback_quietly(d);
-        if (v.text.rfind(kHandlerEndedTransaction, 0) == 0)
-          log->error("consumer '{}', message '{}': {}", printable(consumer), printable(message_id),
-                     v.text);
-        *result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
-                  : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
-                                                                : claim_result_for(v.reason);
-        *handler_error = v.text;
-        return Status::Ok();
-    }
-    if (delete_attempt_row_after) delete_attempt_row(consumer, message_id);
-    if (replayed_dead_letter) mark_replayed_row(*replayed_dead_letter);
-    run(*commit);
-  } catch (const SQLite::Exception& e) {
-    rollback_quietly(d);
-    if (refused_message(e, result, handler_error)) return Status::Ok();
-    return store_error(to_status(e, "claim transaction"));
-  } catch (const std::exception& e) {
-    rollback_quietly(d);
-    return Status::Internal(std::string("claim transaction: ") + e.what());
-  }
-  *result = ClaimResult::kProcessed;
-  ++processed;
-  last_commit_steady_ms = clock->steady_ms();
-  return Status::Ok();
-}
-
-Status SqliteClaims::claim(const std::string& consumer, const Message& message,
-                           const std::string& message_id, int attempt, const StoreHandler& handler,
-                           std::optional<int64_t> replayed_dead_letter, ClaimResult* result,
-                           std::string* handler_error) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::claim"); !r.ok()) return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  SqliteStore& m = s_;
-  if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
-  std::lock_guard<std::mutex> lock(m.mu);
-  const auto started = std::chrono::steady_clock::now();
-  try {
-    run(*m.begin_immediate);
-  } catch (const SQLite::Exception& e) {
-    return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
-  }
-  const RollbackOnThrow rollback_on_throw(*m.db);
-  try {
-    if (!m.insert_claim(consumer, message, message_id, false)) {
-      // Someone else's claim won (a concurrent delivery). Our begin_attempt may have
-      // re-created the attempts row after their commit deleted it; remove it with them.
-      m.delete_attempt_row(consumer, message_id);
-      if (m.db->getChanges() > 0)
-        run(*m.commit);
-      else
-        rollback_quietly(*m.db);
-      *result = ClaimResult::kDuplicate;
-      ++m.duplicates;
-      return Status::Ok();
-    }
-  } catch (const SQLite::Exception& e) {
-    rollback_quietly(*m.db);
-    if (refused_message(e, result, handler_error)) return Status::Ok();
-    return m.store_error(to_status(e, "claim transaction"));
-  }
-  const Status s = m.claim_locked(consumer, message, message_id, attempt, handler, true,
-                                  replayed_dead_letter, result, handler_error);
-  if (s.ok() && *result == ClaimResult::kProcessed) {
-    m.record_latency(std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now() - started)
-                         .count());
-    if (m.options.after_commit_hook) m.options.after_commit_hook(consumer, message_id);
-  }
-  return s;
-}
-
-Status SqliteClaims::process(const std::string& consumer, const Message& message,
-                             const std::string& message_id, const StoreHandler& handler,
-                             int max_attempts, std::optional<int64_t> replayed_dead_letter,
-                             const nlohmann::json* payload_json, ProcessReport* report) {
-  if (Status r = refuse_if_in_handler(s_.owner, "ClaimStore::process"); !r.ok()) return r;
-  if (s_.fatal.load()) return s_.fatal_status();
-  SqliteStore& m = s_;
-  if (m.options.before_claim_hook) m.options.before_claim_hook(consumer, message_id);
-  std::lock_guard<std::mutex> lock(m.mu);
-  SQLite::Database& db = *m.db;
-  *report = ProcessReport{};
-  const auto started = std::chrono::steady_clock::now();
-  try {
-    run(*m.begin_immediate);
-  } catch (const SQLite::Exception& e) {
-    return m.store_error(to_status(e, "BEGIN IMMEDIATE"));
-  }
-  const RollbackOnThrow rollback_on_throw(*m.db);
-  bool marked = false;       // the marker counts this attempt while the handler runs
-  bool attempt_row = false;  // inbox_attempts has a row for the id
-  bool counted = false;      // this attempt is already counted in inbox_attempts
-  bool refused = false;      // the store refused this message's change before the handler
-  try {
-    if (!m.insert_claim(consumer, message, message_id, /*only_if_nothing_recorded=*/true)) {
-      // A duplicate, or something is recorded for the id: read what (the slow path).
-      if (m.read_lookup(consumer, message_id, &report->state)) {
-        if (replayed_dead_letter) {
-          // The replayed message's effect is already committed: close its dead letter, so
-          // a requeued row always ends (Consumer::replay_requeued).
-          m.mark_replayed_row(*replayed_dead_letter);
-          run(*m.commit);
-        } else {
-          rollback_quietly(db);
-        }
-        report->result = ClaimResult::kDuplicate;
-        ++m.duplicates;
-        return Status::Ok();
-      }
-      if (report->state.dead_letter_id && !replayed_dead_letter) {
-        rollback_quietly(db);
-        report->result = ClaimResult::kDeadLettered;
-        return Status::Ok();
-      }
-      if (report->state.attempts >= max_attempts) {
-        rollback_quietly(db);
-        report->result = ClaimResult::kAttemptsExhausted;
-        return Status::Ok();
-      }
-      // Not processed, and we hold the write lock since BEGIN IMMEDIATE: this claims.
-      if (!m.insert_claim(consumer, message, message_id, false))
-        throw SQLite::Exception("the claim changed no row after a lookup found none",
-                                SQLITE_INTERNAL);
-    }
-    report->attempt = report->state.attempts + 1;
-    attempt_row = report->state.attempts > 0;
-    marked = m.marker && m.marker->set(consumer, message_id);
-    if (!marked) {
-      // No marker (a non-exclusive Inbox, or its write failed): the attempt goes into the
-      // database, committed before the handler runs, and the claim is made again.
-      rollback_quietly(db);
-      report->attempt = m.count_attempt(consumer, message_id, nullptr);
-      attempt_row = counted = true;
-      run(*m.begin_immediate);
-      if (!m.insert_claim(consumer, message, message_id, false)) {
-        // A concurrent delivery committed meanwhile: our attempt row goes with it.
-        m.delete_attempt_row(consumer, message_id);
-        run(*m.commit);
-        report->result = ClaimResult::kDuplicate;
-        ++m.duplicates;
-        return Status::Ok();
-      }
-    }
-  } catch (const SQLite::Exception& e) {
-    rollback_quietly(db);
-    if (!refused_message(e, &report->result, &report->handler_error)) {
-      if (marked) m.marker->clear();
-      return m.store_error(to_status(e, "claim transaction"));
-    }
-    refused = true;
-  }
-
-  Status s = refused ? Status::Ok()
-                     : m.claim_locked(consumer, message, message_id, report->attempt, handler,
-                                      attempt_row, replayed_dead_letter, &report->result,
-                                      &report->handler_error, payload_json);
-  if (s.ok() && report->result == ClaimResult::kHandlerFailed) {
-    // The attempt failed and was rolled back: count it (the marker only counted it while
-    // the handler ran), so the next delivery knows how many are left.
-    try {
-      if (!counted) {
-        report->attempt = m.count_attempt(consumer, message_id, &report->handler_error);
-      } else {
-        SqliteStore::RelaxedSync relaxed(m);
-        SQLite::Statement& q = *m.attempt_failed;
-        StatementReset reset(q);
-        q.bind(1, consumer);
-        q.bind(2, message_id);
-        q.bind(3, report->handler_error);
-        q.exec();
-      }
-      ++m.retries;
-    } catch (const SQLite::Exception& e) {
-      s = m.store_error(to_status(e, "recording attempt failure"));
-    }
-  }
-  const bool committed = s.ok() && report->result == ClaimResult::kProcessed;
-  // After a commit the marker may stay: the next open skips an id that is processed, and
-  // the next message overwrites it (one pwrite per message instead of two).
-  if (marked && !committed) m.marker->clear();
-  if (committed) {
-    m.record_latency(std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now() - started)
-                         .count());
-    if (m.options.after_commit_hook) m.options.after_commit_hook(consumer, message_id);
-  }
-  return s;
+void SqliteBackend::run_handler(const Inbox* owner, FunctionRef<void(const TxnRef&)> call,
+                                HandlerRun* out) {
+  run_sqlite_handler(*db, owner, call, out);
+  // A connection the handler closed is let go (close_connection) and made anew by the
+  // next call (ready()).
+  if (out->left == TxnLeft::kClosed) connection_closed_by_handler_ = true;
 }
 
 }  // namespace mqtt_inbox::detail

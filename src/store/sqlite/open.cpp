@@ -1,10 +1,10 @@
-// Opening an inbox, and everything else an inbox does at start-up: the per-database lock
-// file, the check that this process can write the files, the connection with its
-// pragmas, schema and migrations and the retention clock, the application's own set-up
-// SQL (Inbox::setup), each attempt waited out while the store is transiently unavailable
-// (detail::StoreRetry::until_ready), and the attempt a process that died inside a handler
-// left in the lock file (store/sqlite/attempt_marker.h). Also the fatal latch: once the file is
-// found corrupt, the inbox never touches it again.
+// Opening the SQLite store, and everything else it does at start-up: the per-database lock
+// file, the check that this process can write the files, the connection with its pragmas,
+// schema and migrations and the retention clock's base, the application's own set-up SQL
+// (Inbox::setup), and the attempt a process that died inside a handler left in the lock
+// file (store/sqlite/attempt_marker.h). The front (store/store.h) waits out each attempt
+// while the store is transiently unavailable. Also what the store does once it is found
+// unusable: never checkpoint the WAL into the damaged file again.
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -18,10 +18,11 @@
 #include <mutex>
 
 #include "mqtt_inbox/clock.h"
-#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/sqlite.h"
 #include "store/reentry.h"
+#include "store/sqlite/backend.h"
+#include "store/sqlite/errors.h"
 #include "store/sqlite/schema.h"
-#include "store/sqlite/store.h"
 #include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
 #include "util/file_access.h"
@@ -60,10 +61,9 @@ Status take_lock_file(const std::string& path, int* fd_out) {
 
 }  // namespace
 
-Status detail::open_sqlite_store(const std::string& path, const InboxOptions& options,
-                                 std::unique_ptr<detail::Store>* out) {
-  if (path.empty()) return Status::InvalidArgument("database path is empty");
-  if (options.busy_timeout_ms < 0) return Status::InvalidArgument("busy_timeout_ms < 0");
+Status detail::make_sqlite_backend(detail::Store& front,
+                                   std::unique_ptr<detail::StoreBackend>* out) {
+  const InboxOptions& options = front.options();
   if (options.cache_size_kib <= 0) return Status::InvalidArgument("cache_size_kib <= 0");
   if (options.page_size_bytes < 512 || options.page_size_bytes > 65536 ||
       (options.page_size_bytes & (options.page_size_bytes - 1)) != 0)
@@ -72,85 +72,119 @@ Status detail::open_sqlite_store(const std::string& path, const InboxOptions& op
     return Status::InvalidArgument("journal_size_limit_bytes < -1");
   if (options.wal_autocheckpoint_pages < 0)
     return Status::InvalidArgument("wal_autocheckpoint_pages < 0");
-  if (options.startup_backoff_initial.count() < 1 ||
-      options.startup_backoff_max < options.startup_backoff_initial ||
-      options.startup_deadline_ms < 0 || options.startup_log_interval_ms < 0)
-    return Status::InvalidArgument(
-        "start-up options: need 1 ms <= startup_backoff_initial <= startup_backoff_max, "
-        "startup_deadline_ms >= 0, startup_log_interval_ms >= 0");
+  auto backend = std::make_unique<detail::SqliteBackend>(front);
+  if (Status s = backend->prepare_files(); !s.ok()) return s;
+  *out = std::move(backend);
+  return Status::Ok();
+}
 
-  auto impl = std::make_unique<detail::SqliteStore>();
-  impl->path = path;
-  impl->options = options;
-  impl->clock = options.clock ? options.clock : Clock::system();
-  impl->log = detail::logger_or_default(options.logger);
-  impl->startup = std::make_unique<detail::StoreRetry>(
-      "inbox " + path, path, options.startup_backoff_initial.count(),
-      options.startup_backoff_max.count(), options.startup_log_interval_ms, impl->clock, impl->log);
+detail::SqliteBackend::SqliteBackend(Store& front)
+    : StoreBackend(front),
+      path(front.location()),
+      options(front.options()),
+      clock(front.clock()),
+      log(front.log()) {
+  retention = make_sqlite_retention_rows(*this);
+  stp = make_sqlite_stp_rows(*this);
+  outbox_store = make_sqlite_outbox(*this);
+}
+
+Status detail::SqliteBackend::prepare_files() {
   // What waiting would never mend fails before anything is created (a lock file beside a
   // folder): a folder or a device as the path, a missing folder, a new database in a
   // folder that cannot be written.
-  bool existed = false;
-  if (Status s = detail::check_database_location(path, &existed); !s.ok()) {
-    impl->log->error("inbox {}: {}", path, s.message());
+  if (Status s = detail::check_database_location(path, &existed_); !s.ok()) {
+    log->error("inbox {}: {}", path, s.message());
     return s;
   }
   // Files another user left behind do not clear by themselves: refuse before SQLite
   // quietly opens the database read-only.
   if (Status s = detail::check_writable(path, options.exclusive); !s.ok()) {
-    impl->log->error("inbox {}: {}", path, s.message());
+    log->error("inbox {}: {}", path, s.message());
     return s;
   }
   struct stat lock_st {};
-  const bool lock_existed = ::stat((path + ".lock").c_str(), &lock_st) == 0;
-  if (options.exclusive) {
-    if (Status s = take_lock_file(path, &impl->lock_fd); !s.ok()) return s;
-  }
-  detail::SqliteStore* m = impl.get();
-  // A new database that does not fit on the file system: no message waits in it, so
-  // there is nothing to wait for (kFull is transient for an existing one). Reported as a
-  // non-transient status to end the start-up wait, and as kFull below.
-  bool new_file_full = false;
-  Status s = m->wait_at_startup("opening the database", [m, existed, &new_file_full](int busy_ms) {
-    Status r = m->open_connection(busy_ms);
-    if (existed || r.code() != Status::Code::kFull) return r;
-    new_file_full = true;
-    return Status::InvalidArgument(r.message());
-  });
-  if (new_file_full)
-    s = Status(Status::Code::kFull, "no room to create the new database " + path + " (" +
-                                        s.message() + "); nothing was left behind");
-  if (impl->db) sqlite3_busy_timeout(impl->db->getHandle(), options.busy_timeout_ms);
-  if (!s.ok()) {
-    // Closed here, without what ~SqliteStore does after a successful open (persisting the
-    // clock, clearing a marker that may hold an attempt not yet counted).
-    impl->close_connection();
-    impl->marker.reset();
-    if (new_file_full) {
-      // The files this call created, while it still holds the lock file: a database that
-      // was never made leaves nothing behind.
-      for (const char* suffix : {"-wal", "-shm", ""}) ::unlink((path + suffix).c_str());
-      if (!lock_existed && impl->lock_fd >= 0) ::unlink((path + ".lock").c_str());
-      impl->log->error("inbox {}: {}", path, s.message());
-    }
-    if (impl->lock_fd >= 0) ::close(impl->lock_fd);
-    impl->lock_fd = -1;
-    return s;
-  }
-  *out = std::move(impl);
+  lock_existed_ = ::stat((path + ".lock").c_str(), &lock_st) == 0;
+  if (options.exclusive) return take_lock_file(path, &lock_fd);
   return Status::Ok();
 }
 
-void detail::SqliteStore::close_connection() {
+Status detail::SqliteBackend::open(int lock_wait_ms) {
+  const Status s = open_connection(lock_wait_ms);
+  if (!s.ok()) {
+    // A new database that does not fit on the file system: no message waits in it, so
+    // there is nothing to wait for (kFull is transient for an existing one). A status
+    // that ends the start-up wait; failed_open() reports it as kFull.
+    if (existed_ || s.code() != Status::Code::kFull) return s;
+    new_file_full_ = true;
+    return Status::InvalidArgument(s.message());
+  }
+  sqlite3_busy_timeout(db->getHandle(), options.busy_timeout_ms);
+  opened_ = true;
+  return s;
+}
+
+Status detail::SqliteBackend::failed_open(Status s) {
+  std::lock_guard<std::mutex> lock(mu);
+  close_connection();
+  marker.reset();
+  if (!new_file_full_) return s;
+  s = Status(Status::Code::kFull, "no room to create the new database " + path + " (" +
+                                      s.message() + "); nothing was left behind");
+  // The files this call created, while it still holds the lock file: a database that was
+  // never made leaves nothing behind.
+  for (const char* suffix : {"-wal", "-shm", ""}) ::unlink((path + suffix).c_str());
+  if (!lock_existed_ && lock_fd >= 0) ::unlink((path + ".lock").c_str());
+  log->error("inbox {}: {}", path, s.message());
+  return s;
+}
+
+Status detail::SqliteBackend::classify_current(const std::string& context) {
+  try {
+    throw;
+  } catch (const SQLite::Exception& e) {
+    return detail::to_status(e, db ? db->getHandle() : nullptr, context);
+  } catch (const std::exception& e) {
+    return Status::Internal(context + ": " + e.what());
+  } catch (...) {
+    return Status::Internal(context + ": a non-standard exception");
+  }
+}
+
+void detail::SqliteBackend::on_store_error(const Status& s) {
+  // On a full disk the WAL gives its space back at once (the caller holds the connection).
+  if (s.code() == Status::Code::kFull && wal_guard) wal_guard->on_full();
+}
+
+void detail::SqliteBackend::close_connection() {
   wal_guard.reset();
-  for (auto* q :
-       {&begin_immediate, &commit, &lookup, &claim_if_nothing_recorded, &begin_attempt,
-        &attempt_failed, &attempt_failed_counted, &claim, &delete_attempts, &mark_replayed})
+  for (auto* q : {&begin_immediate, &commit_stmt, &rollback_stmt, &lookup,
+                  &claim_if_nothing_recorded, &begin_attempt, &attempt_failed,
+                  &attempt_failed_counted, &claim, &delete_attempts_stmt, &mark_replayed_stmt})
     q->reset();
+  if (!db) return;
+  // A statement of the application's own still prepared on the connection (a handler that
+  // kept one), or a connection a handler closed itself: SQLiteCpp's close would fail and
+  // assert (SQLITE_BUSY, or a call on a closed connection). sqlite3_close_v2 makes it a
+  // zombie that SQLite frees when the last statement is finalized; the wrapper is let go
+  // without its destructor.
+  sqlite3* h = db->getHandle();
+  sqlite3_stmt* left = connection_closed_by_handler_ ? nullptr : sqlite3_next_stmt(h, nullptr);
+  if (connection_closed_by_handler_ || left) {
+    if (left)
+      log->warn(
+          "{}: the connection closes with a statement of the application still prepared on "
+          "it ({}); it is freed when that statement is finalized",
+          path, printable(sqlite3_sql(left) ? sqlite3_sql(left) : "?", 200));
+    if (!connection_closed_by_handler_) sqlite3_close_v2(h);
+    (void)db.release();
+    connection_closed_by_handler_ = false;
+    return;
+  }
   db.reset();
 }
 
-Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
+Status detail::SqliteBackend::open_connection(int busy_timeout_ms) {
   // A failed attempt leaves nothing behind: the next one starts with a new connection.
   close_connection();
   try {
@@ -175,9 +209,11 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
 
       const int version = c.execAndGet("PRAGMA user_version").getInt();
       if (version > kSchemaVersion)
-        return Status(Status::Code::kCorruption,
+        return Status(Status::Code::kSchema,
                       "database schema version " + std::to_string(version) +
-                          " is newer than this library's " + std::to_string(kSchemaVersion));
+                          " is newer than this library's " + std::to_string(kSchemaVersion) +
+                          ": a newer mqtt-inbox wrote it; use that version (the file is left "
+                          "as it is)");
       bool migrated = false;
       for (const detail::SchemaStep& step : detail::schema_steps()) {
         if (step.version <= version) continue;
@@ -225,8 +261,7 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
             "SELECT coalesce(max(retention_at), 0) FROM outbox_messages WHERE state = 'sent'",
             "SELECT coalesce(max(retention_at), 0) FROM outbox_messages WHERE state = 'dead'"})
         base = std::max(base, c.execAndGet(sql).getInt64());
-      clock_base_ms = base;
-      steady_base_ms = clock->steady_ms();
+      front().set_retention_clock_base(base);
     }
 
     c.exec(options.synchronous == Synchronous::kFull ? "PRAGMA synchronous = FULL"
@@ -285,76 +320,41 @@ Status detail::SqliteStore::open_connection(int busy_timeout_ms) {
             "committed to the database instead",
             path, path, std::strerror(errno));
     }
-  } catch (const SQLite::Exception& e) {
-    return store_error(detail::to_status(e, db ? db->getHandle() : nullptr, "opening " + path));
-  } catch (const std::exception& e) {
-    return Status::Internal("opening " + path + ": " + e.what());
+  } catch (...) {
+    return classify_current("opening " + path);
   }
   return Status::Ok();
 }
 
-Status Inbox::setup(const std::function<void(SQLite::Database&)>& fn) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::setup"); !r.ok()) return r;
-  if (store_->kind() != detail::StoreKind::kSqlite)
-    return Status::InvalidArgument("Inbox::setup takes an SQLite::Database, and " +
-                                   store_->location() +
-                                   " is not an SQLite store: use Inbox::setup_sql");
-  return static_cast<detail::SqliteStore&>(*store_).setup(fn);
+void detail::SqliteBackend::setup(int lock_wait_ms, FunctionRef<void(const TxnRef&)> fn) {
+  BusyTimeout busy(db->getHandle(), lock_wait_ms, options.busy_timeout_ms);
+  write_transaction([&] { fn(TxnRef{db.get(), &typeid(SQLite::Database*)}); });
 }
 
-Status detail::SqliteStore::setup(const std::function<void(SQLite::Database&)>& fn) {
-  detail::SqliteStore& m = *this;
-  return m.wait_at_startup("running the application's set-up", [&](int busy_ms) -> Status {
-    std::lock_guard<std::mutex> lock(m.mu);
-    if (m.fatal.load()) return m.fatal_status();
-    detail::SqliteStore::BusyTimeout busy(m.db->getHandle(), busy_ms, m.options.busy_timeout_ms);
-    try {
-      m.write_transaction([&] { fn(*m.db); });
-    } catch (const SQLite::Exception& e) {
-      return m.store_error(detail::to_status(e, m.db->getHandle(), "application set-up"));
-    } catch (const std::exception& e) {
-      return Status::InvalidArgument(std::string("application set-up: ") + e.what());
-    } catch (...) {
-      return Status::InvalidArgument("application set-up threw a non-standard exception");
-    }
-    return Status::Ok();
-  });
+void detail::SqliteBackend::setup_sql(int lock_wait_ms, const std::string& sql) {
+  setup(lock_wait_ms, [&](const TxnRef&) { db->exec(sql); });
 }
 
-Status Inbox::setup_sql(const std::string& sql) { return store_->setup_sql(sql); }
-
-Status detail::SqliteStore::setup_sql(const std::string& sql) {
-  if (Status r = refuse_if_in_handler(owner, "Inbox::setup_sql"); !r.ok()) return r;
-  return setup([&](SQLite::Database& d) { d.exec(sql); });
-}
-
-void detail::SqliteStore::latch_fatal(const Status& s) {
-  {
-    std::lock_guard<std::mutex> lock(stats_mu);
-    if (fatal.load()) return;
-    fatal_error = s.to_string();
-    fatal = true;
-  }
+void detail::SqliteBackend::on_fatal() {
   // No checkpoint may write the WAL into a damaged file, not even the closing one.
   if (wal_guard) wal_guard->disable();
   if (db) sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
-  startup->set_fatal(s);
-  log->critical(
-      "inbox {}: the database is unusable ({}). From now on the inbox neither reads "
-      "nor writes it, and leaves it exactly as it is (it never deletes or recreates "
-      "it). Stop the application, copy what can be read into a new file (`sqlite3 {} "
-      ".recover`, or `.dump` where sqlite3 lacks .recover, piped into `sqlite3 "
-      "{}.recovered`), verify it with `mqtt-inbox check`, and put it in place of the "
-      "original: docs/operations.md#recovering-a-corrupt-database has the exact commands.",
-      path, s.to_string(), path, path);
 }
 
-Status detail::SqliteStore::fatal_status() const {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return Status(Status::Code::kCorruption,
-                "the database " + path + " is unusable (" + fatal_error +
-                    "); the inbox no longer reads or writes it "
-                    "(docs/operations.md#recovering-a-corrupt-database)");
+std::string detail::SqliteBackend::fatal_advice(const std::string& error) const {
+  return "the database is unusable (" + error +
+         "). From now on the inbox neither reads nor writes it, and leaves it exactly as it is "
+         "(it never deletes or recreates it). Stop the application, copy what can be read into "
+         "a new file (`sqlite3 " +
+         path + " .recover`, or `.dump` where sqlite3 lacks .recover, piped into `sqlite3 " + path +
+         ".recovered`), verify it with `mqtt-inbox check`, and put it in place of the original: "
+         "docs/operations.md#recovering-a-corrupt-database has the exact commands.";
+}
+
+std::string detail::SqliteBackend::fatal_text(const std::string& error) const {
+  return "the database " + path + " is unusable (" + error +
+         "); the inbox no longer reads or writes it "
+         "(docs/operations.md#recovering-a-corrupt-database)";
 }
 
 }  // namespace mqtt_inbox

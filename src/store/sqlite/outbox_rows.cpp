@@ -16,16 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "store/sqlite/backend.h"
 #include "store/sqlite/errors.h"
-#include "store/sqlite/store.h"
 #include "store/sqlite/util.h"
 
 namespace mqtt_inbox::detail {
-
-void with_sqlite_txn(SQLite::Database& db, const std::function<void(const Txn&)>& fn) {
-  const TypedTxn<SQLite::Database> txn(db);
-  fn(txn);
-}
 
 namespace {
 
@@ -77,21 +72,22 @@ StoredOutboxRow read_row(SQLite::Statement& q, int64_t clock_now) {
   return s;
 }
 
-SQLite::Database& db_of(const Txn& txn) {
-  if (txn.handle_type() != typeid(SQLite::Database))
-    throw std::logic_error("outbox enqueue in a transaction of another kind of store");
-  return static_cast<const TypedTxn<SQLite::Database>&>(txn).handle();
+SQLite::Database& db_of(const TxnRef& txn) {
+  if (!txn.type || *txn.type != typeid(SQLite::Database*))
+    throw std::invalid_argument(
+        "outbox enqueue: the transaction is not an SQLite::Database of this inbox's store");
+  return *static_cast<SQLite::Database*>(txn.handle);
 }
 
 class SqliteOutbox final : public OutboxStore {
  public:
-  explicit SqliteOutbox(SqliteStore& store) : s_(store) {}
+  explicit SqliteOutbox(SqliteBackend& store) : s_(store) {}
 
-  bool in_transaction(const Txn& txn) override {
+  bool in_transaction(const TxnRef& txn) override {
     return !sqlite3_get_autocommit(db_of(txn).getHandle());
   }
 
-  bool insert(const Txn& txn, const NewOutboxRow& row, int64_t* seq) override {
+  bool insert(const TxnRef& txn, const NewOutboxRow& row, int64_t* seq) override {
     SQLite::Database& db = db_of(txn);
     SQLite::Statement ins(db, kInsertSql);
     ins.bind(1, *row.message_id);
@@ -108,13 +104,13 @@ class SqliteOutbox final : public OutboxStore {
     return true;
   }
 
-  void remove(const Txn& txn, int64_t seq) override {
+  void remove(const TxnRef& txn, int64_t seq) override {
     SQLite::Statement del(db_of(txn), "DELETE FROM outbox_messages WHERE seq = ?");
     del.bind(1, seq);
     del.exec();
   }
 
-  void class_usage(const Txn& txn, const std::string& class_prefix, int64_t* rows,
+  void class_usage(const TxnRef& txn, const std::string& class_prefix, int64_t* rows,
                    int64_t* bytes) override {
     SQLite::Statement q(db_of(txn), "SELECT rows, bytes FROM outbox_usage WHERE class = ?");
     q.bind(1, class_prefix);
@@ -126,7 +122,7 @@ class SqliteOutbox final : public OutboxStore {
     }
   }
 
-  bool oldest_pending(const Txn& txn, const std::string& class_prefix, int64_t except_seq,
+  bool oldest_pending(const TxnRef& txn, const std::string& class_prefix, int64_t except_seq,
                       OldestPending* out) override {
     SQLite::Statement q(db_of(txn), kOldestPendingSql);
     q.bind(1, class_prefix);
@@ -139,8 +135,8 @@ class SqliteOutbox final : public OutboxStore {
     return true;
   }
 
-  int64_t remove_pending_before(const Txn& txn, const std::string& class_prefix, int64_t except_seq,
-                                int64_t cutoff) override {
+  int64_t remove_pending_before(const TxnRef& txn, const std::string& class_prefix,
+                                int64_t except_seq, int64_t cutoff) override {
     SQLite::Statement drop(db_of(txn),
                            "DELETE FROM outbox_messages WHERE class = ? AND state = 'pending' "
                            "AND seq <> ? AND enqueued_clock < ?");
@@ -150,7 +146,7 @@ class SqliteOutbox final : public OutboxStore {
     return drop.exec();
   }
 
-  void count_drops(const Txn& txn, const std::string& class_prefix, int64_t n) override {
+  void count_drops(const TxnRef& txn, const std::string& class_prefix, int64_t n) override {
     SQLite::Statement count(db_of(txn),
                             "UPDATE outbox_usage SET dropped = dropped + ? WHERE class = ?");
     count.bind(1, n);
@@ -158,7 +154,7 @@ class SqliteOutbox final : public OutboxStore {
     count.exec();
   }
 
-  void wake_after_commit(const Txn& txn) override {
+  void wake_after_commit(const TxnRef& txn) override {
     // A no-op on a connection the library did not open (commit_wake.h).
     s_.commit_wake->arm(db_of(txn).getHandle());
   }
@@ -366,9 +362,9 @@ class SqliteOutbox final : public OutboxStore {
   template <typename Fn>
   Status on_store(const char* call, bool write, bool relaxed_sync, Fn&& fn) {
     std::lock_guard<std::mutex> lock(s_.mu);
-    if (s_.fatal.load()) return s_.fatal_status();
+    if (s_.unusable()) return s_.fatal_status();
     try {
-      std::optional<SqliteStore::RelaxedSync> relaxed;
+      std::optional<SqliteBackend::RelaxedSync> relaxed;
       if (relaxed_sync) relaxed.emplace(s_);
       if (write)
         s_.write_transaction(fn);
@@ -382,12 +378,12 @@ class SqliteOutbox final : public OutboxStore {
     }
   }
 
-  SqliteStore& s_;
+  SqliteBackend& s_;
 };
 
 }  // namespace
 
-std::unique_ptr<OutboxStore> make_sqlite_outbox(SqliteStore& store) {
+std::unique_ptr<OutboxStore> make_sqlite_outbox(SqliteBackend& store) {
   return std::make_unique<SqliteOutbox>(store);
 }
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "store/sqlite/store.h"
+#include "store/sqlite/backend.h"
 #include "store/sqlite/util.h"
 
 namespace mqtt_inbox::detail {
@@ -78,7 +78,7 @@ using IdKey = std::pair<std::string, std::string>;  // (consumer_name, message_i
 
 class SqliteRetentionSweep final : public RetentionSweep {
  public:
-  SqliteRetentionSweep(SqliteStore& store, const RetentionSweepOptions& options)
+  SqliteRetentionSweep(SqliteBackend& store, const RetentionSweepOptions& options)
       : store_(store), options_(options) {
     const InboxOptions& io = store_.options;
     try {
@@ -100,7 +100,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
   ~SqliteRetentionSweep() override {
     // A corrupt file is never written again, not even by this connection's closing
     // checkpoint.
-    if (reader_ && store_.fatal.load())
+    if (reader_ && store_.unusable())
       sqlite3_db_config(reader_->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
   }
 
@@ -134,7 +134,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
       // No fsync for a delete of expired rows: if power loss undoes it, the next pass
       // deletes them again. The write lock is then held for the delete alone, and the next
       // claim's fsync makes it durable anyway.
-      SqliteStore::RelaxedSync relaxed(store_);
+      SqliteBackend::RelaxedSync relaxed(store_);
       store_.write_transaction([&] {
         SQLite::Statement q(*store_.db, delete_sql(rows));
         q.bind(1, cutoff);
@@ -158,7 +158,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
   // copied, the next writer starts it again from the beginning, so message commits stay
   // below the autocheckpoint threshold.
   void after_batch() override {
-    if (!reader_ || !options_.checkpoint || store_.fatal.load()) return;
+    if (!reader_ || !options_.checkpoint || store_.unusable()) return;
     (void)sqlite3_wal_checkpoint_v2(reader_->getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE,
                                     nullptr, nullptr);
   }
@@ -171,7 +171,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
     if (!options_.reclaim_space) return Status::Ok();
     try {
       std::lock_guard<std::mutex> lock(store_.mu);
-      SqliteStore::RelaxedSync relaxed(store_);  // as for the deletes
+      SqliteBackend::RelaxedSync relaxed(store_);  // as for the deletes
       SQLite::Database& db = *store_.db;
       const int64_t before = db.execAndGet("PRAGMA freelist_count").getInt64();
       if (before == 0) return Status::Ok();
@@ -187,11 +187,11 @@ class SqliteRetentionSweep final : public RetentionSweep {
 
   void finish_pass() override {
     std::lock_guard<std::mutex> lock(store_.mu);
-    if (!options_.checkpoint || store_.fatal.load()) return;
+    if (!options_.checkpoint || store_.unusable()) return;
     // TRUNCATE when idle: nothing committed during the last period. A busy reader makes it
     // return SQLITE_BUSY-like partial results, which is fine: try again next pass.
     const bool idle =
-        store_.clock->steady_ms() - store_.last_commit_steady_ms.load() >= options_.idle_ms;
+        store_.clock->steady_ms() - store_.front().last_commit_steady_ms() >= options_.idle_ms;
     (void)sqlite3_wal_checkpoint_v2(store_.db->getHandle(), nullptr,
                                     idle ? SQLITE_CHECKPOINT_TRUNCATE : SQLITE_CHECKPOINT_PASSIVE,
                                     nullptr, nullptr);
@@ -240,7 +240,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
     // after a commit); once that id is pruned, the next open would count it as a lost
     // attempt. No handler runs while we hold the lock, so clear it first.
     if (store_.marker) store_.marker->clear();
-    SqliteStore::RelaxedSync relaxed(store_);  // as in delete_expired
+    SqliteBackend::RelaxedSync relaxed(store_);  // as in delete_expired
     int64_t n = 0;
     store_.write_transaction([&] {
       SQLite::Statement q(*store_.db, kDeleteIdSql);
@@ -255,7 +255,7 @@ class SqliteRetentionSweep final : public RetentionSweep {
     return n;
   }
 
-  SqliteStore& store_;
+  SqliteBackend& store_;
   const RetentionSweepOptions options_;
   // A second connection to the same file, to find expired ids, checkpoint between batches
   // and count rows. It never takes the store's lock, so a message commit does not wait for
@@ -268,13 +268,13 @@ class SqliteRetentionSweep final : public RetentionSweep {
 
 class SqliteRetentionRows final : public RetentionRows {
  public:
-  explicit SqliteRetentionRows(SqliteStore& store) : store_(store) {}
+  explicit SqliteRetentionRows(SqliteBackend& store) : store_(store) {}
 
   Status record_required_window(int64_t required_ms, int lock_wait_ms) override {
     std::lock_guard<std::mutex> lock(store_.mu);
-    if (store_.fatal.load()) return store_.fatal_status();
-    SqliteStore::BusyTimeout busy(store_.db->getHandle(), lock_wait_ms,
-                                  store_.options.busy_timeout_ms);
+    if (store_.unusable()) return store_.fatal_status();
+    SqliteBackend::BusyTimeout busy(store_.db->getHandle(), lock_wait_ms,
+                                    store_.options.busy_timeout_ms);
     try {
       SQLite::Statement q(*store_.db,
                           "INSERT INTO inbox_meta (key, value) VALUES ('required_window_ms', ?1)"
@@ -288,7 +288,7 @@ class SqliteRetentionRows final : public RetentionRows {
   }
 
   Status persist_clock() override {
-    if (store_.fatal.load()) return store_.fatal_status();
+    if (store_.unusable()) return store_.fatal_status();
     std::lock_guard<std::mutex> lock(store_.mu);
     try {
       SQLite::Statement q(
@@ -311,12 +311,12 @@ class SqliteRetentionRows final : public RetentionRows {
   }
 
  private:
-  SqliteStore& store_;
+  SqliteBackend& store_;
 };
 
 }  // namespace
 
-std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteStore& store) {
+std::unique_ptr<RetentionRows> make_sqlite_retention_rows(SqliteBackend& store) {
   return std::make_unique<SqliteRetentionRows>(store);
 }
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/sqlite.h"
 
 namespace mqtt_inbox::detail {
 

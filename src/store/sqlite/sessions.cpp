@@ -1,11 +1,11 @@
-// SqliteSessions (store/sessions.h): the rows of the session records, what each client
-// id's persistent session holds at the broker as the transport recorded it. All SQL on
+// The SQLite store's session-record rows (store/backend.h): what each client id's
+// persistent session holds at the broker as the transport recorded it. All SQL on
 // inbox_sessions and inbox_session_filters lives in this file; the checks are
 // SessionStore's (store/sessions.cpp).
 #include <mutex>
 
 #include "mqtt_inbox/session_record.h"
-#include "store/sqlite/store.h"
+#include "store/sqlite/backend.h"
 #include "util/log.h"
 
 namespace mqtt_inbox::detail {
@@ -53,81 +53,47 @@ std::vector<SessionRecord> read_sessions(SQLite::Database& db, const std::string
 
 }  // namespace
 
-Status SqliteSessions::write(const SessionRecord& record) {
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    s_.write_transaction([&] {
-      SQLite::Statement up(*s_.db, kUpsertSessionSql);
-      up.bind(1, record.client_id);
-      up.bind(2, record.session_expiry_ms);
-      up.bind(3, to_string(record.expiry_source));
-      up.bind(4, record.updated_at_ms);
-      up.exec();
-      SQLite::Statement del(*s_.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
-      del.bind(1, record.client_id);
-      del.exec();
-      SQLite::Statement ins(*s_.db,
-                            "INSERT INTO inbox_session_filters (client_id, topic_filter)"
-                            " VALUES (?1, ?2)");
-      for (const std::string& f : record.topic_filters) {
-        ins.bind(1, record.client_id);
-        ins.bind(2, f);
-        ins.exec();
-        ins.reset();
-      }
-    });
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(
-        to_status(e, "recording the session of client '" + printable(record.client_id) + "'"));
+void SqliteBackend::write_session(const SessionRecord& record) {
+  SQLite::Statement up(*db, kUpsertSessionSql);
+  up.bind(1, record.client_id);
+  up.bind(2, record.session_expiry_ms);
+  up.bind(3, to_string(record.expiry_source));
+  up.bind(4, record.updated_at_ms);
+  up.exec();
+  SQLite::Statement del(*db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
+  del.bind(1, record.client_id);
+  del.exec();
+  SQLite::Statement ins(*db,
+                        "INSERT INTO inbox_session_filters (client_id, topic_filter)"
+                        " VALUES (?1, ?2)");
+  for (const std::string& f : record.topic_filters) {
+    ins.bind(1, record.client_id);
+    ins.bind(2, f);
+    ins.exec();
+    ins.reset();
   }
-  return Status::Ok();
 }
 
-Status SqliteSessions::add_lost(const std::string& client_id, int64_t at_ms) {
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    s_.write_transaction([&] {
-      SQLite::Statement up(*s_.db,
-                           "UPDATE inbox_sessions SET sessions_lost = sessions_lost + 1,"
-                           " last_lost_at = ?2 WHERE client_id = ?1");
-      up.bind(1, client_id);
-      up.bind(2, at_ms);
-      up.exec();
-    });
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(
-        to_status(e, "recording the lost session of client '" + printable(client_id) + "'"));
-  }
-  return Status::Ok();
+void SqliteBackend::add_lost_session(const std::string& client_id, int64_t at_ms) {
+  SQLite::Statement up(*db,
+                       "UPDATE inbox_sessions SET sessions_lost = sessions_lost + 1,"
+                       " last_lost_at = ?2 WHERE client_id = ?1");
+  up.bind(1, client_id);
+  up.bind(2, at_ms);
+  up.exec();
 }
 
-Status SqliteSessions::read(const std::string* client_id, std::vector<SessionRecord>* out) {
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    *out = read_sessions(*s_.db, client_id);
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(
-        to_status(e, client_id ? "reading a session record" : "reading the session records"));
-  }
-  return Status::Ok();
+void SqliteBackend::read_sessions(const std::string* client_id, std::vector<SessionRecord>* out) {
+  *out = detail::read_sessions(*db, client_id);
 }
 
-Status SqliteSessions::remove(const std::string& client_id, bool* removed) {
-  std::lock_guard<std::mutex> lock(s_.mu);
-  try {
-    s_.write_transaction([&] {
-      SQLite::Statement f(*s_.db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
-      f.bind(1, client_id);
-      f.exec();
-      SQLite::Statement s(*s_.db, "DELETE FROM inbox_sessions WHERE client_id = ?1");
-      s.bind(1, client_id);
-      *removed = s.exec() > 0;
-    });
-  } catch (const SQLite::Exception& e) {
-    return s_.store_error(
-        to_status(e, "forgetting the session of client '" + printable(client_id) + "'"));
-  }
-  return Status::Ok();
+bool SqliteBackend::remove_session(const std::string& client_id) {
+  SQLite::Statement f(*db, "DELETE FROM inbox_session_filters WHERE client_id = ?1");
+  f.bind(1, client_id);
+  f.exec();
+  SQLite::Statement s(*db, "DELETE FROM inbox_sessions WHERE client_id = ?1");
+  s.bind(1, client_id);
+  return s.exec() > 0;
 }
 
 }  // namespace mqtt_inbox::detail

@@ -6,6 +6,8 @@
 // cannot change before its COMMIT. docs/store-then-process.md has the steps.
 #include "store/stp_rows.h"
 
+#include "mqtt_inbox/sqlite.h"
+
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <sqlite3.h>
 
@@ -18,13 +20,15 @@
 #include <utility>
 #include <vector>
 
+#include "mqtt_inbox/handler.h"
+#include "store/contract.h"
+#include "store/sqlite/backend.h"
 #include "store/sqlite/errors.h"
-#include "store/sqlite/store.h"
 #include "store/sqlite/txn_fence.h"
 #include "store/sqlite/util.h"
 #include "store/sqlite/wal_guard.h"
-#include "store/txn.h"
 #include "store/verdict.h"
+#include "util/log.h"
 
 namespace mqtt_inbox::detail {
 
@@ -130,7 +134,7 @@ Status transaction(SQLite::Database& db, const char* what, Fn&& fn) {
 
 // A connection to the Inbox's file with its settings; `sync` overrides synchronous.
 // Throws SQLite::Exception.
-std::unique_ptr<SQLite::Database> open_connection(const SqliteStore& store,
+std::unique_ptr<SQLite::Database> open_connection(const SqliteBackend& store,
                                                   std::optional<Synchronous> sync) {
   const InboxOptions& io = store.options;
   auto db = std::make_unique<SQLite::Database>(
@@ -145,19 +149,29 @@ std::unique_ptr<SQLite::Database> open_connection(const SqliteStore& store,
 
 // Once the file is unusable (the store latched a fatal error), closing `db` must not
 // checkpoint the WAL into it.
-void close_quietly_if_unusable(const SqliteStore& store, SQLite::Database* db) {
-  if (db && store.fatal.load())
+void close_quietly_if_unusable(const SqliteBackend& store, SQLite::Database* db) {
+  if (db && store.unusable())
     sqlite3_db_config(db->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
 }
 
 class SqliteStpWorkerSession final : public StpWorkerSession {
  public:
-  SqliteStpWorkerSession(SqliteStore& store, std::string consumer, Synchronous handler_sync)
+  SqliteStpWorkerSession(SqliteBackend& store, std::string consumer, Synchronous handler_sync)
       : store_(store), consumer_(std::move(consumer)), handler_sync_(handler_sync) {}
 
   ~SqliteStpWorkerSession() override {
     // The statements go before the connection (members are destroyed in reverse order).
     close_quietly_if_unusable(store_, db_.get());
+  }
+
+  // Drops the statements and lets a connection its handler closed go without SQLiteCpp's
+  // close (which would assert on it): SQLite frees it once its statements are finalized.
+  void let_go() {
+    wal_guard_.reset();
+    for (auto* q : {&first_agg_, &next_agg_, &busy_aggs_, &agg_head_, &claim_row_, &claimed_row_,
+                    &owned_, &done_, &close_dl_, &renew_, &failed_, &release_, &dead_})
+      q->reset();
+    (void)db_.release();
   }
 
   // Opens the connection and prepares the statements. Throws SQLite::Exception.
@@ -260,16 +274,26 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
         return Status::Ok();
       }
       // The worker's transaction holds SQLite's write lock: a call back into the inbox
-      // from the handler would wait for it (store/reentry.h).
-      const TypedTxn<SQLite::Database> txn(db);
-      HandlerVerdict v;
-      {
-        const TxnFence fence(db.getHandle());
-        v = run_handler(store_.owner, &classify_sqlite_exception, [&] { handler(txn, d); });
-        fence.judge(&v);
+      // from the handler would wait for it (store/reentry.h). The handler's contract is
+      // judged as for a Consumer (store/contract.h).
+      HandlerRun run;
+      run_sqlite_handler(
+          db, store_.owner(), [&](const TxnRef& txn) { handler(txn, d); }, &run);
+      judge_contract(&run);
+      if (!run.reset.empty())
+        store_.log->warn(
+            "store-then-process '{}', message '{}': the handler left {} statement(s) stepped "
+            "(first: {}); the library reset them",
+            printable(consumer_), printable(d.message_id), run.reset.size(),
+            printable(run.reset.front(), 200));
+      const HandlerVerdict& v = run.verdict;
+      if (run.left == TxnLeft::kClosed) {
+        // A worker connection its handler closed: let go, and a new one in its place.
+        let_go();
+        open();
       }
       if (v.kind != HandlerVerdict::Kind::kOk) {
-        rollback_quietly(db);
+        if (run.left != TxnLeft::kClosed) rollback_quietly(db);
         if (v.kind == HandlerVerdict::Kind::kStoreError) return v.store;  // run it again
         out->kind = StoredRunResult::Kind::kNotDone;
         out->verdict = v;
@@ -428,7 +452,7 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
     }
   }
 
-  SqliteStore& store_;
+  SqliteBackend& store_;
   const std::string consumer_;
   const Synchronous handler_sync_;
   std::optional<Synchronous> current_sync_;
@@ -443,7 +467,7 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
 
 class SqliteStpConsumerRows final : public StpConsumerRows {
  public:
-  SqliteStpConsumerRows(SqliteStore& store, std::string name)
+  SqliteStpConsumerRows(SqliteBackend& store, std::string name)
       : store_(store), name_(std::move(name)) {}
 
   ~SqliteStpConsumerRows() override {
@@ -648,7 +672,7 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
   template <typename Fn>
   Status on_inbox_connection(const char* what, Fn&& fn) {
     std::lock_guard<std::mutex> lock(store_.mu);
-    if (store_.fatal.load())
+    if (store_.unusable())
       return to_status(SQLITE_CORRUPT, std::string(what) + ": " + store_.fatal_status().message());
     try {
       fn(*store_.db);
@@ -660,7 +684,7 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
     return Status::Ok();
   }
 
-  SqliteStore& store_;
+  SqliteBackend& store_;
   const std::string name_;
   // The maintenance connection: reaper, replay, prune, counts.
   std::unique_ptr<SQLite::Database> maint_;
@@ -670,7 +694,7 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
 
 class SqliteStpRows final : public StpRows {
  public:
-  explicit SqliteStpRows(SqliteStore& store) : store_(store) {}
+  explicit SqliteStpRows(SqliteBackend& store) : store_(store) {}
 
   Status open(const std::string& name, std::unique_ptr<StpConsumerRows>* out) override {
     auto rows = std::make_unique<SqliteStpConsumerRows>(store_, name);
@@ -688,30 +712,20 @@ class SqliteStpRows final : public StpRows {
   bool single_process() const override { return store_.options.exclusive; }
 
  private:
-  SqliteStore& store_;
+  SqliteBackend& store_;
 };
 
 }  // namespace
 
-std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteStore& store) {
+std::unique_ptr<StpRows> make_sqlite_stp_rows(SqliteBackend& store) {
   return std::make_unique<SqliteStpRows>(store);
-}
-
-StoredStoreHandler bind_stored_handler(StoredHandler handler) {
-  if (!handler) return {};
-  return bind_handler<SQLite::Database, StoredDelivery>(std::move(handler));
-}
-
-Status SqliteStore::bind_stored_handler(StoredHandler handler, StoredStoreHandler* out) {
-  *out = detail::bind_stored_handler(std::move(handler));
-  return Status::Ok();
 }
 
 }  // namespace mqtt_inbox::detail
 
 namespace mqtt_inbox {
 
-// The public, SQLite-typed adapter (store_then_process.h).
+// The public, SQLite-typed adapter (mqtt_inbox/sqlite.h).
 StoredHandler stored_handler(Handler handler) {
   return [h = std::move(handler)](SQLite::Database& db, const StoredDelivery& d) {
     const Delivery delivery{d.message, d.message_id, d.attempt};

@@ -1,9 +1,12 @@
-// The fence around a handler run: the authorizer and the verdict of a handler that ended
-// its transaction (store/sqlite/txn_fence.h).
+// A handler's run on an SQLite connection: the fence's authorizer and the facts of what
+// the handler left (store/sqlite/txn_fence.h).
 #include "store/sqlite/txn_fence.h"
 
 #include <cstdio>
 #include <string>
+
+#include "store/sqlite/errors.h"
+#include "store/verdict.h"
 
 namespace mqtt_inbox::detail {
 
@@ -33,25 +36,39 @@ int TxnFence::authorize(void* db, int action, const char* a1, const char*, const
   return SQLITE_OK;
 }
 
-void TxnFence::judge(HandlerVerdict* v) const {
-  if (v->kind == HandlerVerdict::Kind::kDeadLetter &&
-      v->reason == DeadLetterReason::kHandlerReentered)
+void run_sqlite_handler(SQLite::Database& db, const Inbox* owner,
+                        FunctionRef<void(const TxnRef&)> call, HandlerRun* out) {
+  sqlite3* h = db.getHandle();
+  const TxnRef txn{&db, &typeid(SQLite::Database*)};
+  std::string refused;
+  {
+    const TxnFence fence(h);
+    out->verdict = run_handler(owner, &classify_sqlite_exception, [&] { call(txn); });
+    refused = fence.refused();
+  }
+  // A connection closed by the handler (sqlite3_close_v2 with the library's statements
+  // still prepared leaves a zombie): every call that checks the connection refuses it
+  // with SQLITE_MISUSE, an empty sqlite3_exec first of all, at no cost otherwise.
+  if (sqlite3_exec(h, "", nullptr, nullptr, nullptr) == SQLITE_MISUSE) {
+    out->left = TxnLeft::kClosed;
+    out->how = "sqlite3_close on it";
     return;
-  // Without a refused statement, only a run that returned with its transaction gone is
-  // judged here: any other verdict rolls back anyway, and a store error (SQLITE_FULL, which
-  // rolls back by itself) stays one, retried or latched.
-  if (!refused_[0] && (v->kind != HandlerVerdict::Kind::kOk || sqlite3_get_autocommit(db_) == 0))
-    return;
-  const std::string what =
-      refused_[0] ? std::string(": it ran ") + refused_ +
-                        ", which is refused inside a handler (the library commits the "
-                        "handler's writes with the claim; SAVEPOINT and RELEASE are allowed)"
-                  : std::string(
-                        ": it was rolled back inside the handler (an SQLite error "
-                        "the handler did not report)");
-  v->kind = HandlerVerdict::Kind::kFailed;
-  v->text = kHandlerEndedTransaction + what;
-  v->store = Status::Ok();
+  }
+  // Statements the handler left stepped hold a read snapshot (checkpoints stop, the WAL
+  // grows) and, at close, make SQLite refuse to close: reset them. The library's own are
+  // reset after each use, so none of them is stepped here.
+  for (sqlite3_stmt* st = sqlite3_next_stmt(h, nullptr); st; st = sqlite3_next_stmt(h, st)) {
+    if (!sqlite3_stmt_busy(st)) continue;
+    const char* sql = sqlite3_sql(st);
+    out->reset.emplace_back(sql ? sql : "?");
+    sqlite3_reset(st);
+  }
+  if (!refused.empty()) {
+    out->left = TxnLeft::kEnded;
+    out->how = refused;
+  } else if (sqlite3_get_autocommit(h)) {
+    out->left = TxnLeft::kAborted;
+  }
 }
 
 }  // namespace mqtt_inbox::detail

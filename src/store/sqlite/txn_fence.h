@@ -1,27 +1,25 @@
-// Internal: the fence around a handler run on an SQLite connection the library holds in a
-// transaction (the Consumer's claim transaction, a store-then-process worker's handler
-// transaction). The library owns BEGIN/COMMIT/ROLLBACK there: a handler that ended the
-// transaction would commit its effect apart from the claim (or the row's done state), and a
-// redelivery would apply it again. So every such connection gets an authorizer that, while
-// a TxnFence for it lives on the preparing thread, refuses BEGIN, COMMIT, ROLLBACK and END
-// at prepare time (SQLITE_AUTH) and remembers the refusal; the run then fails with a named
-// text whatever the handler did with the error (handler.h, c.h). SAVEPOINT, RELEASE and
-// ROLLBACK TO stay allowed. A transaction that ended anyway (an SQLite error that rolled it
-// back, which the handler did not report) fails the run with the same name.
+// Internal: a handler's run on an SQLite connection the library holds in a transaction
+// (the Consumer's claim transaction, a store-then-process worker's handler transaction),
+// and the facts the handler's contract (store/contract.h) is judged by. The library owns
+// BEGIN/COMMIT/ROLLBACK there: a handler that ended the transaction would commit its
+// effect apart from the claim (or the row's done state), and a redelivery would apply it
+// again. So every such connection gets an authorizer that, while a TxnFence for it lives
+// on the preparing thread, refuses BEGIN, COMMIT, ROLLBACK and END at prepare time
+// (SQLITE_AUTH) and remembers the refusal. SAVEPOINT, RELEASE and ROLLBACK TO stay
+// allowed. After the run the connection is read for what else the handler left: a
+// transaction an error rolled back, statements still stepped (reset here), a connection it
+// closed.
 //
 // Thread safety: fences are thread_local marks, one per handler run, on that run's stack.
 #pragma once
 
+#include <SQLiteCpp/Database.h>
 #include <sqlite3.h>
 
-#include <string>
-
-#include "store/verdict.h"
+#include "store/backend.h"
+#include "util/function_ref.h"
 
 namespace mqtt_inbox::detail {
-
-// The start of every text a run gets for ending its transaction: one name to grep for.
-inline constexpr const char* kHandlerEndedTransaction = "handler ended the transaction";
 
 class TxnFence {
  public:
@@ -39,17 +37,19 @@ class TxnFence {
   // The first statement refused ("BEGIN", "COMMIT", "ROLLBACK"), or empty.
   const char* refused() const { return refused_; }
 
-  // The verdict of the run, after the fence: a refused statement turns `v`, whatever it
-  // was, into a failed attempt named kHandlerEndedTransaction, unless the run must be
-  // dead-lettered as handler_reentered (that outranks it, store/reentry.h); so does a run
-  // that returned normally with its transaction no longer open.
-  void judge(HandlerVerdict* v) const;
-
  private:
   static int authorize(void* db, int action, const char* a1, const char*, const char*, const char*);
   sqlite3* db_;
   TxnFence* outer_;
   char refused_[32] = {0};
 };
+
+// Runs `call` with `db` as the store's transaction (a TxnRef of SQLite::Database), fenced,
+// the thread marked as running a handler for `owner`, and fills *out: what it threw
+// (judged with the SQLite classifier), what it left of the transaction, and the SQL of
+// the statements it left stepped (reset here). A connection the handler closed is
+// reported as TxnLeft::kClosed and must not be used again (the caller lets it go).
+void run_sqlite_handler(SQLite::Database& db, const Inbox* owner,
+                        FunctionRef<void(const TxnRef&)> call, HandlerRun* out);
 
 }  // namespace mqtt_inbox::detail

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <utility>
 
-#include "mqtt_inbox/inbox.h"
+#include "mqtt_inbox/sqlite.h"
 
 namespace mqtt_inbox {
 

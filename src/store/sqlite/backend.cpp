@@ -1,9 +1,6 @@
-// The SQLite store's side of the public Inbox: the calls typed with SQLite (with_connection;
-// setup and open are in store/sqlite/open.cpp) and the options, and what SqliteStore does
-// for the Store interface beyond the per-concept parts: closing, the retention clock,
-// row measurement and file sizes. The Inbox's store-agnostic calls are in inbox/inbox.cpp.
-#include "mqtt_inbox/inbox.h"
-
+// The SQLite backend beyond opening and the claims: closing, the connection a handler
+// closed (made anew), statistics (file sizes, rows), the connection lent to the
+// application (Inbox::with_connection), and what this store does not have (slot leases).
 #include <sqlite3.h>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -15,36 +12,56 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "mqtt_inbox/sqlite.h"
 #include "store/reentry.h"
-#include "store/sqlite/store.h"
+#include "store/sqlite/backend.h"
 #include "store/sqlite/util.h"
 
 namespace mqtt_inbox {
 
 namespace detail {
 
-SqliteStore::~SqliteStore() {
+SqliteBackend::~SqliteBackend() {
   // Best effort: a clock that restarts from an older value only keeps rows longer. So
   // it waits for another process's lock only briefly: an application that exits
-  // because the store is locked (a start-up deadline) must not hang here. Nothing to do
-  // after a failed open, which closed everything itself.
-  if (db) {
+  // because the store is locked (a start-up deadline) must not hang here. After a failed
+  // open nothing is persisted, and a marker that may hold an attempt not yet counted stays.
+  if (opened_ && db && !connection_closed_by_handler_ && !front().unusable()) {
     {
       std::lock_guard<std::mutex> lock(mu);
       sqlite3_busy_timeout(db->getHandle(), std::min(options.busy_timeout_ms, 200));
     }
-    (void)persist_retention_clock();
+    (void)retention->persist_clock();
   }
-  if (marker) marker->clear();  // a clean close leaves no marker behind
-  close_connection();           // the database closes before the lock is given up
+  if (opened_ && marker) marker->clear();  // a clean close leaves no marker behind
+  close_connection();                      // the database closes before the lock is given up
   marker.reset();
   if (lock_fd >= 0) ::close(lock_fd);
 }
 
-Status SqliteStore::persist_retention_clock() {
-  if (Status r = refuse_if_in_handler(owner, "Store::persist_retention_clock"); !r.ok()) return r;
-  return retention_rows().persist_clock();
+Status SqliteBackend::ready() {
+  if (db && !connection_closed_by_handler_) return Status::Ok();
+  if (!opened_) return Status::Ok();
+  // A handler closed the connection (store/sqlite/txn_fence.h): a new one, as at open.
+  close_connection();
+  const Status s = open_connection(options.busy_timeout_ms);
+  if (s.ok()) {
+    sqlite3_busy_timeout(db->getHandle(), options.busy_timeout_ms);
+    log->warn("{}: a new connection replaces the one a handler closed", path);
+  }
+  return s;
 }
+
+Status SqliteBackend::open_slot_leases(const SlotLeaseOptions& options,
+                                       std::unique_ptr<SlotLeases>* out) {
+  (void)options;
+  (void)out;
+  return Status::InvalidArgument(
+      "a fleet's slot leases need a store that every member reaches: " + path +
+      " is an SQLite file; open the inbox on PostgreSQL (docs/fleet.md)");
+}
+
+Status SqliteBackend::measure_rows() { return measure_rows(nullptr); }
 
 namespace {
 int64_t file_size(const std::string& path) {
@@ -53,14 +70,14 @@ int64_t file_size(const std::string& path) {
 }
 }  // namespace
 
-void SqliteStore::file_stats(InboxStats* out) const {
+void SqliteBackend::file_stats(InboxStats* out) const {
   out->db_bytes = file_size(path);
   out->wal_bytes = file_size(path + "-wal");
   out->schema_version = kSchemaVersion;
 }
 
-Status SqliteStore::measure_rows(SQLite::Database* reader) {
-  if (fatal.load()) return fatal_status();
+Status SqliteBackend::measure_rows(SQLite::Database* reader) {
+  if (unusable()) return fatal_status();
   std::map<std::string, ConsumerRows> rows;
   OutboxRows outbox;
   auto run = [&](SQLite::Database& conn) {
@@ -104,27 +121,14 @@ Status SqliteStore::measure_rows(SQLite::Database* reader) {
   } catch (const SQLite::Exception& e) {
     return store_error(to_status(e, "measuring rows"), /*holding_connection=*/reader == nullptr);
   }
-  std::lock_guard<std::mutex> lock(stats_mu);
-  consumer_rows = std::move(rows);
-  outbox_rows = std::move(outbox);
-  rows_measured_at = std::max<int64_t>(1, retention_clock());  // 0 means "never measured"
+  front().set_row_stats(std::move(rows), std::move(outbox));
   return Status::Ok();
 }
 
-}  // namespace detail
-
-const InboxOptions& Inbox::options() const { return store_->inbox_options(); }
-
-void Inbox::with_connection(const std::function<void(SQLite::Database&)>& fn) {
-  if (Status r = detail::refuse_if_in_handler(this, "Inbox::with_connection"); !r.ok())
-    throw std::logic_error(r.message());
-  if (store_->kind() != detail::StoreKind::kSqlite)
-    throw std::logic_error("Inbox::with_connection: " + store_->location() +
-                           " is not an SQLite store");
-  detail::SqliteStore& m = static_cast<detail::SqliteStore&>(*store_);
-  std::lock_guard<std::mutex> lock(m.mu);
-  if (m.fatal.load()) throw SQLite::Exception(m.fatal_status().message(), SQLITE_CORRUPT);
-  fn(*m.db);
+void SqliteBackend::with_connection(FunctionRef<void(const TxnRef&)> fn) {
+  if (unusable()) throw SQLite::Exception(fatal_status().message(), SQLITE_CORRUPT);
+  fn(TxnRef{db.get(), &typeid(SQLite::Database*)});
 }
 
+}  // namespace detail
 }  // namespace mqtt_inbox
