@@ -607,3 +607,66 @@ CREATE INDEX inbox_dead_letters_requeued ON inbox_dead_letters (consumer_name, i
     WHERE status = 'requeued';
 
 PRAGMA user_version = 14;
+
+-- @version 15
+-- A message's lifetime (issue 42). Dead letters get the reasons 'expired' (a message whose
+-- MQTT 5 message expiry ran out before it could be applied: ConsumerOptions::expired) and
+-- 'dependency_unavailable' (a handler that said "not yet", RetryLater, until its
+-- dependency schedule was over); the table is rebuilt as in step 14, every column, row and
+-- index kept.
+CREATE TABLE inbox_dead_letters_v15 (
+    id                INTEGER PRIMARY KEY,
+    consumer_name     TEXT    NOT NULL,
+    message_id        TEXT,              -- NULL when the message had no usable id
+    topic             TEXT    NOT NULL,
+    payload           BLOB    NOT NULL,
+    payload_size      INTEGER NOT NULL,  -- bytes received; > length(payload) if cut
+    properties        TEXT,              -- MQTT 5 properties as a JSON object
+    qos               INTEGER NOT NULL,
+    reason            TEXT    NOT NULL CHECK (reason IN (
+                          'missing_id', 'invalid_id', 'payload_too_large',
+                          'undecodable_payload', 'invalid_payload', 'handler_failed',
+                          'handler_crashed', 'retained', 'handler_reentered',
+                          'outbox_full', 'outbox_refused',
+                          'handler_ended_transaction', 'expired',
+                          'dependency_unavailable')),
+    reason_text       TEXT    NOT NULL,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER NOT NULL,
+    last_attempt_at   INTEGER NOT NULL,
+    dead_lettered_at  INTEGER NOT NULL,
+    redeliveries      INTEGER NOT NULL DEFAULT 0,  -- deliveries seen after dead-lettering
+    -- 'dead' -> 'requeued' (admin tool) -> 'replayed' (the running Consumer committed it)
+    -- or 'dead' again (it failed again); 'dead' -> 'replayed' by a direct replay. A message
+    -- parked by a full outbox starts 'requeued' and is 'requeued' again while it stays full.
+    status            TEXT    NOT NULL DEFAULT 'dead'
+                          CHECK (status IN ('dead', 'requeued', 'replayed')),
+    replayed_at       INTEGER,
+    retention_at      INTEGER            -- retention clock, ms
+);
+INSERT INTO inbox_dead_letters_v15 (id, consumer_name, message_id, topic, payload, payload_size,
+    properties, qos, reason, reason_text, attempts, first_attempt_at, last_attempt_at,
+    dead_lettered_at, redeliveries, status, replayed_at, retention_at)
+  SELECT id, consumer_name, message_id, topic, payload, payload_size, properties, qos, reason,
+         reason_text, attempts, first_attempt_at, last_attempt_at, dead_lettered_at,
+         redeliveries, status, replayed_at, retention_at
+    FROM inbox_dead_letters;
+DROP TABLE inbox_dead_letters;
+ALTER TABLE inbox_dead_letters_v15 RENAME TO inbox_dead_letters;
+CREATE INDEX inbox_dead_letters_by_id ON inbox_dead_letters (consumer_name, message_id);
+CREATE INDEX inbox_dead_letters_by_time ON inbox_dead_letters (dead_lettered_at);
+CREATE INDEX inbox_dead_letters_retention ON inbox_dead_letters (retention_at);
+CREATE INDEX inbox_dead_letters_requeued ON inbox_dead_letters (consumer_name, id)
+    WHERE status = 'requeued';
+-- Store-then-process rows keep their lifetime (issue 42). expires_at: the message's expiry
+-- deadline on the retention clock (when the library received it plus the MQTT 5 message
+-- expiry interval it arrived with, which the properties keep), NULL without one; a worker
+-- dead-letters a row past it as 'expired' instead of applying it. not_yet and
+-- waiting_since: the runs in a row whose handler said "not yet" (RetryLater) and when the
+-- first of them was (retention clock, ms; NULL when not_yet is 0), so the dependency
+-- schedule survives the row's claims and a restart. ADD COLUMN keeps every row.
+ALTER TABLE inbox_messages ADD COLUMN expires_at INTEGER;
+ALTER TABLE inbox_messages ADD COLUMN not_yet INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE inbox_messages ADD COLUMN waiting_since INTEGER;
+
+PRAGMA user_version = 15;

@@ -102,7 +102,7 @@ void BM_ClaimNewId(benchmark::State& state) {
     const auto m = f.message(id);
     state.ResumeTiming();
     mqtt_inbox::detail::ProcessReport r;
-    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r).ok() ||
+    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, nullptr, &r).ok() ||
         r.result != mqtt_inbox::detail::ClaimResult::kProcessed)
       state.SkipWithError("claim failed");
   }
@@ -114,9 +114,9 @@ void BM_ClaimDuplicate(benchmark::State& state) {
   const std::string id = "the-same-id";
   const auto m = f.message(id);
   mqtt_inbox::detail::ProcessReport r;
-  (void)f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r);
+  (void)f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, nullptr, &r);
   for (auto _ : state) {
-    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, &r).ok() ||
+    if (!f.store().process("ledger", m, id, f.bound, 5, std::nullopt, nullptr, nullptr, &r).ok() ||
         r.result != mqtt_inbox::detail::ClaimResult::kDuplicate)
       state.SkipWithError("not a duplicate");
   }

@@ -273,6 +273,13 @@ typedef struct mqtt_inbox_delivery_t mqtt_inbox_delivery_t;
        dead letter outbox_full with status 'requeued', which  \
        the consumer's requeue thread replays once the relay   \
        has made room */
+#define MQTT_INBOX_HANDLER_NOT_YET                             \
+  5 /* a dependency the handler needs is down (a service, a    \
+       device): rolled back, NOT counted as an attempt; run    \
+       again on the dependency schedule (the options'          \
+       dependency_*), the message held unacked meanwhile, then \
+       dead-lettered as dependency_unavailable (RetryLater,    \
+       handler.h) */
 /* A return that does not fit is a failed attempt (as MQTT_INBOX_HANDLER_RETRY: counted,
  * retried up to max_attempts, then dead-lettered as handler_failed) whose reason text,
  * logged as an error, names the mistake: any other value, and
@@ -386,6 +393,12 @@ typedef int (*mqtt_inbox_id_extractor)(void* ctx, const mqtt_inbox_delivery_t* d
 #define MQTT_INBOX_RETAINED_DEAD_LETTER 1 /* dead-letter it as retained */
 #define MQTT_INBOX_RETAINED_PROCESS 2     /* process it like any other */
 
+/* A message whose MQTT 5 message expiry ran out before it could be applied (ExpiredPolicy,
+ * options.h): measured from mqtt_inbox_consumer_feed (or the subscriber's callback) on a
+ * monotonic clock, checked before the handler runs and before its commit. */
+#define MQTT_INBOX_EXPIRED_DEAD_LETTER 0 /* never applied: the dead letter expired (default) */
+#define MQTT_INBOX_EXPIRED_APPLY 1       /* applied anyway, as with MQTT 3.1.1 (no expiry) */
+
 typedef struct mqtt_inbox_consumer_options_t {
   char struct_id[4];                    /* "MQCO" */
   int struct_version;                   /* 1 */
@@ -405,13 +418,23 @@ typedef struct mqtt_inbox_consumer_options_t {
   void* id_extractor_ctx;               /* its ctx */
   size_t max_id_bytes;                  /* longest id accepted, bytes, >= 1; 256 */
   int id_disagreement;                  /* MQTT_INBOX_ID_DISAGREEMENT_*; _DEAD_LETTER */
+  /* Version 2: */
+  int expired;                           /* MQTT_INBOX_EXPIRED_*; _DEAD_LETTER */
+  int dependency_immediate_attempts;     /* after a HANDLER_NOT_YET: runs at the retry
+                                            backoff's pace, >= 0; 3 */
+  int64_t dependency_backoff_initial_ms; /* then delays from this, doubled each time ... */
+  int64_t dependency_backoff_max_ms;     /* ... capped at this: 1000 and 60000 ms */
+  int64_t dependency_wait_max_ms;        /* the schedule ends this long after the first
+                                            NOT_YET: then dependency_unavailable; >= 0;
+                                            600000 (10 min) */
 } mqtt_inbox_consumer_options_t;
 
 #define MQTT_INBOX_CONSUMER_OPTIONS_INIT                                                        \
   {                                                                                             \
-    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'O'), 1, sizeof(mqtt_inbox_consumer_options_t), 5, 100, \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'O'), 2, sizeof(mqtt_inbox_consumer_options_t), 5, 100, \
         2000, MQTT_INBOX_RETAINED_SKIP, 1024 * 1024, 1024 * 1024, 2000, NULL, NULL, NULL, NULL, \
-        256, MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER                                             \
+        256, MQTT_INBOX_ID_DISAGREEMENT_DEAD_LETTER, MQTT_INBOX_EXPIRED_DEAD_LETTER, 3, 1000,   \
+        60000, 600000                                                                           \
   }
 
 /* Makes the consumer named `name` (non-empty, at most 200 bytes: recorded in every row)
@@ -501,12 +524,15 @@ typedef struct mqtt_inbox_consumer_counters_t {
   int64_t store_retries;         /* store operations retried after a failure */
   int64_t retained_skipped;      /* retained messages acked unprocessed */
   int64_t outbox_full_parked;    /* deliveries parked because the outbox was full */
+  /* Version 2: */
+  int64_t expired; /* messages dead-lettered as expired (in dead_lettered too) */
+  int64_t not_yet; /* handler runs that returned MQTT_INBOX_HANDLER_NOT_YET */
 } mqtt_inbox_consumer_counters_t;
 
 #define MQTT_INBOX_CONSUMER_COUNTERS_INIT                                                         \
   {                                                                                               \
-    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'C'), 1, sizeof(mqtt_inbox_consumer_counters_t), 0, 0, 0, \
-        0, 0, 0, 0, 0                                                                             \
+    MQTT_INBOX_STRUCT_ID('M', 'Q', 'C', 'C'), 2, sizeof(mqtt_inbox_consumer_counters_t), 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0                                                                       \
   }
 
 /* Fills *counters with a snapshot: the fields of its struct_version (a program built
@@ -519,9 +545,12 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* cons
  * store) as a JSON object, the shape of mqtt_inbox_health_json: "level" ("green",
  * "amber" while a delivery waits for a locked, full or failing store, "red" once the
  * file is unusable), "stuck", "stuck_since_ms", "stuck_for_ms", "retries",
- * "total_store_errors", "last_error", "starting", "operation", "fatal", "database". In
- * *json for mqtt_inbox_free. Never waits for the store; any thread, a handler's
- * included. Errors: MQTT_INBOX_NOMEM, _MISUSE. */
+ * "total_store_errors", "last_error", "starting", "operation", "fatal", "database", and
+ * "dependency": {"waiting", "waited_ms", "message_id", "attempt", "reason",
+ * "next_run_in_ms", "text"} while a handler's MQTT_INBOX_HANDLER_NOT_YET holds a message
+ * (not stuck; the level stays green; "text" is "waiting for a dependency: 42 s, message
+ * 'c-7', attempt 6: ..."). In *json for mqtt_inbox_free. Never waits for the store; any
+ * thread, a handler's included. Errors: MQTT_INBOX_NOMEM, _MISUSE. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_consumer_health_json(mqtt_inbox_consumer_t* consumer,
                                                         char** json);
 

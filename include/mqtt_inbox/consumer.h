@@ -15,19 +15,27 @@
 //     kAlreadyDeadLettered, or with max_attempts already used by earlier processes
 //     -> dead letter handler_crashed (the last one died in the handler) or
 //     handler_failed
-//  4. runs the handler inside that transaction and commits its effect with the claim; a
+//  4. a message whose MQTT 5 message expiry ran out since handle() received it (checked in
+//     that transaction before the handler runs, and again before it commits)
+//     -> dead letter expired, never applied (ConsumerOptions::expired; never on a replay)
+//  5. runs the handler inside that transaction and commits its effect with the claim; a
 //     handler that throws is retried with backoff up to max_attempts -> dead letter
 //     handler_failed, and one that throws a permanent failure (handler.h) is
 //     dead-lettered at once (undecodable_payload, invalid_payload, outbox_refused).
 //     Every attempt is counted, also one that kills the process
-//     (docs/design.md#attempts-and-crash-loops)
-//  5. while the store itself fails (locked, full, I/O error, read-only) it retries with
+//     (docs/design.md#attempts-and-crash-loops). A handler that says "not yet"
+//     (RetryLater) is run again on the dependency schedule without counting an attempt,
+//     the message held unacked meanwhile (health().dependency) -> dead letter
+//     dependency_unavailable once the schedule is over
+//  6. while the store itself fails (locked, full, I/O error, read-only) it retries with
 //     capped backoff for as long as it takes, never reporting an outcome it has not
 //     committed. health() shows this state to other threads.
 //
 // Logging: to the Inbox's logger (InboxOptions::logger; default the "mqtt_inbox" logger):
 // one warning per dead letter and per failed handler attempt, one line per
-// store_error_log_interval_ms while the store fails, debug lines per message.
+// store_error_log_interval_ms while the store fails, a warning when a dependency wait
+// begins, one line per delayed run while it lasts and one when it ends, debug lines per
+// message.
 //
 // Requeued dead letters: unless ConsumerOptions::requeue_poll_ms is 0, the Consumer owns
 // one thread that replays dead letters the admin tool marked 'requeued' while the service
@@ -64,6 +72,9 @@ struct ConsumerCounters {
   int64_t retained_skipped = 0;       // retained messages acked unprocessed (RetainedPolicy::kSkip)
   int64_t outbox_full_parked = 0;     // deliveries and replays parked because a kReject
                                       // outbox class was full (dead_letter.h kOutboxFull)
+  int64_t expired = 0;                // messages dead-lettered as expired (also counted in
+                                      // dead_lettered)
+  int64_t not_yet = 0;                // handler runs that said "not yet" (RetryLater)
 };
 
 class Consumer final : public MessageSink {
@@ -115,6 +126,8 @@ class Consumer final : public MessageSink {
   bool extract_message_id(const Message& message, std::string* id, DeadLetterReason* reason,
                           std::string* why) const;
 
+  // The message path's health (health.h): stuck while a delivery waits for the store;
+  // `dependency` while a handler's "not yet" holds a message.
   Health health() const;
   ConsumerCounters counters() const;
 

@@ -45,6 +45,14 @@ enum class DeadLetterReason {
                              // the inbox's connection): nothing of it committed, refused by
                              // every store alike (handler.h); dead-lettered at once, the text
                              // names what the handler ran
+  kExpired,                  // the message's MQTT 5 message expiry ran out before it could be
+                             // applied (ConsumerOptions::expired, kDeadLetter by default): never
+                             // applied; the text gives the interval it arrived with and how
+                             // long it waited since the library received it
+  kDependencyUnavailable,    // the handler said "not yet" (RetryLater, c.h
+                             // MQTT_INBOX_HANDLER_NOT_YET) on every run of the dependency
+                             // schedule (ConsumerOptions::dependency_*): never applied; the
+                             // text gives the runs, the wait and the handler's last words
 };
 
 // Every reason, in declaration order (for parsing, listing and help texts).
@@ -54,7 +62,8 @@ inline constexpr DeadLetterReason kDeadLetterReasons[] = {
     DeadLetterReason::kInvalidPayload,   DeadLetterReason::kHandlerFailed,
     DeadLetterReason::kHandlerCrashed,   DeadLetterReason::kRetained,
     DeadLetterReason::kHandlerReentered, DeadLetterReason::kOutboxFull,
-    DeadLetterReason::kOutboxRefused,    DeadLetterReason::kHandlerEndedTransaction};
+    DeadLetterReason::kOutboxRefused,    DeadLetterReason::kHandlerEndedTransaction,
+    DeadLetterReason::kExpired,          DeadLetterReason::kDependencyUnavailable};
 
 const char* to_string(DeadLetterReason reason);
 // Parses the text form; returns false for an unknown name.

@@ -30,6 +30,11 @@
 //                          -> reason undecodable_payload
 //      RejectMessage       it decodes, but the application refuses its content (a value
 //                          out of range, an unknown account) -> reason invalid_payload
+//    A dependency of the handler's own that is down (a local service, a serial device,
+//    another database) is not a failure of the message: throw RetryLater (below). The
+//    message is rolled back and retried on the dependency schedule
+//    (ConsumerOptions::dependency_*), no attempt counted, and dead-lettered as
+//    dependency_unavailable only once the schedule is over.
 //    The outbox throws a third for you: OutboxRefused (outbox.h), when an outgoing
 //    message can never be enqueued (an id too long, a topic MQTT forbids, a message
 //    larger than its class) -> reason outbox_refused. OutboxFull is not a failure.
@@ -181,6 +186,28 @@ class UndecodablePayload : public std::runtime_error {
 // retries, no backoff) as invalid_payload, with what() as the reason text, then acked.
 // Works alike in Consumer mode and in store-then-process handlers and PrepareFns.
 class RejectMessage : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throw from a handler when the message cannot be applied *yet* because something the
+// handler needs is down, and nothing is wrong with the message, e.g.
+//   throw mqtt_inbox::RetryLater("meter gateway 10.0.0.7: connection refused");
+// The handler's writes are rolled back and no attempt is counted (max_attempts is for
+// failures). The message is run again on the dependency schedule (options.h,
+// ConsumerOptions::dependency_*): dependency_immediate_attempts runs at the
+// retry_backoff_* pace, then delays from dependency_backoff_initial doubling up to
+// dependency_backoff_max, until dependency_wait_max has passed since its first "not yet";
+// a "not yet" after that is the dead letter dependency_unavailable, with what() and the
+// wait in its text. A run that fails or succeeds ends the wait.
+//  - Consumer: the message stays unacked and the stream waits behind it (per-session
+//    order holds; Paho's callback is held, docs/operations.md#waiting-for-a-dependency
+//    says what that means for the connection). health() says "waiting for a dependency".
+//  - StoreThenProcess: the row is rescheduled (its next_attempt_at), its aggregate's later
+//    rows wait behind it, other aggregates go on, and nothing holds the session.
+// Do not throw it for input that can never succeed (RejectMessage) or for a failure you
+// want counted (any other exception).
+class RetryLater : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

@@ -26,6 +26,31 @@
 
 namespace mqtt_inbox {
 
+// A message held on purpose: its handler said "not yet" (RetryLater, handler.h; C:
+// MQTT_INBOX_HANDLER_NOT_YET) because something it needs is down, and it is run again on
+// the dependency schedule (ConsumerOptions::dependency_*). Not a wait for the store: the
+// level stays what the store makes it (green), `stuck` stays false, and a systemd
+// watchdog goes on pinging unless the wait passes
+// ServiceNotifierOptions::dependency_wait_limit_ms.
+struct DependencyWait {
+  bool waiting = false;
+  int64_t waited_ms = 0;       // since the message's first "not yet", monotonic
+  std::string message_id;      // the message held
+  int attempt = 0;             // runs of its handler since the wait began (1: the first "not yet")
+  std::string reason;          // what the last "not yet" said (RetryLater::what())
+  int64_t next_run_in_ms = 0;  // until its next run, when this snapshot was taken
+};
+
+// "waiting for a dependency: 42 s, message 'c-7', attempt 6: <reason>" (without ": <reason>"
+// when it is empty); "" when not waiting. What health sources and STATUS= show.
+inline std::string to_string(const DependencyWait& wait) {
+  if (!wait.waiting) return std::string();
+  std::string s = "waiting for a dependency: " + std::to_string(wait.waited_ms / 1000) +
+                  " s, message '" + wait.message_id + "', attempt " + std::to_string(wait.attempt);
+  if (!wait.reason.empty()) s += ": " + wait.reason;
+  return s;
+}
+
 struct Health {
   bool stuck = false;              // an operation is waiting for the store right now (amber)
   int64_t stuck_since_ms = 0;      // wall-clock ms when the current wait began (0 if not)
@@ -40,6 +65,9 @@ struct Health {
                                    // "applying the schema" ("" when not stuck)
   bool fatal = false;              // the store is unusable (red); see the header comment
   std::string database;            // path of the database file this is about
+  // Consumer::health() only: the message its handler held for a dependency, the longest
+  // such wait if several threads feed it. Independent of the fields above.
+  DependencyWait dependency;
 };
 
 enum class HealthLevel { kGreen, kAmber, kRed };

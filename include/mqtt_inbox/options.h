@@ -233,6 +233,21 @@ enum class RetainedPolicy {
 };
 const char* to_string(RetainedPolicy policy);
 
+// What a consumer does with a message whose MQTT 5 message expiry
+// (Message::message_expiry_interval_s, the producer's "worthless after this many
+// seconds", as the broker forwarded it) ran out before the message could be applied.
+// docs/api-guide.md#messages-with-a-lifetime.
+enum class ExpiredPolicy {
+  // Honour the producer: never apply it. It becomes the dead letter `expired` (its
+  // properties keep the interval it arrived with; the text says how long it waited) and
+  // is acked. The default.
+  kDeadLetter,
+  // Apply it anyway, as MQTT 3.1.1 would (3.1.1 has no message expiry): for producers
+  // that set an expiry for the broker's queue only, not for its effect.
+  kApply,
+};
+const char* to_string(ExpiredPolicy policy);
+
 struct ConsumerOptions {
   MessageIdOptions message_id;
 
@@ -256,6 +271,33 @@ struct ConsumerOptions {
   // keep the total well below the MQTT keep-alive.
   std::chrono::milliseconds retry_backoff_initial{100};
   std::chrono::milliseconds retry_backoff_max{2000};
+
+  // A message whose MQTT 5 message expiry ran out before it could be applied. Default
+  // kDeadLetter; see ExpiredPolicy. The wait is measured on the Inbox's retention clock
+  // (monotonic, docs/operations.md#clock-safety) from when the library received the
+  // message (Consumer::handle, StoreThenProcess::handle), and checked in the claim
+  // transaction before the handler runs and again before it commits (Consumer), or before
+  // a stored row is processed and again before its transaction commits
+  // (StoreThenProcess: the time in the backlog counts). A replayed dead letter is never
+  // expired: the operator decides. MQTT 3.1.1 carries no expiry: nothing expires.
+  ExpiredPolicy expired = ExpiredPolicy::kDeadLetter;
+
+  // The dependency schedule: the runs of a message whose handler said "not yet"
+  // (RetryLater, handler.h; C: MQTT_INBOX_HANDLER_NOT_YET). No attempt is counted. After
+  // a "not yet", the next run comes after the retry_backoff_* delay for the first
+  // dependency_immediate_attempts runs, then after dependency_backoff_initial, doubled
+  // each time, capped at dependency_backoff_max, the last one cut so that it runs when
+  // dependency_wait_max has passed since the first "not yet"; a "not yet" then makes the
+  // dead letter dependency_unavailable. Any other outcome ends the wait. The Consumer
+  // holds the message (unacked; the stream waits behind it) and health() shows the wait;
+  // store-then-process reschedules the row. Defaults: 3 immediate runs, then 1 s doubling
+  // to 60 s, for up to 10 minutes (19 runs in all). dependency_immediate_attempts
+  // >= 0; 1 ms <= dependency_backoff_initial <= dependency_backoff_max;
+  // dependency_wait_max >= 0 (0: the first "not yet" is a dead letter).
+  int dependency_immediate_attempts = 3;
+  std::chrono::milliseconds dependency_backoff_initial{1000};
+  std::chrono::milliseconds dependency_backoff_max{60000};
+  std::chrono::milliseconds dependency_wait_max{600000};
 
   // Backoff while the store cannot commit (locked, full, failing). The message is never
   // acked meanwhile; retries go on until a commit succeeds. Defaults 50 ms .. 5000 ms.

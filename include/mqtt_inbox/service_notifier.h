@@ -6,7 +6,8 @@
 //                wait for the first CONNACK: a device boots before its network, and the
 //                subscriber connects (and reconnects) in the background.
 //   WATCHDOG=1   every WATCHDOG_USEC / 3 while no health source has been stuck longer
-//                than stuck_limit_ms. Past that limit the pings stop, so systemd's
+//                than stuck_limit_ms (nor waited for a dependency longer than
+//                dependency_wait_limit_ms, when set). Past that limit the pings stop, so systemd's
 //                watchdog (WatchdogSec=) kills and, with Restart=on-failure, restarts the
 //                service. That is safe: a stuck message was never acked (its PUBACK
 //                leaves only after its commit), so the broker redelivers it to the next
@@ -15,7 +16,9 @@
 //   STATUS=...   one line, refreshed when it changes (`systemctl status` shows it):
 //                "connected; processed 1200; dead letters 3" or, while stuck,
 //                "not connected; processed 1200; dead letters 3; stuck 42 s: ledger:
-//                store failed while committing (busy: database is locked)".
+//                store failed while committing (busy: database is locked)", or while a
+//                handler holds a message for a dependency, "connected; processed 1200;
+//                ledger: waiting for a dependency: 42 s, message 'c-7', attempt 6: ...".
 //   STOPPING=1   stopping(): on shutdown, before the subscriber stops.
 //   EXTEND_TIMEOUT_USEC=...  during start-up (after start(), before ready()) every tick
 //                while a source reports a known wait (stuck, e.g. the store is locked;
@@ -79,6 +82,12 @@ struct ServiceHealth {
   int64_t stuck_for_ms = 0;             // how long it has been stuck, ms, if it knows (Health::
                                         // stuck_for_ms); 0: counted from the tick that first saw it
   std::string note;                     // other state worth a word in STATUS; "" if none
+  // Waiting for a dependency on purpose (a handler's RetryLater: Health::dependency): not
+  // stuck. The STATUS text ("waiting for a dependency: 42 s, message 'c-7', attempt 6")
+  // and how long the wait has lasted, ms; "" and 0 when not waiting. Counts against the
+  // watchdog only past ServiceNotifierOptions::dependency_wait_limit_ms.
+  std::string dependency_wait;
+  int64_t dependency_wait_ms = 0;
 };
 
 // A snapshot function. Called on the notifier's thread every tick; see the thread-safety
@@ -88,10 +97,14 @@ using HealthSource = std::function<ServiceHealth()>;
 // Adapters for the library's parts. Each keeps a reference: the object must outlive the
 // notifier (declare the notifier after it, or destroy it first).
 //   Consumer:          stuck from health() (a message waits for the store), processed and
-//                      dead_lettered from counters(); name = the consumer name.
+//                      dead_lettered from counters(), dependency_wait from
+//                      health().dependency (a message its handler holds: "not yet");
+//                      name = the consumer name.
 //   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
 //                      processed (rows done by the workers) and dead_lettered from
-//                      counters(); note "N worker store errors" once there were any.
+//                      counters(), dependency_wait from health().dependency (a row
+//                      rescheduled for a dependency; nothing is held); note "N worker
+//                      store errors" once there were any.
 // The Subscriber's and the Relay's (the MQTT layer) are declared beside them, in
 // subscriber.h and relay.h.
 HealthSource health_source(const Consumer& consumer);
@@ -119,6 +132,14 @@ struct ServiceNotifierOptions {
   // ms. Size it above the longest wait you accept before a restart (a backup holding the
   // write lock, a disk being cleaned). 0 = never withhold pings. Default 300000 (5 min).
   int64_t stuck_limit_ms = 300000;
+  // A source waiting for a dependency (ServiceHealth::dependency_wait: a handler said
+  // "not yet", RetryLater) is not stuck: the wait is on purpose and bounded by the
+  // consumer's dependency_wait_max, and a restart would only begin it again. Pings go on
+  // and STATUS shows the wait. Once one such wait has lasted longer than this, ms, the
+  // pings stop as for a stuck source, so systemd restarts the service: set it when a
+  // restart mends the dependency (a client library of the handler's that only reconnects
+  // at start). 0 = never. Default 0.
+  int64_t dependency_wait_limit_ms = 0;
   // How often the sources are read and STATUS refreshed, ms. With a watchdog
   // (WATCHDOG_USEC set) the tick is the shorter of this and WATCHDOG_USEC / 3, so a ping
   // is never late (systemd recommends at most half the interval). >= 10. Default 5000.

@@ -64,7 +64,7 @@ StoredHandler stored_handler(Handler handler);
 
 // The schema version this library writes (PRAGMA user_version). Opening a database with
 // a higher version fails with kCorruption: a newer library wrote it.
-constexpr int kSchemaVersion = 14;
+constexpr int kSchemaVersion = 15;
 
 // The text of schema.sql, embedded at build time.
 const char* schema_sql();

@@ -33,7 +33,20 @@
 // with, so a worker whose claim was reaped meanwhile commits nothing. A handler that
 // throws: attempts+1, last_error, next_attempt_at = now + backoff, back to 'pending';
 // after max_attempts: dead letter handler_failed (handler_crashed when the last attempts
-// were reaped claims) and status 'dead' (a redelivery stays a duplicate).
+// were reaped claims) and status 'dead' (a redelivery stays a duplicate). A handler (or
+// PrepareFn) that says "not yet" (RetryLater): no attempt counted, the row rescheduled
+// on the dependency schedule (ConsumerOptions::dependency_*; its count and the start of
+// the wait are kept in the row, so the schedule survives claims and restarts), and
+// dead-lettered as dependency_unavailable once it is over; nothing holds the session.
+//
+// Message expiry: a message's MQTT 5 message expiry is applied at processing, not at
+// receipt: receipt only stores it, while its effect is what the producer's lifetime is
+// about, and a row can wait in the backlog far longer than the broker held it. Its
+// deadline (received by handle(), plus the interval it arrived with) is kept in the row
+// (expires_at, on the retention clock). A row whose deadline passed before a worker could
+// apply it (checked before prepare, before the handler transaction and before it commits)
+// becomes the dead letter expired, status 'dead', never applied
+// (options.consumer.expired; kApply processes it anyway).
 //
 // Clocks: no decision depends on the wall clock, so a clock stepped either way neither
 // stalls rows nor reaps live work nor expires rows early. Leases are timed on the monotonic
@@ -92,7 +105,8 @@ using StoredTransactionHandler = TransactionHandlerOf<StoredDelivery>;
 // Optional first phase: runs before the transaction, holding no lock (d.prepared is
 // empty here). Its result reaches the handler as d.prepared. Use it for slow, read-only
 // or idempotent work (parsing, computing, an idempotent remote call). It may run more
-// than once per message (retries, a lost claim); throwing counts as a failed attempt.
+// than once per message (retries, a lost claim); throwing counts as a failed attempt,
+// except RetryLater (a dependency it needs is down: the row is rescheduled, handler.h).
 using PrepareFn = std::function<std::any(const StoredDelivery& d)>;
 
 // Aggregate key extractors for StoreThenProcessOptions::aggregate_key.
@@ -108,7 +122,8 @@ struct StoreThenProcessOptions {
   // Its retry_backoff_* fields are the backoff between handler attempts of one row
   // (default 100 ms, doubled, capped at 2000 ms), max_attempts (default 5) the limit
   // after which a row is dead-lettered, store_backoff_* the receipt's wait while the
-  // store fails.
+  // store fails, expired what an expired row becomes, dependency_* the reschedules of a
+  // row whose handler or PrepareFn said "not yet" (RetryLater).
   ConsumerOptions consumer;
 
   // The aggregate key of a message (e.g. a device id). Default empty = "" for every
@@ -223,6 +238,9 @@ struct StoreThenProcessCounters {
   int64_t retained_skipped = 0;     // retained messages acked unstored (RetainedPolicy::kSkip)
   int64_t outbox_full_waits = 0;    // handler runs a full kReject outbox class refused
                                     // (OutboxFull): the row waits, no attempt counted
+  int64_t expired = 0;              // rows dead-lettered as expired (also in dead_lettered)
+  int64_t not_yet = 0;              // prepare/handler runs that said "not yet" (RetryLater):
+                                    // the row was rescheduled, no attempt counted
 };
 
 // Row counts by status for this consumer (inspection, tests, the admin tool).
@@ -305,7 +323,8 @@ class StoreThenProcess final : public MessageSink {
   Status stats(StoreThenProcessStats* out);
 
   // Receipt's view of the store (stuck = a message is waiting to be stored and so not
-  // acked). Never waits for the store.
+  // acked), and in `dependency` the row of this process's workers that has waited
+  // longest for a dependency (RetryLater), if any. Never waits for the store.
   Health health() const;
   StoreThenProcessCounters counters() const;
 

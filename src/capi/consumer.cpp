@@ -84,6 +84,9 @@ void run_c_handler(mqtt_inbox_handler handler, void* ctx, const std::string& con
               : text("handler returned MQTT_INBOX_HANDLER_OUTBOX_FULL")));
     case MQTT_INBOX_HANDLER_RETRY:
       throw std::runtime_error(text("handler returned MQTT_INBOX_HANDLER_RETRY"));
+    case MQTT_INBOX_HANDLER_NOT_YET:
+      // A dependency is down: not an attempt; the dependency schedule (handler.h).
+      throw mqtt_inbox::RetryLater(text("handler returned MQTT_INBOX_HANDLER_NOT_YET"));
     default:
       misfit(consumer, "handler returned " + std::to_string(rc) +
                            ", which is not an MQTT_INBOX_HANDLER_* code: taken as a failed "
@@ -170,6 +173,22 @@ int mqtt_inbox_consumer_create(mqtt_inbox_t* inbox, const char* name, mqtt_inbox
                        "mqtt_inbox_consumer_options_t.retained is " + std::to_string(o.retained) +
                            ": it must be MQTT_INBOX_RETAINED_SKIP, _DEAD_LETTER or _PROCESS");
     }
+    switch (o.expired) {
+      case MQTT_INBOX_EXPIRED_DEAD_LETTER:
+        co.expired = mqtt_inbox::ExpiredPolicy::kDeadLetter;
+        break;
+      case MQTT_INBOX_EXPIRED_APPLY:
+        co.expired = mqtt_inbox::ExpiredPolicy::kApply;
+        break;
+      default:
+        return err.set(MQTT_INBOX_INVALID_ARGUMENT,
+                       "mqtt_inbox_consumer_options_t.expired is " + std::to_string(o.expired) +
+                           ": it must be MQTT_INBOX_EXPIRED_DEAD_LETTER or _APPLY");
+    }
+    co.dependency_immediate_attempts = o.dependency_immediate_attempts;
+    co.dependency_backoff_initial = std::chrono::milliseconds(o.dependency_backoff_initial_ms);
+    co.dependency_backoff_max = std::chrono::milliseconds(o.dependency_backoff_max_ms);
+    co.dependency_wait_max = std::chrono::milliseconds(o.dependency_wait_max_ms);
     co.max_payload_bytes = o.max_payload_bytes;
     co.dead_letter_payload_bytes = o.dead_letter_payload_bytes;
     co.requeue_poll_ms = o.requeue_poll_ms;
@@ -318,6 +337,8 @@ int mqtt_inbox_consumer_counters(mqtt_inbox_consumer_t* consumer,
     v.store_retries = c.store_retries;
     v.retained_skipped = c.retained_skipped;
     v.outbox_full_parked = c.outbox_full_parked;
+    v.expired = c.expired;
+    v.not_yet = c.not_yet;
     return mqtt_inbox::capi::write_sized(v, counters, &err);
   });
 }

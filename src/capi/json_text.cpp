@@ -84,6 +84,15 @@ std::string health_json(const Health& h) {
       .text("operation", h.operation)
       .flag("fatal", h.fatal)
       .text("database", h.database)
+      .raw("dependency", JsonObject()
+                             .flag("waiting", h.dependency.waiting)
+                             .number("waited_ms", h.dependency.waited_ms)
+                             .text("message_id", h.dependency.message_id)
+                             .number("attempt", h.dependency.attempt)
+                             .text("reason", h.dependency.reason)
+                             .number("next_run_in_ms", h.dependency.next_run_in_ms)
+                             .text("text", to_string(h.dependency))
+                             .done())
       .done();
 }
 

@@ -6,7 +6,8 @@
 // library knows for its version, never further.
 //
 // For whoever adds a field: append it, add a version with its size to the struct's
-// StructInfo (sizes[v] = the size of version v's struct, for every ABI), and change the
+// StructInfo (sizes[v] = the size of version v's struct, for every ABI:
+// MQTT_INBOX_STRUCT_INFO_V2 computes version 1's from its last field), and change the
 // _INIT macro's version. A field never moves, so version v's bytes are the same fields in
 // every later version.
 #pragma once
@@ -38,10 +39,32 @@ struct StructInfo;
     }                                                         \
   }
 
+// A struct with a second version: version 1 ends with `v1_last` (its size is the offset
+// past that field, rounded up to the struct's alignment, on every ABI: the fields added
+// after it never move it).
+#define MQTT_INBOX_STRUCT_INFO_V2(type, id, init, v1_last)                                       \
+  template <>                                                                                    \
+  struct StructInfo<type> {                                                                      \
+    static constexpr const char* kId = id;                                                       \
+    static constexpr const char* kName = #type;                                                  \
+    static constexpr const char* kInit = init;                                                   \
+    static constexpr int kVersions = 2;                                                          \
+    static size_t size_of(int version) noexcept {                                                \
+      constexpr size_t end =                                                                     \
+          offsetof(type, v1_last) + sizeof(static_cast<type*>(nullptr)->v1_last);                \
+      constexpr size_t align = alignof(type);                                                    \
+      return version == 1 ? (end + align - 1) / align * align : version == 2 ? sizeof(type) : 0; \
+    }                                                                                            \
+  }
+
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_options_t, "MQIO", "MQTT_INBOX_OPTIONS_INIT");
-MQTT_INBOX_STRUCT_INFO(mqtt_inbox_consumer_options_t, "MQCO", "MQTT_INBOX_CONSUMER_OPTIONS_INIT");
+// Version 2 (issue 42): expired and the dependency schedule.
+MQTT_INBOX_STRUCT_INFO_V2(mqtt_inbox_consumer_options_t, "MQCO", "MQTT_INBOX_CONSUMER_OPTIONS_INIT",
+                          id_disagreement);
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_message_t, "MQMS", "MQTT_INBOX_MESSAGE_INIT");
-MQTT_INBOX_STRUCT_INFO(mqtt_inbox_consumer_counters_t, "MQCC", "MQTT_INBOX_CONSUMER_COUNTERS_INIT");
+// Version 2 (issue 42): expired and not_yet.
+MQTT_INBOX_STRUCT_INFO_V2(mqtt_inbox_consumer_counters_t, "MQCC",
+                          "MQTT_INBOX_CONSUMER_COUNTERS_INIT", outbox_full_parked);
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_subscriber_options_t, "MQSO",
                        "MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT");
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_connection_health_t, "MQCH", "MQTT_INBOX_CONNECTION_HEALTH_INIT");
@@ -51,6 +74,7 @@ MQTT_INBOX_STRUCT_INFO(mqtt_inbox_outgoing_t, "MQOG", "MQTT_INBOX_OUTGOING_INIT"
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_relay_options_t, "MQRO", "MQTT_INBOX_RELAY_OPTIONS_INIT");
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_pruner_options_t, "MQPO", "MQTT_INBOX_PRUNER_OPTIONS_INIT");
 #undef MQTT_INBOX_STRUCT_INFO
+#undef MQTT_INBOX_STRUCT_INFO_V2
 
 // The header every struct starts with, as c.h lays it out.
 struct StructHeader {

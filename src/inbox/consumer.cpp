@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "store/claims.h"
 #include "store/inbox.h"
+#include "store/lifetime.h"
 #include "store/reentry.h"
 #include "store/retry.h"
 #include "store/store.h"
@@ -79,6 +81,10 @@ const char* to_string(DeadLetterReason reason) {
       return "outbox_refused";
     case DeadLetterReason::kHandlerEndedTransaction:
       return "handler_ended_transaction";
+    case DeadLetterReason::kExpired:
+      return "expired";
+    case DeadLetterReason::kDependencyUnavailable:
+      return "dependency_unavailable";
   }
   return "unknown";
 }
@@ -114,6 +120,18 @@ struct Consumer::Impl {
   std::mutex poll_mu;  // pairs with poll_cv; guards nothing else
   std::condition_variable poll_cv;
   std::thread poller;
+
+  // Messages held for a dependency (RetryLater) right now, one per run() that waits: what
+  // health().dependency shows (the longest). Under state_mu. Times on the retention clock.
+  struct Held {
+    std::string message_id;
+    int runs = 0;          // runs that said "not yet" so far
+    int64_t since = 0;     // the first of them
+    int64_t next_run = 0;  // when the next run starts
+    std::string reason;    // what the last one said
+  };
+  std::map<uint64_t, Held> held;
+  uint64_t next_held = 0;
 
   void count(int64_t ConsumerCounters::*field) {
     std::lock_guard<std::mutex> lock(state_mu);
@@ -193,11 +211,110 @@ struct Consumer::Impl {
     return Outcome::kAlreadyDeadLettered;
   }
 
+  // Sleeps `ms` on the store's clock. With `stop` (the requeue thread), in slices, giving
+  // up like a store wait (StoreRetry::Stopped) once it is set: ~Consumer does not wait
+  // out a dependency's delay.
+  void pause(int64_t ms, const std::atomic<bool>* stop) {
+    if (!stop) return clock->sleep_ms(ms);
+    for (int64_t left = ms; left > 0; left -= 100) {
+      if (stop->load()) throw detail::StoreRetry::Stopped{};
+      clock->sleep_ms(std::min<int64_t>(left, 100));
+    }
+  }
+
+  // One message's wait for a dependency (the handler's RetryLater): its schedule
+  // (store/lifetime.h), its entry in `held` for health(), and its log lines: a warning
+  // when it begins, a line per delayed run, one when it ends. Ends with the run() it
+  // belongs to.
+  class HeldWait {
+   public:
+    HeldWait(Impl& c, const std::string& id) : c_(c), id_(id) {}
+    ~HeldWait() { forget(); }
+    HeldWait(const HeldWait&) = delete;
+    HeldWait& operator=(const HeldWait&) = delete;
+
+    // The handler said "not yet" (`why`): the delay before the next run, ms, or -1 when the
+    // schedule is over.
+    int64_t not_yet(const std::string& why) {
+      const int64_t now = c_.store->retention_clock();
+      if (runs_++ == 0) {
+        since_ = now;
+        first_wall_ms_ = c_.clock->wall_ms();
+      }
+      const int64_t delay = detail::not_yet_delay_ms(c_.options, runs_, since_, now);
+      if (delay < 0) {
+        forget();
+        return delay;
+      }
+      {
+        std::lock_guard<std::mutex> lock(c_.state_mu);
+        if (!slot_) {
+          slot_ = c_.next_held++;
+          c_.held[*slot_].message_id = id_;
+        }
+        Held& h = c_.held[*slot_];
+        h.runs = runs_;
+        h.since = since_;
+        h.next_run = now + delay;
+        h.reason = why;
+      }
+      const std::string text = detail::printable(why, 300);
+      if (runs_ == 1)
+        c_.log->warn(
+            "consumer '{}': message '{}' waits for a dependency: the handler said \"not yet\" "
+            "({}); held unacked, next run in {} ms, dead letter dependency_unavailable after "
+            "{}",
+            c_.name, detail::printable(id_), text, delay,
+            detail::duration_text(c_.options.dependency_wait_max.count()));
+      else
+        c_.log->log(runs_ <= c_.options.dependency_immediate_attempts ? spdlog::level::debug
+                                                                      : spdlog::level::info,
+                    "consumer '{}': message '{}' still waits for a dependency ({}, run {}): "
+                    "{}; next run in {} ms",
+                    c_.name, detail::printable(id_), detail::duration_text(now - since_), runs_,
+                    text, delay);
+      return delay;
+    }
+
+    // A run that did not say "not yet" ends the wait.
+    void end(ClaimResult result) {
+      if (runs_ == 0) return;
+      c_.log->info(
+          "consumer '{}': message '{}' no longer waits for a dependency after {} and {} "
+          "\"not yet\" run(s): {}",
+          c_.name, detail::printable(id_), detail::duration_text(waited()), runs_,
+          result == ClaimResult::kProcessed ? "applied" : "the wait ends");
+      forget();
+      runs_ = 0;
+    }
+
+    int runs() const { return runs_; }
+    int64_t waited() const { return c_.store->retention_clock() - since_; }
+    int64_t first_wall_ms() const { return first_wall_ms_; }
+
+   private:
+    void forget() {
+      if (!slot_) return;
+      std::lock_guard<std::mutex> lock(c_.state_mu);
+      c_.held.erase(*slot_);
+      slot_.reset();
+    }
+
+    Impl& c_;
+    const std::string& id_;
+    int runs_ = 0;
+    int64_t since_ = 0, first_wall_ms_ = 0;
+    std::optional<uint64_t> slot_;
+  };
+
   // `stop`: set for the requeue thread only, which may give up while the store fails
   // (StoreRetry::Stopped); a transport's caller never does. `id_out`, if set, receives
   // the message id once it is extracted (handle()'s debug line).
+  // `received_at`: when the transport handed the message over (retention clock), from
+  // which its expiry counts; none for a replay (the operator decides, never expired).
   Outcome run(const Message& m, std::optional<int64_t> replay_of,
-              const std::atomic<bool>* stop = nullptr, std::string* id_out = nullptr) {
+              const std::atomic<bool>* stop = nullptr, std::string* id_out = nullptr,
+              std::optional<int64_t> received_at = std::nullopt) {
     detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
     if (m.retain && !replay_of && options.retained != RetainedPolicy::kProcess) return retained(m);
     if (m.payload.size() > options.max_payload_bytes) {
@@ -229,19 +346,24 @@ struct Consumer::Impl {
     log_fields.set_message_id(id);
     if (id_out) *id_out = id;
 
+    // The message's lifetime (store/lifetime.h): its expiry, and a wait for a dependency.
+    const std::optional<detail::Expiry> expiry =
+        received_at ? detail::expiry_of(m, options.expired, *received_at) : std::nullopt;
+    HeldWait wait(*this, id);
     int64_t backoff = options.retry_backoff_initial.count();
     for (;;) {
       // One transaction decides and applies: duplicate, dead-lettered, out of attempts,
-      // or the handler's outcome (Store::process, store/claims.cpp).
+      // expired, or the handler's outcome (Store::process, store/claims.cpp).
       ProcessReport r;
       until_stored(
           "committing",
           [&] {
             return store->process(name, m, id, handler, options.max_attempts, replay_of,
-                                  payload_json, &r);
+                                  payload_json, expiry ? &*expiry : nullptr, &r);
           },
           stop);
       const MessageState& st = r.state;
+      if (r.result != ClaimResult::kNotYet) wait.end(r.result);
       switch (r.result) {
         case ClaimResult::kProcessed:
           count(&ConsumerCounters::processed);
@@ -272,6 +394,24 @@ struct Consumer::Impl {
           // requeue thread once the relay has made room (outbox.h OutboxFull).
           return dead_letter(m, id, DeadLetterReason::kOutboxFull, r.handler_error, 0,
                              st.first_attempt_at_ms, replay_of, stop, /*parked=*/true);
+        case ClaimResult::kExpired:
+          // Honour the producer: never applied (ConsumerOptions::expired).
+          count(&ConsumerCounters::expired);
+          return dead_letter(m, id, DeadLetterReason::kExpired, r.handler_error, st.attempts,
+                             st.first_attempt_at_ms, replay_of, stop);
+        case ClaimResult::kNotYet: {
+          // A dependency of the handler's is down: not the message's fault, no attempt.
+          // It is held (unacked, the stream behind it) and run again on the schedule.
+          count(&ConsumerCounters::not_yet);
+          const int64_t delay = wait.not_yet(r.handler_error);
+          if (delay < 0)
+            return dead_letter(
+                m, id, DeadLetterReason::kDependencyUnavailable,
+                detail::dependency_unavailable_text(wait.runs(), wait.waited(), r.handler_error),
+                wait.runs(), wait.first_wall_ms(), replay_of, stop);
+          pause(delay, stop);
+          continue;
+        }
         case ClaimResult::kHandlerFailed:
           break;
       }
@@ -414,6 +554,7 @@ Status Consumer::create(Inbox* inbox, const std::string& name, TransactionHandle
       options.store_backoff_max < options.store_backoff_initial)
     return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
   if (options.requeue_poll_ms < 0) return Status::InvalidArgument("requeue_poll_ms must be >= 0");
+  if (Status s = detail::check_lifetime_options(options); !s.ok()) return s;
 
   store->name_user(name);
   auto impl = std::make_unique<Impl>();
@@ -444,7 +585,9 @@ Outcome Consumer::handle(const Message& message) {
   // which process applied which message when several share a subscription (fleet.h).
   const bool debug = impl_->log->should_log(spdlog::level::debug);
   std::string id = "?";
-  const Outcome o = impl_->run(message, std::nullopt, nullptr, debug ? &id : nullptr);
+  // The message's expiry counts from here: the transport handed it over.
+  const int64_t received_at = impl_->store->retention_clock();
+  const Outcome o = impl_->run(message, std::nullopt, nullptr, debug ? &id : nullptr, received_at);
   if (debug)
     impl_->log->debug("consumer '{}': message '{}' on '{}' (dup flag {}): {}", impl_->name,
                       detail::printable(id), detail::printable(message.topic), message.dup ? 1 : 0,
@@ -485,6 +628,22 @@ bool Consumer::extract_message_id(const Message& message, std::string* id, DeadL
 
 Health Consumer::health() const {
   Health h = impl_->retry->health();
+  {
+    // The longest wait for a dependency, if any message is held for one.
+    const int64_t now = impl_->store->retention_clock();
+    std::lock_guard<std::mutex> lock(impl_->state_mu);
+    const Impl::Held* longest = nullptr;
+    for (const auto& [slot, held] : impl_->held)
+      if (!longest || held.since < longest->since) longest = &held;
+    if (longest) {
+      h.dependency.waiting = true;
+      h.dependency.waited_ms = std::max<int64_t>(0, now - longest->since);
+      h.dependency.message_id = detail::printable(longest->message_id);
+      h.dependency.attempt = longest->runs;
+      h.dependency.reason = longest->reason;
+      h.dependency.next_run_in_ms = std::max<int64_t>(0, longest->next_run - now);
+    }
+  }
   // Corruption found by anyone on this file (the pruner, another consumer) is red here
   // too: the next message will not be taken.
   if (!h.fatal) {
@@ -505,6 +664,16 @@ ConsumerCounters Consumer::counters() const {
   }
   c.store_retries = impl_->retry->store_retries();
   return c;
+}
+
+const char* to_string(ExpiredPolicy policy) {
+  switch (policy) {
+    case ExpiredPolicy::kDeadLetter:
+      return "dead_letter";
+    case ExpiredPolicy::kApply:
+      return "apply";
+  }
+  return "unknown";
 }
 
 const char* to_string(RetainedPolicy policy) {

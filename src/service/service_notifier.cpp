@@ -64,6 +64,8 @@ HealthSource health_source(const Consumer& consumer) {
     h.stuck = health.stuck;
     if (health.stuck) h.stuck_reason = "store failed: " + health.last_error;
     h.stuck_for_ms = health.stuck_for_ms;
+    h.dependency_wait = to_string(health.dependency);
+    h.dependency_wait_ms = health.dependency.waiting ? health.dependency.waited_ms : 0;
     return h;
   };
 }
@@ -79,6 +81,8 @@ HealthSource health_source(const StoreThenProcess& store_then_process) {
     h.stuck = health.stuck;
     if (health.stuck) h.stuck_reason = "store failed at receipt: " + health.last_error;
     h.stuck_for_ms = health.stuck_for_ms;
+    h.dependency_wait = to_string(health.dependency);
+    h.dependency_wait_ms = health.dependency.waiting ? health.dependency.waited_ms : 0;
     if (c.worker_store_errors > 0)
       h.note = std::to_string(c.worker_store_errors) + " worker store errors";
     return h;
@@ -161,6 +165,7 @@ struct ServiceNotifier::Impl {
     bool stuck = false;    // some source is stuck (seen by this tick or earlier)
     int64_t stuck_ms = 0;  // longest continuous stuck time of any source
     bool over_limit = false;
+    std::string over_why;  // which limit, for the log: "stuck for N ms, over the M ms limit"
   };
 
   // Reads every source once and composes the STATUS text (for `phase`: what being over
@@ -232,6 +237,9 @@ struct ServiceNotifier::Impl {
     if (worst) {
       snap.stuck = true;
       snap.over_limit = options.stuck_limit_ms > 0 && snap.stuck_ms >= options.stuck_limit_ms;
+      if (snap.over_limit)
+        snap.over_why = "stuck for " + std::to_string(snap.stuck_ms) + " ms, over the " +
+                        std::to_string(options.stuck_limit_ms) + " ms limit";
       std::string s =
           "stuck " + std::to_string(snap.stuck_ms / 1000) + " s: " +
           with_name(*worst, worst->stuck_reason.empty() ? "no reason given" : worst->stuck_reason);
@@ -240,6 +248,26 @@ struct ServiceNotifier::Impl {
              (for_phase == Phase::kStarting ? "start timeout no longer extended"
                                             : "watchdog pings stopped") +
              ")";
+      parts.push_back(std::move(s));
+    }
+    // Waits for a dependency (a handler's "not yet"): shown, not stuck; past the limit the
+    // user set, they stop the pings as a stuck source does.
+    for (const auto& h : hs) {
+      if (h.dependency_wait.empty()) continue;
+      std::string s = with_name(h, h.dependency_wait);
+      if (options.dependency_wait_limit_ms > 0 &&
+          h.dependency_wait_ms >= options.dependency_wait_limit_ms) {
+        if (!snap.over_limit)
+          snap.over_why = "waiting for a dependency for " + std::to_string(h.dependency_wait_ms) +
+                          " ms, over the " + std::to_string(options.dependency_wait_limit_ms) +
+                          " ms dependency limit";
+        snap.over_limit = true;
+        s += " (over the " + std::to_string(options.dependency_wait_limit_ms / 1000) +
+             " s dependency limit: " +
+             (for_phase == Phase::kStarting ? "start timeout no longer extended"
+                                            : "watchdog pings stopped") +
+             ")";
+      }
       parts.push_back(std::move(s));
     }
     for (const auto& h : hs)
@@ -307,10 +335,9 @@ struct ServiceNotifier::Impl {
     }
     if (log_withheld)
       log->error(
-          "service watchdog: stuck for {} ms, over the {} ms limit; watchdog pings "
-          "stop, so the service manager restarts the service. Safe: the stuck message "
-          "was never acked and the broker redelivers it. ({})",
-          snap.stuck_ms, options.stuck_limit_ms, snap.status);
+          "service watchdog: {}; watchdog pings stop, so the service manager restarts the "
+          "service. Safe: the message held was never acked and the broker redelivers it. ({})",
+          snap.over_why, snap.status);
     if (log_resumed) log->info("service watchdog: no longer stuck; watchdog pings resume");
     send(msg);
   }
@@ -356,6 +383,8 @@ Status ServiceNotifier::create(const ServiceNotifierOptions& options,
                                std::unique_ptr<ServiceNotifier>* out) {
   if (!out) return Status::InvalidArgument("out is null");
   if (options.stuck_limit_ms < 0) return Status::InvalidArgument("stuck_limit_ms must be >= 0");
+  if (options.dependency_wait_limit_ms < 0)
+    return Status::InvalidArgument("dependency_wait_limit_ms must be >= 0");
   if (options.status_interval_ms < 10)
     return Status::InvalidArgument("status_interval_ms must be >= 10");
   auto impl = std::make_unique<Impl>();

@@ -188,6 +188,10 @@ class StoreBackend {
   virtual int count_attempt(const ClaimKey& key, const std::string* error) = 0;
   // Marks the running attempt of `key` failed with `error`, the same way.
   virtual void mark_attempt_failed(const ClaimKey& key, const std::string& error) = 0;
+  // Takes back the attempt count_attempt(key, nullptr) added before a run that then said
+  // "not yet" (RetryLater: not an attempt), the same way: one fewer, the row gone at
+  // zero; its state 'failed' again (the run did not die).
+  virtual void uncount_attempt(const ClaimKey& key) = 0;
   // Records, outside the database and at no cost, that the handler of `key` is about to
   // run, so that a process that dies inside it has the attempt counted at the next open
   // (SQLite: the lock file's marker). False if the store cannot (the front then commits

@@ -51,7 +51,8 @@ Status Store::lookup(const std::string& consumer, const std::string& message_id,
 Status Store::process(const std::string& consumer, const Message& message,
                       const std::string& message_id, const TransactionHandler& handler,
                       int max_attempts, std::optional<int64_t> replayed_dead_letter,
-                      const nlohmann::json* payload_json, ProcessReport* report) {
+                      const nlohmann::json* payload_json, const Expiry* expiry,
+                      ProcessReport* report) {
   if (Status r = refuse_if_in_handler(owner_, "Store::process"); !r.ok()) return r;
   if (unusable()) return fatal_status();
   if (options_.before_claim_hook) options_.before_claim_hook(consumer, message_id);
@@ -102,6 +103,18 @@ Status Store::process(const std::string& consumer, const Message& message,
         return;
       }
     }
+    // The message's lifetime, decided with the claim in hand (after the write lock and any
+    // wait for it): a message whose expiry ran out is never applied (store/lifetime.h).
+    if (expiry) {
+      const int64_t now = retention_clock();
+      if (expiry->ran_out(now)) {
+        b.rollback();
+        report->result = ClaimResult::kExpired;
+        report->handler_error = expired_text(*expiry, now, "before its handler ran");
+        decided = true;
+        return;
+      }
+    }
     report->attempt = report->state.attempts + 1;
     marked = b.mark_running(key);
     // Without a marker, a run that may follow a death inside the handler is counted before
@@ -138,10 +151,14 @@ Status Store::process(const std::string& consumer, const Message& message,
   } else {
     s = run_claim(key, message, report->attempt, handler,
                   /*delete_attempts=*/counted || report->state.attempts > 0, replayed_dead_letter,
-                  payload_json, report);
+                  payload_json, expiry, report);
   }
   if (s.ok() && report->result == ClaimResult::kHandlerFailed)
     s = count_failed_attempt(key, counted, report);
+  // "Not yet" is not an attempt: one committed before the run (no marker) is taken back.
+  // A run that dies instead stays counted, as any other.
+  if (s.ok() && counted && report->result == ClaimResult::kNotYet)
+    s = locked("taking back an attempt", [&] { b.uncount_attempt(key); });
   const bool committed = s.ok() && report->result == ClaimResult::kProcessed;
   // After a commit the marker may stay: the next open skips an id that is processed, and
   // the next message overwrites it (one store instead of two).
@@ -169,7 +186,8 @@ Status Store::count_failed_attempt(const ClaimKey& key, bool counted, ProcessRep
 Status Store::run_claim(const ClaimKey& key, const Message& message, int attempt,
                         const TransactionHandler& handler, bool delete_attempts,
                         std::optional<int64_t> replayed_dead_letter,
-                        const nlohmann::json* payload_json, ProcessReport* report) {
+                        const nlohmann::json* payload_json, const Expiry* expiry,
+                        ProcessReport* report) {
   // Called with the lock held, the transaction open and the claim inserted. Every path
   // ends the transaction.
   StoreBackend& b = *backend_;
@@ -195,16 +213,29 @@ Status Store::run_claim(const ClaimKey& key, const Message& message, int attempt
     case HandlerVerdict::Kind::kFailed:
     case HandlerVerdict::Kind::kDeadLetter:
     case HandlerVerdict::Kind::kOutboxFull:
+    case HandlerVerdict::Kind::kNotYet:
       b.rollback();
       if (run.left == TxnLeft::kEnded || run.left == TxnLeft::kClosed)
         log_->error("consumer '{}', message '{}': {}", printable(key.consumer),
                     printable(key.message_id), v.text);
       report->result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
                        : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
+                       : v.kind == HandlerVerdict::Kind::kNotYet     ? ClaimResult::kNotYet
                                                                      : ClaimResult::kDeadLetterNow;
       report->reason = v.reason;
       report->handler_error = v.text;
       return Status::Ok();
+  }
+  // The expiry once more, right before the commit that applies it: the handler's run (a
+  // PostgreSQL statement waiting for a row lock, say) may have outlasted it.
+  if (expiry) {
+    const int64_t now = retention_clock();
+    if (expiry->ran_out(now)) {
+      b.rollback();
+      report->result = ClaimResult::kExpired;
+      report->handler_error = expired_text(*expiry, now, "before its claim could commit");
+      return Status::Ok();
+    }
   }
   bool refused = false;
   Status s = locked("claim transaction", [&] {

@@ -47,6 +47,12 @@ enum class ClaimResult {
   kOutboxFull,         // handler threw OutboxFull (a full kReject outbox class): rolled
                        // back, no failure recorded: the message is not at fault (the
                        // Consumer parks it, dead_letter.h kOutboxFull)
+  kExpired,            // the message's expiry (store/lifetime.h) had run out before the
+                       // handler ran, or before its commit: rolled back, the handler not
+                       // run or its writes dropped; the text in handler_error
+  kNotYet,             // handler threw RetryLater (a dependency of its own is down): rolled
+                       // back, no attempt recorded (one counted before the run is taken
+                       // back); the caller runs it again on the dependency schedule
 };
 
 // What Store::process() found and did for one delivery.
@@ -60,8 +66,9 @@ struct ProcessReport {
   MessageState state;
   // kDeadLetterNow: the dead letter's reason.
   DeadLetterReason reason = DeadLetterReason::kHandlerFailed;
-  // The handler's exception text (kHandlerFailed, kDeadLetterNow, kOutboxFull): the
-  // refused call for a re-entry, what it ran for a transaction it ended.
+  // The handler's exception text (kHandlerFailed, kDeadLetterNow, kOutboxFull, kNotYet):
+  // the refused call for a re-entry, what it ran for a transaction it ended; kExpired: the
+  // dead letter's text (the interval and the wait).
   std::string handler_error;
 };
 

@@ -41,6 +41,7 @@
 #include "mqtt_inbox/status.h"
 #include "store/backend.h"
 #include "store/claims.h"
+#include "store/lifetime.h"
 #include "store/retry.h"
 #include "store/sessions.h"
 #include "util/function_ref.h"
@@ -94,11 +95,15 @@ class Store final {
   // delivery costs one transaction and one durable commit. A failed attempt is counted
   // before this returns; one that kills the process is counted at the next open (SQLite's
   // marker) or at its redelivery. `payload_json`: the payload's parse if the caller made
-  // one (Delivery::payload_json); may be null. Errors: the store's (nothing committed).
+  // one (Delivery::payload_json); may be null. `expiry`: the message's (store/lifetime.h),
+  // or null for none: once it has run out, at the decision before the handler or right
+  // before COMMIT, the transaction rolls back as kExpired. A handler that throws
+  // RetryLater is kNotYet: rolled back, no attempt recorded. Errors: the store's (nothing
+  // committed).
   Status process(const std::string& consumer, const Message& message, const std::string& message_id,
                  const TransactionHandler& handler, int max_attempts,
                  std::optional<int64_t> replayed_dead_letter, const nlohmann::json* payload_json,
-                 ProcessReport* report);
+                 const Expiry* expiry, ProcessReport* report);
   // Reads what is recorded for (consumer, message_id). A processed id counts as a
   // duplicate (InboxStats::duplicates): the caller skips it.
   Status lookup(const std::string& consumer, const std::string& message_id, MessageState* out);
@@ -219,7 +224,7 @@ class Store final {
   Status run_claim(const ClaimKey& key, const Message& message, int attempt,
                    const TransactionHandler& handler, bool delete_attempts,
                    std::optional<int64_t> replayed_dead_letter, const nlohmann::json* payload_json,
-                   ProcessReport* report);
+                   const Expiry* expiry, ProcessReport* report);
   Status count_failed_attempt(const ClaimKey& key, bool counted, ProcessReport* report);
 
   const std::string location_;

@@ -18,7 +18,8 @@
 // nothing, and says so (kLost, *held = false).
 //
 // Times: received_at, done_at and next_attempt_at are on the store's retention clock
-// (Store::retention_clock()), stamped by the store; claimed_at and a replayed dead
+// (Store::retention_clock()), stamped by the store; expires_at and a dependency wait's
+// start (waiting_since) too, stamped by the policy; claimed_at and a replayed dead
 // letter's time are wall-clock values for people. Nothing here reads a lease: the reaper
 // times them in the policy's memory.
 //
@@ -53,6 +54,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,7 @@
 #include "mqtt_inbox/status.h"
 #include "mqtt_inbox/store_then_process.h"
 #include "store/verdict.h"
+#include "util/function_ref.h"
 
 namespace mqtt_inbox::detail {
 
@@ -74,6 +77,15 @@ struct RowClaim {
   int64_t token = 0;  // the claim token this claim took: every write of the worker needs it
 };
 
+// A row's wait for a dependency (its handler's RetryLater), kept in the row so that the
+// dependency schedule (store/lifetime.h) survives its claims and the process: how many
+// runs said "not yet" in a row, and when the first of them did (retention clock, ms).
+// runs 0: not waiting.
+struct RowWait {
+  int runs = 0;
+  int64_t since = 0;
+};
+
 // A claimed row as the store returns it. The message's fields are as stored: the policy
 // decodes them (properties_json "{}" when there are none).
 struct StoredRow {
@@ -81,9 +93,11 @@ struct StoredRow {
   std::string message_id, aggregate_key;
   std::string topic, payload, properties_json;
   int qos = 0;
-  int64_t received_at = 0;  // retention clock, ms
-  int attempts = 0;         // failed attempts and returned claims so far
-  std::string last_error;   // "" if none
+  int64_t received_at = 0;            // retention clock, ms
+  int attempts = 0;                   // failed attempts and returned claims so far
+  std::string last_error;             // "" if none
+  std::optional<int64_t> expires_at;  // the message's expiry deadline, retention clock, ms
+  RowWait wait;                       // its wait for a dependency, if any
 };
 
 // A row a claim may take: one of the first rows, in seq order, of an aggregate with
@@ -128,7 +142,9 @@ struct StoredRunResult {
     kLost,     // the row no longer carries the claim's token: nothing committed
     kNotDone,  // rolled back; `verdict` says why: kFailed (the handler threw, ended the
                // transaction, or the store refused the row's change at commit),
-               // kDeadLetter or kOutboxFull
+               // kDeadLetter, kOutboxFull or kNotYet
+    kExpired,  // the handler ran, but `expired()` said the row's expiry ran out before the
+               // commit: rolled back
   };
   Kind kind = Kind::kDone;
   HandlerVerdict verdict;
@@ -158,19 +174,21 @@ class StpWorkerSession {
   // re-entry checks, judged with the store's classifier), then marks the row 'done'
   // (attempts = d.attempt, done_at = now), closes a dead letter of d.message_id that a
   // replay left 'dead', notes the claim's progress in claimed_at, and commits, with the
-  // handler's durability. A Status error: the store failed (nothing committed; a
-  // handler's store error that is not its message's fault is one): run it again.
+  // handler's durability. Right before the row is marked 'done' it asks `expired()`, the
+  // policy's expiry decision (store/lifetime.h): true rolls back as kExpired. A Status
+  // error: the store failed (nothing committed; a handler's store error that is not its
+  // message's fault is one): run it again.
   virtual Status process(const RowClaim& c, const std::string& claimant,
                          const StoredStoreHandler& handler, const StoredDelivery& d,
-                         StoredRunResult* out) = 0;
+                         FunctionRef<bool()> expired, StoredRunResult* out) = 0;
 
-  // Puts row `c` back to 'pending' with `attempts`, `error` as last_error and its next
-  // try `delay_ms` after now, and releases `release_too` (see release()), in one
-  // transaction. *held: whether `c` still carried its token (false: nothing of `c`
-  // changed).
+  // Puts row `c` back to 'pending' with `attempts`, `error` as last_error, `wait` as its
+  // dependency wait, and its next try `delay_ms` after now, and releases `release_too`
+  // (see release()), in one transaction. *held: whether `c` still carried its token
+  // (false: nothing of `c` changed).
   virtual Status retry_later(const RowClaim& c, int attempts, const std::string& error,
-                             int64_t delay_ms, const std::vector<RowClaim>& release_too,
-                             bool* held) = 0;
+                             const RowWait& wait, int64_t delay_ms,
+                             const std::vector<RowClaim>& release_too, bool* held) = 0;
 
   // Puts the rows back to 'pending' without counting an attempt, each only while it still
   // carries its token (a finished or returned row is left alone). One transaction.
@@ -190,11 +208,12 @@ class StpConsumerRows {
   // --- receipt: on the store's shared connection, any thread ---
 
   // Stores `m` under (consumer, message_id) unless the id is stored already (*stored =
-  // false), received_at = now, committed durably (the Inbox's synchronous setting)
+  // false), received_at = now, expires_at = `expires_at` (the message's expiry deadline,
+  // retention clock; none: NULL), committed durably (the Inbox's synchronous setting)
   // before it returns.
   virtual Status store_received(const std::string& message_id, const std::string& aggregate_key,
                                 const Message& m, const std::string& properties_json,
-                                bool* stored) = 0;
+                                std::optional<int64_t> expires_at, bool* stored) = 0;
   // Whether (consumer, message_id) is stored, whatever its status.
   virtual Status is_stored(const std::string& message_id, bool* found) = 0;
 
@@ -212,7 +231,8 @@ class StpConsumerRows {
   // rows set back to 'pending'.
   virtual Status reap(const ReapChooser& choose, int64_t* rows) = 0;
 
-  // Sets the finished rows matching `filter` back to 'pending' (attempts 0, due at once),
+  // Sets the finished rows matching `filter` back to 'pending' (attempts 0, no dependency
+  // wait, due at once),
   // in one transaction; compacted ones and rows in flight are counted, not changed.
   virtual Status replay(const ReplayFilter& filter, ReplayResult* out) = 0;
 

@@ -29,6 +29,9 @@ HandlerVerdict judge_handler(const std::exception_ptr& failure, const HandlerSco
     v.kind = HandlerVerdict::Kind::kDeadLetter;
     v.reason = DeadLetterReason::kOutboxRefused;
     v.text = e.what();
+  } catch (const RetryLater& e) {
+    v.kind = HandlerVerdict::Kind::kNotYet;
+    v.text = e.what();
   } catch (const RejectMessage& e) {
     v.kind = HandlerVerdict::Kind::kDeadLetter;
     v.reason = DeadLetterReason::kInvalidPayload;

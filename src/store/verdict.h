@@ -28,10 +28,12 @@ struct HandlerVerdict {
                   // OutboxRefused, or a call back into its own inbox (that outranks
                   // whatever followed)
     kOutboxFull,  // it threw OutboxFull (outbox.h): backpressure, never an attempt
+    kNotYet,      // it threw RetryLater (handler.h): a dependency of its own is down; run
+                  // again on the dependency schedule, never an attempt
   };
   Kind kind = Kind::kOk;
   DeadLetterReason reason = DeadLetterReason::kHandlerFailed;  // kDeadLetter
-  std::string text;  // the exception text (kStoreError, kFailed, kDeadLetter)
+  std::string text;  // the exception text (kStoreError, kFailed, kDeadLetter, kNotYet)
   Status store;      // kStoreError
 };
 

@@ -10,6 +10,7 @@
 #include "inbox/message_id.h"
 #include "inbox/properties_json.h"
 #include "inbox/retained.h"
+#include "store/lifetime.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -47,6 +48,9 @@ Outcome StoreThenProcess::Impl::receipt_dead_letter(const Message& m,
 Outcome StoreThenProcess::Impl::receive(const Message& m) {
   detail::LogContextScope log_fields(name);  // CONSUMER= (and below the id) in the journal
   const ConsumerOptions& o = options.consumer;
+  // The message's expiry counts from here (the transport handed it over); the row keeps
+  // its deadline, and the workers decide at processing (store_then_process.h).
+  const int64_t received_at = retention_now();
   if (m.retain && o.retained != RetainedPolicy::kProcess) return receive_retained(m);
   if (m.payload.size() > o.max_payload_bytes) {
     // As Consumer: only the user property is consulted for an oversized payload.
@@ -87,8 +91,12 @@ Outcome StoreThenProcess::Impl::receive(const Message& m) {
   }
 
   const std::string props = detail::properties_json(m);
+  std::optional<int64_t> expires_at;
+  if (const auto e = detail::expiry_of(m, ExpiredPolicy::kDeadLetter, received_at))
+    expires_at = e->expires_at();
   bool inserted = false;
-  until_stored("storing", [&] { return rows->store_received(id, key, m, props, &inserted); });
+  until_stored("storing",
+               [&] { return rows->store_received(id, key, m, props, expires_at, &inserted); });
   if (!inserted) {
     count(&StoreThenProcessCounters::duplicates);
     return Outcome::kDuplicate;

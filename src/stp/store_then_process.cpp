@@ -12,6 +12,7 @@
 #include <string>
 
 #include "store/inbox.h"
+#include "store/lifetime.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -125,6 +126,7 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name,
   if (c.retry_backoff_initial.count() < 0 || c.retry_backoff_max < c.retry_backoff_initial ||
       c.store_backoff_initial.count() < 1 || c.store_backoff_max < c.store_backoff_initial)
     return Status::InvalidArgument("backoff: need 0 <= initial <= max (store initial >= 1 ms)");
+  if (Status s = detail::check_lifetime_options(c); !s.ok()) return s;
   if (options.workers < 0) return Status::InvalidArgument("workers must be >= 0");
   if (options.batch_size < 1) return Status::InvalidArgument("batch_size must be >= 1");
   if (options.poll_interval_ms < 1) return Status::InvalidArgument("poll_interval_ms must be >= 1");
@@ -159,7 +161,32 @@ Status StoreThenProcess::create(Inbox* inbox, const std::string& name,
 
 const std::string& StoreThenProcess::name() const { return impl_->name; }
 
-Health StoreThenProcess::health() const { return impl_->retry->health(); }
+Health StoreThenProcess::health() const {
+  Health h = impl_->retry->health();
+  Impl& m = *impl_;
+  const int64_t now = m.store->retention_clock();
+  std::lock_guard<std::mutex> lock(m.state_mu);
+  const Impl::Held* longest = nullptr;
+  for (auto it = m.held.begin(); it != m.held.end();) {
+    // A row rescheduled here but taken and finished elsewhere (another process, on a
+    // shared store) is forgotten a lease after its next run was due.
+    if (now - it->second.next_run > m.options.lease_ms) {
+      it = m.held.erase(it);
+      continue;
+    }
+    if (!longest || it->second.since < longest->since) longest = &it->second;
+    ++it;
+  }
+  if (longest) {
+    h.dependency.waiting = true;
+    h.dependency.waited_ms = std::max<int64_t>(0, now - longest->since);
+    h.dependency.message_id = detail::printable(longest->message_id);
+    h.dependency.attempt = longest->runs;
+    h.dependency.reason = longest->reason;
+    h.dependency.next_run_in_ms = std::max<int64_t>(0, longest->next_run - now);
+  }
+  return h;
+}
 
 StoreThenProcessCounters StoreThenProcess::counters() const {
   StoreThenProcessCounters c;

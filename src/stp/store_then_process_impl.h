@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mqtt_inbox/store_then_process.h"
+#include "store/lifetime.h"
 #include "store/retry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -123,7 +124,11 @@ struct StoreThenProcess::Impl {
     int64_t received_at = 0;
     int attempts = 0;
     std::string last_error;
+    std::optional<int64_t> expires_at;  // the message's expiry deadline (retention clock)
+    detail::RowWait wait;               // its wait for a dependency, as the row keeps it
     detail::RowClaim claim() const { return {seq, claim_token}; }
+    // Its expiry (store/lifetime.h), unless it has none or the policy applies it anyway.
+    std::optional<detail::Expiry> expiry(ExpiredPolicy policy) const;
   };
 
   // One worker's session with the store and its current batch.
@@ -134,6 +139,20 @@ struct StoreThenProcess::Impl {
   };
 
   enum class RunResult { kDone, kFailed, kDead, kLost, kStopped };
+
+  // Rows this process's workers rescheduled for a dependency (RetryLater), by seq: what
+  // health().dependency shows (the longest wait). Under state_mu; retention clock. An
+  // entry goes when its row is finished or fails here, or once it is older than a lease
+  // past its next run (the row was taken by another process).
+  struct Held {
+    std::string message_id;
+    int runs = 0;
+    int64_t since = 0, next_run = 0;
+    std::string reason;
+  };
+  std::map<int64_t, Held> held;
+  void hold(const Row& r, const detail::RowWait& wait, int64_t next_run, const std::string& why);
+  void release_hold(int64_t seq);
 
   template <typename Op>
   bool worker_retry(const char* what, Op&& op);
@@ -153,7 +172,12 @@ struct StoreThenProcess::Impl {
   // `delay_ms`; the later rows of its aggregate in the batch are released to wait behind
   // it. fail_row after a failure; directly for a full outbox (no attempt counted).
   RunResult retry_row_later(Worker& w, const Row& r, int attempts, const std::string& error,
-                            int64_t delay_ms);
+                            int64_t delay_ms, const detail::RowWait& wait = {});
+  // The row's handler or PrepareFn said "not yet": rescheduled on the dependency schedule
+  // with no attempt counted, or dead-lettered as dependency_unavailable once it is over.
+  RunResult not_yet_row(Worker& w, const Row& r, const std::string& why);
+  // The row's expiry ran out: dead-lettered as expired, never applied.
+  RunResult expired_row(Worker& w, const Row& r, const detail::Expiry& e, const char* where);
   RunResult run_row(Worker& w, const Row& r, const std::string& claimant);
   void worker_loop(Worker& w);
 

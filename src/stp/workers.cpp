@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "inbox/properties_json.h"
+#include "store/lifetime.h"
 #include "store/reentry.h"
 #include "store/store.h"
 #include "store/stp_rows.h"
@@ -61,14 +62,16 @@ bool StoreThenProcess::Impl::worker_retry(const char* what, Op&& op) {
 // of at most ceil(eligible aggregates / workers) aggregates, so the other workers find
 // work too.
 // `now` and next_attempt_at are on the retention clock, which no wall-clock step moves.
-// No row waits longer than retry_backoff_max, so a next_attempt_at further ahead than
-// that was stamped by a clock ahead of this process's (a wall-clock stamp of a release
-// before schema version 11, another process's retention clock, a clock that restarted
-// from an older persisted value after a crash): the row is due now rather than stalled.
+// No row waits longer than retry_backoff_max or dependency_backoff_max, so a
+// next_attempt_at further ahead than that was stamped by a clock ahead of this process's (a
+// wall-clock stamp of a release before schema version 11, another process's retention clock, a
+// clock that restarted from an older persisted value after a crash): the row is due now rather than
+// stalled.
 void StoreThenProcess::Impl::choose_claim(int64_t now,
                                           const std::vector<detail::ClaimCandidate>& offered,
                                           std::vector<int64_t>* take) const {
-  const int64_t longest_wait = options.consumer.retry_backoff_max.count();
+  const int64_t longest_wait = std::max(options.consumer.retry_backoff_max.count(),
+                                        options.consumer.dependency_backoff_max.count());
   std::vector<std::pair<int64_t, const std::string*>> due;  // (seq, aggregate)
   const std::string* blocked = nullptr;  // the aggregate whose head is not due yet
   for (const detail::ClaimCandidate& c : offered) {
@@ -118,6 +121,8 @@ Status StoreThenProcess::Impl::claim(Worker& w, const std::string& claimant) {
     r.received_at = c.received_at;
     r.attempts = c.attempts;
     r.last_error = std::move(c.last_error);
+    r.expires_at = c.expires_at;
+    r.wait = c.wait;
     w.batch.push_back(std::move(r));
   }
   return s;
@@ -160,6 +165,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::dead_letter_row(Worker
   if (!worker_retry("writing a dead letter",
                     [&] { return store->add_dead_letter(dl, std::nullopt, &id); }))
     return RunResult::kStopped;
+  release_hold(r.seq);
   if (!worker_retry("marking a row dead",
                     [&] { return w.session->mark_dead(r.claim(), attempts, text, &owned); }))
     return RunResult::kStopped;
@@ -176,6 +182,7 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, co
                                                                    int attempt,
                                                                    const std::string& error) {
   count(&StoreThenProcessCounters::handler_failures);
+  release_hold(r.seq);  // a failure ends a wait for a dependency (the row's too: below)
   log->warn("store-then-process '{}': handler failed on '{}' (seq {}, attempt {}/{}): {}", name,
             detail::printable(r.message_id), r.seq, attempt, options.consumer.max_attempts,
             detail::printable(error, 300));
@@ -186,18 +193,81 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::fail_row(Worker& w, co
   return retry_row_later(w, r, attempt, error, backoff_ms(options.consumer, attempt));
 }
 
-StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(Worker& w, const Row& r,
-                                                                          int attempts,
-                                                                          const std::string& error,
-                                                                          int64_t delay_ms) {
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::retry_row_later(
+    Worker& w, const Row& r, int attempts, const std::string& error, int64_t delay_ms,
+    const detail::RowWait& wait) {
   bool owned = true;
   // The later rows of this aggregate in the batch must wait for the retry.
   const std::vector<detail::RowClaim> later = claims_of(w, &r.aggregate_key);
   if (!worker_retry("putting a row back to wait", [&] {
-        return w.session->retry_later(r.claim(), attempts, error, delay_ms, later, &owned);
+        return w.session->retry_later(r.claim(), attempts, error, wait, delay_ms, later, &owned);
       }))
     return RunResult::kStopped;
   return owned ? RunResult::kFailed : RunResult::kLost;
+}
+
+std::optional<detail::Expiry> StoreThenProcess::Impl::Row::expiry(ExpiredPolicy policy) const {
+  if (policy == ExpiredPolicy::kApply || !expires_at) return std::nullopt;
+  detail::Expiry e;
+  // The interval as it arrived (the row's properties); the deadline as receipt set it.
+  e.interval_s = message.message_expiry_interval_s.value_or(0);
+  e.received_at = *expires_at - e.interval_s * 1000;
+  return e;
+}
+
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::expired_row(Worker& w, const Row& r,
+                                                                      const detail::Expiry& e,
+                                                                      const char* where) {
+  count(&StoreThenProcessCounters::expired);
+  return dead_letter_row(w, r, DeadLetterReason::kExpired,
+                         detail::expired_text(e, retention_now(), where), r.attempts);
+}
+
+StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::not_yet_row(Worker& w, const Row& r,
+                                                                      const std::string& why) {
+  count(&StoreThenProcessCounters::not_yet);
+  const int64_t now = retention_now();
+  detail::RowWait wait;
+  wait.runs = r.wait.runs + 1;
+  wait.since = r.wait.runs > 0 ? r.wait.since : now;
+  const int64_t delay = detail::not_yet_delay_ms(options.consumer, wait.runs, wait.since, now);
+  if (delay < 0)
+    return dead_letter_row(w, r, DeadLetterReason::kDependencyUnavailable,
+                           detail::dependency_unavailable_text(wait.runs, now - wait.since, why),
+                           r.attempts);
+  const std::string text = detail::printable(why, 300);
+  if (wait.runs == 1)
+    log->warn(
+        "store-then-process '{}': '{}' (seq {}) waits for a dependency: the handler said "
+        "\"not yet\" ({}); rescheduled in {} ms, dead letter dependency_unavailable after {}",
+        name, detail::printable(r.message_id), r.seq, text, delay,
+        detail::duration_text(options.consumer.dependency_wait_max.count()));
+  else
+    log->log(wait.runs <= options.consumer.dependency_immediate_attempts ? spdlog::level::debug
+                                                                         : spdlog::level::info,
+             "store-then-process '{}': '{}' (seq {}) still waits for a dependency ({}, run {}): "
+             "{}; rescheduled in {} ms",
+             name, detail::printable(r.message_id), r.seq, detail::duration_text(now - wait.since),
+             wait.runs, text, delay);
+  hold(r, wait, now + delay, why);
+  // The row keeps its attempts: "not yet" is not one.
+  return retry_row_later(w, r, r.attempts, "not yet: " + why, delay, wait);
+}
+
+void StoreThenProcess::Impl::hold(const Row& r, const detail::RowWait& wait, int64_t next_run,
+                                  const std::string& why) {
+  std::lock_guard<std::mutex> lock(state_mu);
+  Held& h = held[r.seq];
+  h.message_id = r.message_id;
+  h.runs = wait.runs;
+  h.since = wait.since;
+  h.next_run = next_run;
+  h.reason = why;
+}
+
+void StoreThenProcess::Impl::release_hold(int64_t seq) {
+  std::lock_guard<std::mutex> lock(state_mu);
+  held.erase(seq);
 }
 
 StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, const Row& r,
@@ -217,6 +287,11 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
                       " time(s); last error: " + r.last_error,
         r.attempts);
   }
+  // The message's expiry (store_then_process.h): checked before anything runs, after the
+  // PrepareFn (it may be slow) and right before the handler's transaction commits.
+  const std::optional<detail::Expiry> expiry = r.expiry(options.consumer.expired);
+  if (expiry && expiry->ran_out(retention_now()))
+    return expired_row(w, r, *expiry, "in the backlog, before it was processed");
   const int attempt = r.attempts + 1;
   std::any prepared;
   const StoredDelivery pre{r.message,     r.message_id, r.aggregate_key, r.seq,
@@ -229,21 +304,28 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
         detail::run_handler(nullptr, nullptr, [&] { prepared = options.prepare(pre); });
     if (v.kind == detail::HandlerVerdict::Kind::kDeadLetter)
       return dead_letter_row(w, r, v.reason, v.text, attempt);
+    if (v.kind == detail::HandlerVerdict::Kind::kNotYet) return not_yet_row(w, r, v.text);
     if (v.kind != detail::HandlerVerdict::Kind::kOk)
       return fail_row(w, r, attempt, "prepare: " + v.text);
+    if (expiry && expiry->ran_out(retention_now()))
+      return expired_row(w, r, *expiry, "before its handler ran, after the prepare function");
   }
   if (options.before_handler_hook) options.before_handler_hook(r.message_id);
   const StoredDelivery d{r.message,     r.message_id, r.aggregate_key, r.seq,
                          r.received_at, attempt,      prepared};
 
   detail::StoredRunResult run;
+  const auto expired = [&] { return expiry && expiry->ran_out(retention_now()); };
   const bool stored = worker_retry("running the handler transaction", [&] {
-    return w.session->process(r.claim(), claimant, handler, d, &run);
+    return w.session->process(r.claim(), claimant, handler, d, expired, &run);
   });
   if (!stored) return RunResult::kStopped;
   switch (run.kind) {
+    case detail::StoredRunResult::Kind::kExpired:
+      return expired_row(w, r, *expiry, "before its transaction could commit");
     case detail::StoredRunResult::Kind::kDone:
       count(&StoreThenProcessCounters::processed);
+      release_hold(r.seq);
       if (options.slow_handler_warn_ms > 0 && run.held_ms > options.slow_handler_warn_ms)
         log->warn(
             "store-then-process '{}': handler on '{}' held the write lock for {} ms; "
@@ -259,6 +341,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
   switch (v.kind) {
     case detail::HandlerVerdict::Kind::kDeadLetter:
       return dead_letter_row(w, r, v.reason, v.text, attempt);
+    case detail::HandlerVerdict::Kind::kNotYet:
+      return not_yet_row(w, r, v.text);
     case detail::HandlerVerdict::Kind::kOutboxFull:
       // Backpressure (outbox.h OutboxFull): not an attempt. The row waits at the longest
       // retry backoff; the relay runs on other threads, so room comes while it waits.
@@ -267,7 +351,8 @@ StoreThenProcess::Impl::RunResult StoreThenProcess::Impl::run_row(Worker& w, con
       log->log(r.last_error == v.text ? spdlog::level::debug : spdlog::level::info,
                "store-then-process '{}': '{}' (seq {}) waits for the relay to make room: {}", name,
                detail::printable(r.message_id), r.seq, detail::printable(v.text, 300));
-      return retry_row_later(w, r, r.attempts, v.text, options.consumer.retry_backoff_max.count());
+      return retry_row_later(w, r, r.attempts, v.text, options.consumer.retry_backoff_max.count(),
+                             r.wait);
     case detail::HandlerVerdict::Kind::kOk:
     case detail::HandlerVerdict::Kind::kStoreError:  // the store returns these as a Status
     case detail::HandlerVerdict::Kind::kFailed:

@@ -28,6 +28,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The expiry decision a worker session asks before marking a row done: never, here.
+const auto kNeverExpired = [] { return false; };
+
 constexpr int64_t kLease = 10'000;
 constexpr int64_t kHour = 3'600'000;
 constexpr int64_t kDay = 24 * kHour;
@@ -451,10 +454,12 @@ TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheT
   bool stored = false;
   for (const auto& [device, id] :
        std::vector<std::pair<std::string, std::string>>{{"a", "a-1"}, {"b", "b-1"}, {"a", "a-2"}}) {
-    ASSERT_TRUE(rows->store_received(id, device, reading(device, id), "{}", &stored).ok());
+    ASSERT_TRUE(
+        rows->store_received(id, device, reading(device, id), "{}", std::nullopt, &stored).ok());
     EXPECT_TRUE(stored) << id;
   }
-  ASSERT_TRUE(rows->store_received("a-1", "a", reading("a", "a-1"), "{}", &stored).ok());
+  ASSERT_TRUE(
+      rows->store_received("a-1", "a", reading("a", "a-1"), "{}", std::nullopt, &stored).ok());
   EXPECT_FALSE(stored);
   bool found = false;
   ASSERT_TRUE(rows->is_stored("b-1", &found).ok());
@@ -522,14 +527,15 @@ TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheT
   ASSERT_TRUE(late->holds(old_batch[0].claim, &held).ok());
   EXPECT_FALSE(held);
   detail::StoredRunResult run;
-  ASSERT_TRUE(
-      late->process(old_batch[0].claim, "gone/w0/1", handler, delivery(old_batch[0], 1), &run)
-          .ok());
+  ASSERT_TRUE(late->process(old_batch[0].claim, "gone/w0/1", handler, delivery(old_batch[0], 1),
+                            kNeverExpired, &run)
+                  .ok());
   EXPECT_EQ(run.kind, detail::StoredRunResult::Kind::kLost);
   EXPECT_EQ(handler_runs, 0);
   held = true;
-  ASSERT_TRUE(
-      late->retry_later(old_batch[0].claim, 1, "late", 0, {old_batch[1].claim}, &held).ok());
+  ASSERT_TRUE(late->retry_later(old_batch[0].claim, 1, "late", detail::RowWait{}, 0,
+                                {old_batch[1].claim}, &held)
+                  .ok());
   EXPECT_FALSE(held);
   held = true;
   ASSERT_TRUE(late->mark_dead(old_batch[2].claim, 1, "late", &held).ok());
@@ -542,11 +548,14 @@ TEST_F(StpClockTest, StoreRowsOfferFreeAggregatesInOrderAndFenceEveryWriteByTheT
   EXPECT_EQ(q("SELECT count(*) FROM inbox_messages WHERE last_error = 'late'"), 0);
 
   // The holder's writes: a run committed with its 'done' mark, a retry, a dead row.
-  ASSERT_TRUE(
-      holder->process(batch[0].claim, "live/w0/1", handler, delivery(batch[0], 2), &run).ok());
+  ASSERT_TRUE(holder
+                  ->process(batch[0].claim, "live/w0/1", handler, delivery(batch[0], 2),
+                            kNeverExpired, &run)
+                  .ok());
   EXPECT_EQ(run.kind, detail::StoredRunResult::Kind::kDone);
   EXPECT_EQ(handler_runs, 1);
-  ASSERT_TRUE(holder->retry_later(batch[1].claim, 1, "boom", 1000, {}, &held).ok());
+  ASSERT_TRUE(
+      holder->retry_later(batch[1].claim, 1, "boom", detail::RowWait{}, 1000, {}, &held).ok());
   EXPECT_TRUE(held);
   ASSERT_TRUE(holder->mark_dead(batch[2].claim, 1, "dead", &held).ok());
   EXPECT_TRUE(held);

@@ -52,7 +52,7 @@ class PgBackend;
 
 // The version of the PostgreSQL schema this library writes (<schema>.inbox_meta key
 // 'schema_version'); its steps are in open.cpp.
-constexpr int kPgSchemaVersion = 3;
+constexpr int kPgSchemaVersion = 4;
 
 // A libpqxx connection whose libpq handle the store can read (PQtransactionStatus, the
 // socket): libpqxx 6.4 exposes it only to a connection policy, which this one is. With
@@ -174,6 +174,7 @@ class PgBackend final : public StoreBackend {
                    HandlerRun* out) override;
   int count_attempt(const ClaimKey& key, const std::string* error) override;
   void mark_attempt_failed(const ClaimKey& key, const std::string& error) override;
+  void uncount_attempt(const ClaimKey& key) override;
   bool mark_running(const ClaimKey&) override { return false; }  // no marker: see claim.cpp
   void clear_running() noexcept override {}
   std::optional<int64_t> open_dead_letter(const ClaimKey& key) override;

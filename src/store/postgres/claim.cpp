@@ -228,6 +228,20 @@ void PgBackend::mark_attempt_failed(const ClaimKey& key, const std::string& erro
   w.commit_by_library();
 }
 
+void PgBackend::uncount_attempt(const ClaimKey& key) {
+  PgWork w(*conn);
+  w.exec0("SET LOCAL synchronous_commit = off");
+  const std::string a = t("inbox_attempts");
+  w.exec_params0(
+      "DELETE FROM " + a + " WHERE consumer_name = $1 AND message_id = $2 AND attempts <= 1",
+      key.consumer, key.message_id);
+  w.exec_params0("UPDATE " + a +
+                     " SET attempts = attempts - 1, state = 'failed'"
+                     " WHERE consumer_name = $1 AND message_id = $2",
+                 key.consumer, key.message_id);
+  w.commit_by_library();
+}
+
 void PgBackend::run_handler(const Inbox* owner, FunctionRef<void(const TxnRef&)> call,
                             HandlerRun* out) {
   run_pg_handler(*conn, *txn, *watch, owner, call, out);

@@ -188,6 +188,16 @@ constexpr PgSchemaStep kSteps[] = {
      // Compaction reads only 'done' rows that still hold their payload.
      "CREATE INDEX inbox_messages_compact ON @.inbox_messages (consumer_name, done_at)"
      "  WHERE status = 'done' AND payload IS NOT NULL;"},
+    {4,
+     // Store-then-process rows keep their lifetime (issue 42), as SQLite's step 15:
+     // expires_at, the message's expiry deadline on the retention clock (NULL: none);
+     // not_yet and waiting_since, a wait for a dependency (the runs that said "not yet"
+     // in a row, and the retention clock at the first; NULL with not_yet 0). The dead
+     // letters' reasons ('expired', 'dependency_unavailable') need no step here: the
+     // column has no CHECK.
+     "ALTER TABLE @.inbox_messages ADD COLUMN expires_at bigint,"
+     "  ADD COLUMN not_yet integer NOT NULL DEFAULT 0,"
+     "  ADD COLUMN waiting_since bigint;"},
 };
 
 std::string with_schema(const char* sql, const std::string& schema) {

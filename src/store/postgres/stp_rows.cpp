@@ -201,7 +201,8 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
               bigint_array(take) +
               ") AND status = 'pending'"
               " RETURNING seq, message_id, aggregate_key, topic, payload, properties_json, qos,"
-              "           received_at, attempts, last_error, claim_token",
+              "           received_at, attempts, last_error, claim_token, expires_at, not_yet,"
+              "           waiting_since",
           s_.clock->wall_ms(), claimant);
       std::map<int64_t, StoredRow> by_seq;
       for (const pqxx::row& q : got) {
@@ -217,6 +218,9 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
         r.attempts = q[8].as<int>();
         r.last_error = q[9].is_null() ? "" : q[9].as<std::string>();
         r.claim.token = q[10].as<int64_t>();
+        if (!q[11].is_null()) r.expires_at = q[11].as<int64_t>();
+        r.wait.runs = q[12].as<int>();
+        r.wait.since = q[13].is_null() ? 0 : q[13].as<int64_t>();
         by_seq.emplace(r.claim.seq, std::move(r));
       }
       for (const int64_t seq : take)  // in the order the chooser took them
@@ -238,7 +242,8 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
   }
 
   Status process(const RowClaim& c, const std::string& claimant, const StoredStoreHandler& handler,
-                 const StoredDelivery& d, StoredRunResult* out) override {
+                 const StoredDelivery& d, FunctionRef<bool()> expired,
+                 StoredRunResult* out) override {
     *out = StoredRunResult{};
     if (Status s = connect(); !s.ok()) return s;
     const int64_t began = s_.clock->steady_ms();
@@ -282,13 +287,18 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
       out->verdict = v;
       return Status::Ok();
     }
+    if (expired()) {  // the policy's decision, right before the row is marked done
+      abort_quietly(w);
+      out->kind = StoredRunResult::Kind::kExpired;
+      return Status::Ok();
+    }
     try {
       // The fence: the row must still carry this claim's token. This UPDATE's row lock
       // lasts to COMMIT, so a reaper returning the row waits for it and then finds it
       // done; a reaper that returned it first makes this match nothing.
       const pqxx::result done = w->exec_params(
           "UPDATE " + m_ + " SET status = 'done', attempts = $2, done_at = " + kPgNowMs +
-              ", last_error = NULL, next_attempt_at = 0"
+              ", last_error = NULL, next_attempt_at = 0, not_yet = 0, waiting_since = NULL"
               " WHERE seq = $1 AND status = 'processing'"
               "   AND claim_token = $3",
           c.seq, d.attempt, c.token);
@@ -330,16 +340,19 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
     return Status::Ok();
   }
 
-  Status retry_later(const RowClaim& c, int attempts, const std::string& error, int64_t delay_ms,
-                     const std::vector<RowClaim>& release_too, bool* held) override {
+  Status retry_later(const RowClaim& c, int attempts, const std::string& error, const RowWait& wait,
+                     int64_t delay_ms, const std::vector<RowClaim>& release_too,
+                     bool* held) override {
     *held = true;
     const int64_t due = s_.retention_clock() + delay_ms;
     return txn("putting a row back to wait", /*async=*/true, [&](PgWork& w) {
       *held = w.exec_params("UPDATE " + m_ +
                                 " SET status = 'pending', attempts = $2, last_error = $3,"
-                                "     next_attempt_at = $4, claimant = NULL, claimed_at = NULL"
+                                "     next_attempt_at = $4, claimant = NULL, claimed_at = NULL,"
+                                "     not_yet = $6,"
+                                "     waiting_since = CASE WHEN $6 > 0 THEN $7::bigint END"
                                 " WHERE seq = $1 AND status = 'processing' AND claim_token = $5",
-                            c.seq, attempts, error, due, c.token)
+                            c.seq, attempts, error, due, c.token, wait.runs, wait.since)
                   .affected_rows() > 0;
       release_rows(w, release_too);
     });
@@ -400,19 +413,20 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
 
   Status store_received(const std::string& message_id, const std::string& aggregate_key,
                         const Message& m, const std::string& properties_json,
-                        bool* stored) override {
+                        std::optional<int64_t> expires_at, bool* stored) override {
     return on_shared_connection("storing message", [&](PgWork& w) {
       // Committed with the server's synchronous_commit before this returns.
-      *stored = w.exec_params("INSERT INTO " + m_ +
-                                  " (consumer_name, message_id, aggregate_key, topic, payload,"
-                                  "  properties_json, qos, received_at)"
-                                  " VALUES ($1, $2, $3, $4, $5::bytea, $6, $7, " +
-                                  kPgNowMs +
-                                  ")"
-                                  " ON CONFLICT (consumer_name, message_id) DO NOTHING",
-                              name_, message_id, aggregate_key, m.topic, w.esc_raw(m.payload),
-                              properties_json, m.qos)
-                    .affected_rows() > 0;
+      *stored =
+          w.exec_params("INSERT INTO " + m_ +
+                            " (consumer_name, message_id, aggregate_key, topic, payload,"
+                            "  properties_json, qos, received_at, expires_at)"
+                            " VALUES ($1, $2, $3, $4, $5::bytea, $6, $7, " +
+                            kPgNowMs +
+                            ", CASE WHEN $9 THEN $8::bigint END)"
+                            " ON CONFLICT (consumer_name, message_id) DO NOTHING",
+                        name_, message_id, aggregate_key, m.topic, w.esc_raw(m.payload),
+                        properties_json, m.qos, expires_at.value_or(0), expires_at.has_value())
+              .affected_rows() > 0;
     });
   }
 
@@ -492,7 +506,8 @@ class PgStpConsumerRows final : public StpConsumerRows, PgSession {
       out->reset = static_cast<int64_t>(
           w.exec("UPDATE " + m_ +
                  " SET status = 'pending', attempts = 0, next_attempt_at = 0, last_error = NULL,"
-                 "     claimant = NULL, claimed_at = NULL, done_at = NULL" +
+                 "     claimant = NULL, claimed_at = NULL, done_at = NULL, not_yet = 0,"
+                 "     waiting_since = NULL" +
                  where + finished + " AND payload IS NOT NULL")
               .affected_rows());
     });

@@ -78,6 +78,7 @@ class SqliteBackend final : public StoreBackend {
                    HandlerRun* out) override;
   int count_attempt(const ClaimKey& key, const std::string* error) override;
   void mark_attempt_failed(const ClaimKey& key, const std::string& error) override;
+  void uncount_attempt(const ClaimKey& key) override;
   bool mark_running(const ClaimKey& key) override;
   void clear_running() noexcept override;
   std::optional<int64_t> open_dead_letter(const ClaimKey& key) override;

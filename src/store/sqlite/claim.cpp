@@ -219,6 +219,20 @@ void SqliteBackend::mark_attempt_failed(const ClaimKey& key, const std::string& 
   q.exec();
 }
 
+void SqliteBackend::uncount_attempt(const ClaimKey& key) {
+  RelaxedSync relaxed(*this);
+  // Two autocommit statements: a death between them only leaves the attempt counted.
+  for (const char* sql : {"DELETE FROM inbox_attempts WHERE consumer_name = ?1 AND message_id = ?2"
+                          " AND attempts <= 1",
+                          "UPDATE inbox_attempts SET attempts = attempts - 1, state = 'failed'"
+                          " WHERE consumer_name = ?1 AND message_id = ?2"}) {
+    SQLite::Statement q(*db, sql);
+    q.bind(1, key.consumer);
+    q.bind(2, key.message_id);
+    q.exec();
+  }
+}
+
 bool SqliteBackend::mark_running(const ClaimKey& key) {
   return marker && marker->set(key.consumer, key.message_id);
 }

@@ -36,8 +36,8 @@ namespace {
 
 constexpr const char* kInsertSql =
     "INSERT INTO inbox_messages (consumer_name, message_id, aggregate_key, topic, payload,"
-    "                            properties, qos, received_at)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    "                            properties, qos, received_at, expires_at)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
     " ON CONFLICT (consumer_name, message_id) DO NOTHING";
 
 constexpr const char* kExistsSql =
@@ -72,7 +72,7 @@ constexpr const char* kClaimRowSql =
     " WHERE seq = ?1 AND status = 'pending'";
 constexpr const char* kClaimedRowSql =
     "SELECT message_id, aggregate_key, topic, payload, properties, qos, received_at,"
-    "       attempts, last_error, claim_token"
+    "       attempts, last_error, claim_token, expires_at, not_yet, waiting_since"
     " FROM inbox_messages WHERE seq = ?1";
 
 constexpr const char* kOwnedSql =
@@ -81,7 +81,7 @@ constexpr const char* kOwnedSql =
 
 constexpr const char* kDoneSql =
     "UPDATE inbox_messages SET status = 'done', attempts = ?2, done_at = ?3,"
-    "       last_error = NULL, next_attempt_at = 0"
+    "       last_error = NULL, next_attempt_at = 0, not_yet = 0, waiting_since = NULL"
     " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?4";
 
 // A successful run of a message that had been dead-lettered (and replayed) closes its
@@ -95,10 +95,12 @@ constexpr const char* kRenewLeaseSql =
     "UPDATE inbox_messages SET claimed_at = ?3"
     " WHERE consumer_name = ?1 AND status = 'processing' AND claimant = ?2";
 
-// next_attempt_at is on the retention clock (the policy's claim chooser reads it).
+// next_attempt_at is on the retention clock (the policy's claim chooser reads it), and so
+// is waiting_since (the dependency schedule's start; NULL with not_yet 0).
 constexpr const char* kFailedSql =
     "UPDATE inbox_messages SET status = 'pending', attempts = ?2, last_error = ?3,"
-    "       next_attempt_at = ?4, claimant = NULL, claimed_at = NULL"
+    "       next_attempt_at = ?4, claimant = NULL, claimed_at = NULL, not_yet = ?6,"
+    "       waiting_since = CASE WHEN ?6 > 0 THEN ?7 END"
     " WHERE seq = ?1 AND status = 'processing' AND claim_token = ?5";
 
 // Releases a claimed row without counting an attempt (stop, or a row of an aggregate whose
@@ -238,6 +240,9 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
         r.attempts = q.getColumn(7).getInt();
         r.last_error = q.getColumn(8).isNull() ? "" : q.getColumn(8).getString();
         r.claim.token = q.getColumn(9).getInt64();
+        if (!q.getColumn(10).isNull()) r.expires_at = q.getColumn(10).getInt64();
+        r.wait.runs = q.getColumn(11).getInt();
+        r.wait.since = q.getColumn(12).isNull() ? 0 : q.getColumn(12).getInt64();
         batch->push_back(std::move(r));
       }
     });
@@ -255,7 +260,8 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
   }
 
   Status process(const RowClaim& c, const std::string& claimant, const StoredStoreHandler& handler,
-                 const StoredDelivery& d, StoredRunResult* out) override {
+                 const StoredDelivery& d, FunctionRef<bool()> expired,
+                 StoredRunResult* out) override {
     *out = StoredRunResult{};
     set_sync(handler_sync_);
     SQLite::Database& db = *db_;
@@ -297,6 +303,11 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
         if (v.kind == HandlerVerdict::Kind::kStoreError) return v.store;  // run it again
         out->kind = StoredRunResult::Kind::kNotDone;
         out->verdict = v;
+        return Status::Ok();
+      }
+      if (expired()) {  // the policy's decision, right before the row is marked done
+        rollback_quietly(db);
+        out->kind = StoredRunResult::Kind::kExpired;
         return Status::Ok();
       }
       const int64_t now = store_.retention_clock();
@@ -350,8 +361,9 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
     return Status::Ok();
   }
 
-  Status retry_later(const RowClaim& c, int attempts, const std::string& error, int64_t delay_ms,
-                     const std::vector<RowClaim>& release_too, bool* held) override {
+  Status retry_later(const RowClaim& c, int attempts, const std::string& error, const RowWait& wait,
+                     int64_t delay_ms, const std::vector<RowClaim>& release_too,
+                     bool* held) override {
     *held = true;
     set_sync(Synchronous::kNormal);
     return transaction(*db_, "putting a row back to wait", [&] {
@@ -363,6 +375,8 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
         q.bind(3, error);
         q.bind(4, store_.retention_clock() + delay_ms);
         q.bind(5, c.token);
+        q.bind(6, wait.runs);
+        q.bind(7, wait.since);
         *held = q.exec() > 0;
       }
       release_rows(release_too);
@@ -484,7 +498,7 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
 
   Status store_received(const std::string& message_id, const std::string& aggregate_key,
                         const Message& m, const std::string& properties_json,
-                        bool* stored) override {
+                        std::optional<int64_t> expires_at, bool* stored) override {
     return on_inbox_connection("storing message", [&](SQLite::Database& db) {
       if (!insert_) insert_ = std::make_unique<SQLite::Statement>(db, kInsertSql);
       SQLite::Statement& q = *insert_;
@@ -497,6 +511,10 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
       q.bind(6, properties_json);
       q.bind(7, m.qos);
       q.bind(8, store_.retention_clock());
+      if (expires_at)
+        q.bind(9, *expires_at);
+      else
+        q.bind(9);
       // One autocommit INSERT: committed (fsynced with synchronous=FULL) on return.
       *stored = q.exec() > 0;
     });
@@ -602,7 +620,8 @@ class SqliteStpConsumerRows final : public StpConsumerRows {
       SQLite::Statement q(db,
                           "UPDATE inbox_messages SET status = 'pending', attempts = 0,"
                           " next_attempt_at = 0, last_error = NULL, claimant = NULL,"
-                          " claimed_at = NULL, done_at = NULL" +
+                          " claimed_at = NULL, done_at = NULL, not_yet = 0,"
+                          " waiting_since = NULL" +
                               where + finished + " AND payload IS NOT NULL");
       bind(q);
       out->reset = q.exec();
