@@ -7,7 +7,8 @@
 //
 // For whoever adds a field: append it, add a version with its size to the struct's
 // StructInfo (sizes[v] = the size of version v's struct, for every ABI:
-// MQTT_INBOX_STRUCT_INFO_V2 computes version 1's from its last field), and change the
+// MQTT_INBOX_STRUCT_INFO_V2 computes version 1's from its last field; only the bytes up to
+// a version's last field are copied, fields_end), and change the
 // _INIT macro's version. A field never moves, so version v's bytes are the same fields in
 // every later version.
 #pragma once
@@ -27,34 +28,41 @@ const char* struct_name_of(const char id[4]) noexcept;
 template <typename T>
 struct StructInfo;
 
-#define MQTT_INBOX_STRUCT_INFO(type, id, init)                \
-  template <>                                                 \
-  struct StructInfo<type> {                                   \
-    static constexpr const char* kId = id;                    \
-    static constexpr const char* kName = #type;               \
-    static constexpr const char* kInit = init;                \
-    static constexpr int kVersions = 1;                       \
-    static size_t size_of(int version) noexcept {             \
-      return version == 1 ? sizeof(type) : 0; /* version 1 */ \
-    }                                                         \
+#define MQTT_INBOX_STRUCT_INFO(type, id, init)                                  \
+  template <>                                                                   \
+  struct StructInfo<type> {                                                     \
+    static constexpr const char* kId = id;                                      \
+    static constexpr const char* kName = #type;                                 \
+    static constexpr const char* kInit = init;                                  \
+    static constexpr int kVersions = 1;                                         \
+    static size_t size_of(int version) noexcept {                               \
+      return version == 1 ? sizeof(type) : 0; /* version 1 */                   \
+    }                                                                           \
+    static size_t fields_end(int version) noexcept { return size_of(version); } \
   }
 
 // A struct with a second version: version 1 ends with `v1_last` (its size is the offset
 // past that field, rounded up to the struct's alignment, on every ABI: the fields added
 // after it never move it).
-#define MQTT_INBOX_STRUCT_INFO_V2(type, id, init, v1_last)                                       \
-  template <>                                                                                    \
-  struct StructInfo<type> {                                                                      \
-    static constexpr const char* kId = id;                                                       \
-    static constexpr const char* kName = #type;                                                  \
-    static constexpr const char* kInit = init;                                                   \
-    static constexpr int kVersions = 2;                                                          \
-    static size_t size_of(int version) noexcept {                                                \
-      constexpr size_t end =                                                                     \
-          offsetof(type, v1_last) + sizeof(static_cast<type*>(nullptr)->v1_last);                \
-      constexpr size_t align = alignof(type);                                                    \
-      return version == 1 ? (end + align - 1) / align * align : version == 2 ? sizeof(type) : 0; \
-    }                                                                                            \
+#define MQTT_INBOX_STRUCT_INFO_V2(type, id, init, v1_last)                                         \
+  template <>                                                                                      \
+  struct StructInfo<type> {                                                                        \
+    static constexpr const char* kId = id;                                                         \
+    static constexpr const char* kName = #type;                                                    \
+    static constexpr const char* kInit = init;                                                     \
+    static constexpr int kVersions = 2;                                                            \
+    static size_t size_of(int version) noexcept {                                                  \
+      constexpr size_t end =                                                                       \
+          offsetof(type, v1_last) + sizeof(static_cast<type*>(nullptr)->v1_last);                  \
+      constexpr size_t align = alignof(type);                                                      \
+      return version == 1 ? (end + align - 1) / align * align : version == 2 ? sizeof(type) : 0;   \
+    }                                                                                              \
+    /* Where version 1's fields end: its tail padding holds version 2's first fields, which   */   \
+    /* a version 1 caller never set (garbage or zero), so they are never read nor written.    */   \
+    static size_t fields_end(int version) noexcept {                                               \
+      return version == 1 ? offsetof(type, v1_last) + sizeof(static_cast<type*>(nullptr)->v1_last) \
+                          : size_of(version);                                                      \
+    }                                                                                              \
   }
 
 MQTT_INBOX_STRUCT_INFO(mqtt_inbox_options_t, "MQIO", "MQTT_INBOX_OPTIONS_INIT");
@@ -124,8 +132,10 @@ int read_sized(const T* in, const T& defaults, T* out, LastError* err) {
   size_t n = 0;
   if (int rc = check_header(in, err, StructInfo<T>::kName, &n)) return rc;
   constexpr size_t kHeader = sizeof(StructHeader);
+  // The fields of its version only, not the tail padding after them (a later version's).
   std::memcpy(reinterpret_cast<unsigned char*>(out) + kHeader,
-              reinterpret_cast<const unsigned char*>(in) + kHeader, n - kHeader);
+              reinterpret_cast<const unsigned char*>(in) + kHeader,
+              StructInfo<T>::fields_end(in->struct_version) - kHeader);
   return MQTT_INBOX_OK;
 }
 
@@ -136,7 +146,8 @@ int write_sized(const T& value, T* out, LastError* err) {
   if (int rc = check_header(out, err, StructInfo<T>::kName, &n)) return rc;
   constexpr size_t kHeader = sizeof(StructHeader);
   std::memcpy(reinterpret_cast<unsigned char*>(out) + kHeader,
-              reinterpret_cast<const unsigned char*>(&value) + kHeader, n - kHeader);
+              reinterpret_cast<const unsigned char*>(&value) + kHeader,
+              StructInfo<T>::fields_end(out->struct_version) - kHeader);
   return MQTT_INBOX_OK;
 }
 
