@@ -5,6 +5,7 @@
  * and the delivery view carries what was fed in. Messages are fed with mqtt_inbox_consumer_feed;
  * the subscriber's path to the same consumer is tested in subscriber_test.c. */
 #include <mqtt_inbox/c.h>
+#include <stddef.h>
 
 #include "c_check.h"
 #include "ledger.h"
@@ -17,7 +18,10 @@ enum mode {
   SAVEPOINT_INSIDE, /* the ledger inside a SAVEPOINT of its own, RELEASEd */
   REENTER,          /* calls mqtt_inbox_setup on its own inbox */
   CODE_42,          /* returns a code c.h does not define */
-  RECORD            /* copies what the delivery view shows */
+  RECORD,           /* copies what the delivery view shows */
+  NOT_YET,          /* writes, then NOT_YET with a reason while `down` > 0 (counted down);
+                       the ledger after */
+  SLOW              /* the ledger, then sleeps `sleep_ms` inside the transaction */
 };
 
 struct script {
@@ -25,7 +29,9 @@ struct script {
   int after;          /* TX_INSIDE: the code returned after the refused statement */
   const char* tx_sql; /* TX_INSIDE: the statement */
   int calls;
-  int tx_rc; /* its result */
+  int down;     /* NOT_YET: runs that still say "not yet"; -1: for ever */
+  int sleep_ms; /* SLOW */
+  int tx_rc;    /* its result */
   int reenter_rc;
   mqtt_inbox_t* inbox;
   /* RECORD */
@@ -69,6 +75,18 @@ static int handler(void* ctx, sqlite3* db, const mqtt_inbox_delivery_t* d) {
       return ledger_apply_credit(db, d);
     case CODE_42:
       return 42;
+    case NOT_YET:
+      if (s->down == 0) return ledger_apply_credit(db, d);
+      if (s->down > 0) --s->down;
+      if (ledger_apply_credit(db, d) != MQTT_INBOX_HANDLER_OK)
+        return MQTT_INBOX_HANDLER_UNDECODABLE;
+      mqtt_inbox_delivery_set_reason(d, "meter gateway 10.0.0.7: connection refused");
+      return MQTT_INBOX_HANDLER_NOT_YET;
+    case SLOW: {
+      const int rc = ledger_apply_credit(db, d);
+      sqlite3_sleep(s->sleep_ms);
+      return rc;
+    }
     case RECORD: {
       const void* p = mqtt_inbox_delivery_payload(d, &len);
       const char* tag = mqtt_inbox_delivery_user_property_get(d, "tag");
@@ -105,6 +123,28 @@ struct fixture {
   mqtt_inbox_consumer_t* consumer;
   struct script script;
 };
+
+/* The dependency schedule with short durations: 2 immediate runs, then 20 ms doubling to
+ * 40 ms, for at most `wait_max_ms`. */
+static void short_dependency_schedule(mqtt_inbox_consumer_options_t* o, int64_t wait_max_ms) {
+  o->dependency_immediate_attempts = 2;
+  o->dependency_backoff_initial_ms = 20;
+  o->dependency_backoff_max_ms = 40;
+  o->dependency_wait_max_ms = wait_max_ms;
+}
+
+static void start_with(struct fixture* f, enum mode mode, mqtt_inbox_consumer_options_t* o) {
+  int rc;
+  memset(f, 0, sizeof *f);
+  f->path = c_temp_path("ledger.db");
+  REQUIRE(mqtt_inbox_open(f->path, NULL, &f->inbox, NULL) == MQTT_INBOX_OK);
+  REQUIRE(mqtt_inbox_setup(f->inbox, LEDGER_TABLES) == MQTT_INBOX_OK);
+  f->script.mode = mode;
+  f->script.inbox = f->inbox;
+  rc = mqtt_inbox_consumer_create(f->inbox, "ledger", handler, &f->script, o, &f->consumer);
+  if (rc) fprintf(stderr, "consumer: %s\n", mqtt_inbox_errmsg(f->inbox));
+  REQUIRE(rc == MQTT_INBOX_OK);
+}
 
 static void start(struct fixture* f, enum mode mode) {
   mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
@@ -402,6 +442,163 @@ static void test_the_delivery_view_shows_what_was_fed(void) {
   stop(&f);
 }
 
+/* A dependency down for longer than max_attempts' worth of runs (MQTT_INBOX_HANDLER_NOT_YET
+ * six times, max_attempts 3): no attempt is spent, the message waits on the dependency
+ * schedule and is applied once when the dependency is back; no dead letter. */
+static void test_not_yet_is_run_again_without_an_attempt_and_applied_once(void) {
+  struct fixture f;
+  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  mqtt_inbox_consumer_counters_t c = MQTT_INBOX_CONSUMER_COUNTERS_INIT;
+  o.max_attempts = 3;
+  o.retry_backoff_initial_ms = 1;
+  o.retry_backoff_max_ms = 2;
+  o.requeue_poll_ms = 0;
+  short_dependency_schedule(&o, 20000);
+  start_with(&f, NOT_YET, &o);
+  f.script.down = 6;
+  CHECK_EQ_INT(credit(&f, "n-1", "kate", 5), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(f.script.calls, 7);
+  CHECK_EQ_INT(balance(&f, "kate"), 5);
+  CHECK_EQ_INT(rows(&f, "ledger_entries"), 1);
+  CHECK_EQ_INT(rows(&f, "inbox_dead_letters"), 0);
+  CHECK_EQ_INT(rows(&f, "inbox_attempts"), 0);
+  CHECK_EQ_INT(mqtt_inbox_consumer_counters(f.consumer, &c), MQTT_INBOX_OK);
+  CHECK_EQ_INT(c.not_yet, 6);
+  CHECK_EQ_INT(c.handler_failures, 0);
+  CHECK_EQ_INT(c.processed, 1);
+  CHECK_EQ_INT(credit(&f, "n-1", "kate", 5), MQTT_INBOX_OUTCOME_DUPLICATE);
+  stop(&f);
+}
+
+/* A dependency that never comes back: once the schedule is over (300 ms here) the message
+ * is the dead letter dependency_unavailable, with the handler's reason, never applied. */
+static void test_not_yet_past_the_schedule_is_dependency_unavailable(void) {
+  struct fixture f;
+  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  char reason[64], text[512];
+  long long attempts, t0, took;
+  o.requeue_poll_ms = 0;
+  o.retry_backoff_initial_ms = 10; /* the immediate runs: 10 then 20 ms apart */
+  o.retry_backoff_max_ms = 20;
+  short_dependency_schedule(&o, 300);
+  start_with(&f, NOT_YET, &o);
+  f.script.down = -1;
+  t0 = c_now_ms();
+  CHECK_EQ_INT(credit(&f, "n-2", "liam", 5), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  took = c_now_ms() - t0;
+  CHECK(took >= 300 && took < 5000);
+  CHECK(f.script.calls >= 5);
+  dead_letter(&f, "n-2", reason, sizeof reason, text, sizeof text, &attempts);
+  CHECK(strcmp(reason, "dependency_unavailable") == 0);
+  CHECK_CONTAINS(text, "connection refused");
+  CHECK_CONTAINS(text, "not yet");
+  CHECK_EQ_INT(attempts, f.script.calls);
+  CHECK_EQ_INT(balance(&f, "liam"), 0);
+  CHECK_EQ_INT(rows(&f, "inbox_processed"), 0);
+  CHECK_EQ_INT(credit(&f, "n-2", "liam", 5), MQTT_INBOX_OUTCOME_ALREADY_DEAD_LETTERED);
+  f.script.mode = LEDGER;
+  CHECK_EQ_INT(credit(&f, "n-3", "liam", 2), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(balance(&f, "liam"), 2);
+  stop(&f);
+}
+
+/* Feeds a credit carrying an MQTT 5 message expiry interval. */
+static int expiring_credit(struct fixture* f, const char* id, const char* account, long long amount,
+                           int64_t expiry_s) {
+  char payload[256];
+  mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
+  int outcome = -1;
+  snprintf(payload, sizeof payload, "{\"message_id\":\"%s\",\"account\":\"%s\",\"amount\":%lld}",
+           id, account, amount);
+  m.topic = "credits/test";
+  m.payload = payload;
+  m.payload_len = strlen(payload);
+  m.message_expiry_interval_s = expiry_s;
+  REQUIRE(mqtt_inbox_consumer_feed(f->consumer, &m, &outcome) == MQTT_INBOX_OK);
+  return outcome;
+}
+
+/* A message whose 1 s expiry runs out inside its handler (which sleeps 1.2 s) commits
+ * nothing: the dead letter expired, with the interval and the wait in its text and the
+ * interval in its properties; with MQTT_INBOX_EXPIRED_APPLY it is applied. */
+static void test_an_expired_message_is_dead_lettered_and_never_applied(void) {
+  struct fixture f;
+  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  mqtt_inbox_consumer_counters_t c = MQTT_INBOX_CONSUMER_COUNTERS_INIT;
+  char reason[64], text[512], props[256];
+  long long attempts;
+  o.requeue_poll_ms = 0;
+  start_with(&f, SLOW, &o);
+  f.script.sleep_ms = 1200;
+  CHECK_EQ_INT(expiring_credit(&f, "x-1", "mia", 5, 1), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  dead_letter(&f, "x-1", reason, sizeof reason, text, sizeof text, &attempts);
+  CHECK(strcmp(reason, "expired") == 0);
+  CHECK_CONTAINS(text, "message expiry interval 1 s ran out");
+  CHECK_CONTAINS(text, "waited ");
+  c_query_text(f.path, "SELECT properties FROM inbox_dead_letters WHERE message_id = 'x-1'", props,
+               sizeof props);
+  CHECK_CONTAINS(props, "\"message_expiry_interval_s\":1");
+  CHECK_EQ_INT(balance(&f, "mia"), 0);
+  CHECK_EQ_INT(rows(&f, "inbox_processed"), 0);
+  CHECK_EQ_INT(mqtt_inbox_consumer_counters(f.consumer, &c), MQTT_INBOX_OK);
+  CHECK_EQ_INT(c.expired, 1);
+  CHECK_EQ_INT(c.dead_lettered, 1);
+  /* With time left it is applied. */
+  f.script.sleep_ms = 0;
+  CHECK_EQ_INT(expiring_credit(&f, "x-2", "mia", 3, 60), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(balance(&f, "mia"), 3);
+  stop(&f);
+
+  o.expired = MQTT_INBOX_EXPIRED_APPLY;
+  start_with(&f, SLOW, &o);
+  f.script.sleep_ms = 1200;
+  CHECK_EQ_INT(expiring_credit(&f, "x-3", "noah", 4, 1), MQTT_INBOX_OUTCOME_PROCESSED);
+  CHECK_EQ_INT(balance(&f, "noah"), 4);
+  stop(&f);
+}
+
+/* Bytes of version 1 of mqtt_inbox_consumer_options_t, as a program built against the c.h
+ * of 0.3 sends it: the struct up to id_disagreement, padded to its alignment. */
+struct c_align_probe {
+  char c;
+  int64_t x;
+};
+static size_t v1_consumer_options_size(void) {
+  const size_t end = offsetof(mqtt_inbox_consumer_options_t, id_disagreement) + sizeof(int);
+  const size_t align = offsetof(struct c_align_probe, x);
+  return (end + align - 1) / align * align;
+}
+
+/* A caller built against the older c.h (struct_version 1) gets the new fields' defaults,
+ * expired DEAD_LETTER included; an unknown expired value is refused. */
+static void test_an_older_options_struct_gets_the_new_defaults(void) {
+  struct fixture f;
+  mqtt_inbox_consumer_options_t o = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  mqtt_inbox_consumer_t* c = NULL;
+  char reason[64], text[512];
+  long long attempts;
+  o.struct_version = 1;
+  o.struct_size = v1_consumer_options_size();
+  o.requeue_poll_ms = 0;
+  o.expired = MQTT_INBOX_EXPIRED_APPLY; /* beyond version 1: never read */
+  start_with(&f, SLOW, &o);
+  f.script.sleep_ms = 1200;
+  CHECK_EQ_INT(expiring_credit(&f, "v-1", "olga", 5, 1), MQTT_INBOX_OUTCOME_DEAD_LETTERED);
+  dead_letter(&f, "v-1", reason, sizeof reason, text, sizeof text, &attempts);
+  CHECK(strcmp(reason, "expired") == 0);
+  o = (mqtt_inbox_consumer_options_t)MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  o.expired = 2;
+  CHECK_EQ_INT(mqtt_inbox_consumer_create(f.inbox, "x", handler, NULL, &o, &c),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK_CONTAINS(mqtt_inbox_errmsg(f.inbox), "expired is 2");
+  o = (mqtt_inbox_consumer_options_t)MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+  o.dependency_backoff_initial_ms = 0;
+  CHECK_EQ_INT(mqtt_inbox_consumer_create(f.inbox, "x", handler, NULL, &o, &c),
+               MQTT_INBOX_INVALID_ARGUMENT);
+  CHECK(c == NULL);
+  stop(&f);
+}
+
 static void test_feed_and_create_refuse_misuse(void) {
   struct fixture f;
   mqtt_inbox_message_t m = MQTT_INBOX_MESSAGE_INIT;
@@ -459,6 +656,10 @@ static const struct c_test tests[] = {
     CASE(a_call_back_into_the_inbox_is_refused_and_dead_lettered),
     CASE(the_delivery_view_shows_what_was_fed),
     CASE(feed_and_create_refuse_misuse),
+    CASE(not_yet_is_run_again_without_an_attempt_and_applied_once),
+    CASE(not_yet_past_the_schedule_is_dependency_unavailable),
+    CASE(an_expired_message_is_dead_lettered_and_never_applied),
+    CASE(an_older_options_struct_gets_the_new_defaults),
 };
 
 int main(int argc, char** argv) {

@@ -13,8 +13,9 @@
 //
 // The cases: the handler's contract (it ends the library's transaction by every means a
 // store offers, leaves a statement stepped, closes the connection, calls back into its
-// inbox), the durability the options ask for, the error vocabulary (status.h) and the
-// claim race.
+// inbox), the durability the options ask for, the error vocabulary (status.h), the
+// claim race, and a message's lifetime (issue 42: a handler's "not yet" and its
+// dependency schedule, a message whose MQTT 5 expiry ran out).
 #include <gtest/gtest.h>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -34,6 +35,8 @@
 
 #include <mqtt_inbox/c.h>
 #include <mqtt_inbox/mqtt_inbox.h>
+
+#include <nlohmann/json.hpp>
 
 #include "ledger.h"
 #include "support/ledger_fixture.h"
@@ -114,6 +117,8 @@ class Subject {
   virtual Health consumer_health() = 0;
 
   Behaviour behaviour = [](TxnOps& t, const Delivery& d) { t.credit(d); };
+  // The consumer's options, read by open() (the C subject maps them to its struct).
+  ConsumerOptions consumer_options;
   std::string location;
 };
 
@@ -161,7 +166,7 @@ class SqliteSubject : public Subject {
           SqliteOps ops(db, &kept_);
           behaviour(ops, d);
         },
-        ConsumerOptions{}, &consumer_);
+        consumer_options, &consumer_);
   }
   void close() override {
     consumer_.reset();
@@ -216,9 +221,9 @@ class CapiOps final : public TxnOps {
       sqlite3_bind_text(st, 1, static_cast<const char*>(payload), static_cast<int>(len),
                         SQLITE_TRANSIENT);
       sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
-      const int rc = sqlite3_step(st);
+      const int stepped = sqlite3_step(st);
       sqlite3_finalize(st);
-      if (rc != SQLITE_DONE) throw std::runtime_error(sqlite3_errmsg(db_));
+      if (stepped != SQLITE_DONE) throw std::runtime_error(sqlite3_errmsg(db_));
     }
   }
   void exec(const std::string& sql) override {
@@ -274,6 +279,16 @@ class CapiSubject final : public Subject {
         MQTT_INBOX_OK)
       return from_c(rc, mqtt_inbox_errmsg(inbox_));
     mqtt_inbox_consumer_options_t co = MQTT_INBOX_CONSUMER_OPTIONS_INIT;
+    const ConsumerOptions& c = consumer_options;
+    co.max_attempts = c.max_attempts;
+    co.retry_backoff_initial_ms = static_cast<int>(c.retry_backoff_initial.count());
+    co.retry_backoff_max_ms = static_cast<int>(c.retry_backoff_max.count());
+    co.expired = c.expired == ExpiredPolicy::kApply ? MQTT_INBOX_EXPIRED_APPLY
+                                                    : MQTT_INBOX_EXPIRED_DEAD_LETTER;
+    co.dependency_immediate_attempts = c.dependency_immediate_attempts;
+    co.dependency_backoff_initial_ms = c.dependency_backoff_initial.count();
+    co.dependency_backoff_max_ms = c.dependency_backoff_max.count();
+    co.dependency_wait_max_ms = c.dependency_wait_max.count();
     rc = mqtt_inbox_consumer_create(inbox_, "ledger", &CapiSubject::handler, this, &co, &consumer_);
     return from_c(rc, mqtt_inbox_errmsg(inbox_));
   }
@@ -291,6 +306,8 @@ class CapiSubject final : public Subject {
     cm.payload = m.payload.data();
     cm.payload_len = m.payload.size();
     cm.qos = 1;
+    cm.dup = m.dup ? 1 : 0;
+    if (m.message_expiry_interval_s) cm.message_expiry_interval_s = *m.message_expiry_interval_s;
     int outcome = -1;
     const int rc = mqtt_inbox_consumer_feed(consumer_, &cm, &outcome);
     if (rc == MQTT_INBOX_INVALID_ARGUMENT) return Outcome::kRefused;
@@ -314,6 +331,15 @@ class CapiSubject final : public Subject {
       const std::string text = json;
       h.stuck = text.find("\"stuck\":true") != std::string::npos;
       h.last_error = text;
+      // What a C caller reads of a wait for a dependency.
+      const nlohmann::json j = nlohmann::json::parse(text);
+      const nlohmann::json& dep = j.at("dependency");
+      h.dependency.waiting = dep.at("waiting").get<bool>();
+      h.dependency.waited_ms = dep.at("waited_ms").get<int64_t>();
+      h.dependency.message_id = dep.at("message_id").get<std::string>();
+      h.dependency.attempt = dep.at("attempt").get<int>();
+      h.dependency.reason = dep.at("reason").get<std::string>();
+      EXPECT_EQ(dep.at("text").get<std::string>(), to_string(h.dependency));
     }
     mqtt_inbox_free(json);
     return h;
@@ -328,6 +354,9 @@ class CapiSubject final : public Subject {
     const Delivery delivery{m, id, mqtt_inbox_delivery_attempt(d), nullptr};
     try {
       self->behaviour(ops, delivery);
+    } catch (const RetryLater& e) {
+      mqtt_inbox_delivery_set_reason(d, e.what());
+      return MQTT_INBOX_HANDLER_NOT_YET;
     } catch (...) {
       return MQTT_INBOX_HANDLER_RETRY;
     }
@@ -381,7 +410,7 @@ class PgSubject final : public Subject {
           PgOps ops(txn);
           behaviour(ops, d);
         },
-        ConsumerOptions{}, &consumer_);
+        consumer_options, &consumer_);
   }
   void close() override {
     consumer_.reset();
@@ -734,6 +763,193 @@ TEST_P(ContractTest, AWaitForAnotherWritersLockIsBusyAndNeverAnAttempt) {
   EXPECT_EQ(o, Outcome::kProcessed);
   EXPECT_EQ(balance("ann"), 3);
   EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_attempts")), 0);
+}
+
+// --- a message's lifetime (issue 42): the same rules on every store and from C ---
+
+// The dependency schedule with short, configured durations: 2 immediate runs 10 and 20 ms
+// apart, then 30 ms doubling to 80 ms, for at most `wait_max`.
+ConsumerOptions short_dependency_schedule(std::chrono::milliseconds wait_max) {
+  ConsumerOptions o;
+  o.retry_backoff_initial = 10ms;
+  o.retry_backoff_max = 20ms;
+  o.dependency_immediate_attempts = 2;
+  o.dependency_backoff_initial = 30ms;
+  o.dependency_backoff_max = 80ms;
+  o.dependency_wait_max = wait_max;
+  o.store_backoff_max = 200ms;
+  return o;
+}
+
+TEST_P(ContractTest, ADependencyDownLongerThanTheImmediateRunsIsWaitedOutAndAppliedOnce) {
+  s().consumer_options = short_dependency_schedule(20s);
+  reopen();
+  std::atomic<int> runs{0};
+  s().behaviour = [&](TxnOps& ops, const Delivery& d) {
+    ops.credit(d);  // written, and rolled back by the "not yet"
+    if (++runs <= 8) throw RetryLater("meter gateway 10.0.0.7: connection refused");
+  };
+  // A redelivery (DUP): a store without a running-attempt marker counts its attempt before
+  // the run; a "not yet" takes it back, so 8 of them spend none of max_attempts (5).
+  Message m = credit_message("dep-1", "ann", 5);
+  m.dup = true;
+  EXPECT_EQ(s().feed(m), Outcome::kProcessed);
+  EXPECT_EQ(runs.load(), 9);
+  EXPECT_EQ(balance("ann"), 5);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'dep-1'"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_dead_letters")), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_attempts")), 0);
+  EXPECT_FALSE(s().consumer_health().dependency.waiting);
+  EXPECT_EQ(s().feed(m), Outcome::kDuplicate);
+  EXPECT_EQ(balance("ann"), 5);
+}
+
+TEST_P(ContractTest, ADependencyThatNeverComesBackIsDependencyUnavailableAfterTheSchedule) {
+  s().consumer_options = short_dependency_schedule(400ms);
+  reopen();
+  int runs = 0;
+  s().behaviour = [&](TxnOps& ops, const Delivery& d) {
+    ops.credit(d);
+    if (d.message_id != "dep-2") return;
+    ++runs;
+    throw RetryLater("meter gateway 10.0.0.7: connection refused");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s().feed(credit_message("dep-2", "ann", 5)), Outcome::kDeadLettered);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  // The schedule: runs at 0, 10, 30 ms (immediate), then 60, 120, 200, 280, 360, 400 ms:
+  // the last one when the wait is over.
+  EXPECT_GE(took, 400ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_GE(runs, 8);
+  EXPECT_LE(runs, 10);
+  EXPECT_EQ(dead("dep-2", "dependency_unavailable"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_dead_letters") +
+              " WHERE message_id = 'dep-2' AND reason_text LIKE '%connection refused%'"
+              "   AND reason_text LIKE '%not yet%'"),
+            1);
+  EXPECT_EQ(claimed("dep-2"), 0);
+  EXPECT_EQ(balance("ann"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_attempts")), 0);
+  // Its redelivery is the same dead letter; the stream goes on.
+  EXPECT_EQ(s().feed(credit_message("dep-2", "ann", 5)), Outcome::kAlreadyDeadLettered);
+  EXPECT_EQ(s().feed(credit_message("dep-3", "bob", 7)), Outcome::kProcessed);
+  EXPECT_EQ(balance("bob"), 7);
+}
+
+TEST_P(ContractTest, AMessageHeldForADependencyIsShownInHealthAndIsNotStuck) {
+  s().consumer_options = short_dependency_schedule(30s);
+  s().consumer_options.dependency_backoff_max = 50ms;
+  reopen();
+  std::atomic<bool> down{true};
+  s().behaviour = [&](TxnOps& ops, const Delivery& d) {
+    ops.credit(d);
+    if (down) throw RetryLater("meter gateway 10.0.0.7: connection refused");
+  };
+  Outcome o = Outcome::kSkipped;
+  std::thread feeder([&] { o = s().feed(credit_message("dep-4", "ann", 5)); });
+  Health seen;
+  const bool shown = wait_until(
+      [&] {
+        seen = s().consumer_health();
+        return seen.dependency.waiting && seen.dependency.attempt >= 5;
+      },
+      10s);
+  down = false;
+  feeder.join();
+  ASSERT_TRUE(shown) << "the wait never showed in health()";
+  EXPECT_FALSE(seen.stuck) << "a wait for a dependency is not a stuck store";
+  EXPECT_EQ(seen.dependency.message_id, "dep-4");
+  EXPECT_NE(seen.dependency.reason.find("connection refused"), std::string::npos);
+  EXPECT_EQ(to_string(seen.dependency).rfind("waiting for a dependency: ", 0), 0u);
+  EXPECT_NE(to_string(seen.dependency).find("message 'dep-4', attempt "), std::string::npos);
+  EXPECT_EQ(o, Outcome::kProcessed);
+  EXPECT_EQ(balance("ann"), 5);
+  EXPECT_FALSE(s().consumer_health().dependency.waiting);
+}
+
+TEST_P(ContractTest, AMessageWhoseExpiryRunsOutWhileTheStoreIsLockedIsNeverApplied) {
+  // Another connection holds the lock the claim needs (SQLite: the write lock; PostgreSQL:
+  // an uncommitted claim of the same id) for longer than the message's 1 s expiry.
+  s().consumer_options.store_backoff_max = 200ms;
+  InboxOptions o;
+  o.busy_timeout_ms = 200;
+  reopen(o);
+  std::atomic<bool> release{false};
+  std::thread holder;
+#if MQTT_INBOX_CONTRACT_POSTGRES
+  std::unique_ptr<pqxx::connection> pgc;
+#endif
+  std::unique_ptr<SQLite::Database> lite;
+  if (GetParam() == Kind::kPostgres) {
+#if MQTT_INBOX_CONTRACT_POSTGRES
+    pgc = std::make_unique<pqxx::connection>(s().location);
+    std::atomic<bool> held{false};
+    holder = std::thread([&] {
+      pqxx::work w(*pgc);
+      w.exec(
+          "INSERT INTO mqtt_inbox.inbox_processed (consumer_name, message_id)"
+          " VALUES ('ledger', 'exp-1')");
+      held = true;
+      while (!release) std::this_thread::sleep_for(10ms);
+      w.abort();
+    });
+    ASSERT_TRUE(wait_until([&] { return held.load(); }, 5s));
+#endif
+  } else {
+    lite = std::make_unique<SQLite::Database>(s().location, SQLite::OPEN_READWRITE);
+    lite->exec("BEGIN IMMEDIATE");
+  }
+  Message m = credit_message("exp-1", "ann", 5);
+  m.message_expiry_interval_s = 1;
+  Outcome out = Outcome::kSkipped;
+  std::thread feeder([&] { out = s().feed(m); });
+  std::this_thread::sleep_for(2500ms);  // the expiry runs out while the claim waits
+  release = true;
+  if (lite) lite->exec("ROLLBACK");
+  feeder.join();
+  if (holder.joinable()) holder.join();
+  EXPECT_EQ(out, Outcome::kDeadLettered);
+  EXPECT_EQ(dead("exp-1", "expired"), 1);
+  EXPECT_EQ(claimed("exp-1"), 0);
+  EXPECT_EQ(balance("ann"), 0);
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries WHERE message_id = 'exp-1'"), 0);
+  // The dead letter keeps the interval the message arrived with, and says how long it
+  // waited.
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_dead_letters") +
+              " WHERE message_id = 'exp-1' AND properties LIKE '%\"message_expiry_interval_s\":1%'"
+              "   AND reason_text LIKE 'message expiry interval 1 s ran out%waited %'"),
+            1);
+  EXPECT_EQ(s().feed(m), Outcome::kAlreadyDeadLettered);
+  // A message with time left is applied; one without an expiry (MQTT 3.1.1) never expires.
+  Message later = credit_message("exp-2", "bob", 3);
+  later.message_expiry_interval_s = 60;
+  EXPECT_EQ(s().feed(later), Outcome::kProcessed);
+  EXPECT_EQ(s().feed(credit_message("exp-3", "bob", 4)), Outcome::kProcessed);
+  EXPECT_EQ(balance("bob"), 7);
+}
+
+TEST_P(ContractTest, AHandlerThatOutlastsItsMessagesExpiryCommitsNothingUnlessToldToApplyIt) {
+  s().behaviour = [&](TxnOps& ops, const Delivery& d) {
+    ops.credit(d);
+    std::this_thread::sleep_for(1300ms);  // past the 1 s expiry, inside the transaction
+  };
+  Message m = credit_message("exp-4", "ann", 5);
+  m.message_expiry_interval_s = 1;
+  EXPECT_EQ(s().feed(m), Outcome::kDeadLettered);
+  EXPECT_EQ(dead("exp-4", "expired"), 1);
+  EXPECT_EQ(q("SELECT count(*) FROM " + t("inbox_dead_letters") +
+              " WHERE message_id = 'exp-4' AND reason_text LIKE '%before its claim could commit%'"),
+            1);
+  EXPECT_EQ(claimed("exp-4"), 0);
+  EXPECT_EQ(balance("ann"), 0);
+  // ExpiredPolicy::kApply: the producer's expiry is for the broker's queue only.
+  s().consumer_options.expired = ExpiredPolicy::kApply;
+  reopen();
+  Message n = credit_message("exp-5", "bob", 3);
+  n.message_expiry_interval_s = 1;
+  EXPECT_EQ(s().feed(n), Outcome::kProcessed);
+  EXPECT_EQ(balance("bob"), 3);
 }
 
 #if MQTT_INBOX_CONTRACT_POSTGRES

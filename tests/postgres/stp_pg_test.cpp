@@ -5,6 +5,8 @@
 // token's fence stepped deterministically (a worker whose claim was reaped commits nothing
 // over its successor); and two processes working one consumer's rows, one of them
 // SIGKILLed mid-row, with every row done once and no two rows of an account at once.
+// A message's lifetime (issue 42): a credit that expires in the backlog, rows a handler
+// holds for a dependency ("not yet") rescheduled, then applied or dependency_unavailable.
 // Receipt is mostly called directly (StoreThenProcess::handle): what happens after it is
 // the store's; one case receives through a real mosquitto and the Subscriber.
 #include <gtest/gtest.h>
@@ -40,6 +42,9 @@ namespace mqtt_inbox::test {
 namespace {
 
 using namespace std::chrono_literals;
+
+// The expiry decision a worker session asks before marking a row done: never, here.
+const auto kNeverExpired = [] { return false; };
 
 const bool kPostgresEnabled = (enable_postgres_store(), true);
 
@@ -353,9 +358,9 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
   ASSERT_TRUE(api.open("fence", &rows).ok());
   const Message m = credit("f-1", "acct", 5);
   bool stored = false;
-  ASSERT_TRUE(rows->store_received("f-1", "acct", m, "{}", &stored).ok());
+  ASSERT_TRUE(rows->store_received("f-1", "acct", m, "{}", std::nullopt, &stored).ok());
   ASSERT_TRUE(stored);
-  ASSERT_TRUE(rows->store_received("f-1", "acct", m, "{}", &stored).ok());
+  ASSERT_TRUE(rows->store_received("f-1", "acct", m, "{}", std::nullopt, &stored).ok());
   EXPECT_FALSE(stored);
   std::unique_ptr<detail::StpWorkerSession> a, b;
   ASSERT_TRUE(rows->open_worker(Synchronous::kFull, &a).ok());
@@ -395,7 +400,7 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
         ASSERT_TRUE(b->claim("B", 4, take_all, &batch_b).ok());
       });
   detail::StoredRunResult run_a;
-  ASSERT_TRUE(a->process(ra.claim, "A", handler_a, da, &run_a).ok());
+  ASSERT_TRUE(a->process(ra.claim, "A", handler_a, da, kNeverExpired, &run_a).ok());
   EXPECT_EQ(reaped, 1);
   ASSERT_EQ(batch_b.size(), 1u);
   EXPECT_GT(batch_b[0].claim.token, ra.claim.token);
@@ -408,11 +413,11 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
   EXPECT_FALSE(held);
   ASSERT_TRUE(a->mark_dead(ra.claim, 1, "late", &held).ok());
   EXPECT_FALSE(held);
-  ASSERT_TRUE(a->retry_later(ra.claim, 1, "late", 0, {}, &held).ok());
+  ASSERT_TRUE(a->retry_later(ra.claim, 1, "late", detail::RowWait{}, 0, {}, &held).ok());
   EXPECT_FALSE(held);
   ASSERT_TRUE(a->release({ra.claim}).ok());
   detail::StoredRunResult again;
-  ASSERT_TRUE(a->process(ra.claim, "A", handler_a, da, &again).ok());
+  ASSERT_TRUE(a->process(ra.claim, "A", handler_a, da, kNeverExpired, &again).ok());
   EXPECT_EQ(again.kind, detail::StoredRunResult::Kind::kLost);
 
   const detail::StoredRow& rb = batch_b[0];
@@ -426,7 +431,7 @@ TEST(StpPg, WorkerWhoseClaimWasReapedCannotCommitOverItsSuccessor) {
             d.message_id);
       });
   detail::StoredRunResult run_b;
-  ASSERT_TRUE(b->process(rb.claim, "B", handler_b, db, &run_b).ok());
+  ASSERT_TRUE(b->process(rb.claim, "B", handler_b, db, kNeverExpired, &run_b).ok());
   EXPECT_EQ(run_b.kind, detail::StoredRunResult::Kind::kDone);
   EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries WHERE writer = 'B'"), 1);
   EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries"), 1);
@@ -451,7 +456,9 @@ TEST(StpPg, ConcurrentClaimsNeverShareAnAggregateAndNeverWait) {
   bool stored = false;
   for (const char* id : {"x-1", "y-1", "x-2", "y-2"}) {
     const std::string account(1, id[0]);
-    ASSERT_TRUE(rows->store_received(id, account, credit(id, account, 1), "{}", &stored).ok());
+    ASSERT_TRUE(
+        rows->store_received(id, account, credit(id, account, 1), "{}", std::nullopt, &stored)
+            .ok());
   }
   std::unique_ptr<detail::StpWorkerSession> a, b;
   ASSERT_TRUE(rows->open_worker(Synchronous::kFull, &a).ok());
@@ -582,6 +589,138 @@ TEST(StpPg, HandlerOfTheOtherStoreIsRefused) {
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(s.message().find("SQLite::Database&"), std::string::npos) << s.message();
   EXPECT_FALSE(stp);
+}
+
+// A message's lifetime on PostgreSQL (issue 42), as on SQLite (tests/broker/lifetimes_test):
+// credits with an MQTT 5 message expiry, received through a real mosquitto while no worker
+// runs, wait in the backlog; the one whose expiry ran out there is the dead letter
+// `expired` (its deadline and interval kept with the row), never applied; the others are.
+TEST(StpPg, ACreditThatExpiresInTheBacklogIsDeadLetteredAndNeverApplied) {
+  const std::string uri = fresh_db("stp_expiry");
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  Broker broker;
+  TempDir dir;
+  auto stp = make(
+      inbox.get(), [](pqxx::transaction_base& t, const StoredDelivery& d) { apply_credit(t, d); },
+      fast_options());
+  SubscriberOptions so;
+  so.broker_uri = broker.uri();
+  so.client_id = "stp-pg-expiry";
+  so.client_id_lock_dir = dir.path();
+  so.mqtt_version = MqttVersion::kV5;
+  std::unique_ptr<Subscriber> sub;
+  ASSERT_TRUE(Subscriber::create(so, &sub).ok());
+  ASSERT_TRUE(sub->subscribe("credits/#", stp.get()).ok());
+  ASSERT_TRUE(sub->start().ok());
+  ASSERT_TRUE(sub->wait_connected(10000));
+  {
+    TestPublisher pub(broker.uri(), true);
+    pub.credit_expiring("credits/acct", "e-1", "acct", 5, 1);   // runs out in the backlog
+    pub.credit_expiring("credits/acct", "e-2", "acct", 7, 60);  // time left
+    pub.credit("credits/acct", "e-3", "acct", 11);              // no expiry
+  }
+  ASSERT_TRUE(wait_until(
+      [&] { return q(uri, "SELECT count(*) FROM mqtt_inbox.inbox_messages") == 3; }, 10s));
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE message_id = 'e-1'"
+              " AND expires_at IS NOT NULL AND properties_json LIKE "
+              "'%\"message_expiry_interval_s\":%'"),
+            1);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE expires_at IS NULL"), 1);
+  std::this_thread::sleep_for(1500ms);  // the backlog: no worker yet
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_until([&] { return settled(uri); }, 15s));
+  ASSERT_TRUE(sub->stop().ok());
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(column(uri, "SELECT status FROM mqtt_inbox.inbox_messages WHERE message_id = 'e-1'"),
+            std::vector<std::string>{"dead"});
+  EXPECT_EQ(
+      q(uri,
+        "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters WHERE message_id = 'e-1'"
+        " AND reason = 'expired' AND reason_text LIKE 'message expiry interval % s ran out%'"),
+      1);
+  EXPECT_EQ(column(uri, "SELECT message_id FROM runs ORDER BY id"),
+            (std::vector<std::string>{"e-2", "e-3"}));
+  EXPECT_EQ(q(uri, "SELECT balance FROM accounts WHERE id = 'acct'"), 18);
+  EXPECT_EQ(stp->counters().expired, 1);
+}
+
+// "Not yet" on PostgreSQL: a dependency down for longer than the immediate runs and
+// max_attempts' worth of failures reschedules the rows (no attempt counted, the wait kept
+// in the row), then every credit is applied once in each account's order, no dead letter;
+// a credit whose dependency never comes back is dependency_unavailable after the schedule.
+TEST(StpPg, RowsWaitingForADependencyAreRescheduledThenAppliedOnceInOrder) {
+  const std::string uri = fresh_db("stp_not_yet");
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  auto o = fast_options();
+  o.consumer.max_attempts = 2;
+  o.consumer.dependency_immediate_attempts = 2;
+  o.consumer.dependency_backoff_initial = 50ms;
+  o.consumer.dependency_backoff_max = 100ms;
+  o.consumer.dependency_wait_max = 60s;
+  std::atomic<bool> down{true};
+  auto stp = make(
+      inbox.get(),
+      [&](pqxx::transaction_base& t, const StoredDelivery& d) {
+        apply_credit(t, d);  // rolled back by the "not yet"
+        if (down) throw RetryLater("meter gateway 10.0.0.7: connection refused");
+      },
+      o);
+  ASSERT_TRUE(stp);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(stp->handle(credit("n-" + std::to_string(i), "acct-" + std::to_string(i % 2), i + 1)),
+              Outcome::kProcessed);
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return q(uri,
+                 "SELECT min(not_yet) FROM mqtt_inbox.inbox_messages"
+                 " WHERE message_id IN ('n-0', 'n-1')") >= 5;
+      },
+      15s));
+  EXPECT_EQ(q(uri, "SELECT max(attempts) FROM mqtt_inbox.inbox_messages"), 0);
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages"
+              " WHERE not_yet > 0 AND waiting_since IS NULL"),
+            0);
+  EXPECT_TRUE(stp->health().dependency.waiting);
+  EXPECT_FALSE(stp->health().stuck);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries"), 0);
+  down = false;
+  ASSERT_TRUE(wait_until([&] { return settled(uri); }, 20s));
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries"), 8);
+  EXPECT_EQ(q(uri, "SELECT sum(balance) FROM accounts"), 36);
+  EXPECT_EQ(out_of_order(uri), 0);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters"), 0);
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages"
+              " WHERE status = 'done' AND not_yet = 0 AND waiting_since IS NULL"),
+            8);
+  EXPECT_GE(stp->counters().not_yet, 10);
+  ASSERT_TRUE(stp->stop().ok());
+
+  // A dependency that never comes back: the schedule (here 400 ms) ends in the dead letter.
+  o.consumer.dependency_wait_max = 400ms;
+  auto gone = make(
+      inbox.get(),
+      [&](pqxx::transaction_base& t, const StoredDelivery& d) {
+        apply_credit(t, d);
+        throw RetryLater("meter gateway 10.0.0.7: connection refused");
+      },
+      o, "gone");
+  ASSERT_TRUE(gone);
+  ASSERT_EQ(gone->handle(credit("gone-1", "acct-9", 5)), Outcome::kProcessed);
+  ASSERT_TRUE(gone->start().ok());
+  ASSERT_TRUE(wait_until([&] { return settled(uri, "gone"); }, 15s));
+  ASSERT_TRUE(gone->stop().ok());
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters WHERE message_id ="
+              " 'gone-1' AND reason = 'dependency_unavailable'"
+              " AND reason_text LIKE '%connection refused%'"),
+            1);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries WHERE message_id = 'gone-1'"), 0);
 }
 
 // One member of a fleet: opens its own Inbox on `uri` and works consumer "ledger" with 3

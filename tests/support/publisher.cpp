@@ -47,4 +47,17 @@ void TestPublisher::credit(const std::string& topic, const std::string& id,
   publish(topic, body, {{"message-id", id}});
 }
 
+void TestPublisher::credit_expiring(const std::string& topic, const std::string& id,
+                                    const std::string& account, long long amount,
+                                    uint32_t expiry_s) {
+  const std::string body = "{\"message_id\":\"" + id + "\",\"account\":\"" + account +
+                           "\",\"amount\":" + std::to_string(amount) + "}";
+  auto msg = mqtt::make_message(topic, body, 1, false);
+  mqtt::properties p;
+  p.add({mqtt::property::USER_PROPERTY, std::string("message-id"), id});
+  p.add({mqtt::property::MESSAGE_EXPIRY_INTERVAL, static_cast<int>(expiry_s)});
+  msg->set_properties(p);
+  client_->publish(msg)->wait();
+}
+
 }  // namespace mqtt_inbox::test

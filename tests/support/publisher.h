@@ -3,6 +3,7 @@
 // tests with mosquitto_pub -l).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,6 +28,10 @@ class TestPublisher {
   // "message-id" user property.
   void credit(const std::string& topic, const std::string& id, const std::string& account,
               long long amount);
+  // credit() with an MQTT 5 Message Expiry Interval of `expiry_s` seconds (MQTT 5 only:
+  // 3.1.1 has no expiry).
+  void credit_expiring(const std::string& topic, const std::string& id, const std::string& account,
+                       long long amount, uint32_t expiry_s);
 
  private:
   std::unique_ptr<mqtt::async_client> client_;

@@ -212,6 +212,94 @@ TEST_F(ServiceNotifierTest, PingsStopWhileTheStoreIsStuckPastTheLimitAndResume) 
   EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'bob'"), 12);
 }
 
+// A handler holds its message for a dependency that is down (RetryLater): not stuck, so
+// the pings go on and STATUS says "waiting for a dependency" with the message and the
+// attempt, also past stuck_limit_ms; only past dependency_wait_limit_ms do the pings stop
+// (systemd would restart the service). When the dependency is back the message commits
+// once and the pings resume.
+TEST_F(ServiceNotifierTest, AWaitForADependencyIsNotStuckAndStopsThePingsOnlyPastItsLimit) {
+  ServiceEnv env(socket_->path(), 300000);
+  InboxOptions o;
+  inbox_ = open_ledger_inbox(db_path_, o);
+  std::atomic<bool> down{true};
+  ConsumerOptions co;
+  co.dependency_immediate_attempts = 1;
+  co.dependency_backoff_initial = milliseconds(50);
+  co.dependency_backoff_max = milliseconds(100);
+  ASSERT_TRUE(Consumer::create(
+                  inbox_.get(), "ledger",
+                  [&](SQLite::Database& db, const Delivery& d) {
+                    ledger::apply_credit(db, d);
+                    if (down) throw RetryLater("meter gateway 10.0.0.7: connection refused");
+                  },
+                  co, &consumer_)
+                  .ok());
+  ServiceNotifierOptions no;
+  no.stuck_limit_ms = 500;  // a dependency wait outlasts it: not stuck, pings go on
+  no.dependency_wait_limit_ms = 2500;
+  no.status_interval_ms = 100;
+  std::unique_ptr<ServiceNotifier> notifier;
+  ASSERT_TRUE(ServiceNotifier::create(no, &notifier).ok());
+  ASSERT_TRUE(notifier->add_source(health_source(*consumer_)).ok());
+  ASSERT_TRUE(notifier->ready().ok());
+  if (!ServiceNotifier::supported()) {
+    EXPECT_TRUE(socket_->collect(milliseconds(300)).empty());
+    GTEST_SKIP() << "built without libsystemd: checked that nothing is sent";
+  }
+  ASSERT_TRUE(socket_->wait_line("READY=1", seconds(5)));
+  const size_t mark = socket_->size();
+  Outcome out{};
+  std::atomic<bool> done{false};
+  std::thread feeder([&] {
+    out = consumer_->handle(credit_message("dep-1", "ann", 5));
+    done = true;
+  });
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{[&] {
+    down = false;
+    if (feeder.joinable()) feeder.join();
+  }};
+
+  ASSERT_TRUE(socket_->wait_status("ledger: waiting for a dependency: ", seconds(5), mark))
+      << socket_->dump();
+  // Past stuck_limit_ms, within the dependency limit: still pinging, never "stuck".
+  std::this_thread::sleep_for(milliseconds(1200));
+  const size_t within = socket_->size();
+  socket_->collect(milliseconds(600));
+  EXPECT_GE(socket_->count_line("WATCHDOG=1", within), 2u) << socket_->dump();
+  EXPECT_FALSE(notifier->watchdog_withheld());
+  const std::string status = notifier->status_line();
+  EXPECT_EQ(status.find("stuck"), std::string::npos) << status;
+  EXPECT_NE(status.find("message 'dep-1', attempt "), std::string::npos) << status;
+  EXPECT_NE(status.find("connection refused"), std::string::npos) << status;
+  EXPECT_FALSE(consumer_->health().stuck);
+
+  // Past the dependency limit the pings stop, and STATUS says which limit.
+  ASSERT_TRUE(wait_until([&] { return notifier->watchdog_withheld(); }, seconds(10)));
+  ASSERT_TRUE(socket_->wait_status("over the 2 s dependency limit: watchdog pings stopped",
+                                   seconds(2), within))
+      << socket_->dump();
+  socket_->collect(milliseconds(150));
+  for (const auto& n : socket_->collect(milliseconds(900)))
+    EXPECT_FALSE(n.has("WATCHDOG=1")) << socket_->dump();
+  EXPECT_FALSE(done.load());
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 0);
+
+  // The dependency is back: applied once, pings resume.
+  const size_t back = socket_->size();
+  down = false;
+  ASSERT_TRUE(wait_until([&] { return done.load(); }, seconds(10)));
+  feeder.join();
+  EXPECT_EQ(out, Outcome::kProcessed);
+  ASSERT_TRUE(socket_->wait_line("WATCHDOG=1", seconds(3), back)) << socket_->dump();
+  ASSERT_TRUE(socket_->wait_status("processed 1; dead letters 0", seconds(3), back));
+  EXPECT_FALSE(notifier->watchdog_withheld());
+  EXPECT_EQ(q("SELECT count(*) FROM ledger_entries"), 1);
+  EXPECT_EQ(q("SELECT balance FROM accounts WHERE account = 'ann'"), 5);
+}
+
 // Start-up: before READY=1 the notifier reports a known wait and extends the start
 // timeout while that wait is within the limit. The wait here is real and is today's
 // start-up of ledger_consumer: the inbox opens, but recording the retention horizon
