@@ -243,7 +243,7 @@ class StoreBackend {
   virtual Status open_slot_leases(const SlotLeaseOptions& options,
                                   std::unique_ptr<SlotLeases>* out) = 0;
   // Whether several processes may work on this store at once (PostgreSQL), so that a
-  // relay must take its turn (Outbox::relays_take_turns).
+  // relay must take its turn (RelaySource::relays_take_turns, outbox/relay_source.h).
   virtual bool shared_by_processes() const = 0;
 
   Store& front() const { return front_; }
