@@ -20,6 +20,8 @@
 // handler_type(), location() and file_stats() are safe from any thread.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -33,6 +35,7 @@
 #include "mqtt_inbox/dead_letter.h"
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/message.h"
+#include "mqtt_inbox/options.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
@@ -97,7 +100,7 @@ struct RequeueFacts {
 
 class StoreBackend {
  public:
-  explicit StoreBackend(Store& front) : front_(front) {}
+  explicit StoreBackend(Store& front);
   virtual ~StoreBackend() = default;
   StoreBackend(const StoreBackend&) = delete;
   StoreBackend& operator=(const StoreBackend&) = delete;
@@ -105,6 +108,11 @@ class StoreBackend {
   // Serialises use of the main connection and everything prepared on it; the front takes
   // it for every call below, and the row interfaces take it for their own calls.
   std::mutex mu;
+  // The front's, fixed for the backend's life: the options the inbox was opened with, its
+  // clock and its logger.
+  const InboxOptions& options;
+  Clock* const clock;
+  const std::shared_ptr<spdlog::logger> log;
 
   // --- what the store is ---
   // Where the data lives, for messages: a file path, or a URI without its password.

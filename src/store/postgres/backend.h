@@ -212,11 +212,8 @@ class PgBackend final : public StoreBackend {
 
   const std::string uri;  // the location as given: it holds no password (open refuses one)
   std::string conninfo;   // uri with the password file, what libpq is given
-  const InboxOptions& options;
-  Clock* const clock;
-  const std::shared_ptr<spdlog::logger> log;
-  std::string schema;  // the quoted schema name, "\"mqtt_inbox\""
-  std::string users;   // the consumers on `conn`, comma-separated (application_name)
+  std::string schema;     // the quoted schema name, "\"mqtt_inbox\""
+  std::string users;      // the consumers on `conn`, comma-separated (application_name)
   std::unique_ptr<PgConnection> conn;
   std::unique_ptr<PgNoticeWatch> watch;         // on conn
   std::optional<PgWork> txn;                    // the transaction open on conn, if any

@@ -362,12 +362,7 @@ Status make_postgres_backend(Store& front, std::unique_ptr<StoreBackend>* out) {
 }
 
 PgBackend::PgBackend(Store& front)
-    : StoreBackend(front),
-      uri(front.location()),
-      conninfo(front.location()),
-      options(front.options()),
-      clock(front.clock()),
-      log(front.log()) {
+    : StoreBackend(front), uri(front.location()), conninfo(front.location()) {
   retention = make_pg_retention_rows(*this);
   stp = make_pg_stp_rows(*this);
   outbox_store = make_pg_outbox(*this);
