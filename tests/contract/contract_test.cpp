@@ -216,9 +216,9 @@ class CapiOps final : public TxnOps {
       sqlite3_bind_text(st, 1, static_cast<const char*>(payload), static_cast<int>(len),
                         SQLITE_TRANSIENT);
       sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
-      const int rc = sqlite3_step(st);
+      const int stepped = sqlite3_step(st);
       sqlite3_finalize(st);
-      if (rc != SQLITE_DONE) throw std::runtime_error(sqlite3_errmsg(db_));
+      if (stepped != SQLITE_DONE) throw std::runtime_error(sqlite3_errmsg(db_));
     }
   }
   void exec(const std::string& sql) override {

@@ -52,10 +52,8 @@ Status SqliteBackend::ready() {
   return s;
 }
 
-Status SqliteBackend::open_slot_leases(const SlotLeaseOptions& options,
-                                       std::unique_ptr<SlotLeases>* out) {
-  (void)options;
-  (void)out;
+Status SqliteBackend::open_slot_leases(const SlotLeaseOptions& /*options*/,
+                                       std::unique_ptr<SlotLeases>* /*out*/) {
   return Status::InvalidArgument(
       "a fleet's slot leases need a store that every member reaches: " + path +
       " is an SQLite file; open the inbox on PostgreSQL (docs/fleet.md)");

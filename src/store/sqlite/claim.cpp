@@ -232,8 +232,8 @@ void SqliteBackend::begin(bool for_handler) {
   run(*begin_immediate);
 }
 
-CommitOutcome SqliteBackend::commit(const ClaimKey* claim, std::string* why) {
-  (void)claim;  // an SQLite commit's outcome is never unknown to its process
+// The claim is not needed: an SQLite commit's outcome is never unknown to its process.
+CommitOutcome SqliteBackend::commit(const ClaimKey* /*claim*/, std::string* why) {
   try {
     run(*commit_stmt);
   } catch (const SQLite::Exception& e) {
