@@ -327,7 +327,11 @@ PgConnection::PgConnection(const std::string& conninfo, bool reconnects)
   init();
   // libpqxx 6.4 reconnects a broken connection by itself at the next statement; the
   // session's settings (the guard, the read-only default) would be gone.
+  // Deprecated in libpqxx 6.4 (7 drops reactivation altogether), and the only way to stop it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   if (!reconnects) inhibit_reactivation(true);
+#pragma GCC diagnostic pop
 }
 
 PgConnection::~PgConnection() noexcept { close(); }
