@@ -90,6 +90,15 @@ struct StoreRefused : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a backend's primitive or commit() when the transaction the front goes on with
+// after a handler is not the one it began for it: the handler ended that one and began
+// another (on PostgreSQL, ROLLBACK then BEGIN, which no notice tells). Nothing of the
+// handler's first transaction is left to commit; the front rolls back and dead-letters the
+// message handler_ended_transaction. what(): what the handler ran.
+struct TransactionNotOurs : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // What requeue_facts() reads of a dead letter before requeueing it.
 struct RequeueFacts {
   bool found = false;
