@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <pqxx/pqxx>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -806,20 +807,23 @@ TEST_P(PgRelay, ServerRestartTheRelayAndItsWakeUpGoOn) {
       10s));
   std::this_thread::sleep_for(300ms);
   {
+    // Every event arrived, the first copy of each in order. A mark lost with the
+    // connection, or PUBACKs that came after the turn was lost, only mean a resend with the
+    // same id, after the rows that followed (the next hop's inbox drops the copy): whether
+    // the restart catches marks in flight is timing, so copies are allowed here. The wait
+    // above (10 s, a third of the relay's 30 s poll) also says that marks failed at the
+    // restart do not hold back the marks of what came after until the next poll.
     std::lock_guard<std::mutex> l(seen.mu);
-    std::map<std::string, int> times;
+    std::set<std::string> ids;
     int64_t last = 0;
     for (const auto& e : seen.events) {
-      ++times[e["message_id"].get<std::string>()];
-      if (e["account"] == "acct") {
+      const bool first = ids.insert(e["message_id"].get<std::string>()).second;
+      if (first && e["account"] == "acct") {
         EXPECT_GT(e["n"].get<int64_t>(), last) << "out of order";
         last = e["n"].get<int64_t>();
       }
     }
-    EXPECT_EQ(times.size(), 21u);
-    // Marks lost with the connection only mean a resend (the next hop's inbox drops it);
-    // here none was pending at the restart, so every event went out once.
-    for (const auto& t : times) EXPECT_EQ(t.second, 1) << t.first;
+    EXPECT_EQ(ids.size(), 21u);
   }
   EXPECT_TRUE(relay->stop().ok());
   sub->disconnect()->wait();
