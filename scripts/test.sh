@@ -113,11 +113,11 @@ start_background_builds() {
     ionice -c 3 -p "$BASHPID" >/dev/null 2>&1 || true
     t0=$SECONDS
     configure "$ROOT/build-asan" "${ASAN_ARGS[@]}" &&
-      cmake --build "$ROOT/build-asan" -j "$JOBS" >"$ROOT/build-asan.background.log" 2>&1
+      cmake --build "$ROOT/build-asan" -j "$JOBS" >"$ROOT/build-asan/background-build.log" 2>&1
     echo "$((SECONDS - t0))" >"$ROOT/build-asan/.background-done"
     t0=$SECONDS
     configure "$ROOT/build-tsan" "${TSAN_ARGS[@]}" &&
-      cmake --build "$ROOT/build-tsan" -j "$JOBS" >"$ROOT/build-tsan.background.log" 2>&1
+      cmake --build "$ROOT/build-tsan" -j "$JOBS" >"$ROOT/build-tsan/background-build.log" 2>&1
     echo "$((SECONDS - t0))" >"$ROOT/build-tsan/.background-done"
   ) &
   BACKGROUND_PID=$!
