@@ -60,8 +60,8 @@ struct Options {
 // True for a failed connection attempt that only a change of configuration (here or at
 // the broker) can cure: a CONNACK refusal other than "server unavailable/busy, quota or
 // rate exceeded", a TLS handshake or certificate failure, an unreadable password file.
-inline bool refused(const mqtt_inbox::SubscriberHealth& h) {
-  using F = mqtt_inbox::SubscriberHealth::Failure;
+inline bool refused(const mqtt_inbox::ConnectionHealth& h) {
+  using F = mqtt_inbox::ConnectionHealth::Failure;
   if (h.last_failure == F::kTls || h.last_failure == F::kCredentials) return true;
   if (h.last_failure != F::kRefused) return false;
   switch (h.connack_code) {
@@ -188,10 +188,10 @@ class Frame {
       if (fleet)
         watched_.push_back({"member's slots", [fleet] {
                               const mqtt_inbox::FleetHealth f = fleet->health();
-                              for (const mqtt_inbox::SubscriberHealth& h : f.serving_health)
+                              for (const mqtt_inbox::ConnectionHealth& h : f.serving_health)
                                 if (h.connected || !refused(h))
-                                  return mqtt_inbox::SubscriberHealth{};
-                              return f.serving_health.empty() ? mqtt_inbox::SubscriberHealth{}
+                                  return mqtt_inbox::ConnectionHealth{};
+                              return f.serving_health.empty() ? mqtt_inbox::ConnectionHealth{}
                                                               : f.serving_health.front();
                             }});
       running_ = true;
@@ -209,7 +209,7 @@ class Frame {
         return examples::kExitOk;
       }
       for (Watched& w : options_.refused_limit_ms > 0 ? watched_ : none_) {
-        const mqtt_inbox::SubscriberHealth h = w.health();
+        const mqtt_inbox::ConnectionHealth h = w.health();
         const auto now = std::chrono::steady_clock::now();
         if (h.connected || !refused(h) || h.consecutive_failures == 0) {
           w.refusing = false;
@@ -284,7 +284,7 @@ class Frame {
   // A connection wait() watches for refusals, and since when every attempt was refused.
   struct Watched {
     std::string what;  // "client" (the subscriber) or "relay"
-    std::function<mqtt_inbox::SubscriberHealth()> health;
+    std::function<mqtt_inbox::ConnectionHealth()> health;
     bool refusing = false;
     std::chrono::steady_clock::time_point refused_since{};
   };

@@ -117,7 +117,10 @@ apt_install_missing() {
 # ---------------------------------------------------------- configure/build --
 configure() {
   if [ "$DO_CLEAN" = 1 ]; then rm -rf "$BUILD_DIR"; fi
-  local gen=() tests=ON launcher=()
+  local gen=() tests=ON launcher=() labels=""
+  # Only the test programs that run here are built: the unit tests and, unless
+  # --all-integration, the guarantee's own integration cases (tests/README.md).
+  [ "$ALL_INTEGRATION" = 1 ] || labels="unit;integration-core"
   # --no-tests: a device build, the library and the programs only (the test suite is
   # most of the compile time and nothing of it goes into a package).
   [ "$DO_TESTS" = 1 ] || tests=OFF
@@ -133,7 +136,7 @@ configure() {
     "${CROSS_CMAKE_ARGS[@]}" \
     -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
     "${launcher[@]}" \
-    -DMQTT_INBOX_BUILD_TESTS=$tests \
+    -DMQTT_INBOX_BUILD_TESTS=$tests "-DMQTT_INBOX_TEST_LABELS=$labels" \
     -DMQTT_INBOX_BUILD_EXAMPLES=ON \
     -DMQTT_INBOX_BUILD_BENCH=OFF \
     ${MQTT_INBOX_CROSS_CMAKE_ARGS:-}
@@ -255,7 +258,7 @@ test_unit() {
 }
 
 test_integration() {
-  if ! has_label integration; then
+  if ! has_label integration && ! has_label integration-core; then
     echo "no tests labelled 'integration' (already run with the unit stage)"
     return
   fi

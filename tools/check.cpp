@@ -1,21 +1,18 @@
 // `mqtt-inbox check` and `mqtt-inbox migrate`: the schema, integrity, WAL and settings
 // that void the guarantee, and applying this release's schema steps (docs/admin-tool.md).
-#include <sqlite3.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cctype>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
-
-#include <SQLiteCpp/SQLiteCpp.h>
+#include <vector>
 
 #include "commands.h"
 #include "database.h"
 #include "format.h"
 #include "pg_admin.h"
-#include "store/sqlite/errors.h"
+#include "store/sqlite/admin.h"
 #include "store/sqlite/wal_guard.h"
 #include "tool.h"
 
@@ -43,18 +40,13 @@ int cmd_check(const std::string& path) {
   json j;
   json problems = json::array(), warnings = json::array();
   j["database"] = path;
-  // Read-write only for the PASSIVE checkpoint; nothing else writes. Never creates.
-  std::unique_ptr<SQLite::Database> conn;
-  bool corrupt = false;
-  // A corrupt file is never written, not even by the closing checkpoint.
-  auto found_corrupt = [&] {
-    corrupt = true;
-    if (conn) sqlite3_db_config(conn->getHandle(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
-  };
-  try {
-    conn = std::make_unique<SQLite::Database>(path, SQLite::OPEN_READWRITE, g.busy_timeout_ms);
-    SQLite::Database& db = *conn;
-    const int version = db.execAndGet("PRAGMA user_version").getInt();
+  // What the store reads (store/sqlite/admin.h): each part only if it was read before an
+  // error stopped the inspection, so the report says what it found up to the error.
+  mi::detail::SqliteInspection f;
+  const mi::Status read =
+      mi::detail::inspect_sqlite(path, tool_inbox_options(), wall_now_ms() - 60000, &f);
+  if (f.schema_version) {
+    const int version = *f.schema_version;
     j["schema_version"] = version;
     j["library_schema_version"] = mi::kSchemaVersion;
     if (version < mi::kSchemaVersion)
@@ -65,40 +57,35 @@ int cmd_check(const std::string& path) {
       problems.push_back("schema version " + std::to_string(version) +
                          " is newer than this tool's " + std::to_string(mi::kSchemaVersion) +
                          ": use a newer mqtt-inbox");
-    const bool tables =
-        db.execAndGet("SELECT count(*) FROM sqlite_master WHERE name = 'inbox_processed'")
-            .getInt() > 0;
-    if (!tables) problems.push_back("no inbox tables: not an mqtt-inbox database");
-
-    const std::string mode = db.execAndGet("PRAGMA journal_mode").getString();
+  }
+  if (f.has_inbox_tables && !*f.has_inbox_tables)
+    problems.push_back("no inbox tables: not an mqtt-inbox database");
+  if (f.journal_mode) {
+    const std::string& mode = *f.journal_mode;
     j["journal_mode"] = mode;
     if (mode != "wal")
       problems.push_back("journal_mode is '" + mode +
                          "', not 'wal': the inbox requires WAL (Inbox::open or `mqtt-inbox "
                          "migrate` switches it back)");
+  }
+  auto report_check = [&](const std::optional<mi::detail::SqliteInspection::Check>& check,
+                          const char* key) {
+    if (!check) return;
+    json lines = json::array();
+    for (const auto& line : check->lines) lines.push_back(line);
+    const bool ok = lines.size() == 1 && lines[0] == "ok";
+    j[key] = {{"ok", ok}, {"result", lines}};
+    if (!ok)
+      problems.push_back(check->statement + " reported " + lines.dump() + ": " +
+                         recovery_hint(path));
+  };
+  report_check(f.quick_check, "quick_check");
+  report_check(f.integrity_check, "integrity_check");
 
-    auto run_check = [&](const char* pragma, const char* key) {
-      SQLite::Statement q(db, pragma);
-      json lines = json::array();
-      while (q.executeStep()) lines.push_back(q.getColumn(0).getString());
-      const bool ok = lines.size() == 1 && lines[0] == "ok";
-      j[key] = {{"ok", ok}, {"result", lines}};
-      if (!ok) {
-        problems.push_back(std::string(pragma) + " reported " + lines.dump() + ": " +
-                           recovery_hint(path));
-        found_corrupt();
-      }
-    };
-    run_check("PRAGMA quick_check", "quick_check");
-    run_check("PRAGMA integrity_check", "integrity_check");
-
+  if (f.meta) {
     // synchronous is per connection and not stored in the file: only what the running
     // application recorded in inbox_meta can be checked (docs/admin-tool.md).
-    std::map<std::string, std::string> meta;
-    if (tables) {
-      SQLite::Statement q(db, "SELECT key, value FROM inbox_meta");
-      while (q.executeStep()) meta[q.getColumn(0).getString()] = q.getColumn(1).getString();
-    }
+    std::map<std::string, std::string> meta = *f.meta;
     json sync;
     if (auto it = meta.find("synchronous"); it != meta.end()) {
       std::string v = it->second;
@@ -127,86 +114,76 @@ int cmd_check(const std::string& path) {
       warnings.push_back(
           "no retention horizon recorded (no Pruner has run): `prune` falls back to the library "
           "defaults");
+  }
 
-    if (tables && version >= 2) {
-      // Stale claims (a worker died) and attempts left 'running' (a process died in a handler).
-      // claimed_at is wall-clock time, so this is a hint for people, no more: a clock step
-      // makes it wrong either way. The library never decides by it (the reaper watches
-      // progress on a monotonic clock; a restart returns a dead process's claims at once).
-      const int64_t stale = db.execAndGet(
-                                  "SELECT count(*) FROM inbox_messages WHERE status = 'processing' "
-                                  "AND claimed_at < " +
-                                  std::to_string(wall_now_ms() - 60000))
-                                .getInt64();
-      j["processing_older_than_60s"] = stale;
-      if (stale > 0)
-        warnings.push_back(
-            std::to_string(stale) +
-            " store-then-process row(s) 'processing' for over 60 s by their wall-clock claim time: "
-            "a worker may hang (the reaper returns a claim without progress after lease_ms; a "
-            "restart returns a dead process's claims at once)");
-    }
-    if (tables) {
-      const int64_t running =
-          db.execAndGet("SELECT count(*) FROM inbox_attempts WHERE state = 'running'").getInt64();
-      j["attempts_running"] = running;
-    }
+  // Stale claims (a worker died) and attempts left 'running' (a process died in a handler).
+  // claimed_at is wall-clock time, so this is a hint for people, no more: a clock step
+  // makes it wrong either way. The library never decides by it (the reaper watches
+  // progress on a monotonic clock; a restart returns a dead process's claims at once).
+  if (f.processing_claimed_before) {
+    const int64_t stale = *f.processing_claimed_before;
+    j["processing_older_than_60s"] = stale;
+    if (stale > 0)
+      warnings.push_back(
+          std::to_string(stale) +
+          " store-then-process row(s) 'processing' for over 60 s by their wall-clock claim time: "
+          "a worker may hang (the reaper returns a claim without progress after lease_ms; a "
+          "restart returns a dead process's claims at once)");
+  }
+  if (f.attempts_running) j["attempts_running"] = *f.attempts_running;
 
-    struct stat st {};
-    const int64_t wal_before = ::stat((path + "-wal").c_str(), &st) == 0 ? st.st_size : 0;
-    int log = -1, ckpt = -1;
-    const int rc = corrupt ? SQLITE_OK
-                           : sqlite3_wal_checkpoint_v2(db.getHandle(), nullptr,
-                                                       SQLITE_CHECKPOINT_PASSIVE, &log, &ckpt);
-    j["wal"] = {{"bytes", wal_before},
-                {"checkpoint_rc", rc},
-                {"frames_in_wal", log},
-                {"frames_checkpointed", ckpt},
-                {"fully_checkpointed", rc == SQLITE_OK && log == ckpt}};
-    if (rc != SQLITE_OK && rc != SQLITE_BUSY)
-      problems.push_back(std::string("wal_checkpoint(PASSIVE) failed: ") + sqlite3_errstr(rc));
-    else if (log > 0 && ckpt < log)
-      warnings.push_back("WAL not fully checkpointed (" + std::to_string(ckpt) + "/" +
-                         std::to_string(log) +
+  if (f.wal) {
+    const auto& w = *f.wal;
+    j["wal"] = {{"bytes", w.bytes},
+                {"checkpoint_rc", w.checkpoint_rc},
+                {"frames_in_wal", w.frames_in_wal},
+                {"frames_checkpointed", w.frames_checkpointed},
+                {"fully_checkpointed", w.fully_checkpointed}};
+    if (w.checkpoint_failed)
+      problems.push_back("wal_checkpoint(PASSIVE) failed: " + w.checkpoint_error);
+    else if (w.frames_in_wal > 0 && w.frames_checkpointed < w.frames_in_wal)
+      warnings.push_back("WAL not fully checkpointed (" + std::to_string(w.frames_checkpointed) +
+                         "/" + std::to_string(w.frames_in_wal) +
                          " frames): a reader holds an old snapshot, or the consumer is busy; it "
                          "grows until readers finish");
-    j["page_size"] = db.execAndGet("PRAGMA page_size").getInt64();
-    j["page_count"] = db.execAndGet("PRAGMA page_count").getInt64();
-    j["freelist_count"] = db.execAndGet("PRAGMA freelist_count").getInt64();
-    j["auto_vacuum"] = db.execAndGet("PRAGMA auto_vacuum").getInt();
-    if (j["auto_vacuum"].get<int>() != 2)
+  }
+  if (f.page_size) j["page_size"] = *f.page_size;
+  if (f.page_count) j["page_count"] = *f.page_count;
+  if (f.freelist_count) j["freelist_count"] = *f.freelist_count;
+  if (f.auto_vacuum) {
+    j["auto_vacuum"] = *f.auto_vacuum;
+    if (*f.auto_vacuum != 2)
       warnings.push_back("auto_vacuum is not INCREMENTAL: pruning cannot give pages back");
     // The inbox recovers from a full disk by itself only with this much free
     // (docs/operations.md#disk-space).
     const int64_t free_space = mi::detail::free_bytes(path);
-    const int64_t need = mi::min_free_bytes(static_cast<int>(j["page_size"].get<int64_t>()));
+    const int64_t need = mi::min_free_bytes(static_cast<int>(*f.page_size));
     j["free_bytes"] = free_space;
     j["min_free_bytes"] = need;
     if (free_space >= 0 && free_space < need)
       warnings.push_back("only " + human_bytes(free_space) + " free on the file system of " + path +
                          "; the inbox needs at least " + human_bytes(need) +
                          " to recover from a full disk by itself (docs/operations.md#disk-space)");
-  } catch (const SQLite::Exception& e) {
+  }
+
+  if (!read.ok()) {
     // One classification of SQLite errors (src/store/sqlite/errors.h): a corrupt file is a
     // problem the check found (exit 2), a locked or failing store an error (exit 3).
-    const auto cls = mi::detail::error_class(e.getErrorCode());
-    if (cls == mi::detail::ErrorClass::kFatal) {
-      found_corrupt();
-      problems.push_back(std::string("SQLite: ") + e.what() + ": " + recovery_hint(path));
-    } else {
-      problems.push_back(std::string("SQLite error: ") + e.what());
-    }
+    if (read.is_fatal_store_error())
+      problems.push_back("SQLite: " + read.message() + ": " + recovery_hint(path));
+    else
+      problems.push_back("SQLite error: " + read.message());
     j["problems"] = problems;
     j["warnings"] = warnings;
     j["ok"] = false;
     if (g.json)
       emit(j);
-    else if (corrupt) {
+    else if (f.corrupt) {
       for (const auto& p : problems) std::cout << "PROBLEM: " << p.get<std::string>() << "\n";
       std::cout << "check: PROBLEMS FOUND\n";
     }
-    if (corrupt) return kProblems;
-    fail(kStoreError, path + ": " + e.what());
+    if (f.corrupt) return kProblems;
+    fail(kStoreError, path + ": " + read.message());
   }
   j["problems"] = problems;
   j["warnings"] = warnings;

@@ -4,6 +4,7 @@
 #include <mqtt_inbox/postgres.h>
 
 #include "pg_admin.h"
+#include "store/sqlite/admin.h"
 #include "util/file_access.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -77,18 +78,13 @@ void require_file(const std::string& path) {
 
 FileFacts read_facts(const std::string& path) {
   require_file(path);
+  mi::detail::SqliteFileFacts facts;
+  const mi::Status s = mi::detail::read_sqlite_facts(path, tool_inbox_options(), &facts);
+  if (!s.ok()) fail(kStoreError, path + ": " + s.message());
   FileFacts f;
-  try {
-    SQLite::Database db(path, SQLite::OPEN_READONLY, g.busy_timeout_ms);
-    f.user_version = db.execAndGet("PRAGMA user_version").getInt();
-    f.journal_mode = db.execAndGet("PRAGMA journal_mode").getString();
-    f.has_inbox_tables = db.execAndGet(
-                               "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = "
-                               "'inbox_processed'")
-                             .getInt() > 0;
-  } catch (const SQLite::Exception& e) {
-    fail(kStoreError, path + ": " + e.what());
-  }
+  f.user_version = facts.user_version;
+  f.journal_mode = facts.journal_mode;
+  f.has_inbox_tables = facts.has_inbox_tables;
   if (!f.has_inbox_tables && f.user_version == 0)
     fail(kStoreError, path + " is not an mqtt-inbox database (no inbox tables)");
   return f;
@@ -134,12 +130,13 @@ void check_status(const mi::Status& s, const std::string& what) {
        what + ": " + s.to_string());
 }
 
+void check_read(const mi::Status& s, const std::string& what) {
+  if (!s.ok()) fail(kStoreError, what + ": " + s.message());
+}
+
 std::map<std::string, std::string> read_meta(mi::Inbox& inbox) {
   std::map<std::string, std::string> meta;
-  read_sql(inbox, "reading inbox_meta", [&](SQLite::Database& db) {
-    SQLite::Statement q(db, "SELECT key, value FROM inbox_meta");
-    while (q.executeStep()) meta[q.getColumn(0).getString()] = q.getColumn(1).getString();
-  });
+  check_read(mi::detail::read_sqlite_meta(inbox, &meta), "reading inbox_meta");
   return meta;
 }
 
@@ -162,19 +159,13 @@ std::unique_ptr<mi::StoreThenProcess> stp_for(mi::Inbox* inbox, const std::strin
   o.prune_interval_ms = 0;
   std::unique_ptr<mi::StoreThenProcess> stp;
   // A handler of the inbox's store (each store refuses the other's), never run.
-  const mi::Status s = is_postgres(inbox->path())
-                           ? mi::StoreThenProcess::create(
-                                 inbox, consumer,
-                                 [](pqxx::transaction_base&, const mi::StoredDelivery&) {
-                                   throw std::logic_error("the admin tool never processes rows");
-                                 },
-                                 o, &stp)
-                           : mi::StoreThenProcess::create(
-                                 inbox, consumer,
-                                 [](SQLite::Database&, const mi::StoredDelivery&) {
-                                   throw std::logic_error("the admin tool never processes rows");
-                                 },
-                                 o, &stp);
+  const auto never = [](auto&, const mi::StoredDelivery&) {
+    throw std::logic_error("the admin tool never processes rows");
+  };
+  const mi::Status s =
+      is_postgres(inbox->path())
+          ? mi::StoreThenProcess::create(inbox, consumer, mi::PgStoredHandler(never), o, &stp)
+          : mi::StoreThenProcess::create(inbox, consumer, mi::StoredHandler(never), o, &stp);
   check_status(s, "opening store-then-process consumer '" + consumer + "'");
   return stp;
 }
@@ -187,10 +178,8 @@ bool has_stp_rows(mi::StoreThenProcess& stp) {
 
 std::set<std::string> stp_consumers(mi::Inbox& inbox) {
   std::set<std::string> out;
-  read_sql(inbox, "listing store-then-process consumers", [&](SQLite::Database& db) {
-    SQLite::Statement q(db, "SELECT DISTINCT consumer_name FROM inbox_messages");
-    while (q.executeStep()) out.insert(q.getColumn(0).getString());
-  });
+  check_read(mi::detail::list_sqlite_stp_consumers(inbox, &out),
+             "listing store-then-process consumers");
   return out;
 }
 

@@ -1,6 +1,8 @@
 // How the admin tool opens an inbox database that a running consumer may be using:
 // read-only facts first (never creating or migrating a file), then the library's Inbox
-// once the schema is known to be current, with the consumer's locks left alone.
+// once the schema is known to be current, with the consumer's locks left alone. What the
+// tool reads beyond the public Inbox is the store's (store/sqlite/admin.h,
+// store/postgres/admin.h through pg_admin.h): no SQL in tools/.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +11,6 @@
 #include <optional>
 #include <set>
 #include <string>
-
-#include <SQLiteCpp/SQLiteCpp.h>
 
 #include <mqtt_inbox/inbox.h>
 #include <mqtt_inbox/sqlite.h>
@@ -58,20 +58,9 @@ std::unique_ptr<Inbox> open_inbox(const std::string& path);
 // fail(kNotFound) for a kNotFound status, fail(kStoreError) for any other error.
 void check_status(const Status& s, const std::string& what);
 
-// Plain read-only SQL on the inbox's connection (inspection the library has no call for).
-// Each call is one short statement; exceptions become a store error.
-template <typename Fn>
-void read_sql(Inbox& inbox, const std::string& what, Fn&& fn) {
-  std::string error;
-  inbox.with_connection([&](SQLite::Database& db) {
-    try {
-      fn(db);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  if (!error.empty()) fail(kStoreError, what + ": " + error);
-}
+// fail(kStoreError, "<what>: <message>") for a failed read of the store's admin calls
+// (store/sqlite/admin.h), whose message is the store's own text.
+void check_read(const Status& s, const std::string& what);
 
 // The rows of inbox_meta, key -> value.
 std::map<std::string, std::string> read_meta(Inbox& inbox);

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "database.h"
 #include "format.h"
+#include "store/sqlite/admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -177,13 +178,9 @@ int cmd_dl_replay(const std::string& path, const DlArgs& a) {
   std::optional<std::string> status;
   // The PostgreSQL store has no store-then-process rows (docs/postgres.md#what-is-supported).
   if (!is_postgres(path))
-    read_sql(*inbox, "looking up the stored message", [&](SQLite::Database& db) {
-      SQLite::Statement q(
-          db, "SELECT status FROM inbox_messages WHERE consumer_name = ?1 AND message_id = ?2");
-      q.bind(1, d.consumer_name);
-      q.bind(2, *d.message_id);
-      if (q.executeStep()) status = q.getColumn(0).getString();
-    });
+    check_read(
+        mi::detail::read_sqlite_stored_status(*inbox, d.consumer_name, *d.message_id, &status),
+        "looking up the stored message");
   if (!status) {
     // Consumer mode: only the application has the handler. Mark the row 'requeued'; the
     // running Consumer replays it on its own thread (ConsumerOptions::requeue_poll_ms).

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "database.h"
 #include "format.h"
+#include "store/sqlite/admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -44,36 +45,31 @@ int cmd_export(const std::string& path, const ExportArgs& a) {
   std::string last_consumer, last_id;
   bool first = true;
   for (;;) {
+    mi::detail::SqliteProcessedPage page;
+    page.from_start = first;
+    page.after_consumer = last_consumer;
+    page.after_message_id = last_id;
+    page.since_received_at = since_clock;
+    page.consumer = a.consumer;
+    page.limit = 1000;
     int64_t n = 0;
-    read_sql(*inbox, "exporting processed ids", [&](SQLite::Database& db) {
-      std::string sql =
-          "SELECT consumer_name, message_id, received_at, topic, message_type, correlation_id, "
-          "payload_hash"
-          " FROM inbox_processed WHERE (?1 OR (consumer_name, message_id) > (?2, ?3))";
-      if (since_clock) sql += " AND received_at >= ?4";
-      if (!a.consumer.empty()) sql += " AND consumer_name = ?5";
-      sql += " ORDER BY consumer_name, message_id LIMIT 1000";
-      SQLite::Statement q(db, sql);
-      q.bind(1, first ? 1 : 0);
-      q.bind(2, last_consumer);
-      q.bind(3, last_id);
-      if (since_clock) q.bind(4, *since_clock);
-      if (!a.consumer.empty()) q.bind(5, a.consumer);
-      while (q.executeStep()) {
-        json j = {{"type", "processed"},
-                  {"consumer", q.getColumn(0).getString()},
-                  {"message_id", json_text(q.getColumn(1).getString())},
-                  {"received_at", q.getColumn(2).getInt64()}};
-        if (!q.getColumn(3).isNull()) j["topic"] = json_text(q.getColumn(3).getString());
-        if (!q.getColumn(4).isNull()) j["message_type"] = json_text(q.getColumn(4).getString());
-        if (!q.getColumn(5).isNull()) j["correlation_id"] = json_text(q.getColumn(5).getString());
-        if (!q.getColumn(6).isNull()) j["payload_hash"] = q.getColumn(6).getInt64();
-        line(j);
-        last_consumer = q.getColumn(0).getString();
-        last_id = q.getColumn(1).getString();
-        ++n;
-      }
-    });
+    check_read(mi::detail::read_sqlite_processed_page(
+                   *inbox, page,
+                   [&](const mi::detail::SqliteProcessedRow& r) {
+                     json j = {{"type", "processed"},
+                               {"consumer", r.consumer},
+                               {"message_id", json_text(r.message_id)},
+                               {"received_at", r.received_at}};
+                     if (r.topic) j["topic"] = json_text(*r.topic);
+                     if (r.message_type) j["message_type"] = json_text(*r.message_type);
+                     if (r.correlation_id) j["correlation_id"] = json_text(*r.correlation_id);
+                     if (r.payload_hash) j["payload_hash"] = *r.payload_hash;
+                     line(j);
+                     last_consumer = r.consumer;
+                     last_id = r.message_id;
+                   },
+                   &n),
+               "exporting processed ids");
     first = false;
     processed += n;
     if (n < 1000) break;

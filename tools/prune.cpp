@@ -12,6 +12,7 @@
 #include "database.h"
 #include "format.h"
 #include "pg_admin.h"
+#include "store/sqlite/admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -109,38 +110,17 @@ int cmd_prune(const std::string& path, const PruneArgs& a) {
         per[kv.first] = kv.second;
         ids += kv.second;
       }
-    } else
-      read_sql(*inbox, "counting expired rows", [&](SQLite::Database& db) {
-        SQLite::Statement q(
-            db,
-            "SELECT consumer_name, count(*) FROM inbox_processed WHERE received_at < ?1"
-            " GROUP BY consumer_name");
-        q.bind(1, cutoff);
-        while (q.executeStep()) {
-          per[q.getColumn(0).getString()] = q.getColumn(1).getInt64();
-          ids += q.getColumn(1).getInt64();
-        }
-        if (dl_window > 0) {
-          SQLite::Statement d(db,
-                              "SELECT count(*) FROM inbox_dead_letters WHERE retention_at < ?1 AND "
-                              "status <> 'requeued'");
-          d.bind(1, clock - dl_window);
-          d.executeStep();
-          dls = d.getColumn(0).getInt64();
-          SQLite::Statement od(
-              db,
-              "SELECT count(*) FROM outbox_messages WHERE state = 'dead' AND retention_at < ?1");
-          od.bind(1, clock - dl_window);
-          od.executeStep();
-          out_dead = od.getColumn(0).getInt64();
-        }
-        // The Pruner deletes sent outbox rows with the same window (docs/outbox.md#limits).
-        SQLite::Statement os(
-            db, "SELECT count(*) FROM outbox_messages WHERE state = 'sent' AND retention_at < ?1");
-        os.bind(1, cutoff);
-        os.executeStep();
-        out_sent = os.getColumn(0).getInt64();
-      });
+    } else {
+      std::map<std::string, int64_t> by_consumer;
+      check_read(
+          mi::detail::count_expired_sqlite(*inbox, cutoff, dl_window > 0 ? clock - dl_window : 0,
+                                           &by_consumer, &dls, &out_sent, &out_dead),
+          "counting expired rows");
+      for (const auto& kv : by_consumer) {
+        per[kv.first] = kv.second;
+        ids += kv.second;
+      }
+    }
     j["cutoff"] = cutoff;
     j["would_delete_processed"] = ids;
     j["would_delete_by_consumer"] = per;

@@ -14,6 +14,7 @@
 #include "database.h"
 #include "format.h"
 #include "pg_admin.h"
+#include "store/sqlite/admin.h"
 #include "tool.h"
 
 namespace mqtt_inbox::cli {
@@ -76,28 +77,21 @@ int cmd_stats(const std::string& path) {
   for (const auto& c : s.consumers) names.insert(c.first);
   std::map<std::string, std::map<std::string, int64_t>> dead_by_reason;
   std::map<std::string, int64_t> replayed, requeued, attempts;
-  read_sql(*inbox, "counting dead letters", [&](SQLite::Database& db) {
-    SQLite::Statement q(db,
-                        "SELECT consumer_name, reason, status, count(*) FROM inbox_dead_letters"
-                        " GROUP BY consumer_name, reason, status");
-    while (q.executeStep()) {
-      const std::string c = q.getColumn(0).getString();
-      names.insert(c);
-      const std::string status = q.getColumn(2).getString();
-      if (status == "dead")
-        dead_by_reason[c][q.getColumn(1).getString()] += q.getColumn(3).getInt64();
-      else if (status == "requeued")
-        requeued[c] += q.getColumn(3).getInt64();  // parked or requeued: still to apply
-      else
-        replayed[c] += q.getColumn(3).getInt64();
-    }
-    SQLite::Statement a(
-        db, "SELECT consumer_name, count(*) FROM inbox_attempts GROUP BY consumer_name");
-    while (a.executeStep()) {
-      names.insert(a.getColumn(0).getString());
-      attempts[a.getColumn(0).getString()] = a.getColumn(1).getInt64();
-    }
-  });
+  mi::detail::SqliteCounts counts;
+  check_read(mi::detail::count_sqlite(*inbox, &counts), "counting dead letters");
+  for (const auto& d : counts.dead_letters) {
+    names.insert(d.consumer);
+    if (d.status == "dead")
+      dead_by_reason[d.consumer][d.reason] += d.count;
+    else if (d.status == "requeued")
+      requeued[d.consumer] += d.count;  // parked or requeued: still to apply
+    else
+      replayed[d.consumer] += d.count;
+  }
+  for (const auto& a : counts.attempts_by_consumer) {
+    names.insert(a.first);
+    attempts[a.first] = a.second;
+  }
   const std::set<std::string> stp_names = stp_consumers(*inbox);
   names.insert(stp_names.begin(), stp_names.end());
 

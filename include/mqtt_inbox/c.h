@@ -677,13 +677,13 @@ MQTT_INBOX_C_EXPORT void mqtt_inbox_subscriber_request_stop(mqtt_inbox_subscribe
  * then stops the subscriber and returns what stop returned. The main loop of a program
  * whose SIGTERM handler calls request_stop. MQTT_INBOX_MISUSE from a handler. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_run(mqtt_inbox_subscriber_t* subscriber);
-/* The connection's state (subscriber.h, SubscriberHealth: connected, attempts, the last
+/* The connection's state (connection.h, ConnectionHealth: connected, attempts, the last
  * failure and its reason, sessions lost) as a JSON object, in *json for mqtt_inbox_free.
  * Never waits for Paho or the store; any thread. */
 MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber,
                                                           char** json);
 
-/* Why the last connection attempt failed (SubscriberHealth::Failure, subscriber.h). */
+/* Why the last connection attempt failed (ConnectionHealth::Failure, connection.h). */
 #define MQTT_INBOX_FAILURE_NONE 0 /* no attempt has failed yet */
 #define MQTT_INBOX_FAILURE_NETWORK                                                        \
   1                                      /* no TCP connection: refused, unreachable, name \
@@ -694,8 +694,9 @@ MQTT_INBOX_C_EXPORT int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_
 #define MQTT_INBOX_FAILURE_SUBSCRIBE 5   /* connected, but a SUBSCRIBE was refused */
 #define MQTT_INBOX_FAILURE_OTHER 6       /* anything else Paho reported */
 
-/* The connection's state as numbers, for a program that acts on it (a status LED, a
- * watchdog) without parsing JSON; the texts are in the JSON. Filled by the library. */
+/* The connection's state as numbers (connection.h, ConnectionHealth), for a program that
+ * acts on it (a status LED, a watchdog) without parsing JSON; the texts are in the JSON.
+ * Filled by the library. */
 typedef struct mqtt_inbox_connection_health_t {
   char struct_id[4];            /* "MQCH" */
   int struct_version;           /* 1 */

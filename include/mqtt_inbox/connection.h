@@ -1,9 +1,10 @@
 // How a client of the library connects to an MQTT broker: the settings that the
 // Subscriber (subscriber.h) and the outbox Relay (relay.h) share, with one definition and
-// one set of checks. SubscriberOptions and RelayOptions derive from ConnectionOptions and
-// add what is their own; both are connected by the same code (src/mqtt/connect.cpp),
-// so a field means the same thing, is checked the same way and fails with the same
-// message in either.
+// one set of checks, and the state of the connection that both report (ConnectionHealth:
+// Subscriber::health(), Relay::health()). SubscriberOptions and RelayOptions derive from
+// ConnectionOptions and add what is their own; both are connected by the same code
+// (src/mqtt/connect.cpp), so a field means the same thing, is checked the same way and
+// fails with the same message in either.
 //
 // Security by default: TLS verifies the broker's certificate chain and host name unless an
 // INSECURE switch of tls.h says otherwise (then a warning at every connect); secrets
@@ -41,7 +42,7 @@ enum class MqttVersion { kV3_1_1, kV5 };
 // (an Azure IoT Hub SAS token, a JWT) is renewed at each reconnect, and a password file is
 // read again each time. Write the password into *password and return OK; a non-OK Status
 // fails this attempt (its message is logged and shown in health(), so it must not contain
-// the secret; SubscriberHealth::Failure::kCredentials) and the client retries after the
+// the secret; ConnectionHealth::Failure::kCredentials) and the client retries after the
 // usual backoff. Must be thread-safe with respect to the application, must not block for
 // long (it delays the reconnect), and must not throw.
 using PasswordProvider = std::function<Status(std::string* password)>;
@@ -116,5 +117,52 @@ struct ConnectionOptions {
   // Logger; default nullptr = the "mqtt_inbox" logger (see options.h).
   std::shared_ptr<spdlog::logger> logger;
 };
+
+// A snapshot of a client's connection (Subscriber::health(), Relay::health(), a Fleet's
+// serving_health): attempts, the last failure and its reason, the last CONNACK refusal,
+// and for a Subscriber the sessions the broker lost. Times are wall-clock Unix ms (UTC); 0
+// means never. No field ever holds a secret. Plain data: no thread safety of its own.
+struct ConnectionHealth {
+  // Why the last connection attempt failed.
+  enum class Failure {
+    kNone,         // no attempt has failed yet
+    kNetwork,      // no TCP connection (refused, unreachable, name not resolved, timeout)
+    kTls,          // TLS handshake or certificate verification failed, or tls.version not met
+    kRefused,      // the broker answered CONNACK with a refusal (see connack_code)
+    kCredentials,  // the password provider failed
+    kSubscribe,    // connected, but a SUBSCRIBE was refused or timed out
+    kOther,        // anything else Paho reported
+  };
+  bool connected = false;            // connected (a Subscriber: and subscribed) now
+  int64_t since_ms = 0;              // when `connected` last changed (start() counts as a change)
+  int64_t connect_attempts = 0;      // attempts started, this process
+  int64_t connects = 0;              // attempts that connected (a Subscriber: and subscribed)
+  int64_t consecutive_failures = 0;  // failed attempts since the last success
+  Failure last_failure = Failure::kNone;
+  // The last failed attempt's reason, as logged, e.g. "TLS: certificate verify failed:
+  // certificate has expired (depth 0, subject CN=broker, notAfter=...)". Kept after a
+  // later success, so the last problem stays visible; "" if none.
+  std::string last_error;
+  int64_t last_error_ms = 0;
+  // The broker's refusal in the last refused CONNACK: MQTT 3.1.1 return code 1..5
+  // (section 3.2.2.3) or MQTT 5 reason code >= 0x80 (section 3.2.2.2.3); 0 if none yet.
+  int connack_code = 0;
+  std::string connack_reason;  // its meaning, e.g. "not authorized"
+  // Sessions the broker lost, this process (Subscriber::sessions_lost()): a CONNACK with
+  // session present = 0 although the inbox recorded a session holding topic filters. A
+  // Relay keeps no session: 0 on its own connection.
+  int64_t sessions_lost = 0;
+  int64_t session_lost_ms = 0;  // when the last one was found; 0 if never
+  // The last loss as logged: which filters, since when, the likely causes; "" if none.
+  std::string session_lost;
+};
+
+// Name of a ConnectionHealth::Failure, e.g. "tls". Never fails; a static string.
+const char* to_string(ConnectionHealth::Failure failure);
+
+// The meaning of a CONNACK refusal code and what to do about it, e.g. for 3.1.1 code 4:
+// "bad user name or password". `code` is a 3.1.1 return code (1..5) or an MQTT 5 reason
+// code (0x80..0xFF) as `version` says. Unknown codes get "unknown CONNACK code N".
+std::string connack_meaning(MqttVersion version, int code);
 
 }  // namespace mqtt_inbox

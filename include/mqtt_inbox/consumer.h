@@ -57,6 +57,7 @@
 #include "mqtt_inbox/inbox.h"
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/options.h"
+#include "mqtt_inbox/service_notifier.h"  // HealthSource
 #include "mqtt_inbox/status.h"
 
 namespace mqtt_inbox {
@@ -136,5 +137,13 @@ class Consumer final : public MessageSink {
   explicit Consumer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// A ServiceNotifier source (service_notifier.h) for a Consumer: name = the consumer name;
+// stuck from health() (a message waits for the store), with "store failed: " and the last
+// error as the reason; processed and dead_letters from counters(); dependency_wait from
+// health().dependency (a message its handler holds: "not yet"). Never waits for the
+// store. Keeps a reference: the consumer must outlive the notifier (declare the notifier
+// after it, or destroy it first).
+HealthSource health_source(const Consumer& consumer);
 
 }  // namespace mqtt_inbox

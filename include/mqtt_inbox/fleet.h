@@ -104,7 +104,7 @@ struct FleetHealth {
   int slot_count = 0;            // FleetOptions::slots
   // Subscriber::health() of each slot in `serving`, in the same order: why a slot's
   // connection attempts fail (a refusal, TLS), as for one Subscriber.
-  std::vector<SubscriberHealth> serving_health;
+  std::vector<ConnectionHealth> serving_health;
 };
 
 class Fleet {

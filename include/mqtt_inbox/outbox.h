@@ -14,12 +14,13 @@
 // acknowledged by that attempt) or kDropOldest (telemetry: the oldest pending rows of the
 // class are deleted, counted in outbox_usage.dropped and logged, never silently).
 //
-// The relay side runs on the Inbox's connection, under the Inbox's mutex: fetch_pending
-// is a read (no write lock, nothing written), mark_sent and mark_dead one short write
-// transaction each; add_commit_waker tells a relay that a commit enqueued.
+// The relay reaches the rows through a port of the library's own (Relay::create takes the
+// Outbox), on the Inbox's connection under the Inbox's mutex: its read of pending rows takes
+// no write lock and writes nothing, and its marks are one short write transaction each; a
+// commit that enqueued wakes it (docs/outbox.md).
 //
 // Thread safety: an Outbox is thread-safe. enqueue() uses only the connection it is given
-// (the caller serialises its use); the relay-side calls serialise on the Inbox's mutex.
+// (the caller serialises its use); the other calls serialise on the Inbox's mutex.
 // Errors: every method returns a Status and never throws, except enqueue_or_throw(),
 // which is meant for handlers and throws as handler.h asks.
 #pragma once
@@ -287,13 +288,18 @@ class OutboxFull : public OutboxRejected {
   using OutboxRejected::OutboxRejected;
 };
 
+// The outbox of one Inbox: an interface implemented by the library (create() makes it).
+// Its relay side (the relay turn, the read of pending rows, the marks, the wake-up on
+// commit) is the library's own: a Relay (relay.h) reaches it from the Outbox given to
+// Relay::create.
 class Outbox {
  public:
-  // `inbox` is the store whose connection the relay-side calls use; not owned, must
-  // outlive the Outbox. Errors: kInvalidArgument for a null inbox, a negative bound, or
-  // two classes with the same prefix.
+  // An outbox over `inbox`'s store: its rows are written in the callers' transactions, and
+  // the other calls use the Inbox's connection; not owned, must outlive the Outbox. On
+  // success *out owns the outbox. Errors: kInvalidArgument for a null inbox, a negative
+  // bound, two classes with the same prefix, or max_id_bytes 0.
   static Status create(Inbox* inbox, const OutboxOptions& options, std::unique_ptr<Outbox>* out);
-  ~Outbox();
+  virtual ~Outbox();
   Outbox(const Outbox&) = delete;
   Outbox& operator=(const Outbox&) = delete;
 
@@ -337,72 +343,17 @@ class Outbox {
                message_id);
   }
 
-  // --- relay side (on the Inbox's connection) ---
-
-  // The relay turn: at most one relay of this outbox, in any process, publishes at a time
-  // (docs/outbox.md#several-relays). A Relay calls this before it connects and then at
-  // least every lease_ms / 3 while it publishes; *held says whether it holds the turn now,
-  // and it may publish until half a lease after the call began. On PostgreSQL the turn is
-  // a lease like a fleet's slot (fleet.h): an advisory lock on a connection of its own
-  // whose server session ends lease_ms after the holder's last call, so a dead or frozen
-  // relay's turn passes to a live one; a holder keeps it as long as it renews (no
-  // hand-over when another relay starts). On SQLite, whose file one process holds, always
-  // held. PostgreSQL 14 or later (idle_session_timeout). lease_ms: 1000..3600000. Errors:
-  // kInvalidArgument for lease_ms; the store's (then *held is false, and the turn's
-  // connection is closed, so the server frees it). Thread safety: one caller at a time.
-  Status renew_relay_turn(int lease_ms, bool* held);
-  // Gives the turn back at once, if held (Relay::stop). Never fails.
-  void give_back_relay_turn();
-  // True when relays in several processes may share this outbox and take turns
-  // (PostgreSQL); false when one process holds the store (SQLite), whose relay always
-  // holds the turn. A Relay on a connection of its own then takes its client-id lock
-  // (RelayOptions::client_id_lock_dir) only while it holds the turn, so a relay standing
-  // by on the same host waits for it instead of failing start(). Never fails.
-  bool relays_take_turns() const;
-
-  // Up to `limit` pending rows with seq > after_seq, in seq order, as one consistent
-  // read: it takes no write lock (it proceeds while another connection writes) and writes
-  // nothing.
-  Status fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out);
-  // Marks these rows sent (state 'sent', sent_at) and adds each one's publishes to its
-  // attempts, in one transaction committed without fsync: a lost mark only means a resend
-  // with the same id. Rows no longer pending (dropped, dead, already sent) are skipped.
-  Status mark_sent(const std::vector<OutboxMark>& rows);
-  // Makes a pending row an outbox dead letter with `reason`, the PUBACK reason code (0 if
-  // none) and a text, and adds its publishes to its attempts. Committed with fsync.
-  Status mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
-                   const std::string& text);
-
-  // Calls `wake` after each commit whose transaction enqueued a row (through this or any
-  // other Outbox of the file) or replayed one (replay_dead), on any connection the library
-  // opened to the Inbox's database file in this process: the Inbox's own, a
-  // StoreThenProcess worker's, another Inbox's on the same file. Commits on a connection
-  // the application opened itself, or by another process, call nothing
-  // (docs/outbox.md#limits). On the PostgreSQL store, every commit that enqueued or
-  // replayed a row in the Inbox's schema calls it, from any connection and any process:
-  // a thread of the Inbox LISTENs on a connection of its own while a waker is added
-  // (docs/postgres.md#the-outbox), and `wake` then also runs on that thread. A Relay subscribes
-  // with it (RelayOptions::wake_on_commit) so that a row goes out as soon as it is visible, not at
-  // the next poll. `wake` runs on the committing thread, with a lock held that every commit's
-  // wake-up takes: it must only signal (set a flag, notify a condition variable), never block,
-  // throw or call into the library. The Outbox keeps `wake` until remove_commit_waker(). Returns
-  // the id for that call (never 0). Thread-safe.
-  uint64_t add_commit_waker(std::function<void()> wake);
-  // Ends the subscription `id`: after it returns, its `wake` is not running and is never
-  // called again. An unknown id is ignored. Thread-safe; not from inside a `wake`.
-  void remove_commit_waker(uint64_t id);
-
   // --- inspection ---
 
   // Rows in `state`, oldest first, at most `limit` (> 0).
-  Status list(OutboxState state, int limit, std::vector<OutboxRow>* out);
+  virtual Status list(OutboxState state, int limit, std::vector<OutboxRow>* out) = 0;
   // Pending rows and bytes per class, and drops, as kept in outbox_usage.
-  Status usage(std::vector<OutboxClassUsage>* out);
+  virtual Status usage(std::vector<OutboxClassUsage>* out) = 0;
   // Rows per state, pending bytes, the oldest pending row's age and usage(). Counting the
   // sent and dead rows walks their indexes: meant for tools, not for every message.
-  Status summary(OutboxSummary* out);
+  virtual Status summary(OutboxSummary* out) = 0;
   // The row with this message id, in any state. Errors: kNotFound.
-  Status get(const std::string& message_id, OutboxRow* out);
+  virtual Status get(const std::string& message_id, OutboxRow* out) = 0;
 
   // --- repair ---
 
@@ -414,25 +365,25 @@ class Outbox {
   // (OutboxClass::max_age_ms) counts from the replay. Committed
   // with fsync. Errors: kNotFound; kInvalidArgument if the row is not dead (a pending row
   // is on its way; a sent one was acknowledged by the broker: enqueue a new message).
-  Status replay_dead(const std::string& message_id);
+  virtual Status replay_dead(const std::string& message_id) = 0;
   // Deletes the rows `filter` selects (dead or sent; never pending) in one transaction,
   // committed with fsync. *removed (optional) receives the count. Sent and dead rows are
   // also deleted by the Pruner (retention.h) once their window has passed.
   // Errors: kInvalidArgument for filter.state kPending.
-  Status purge(const OutboxPurgeFilter& filter, int64_t* removed = nullptr);
+  virtual Status purge(const OutboxPurgeFilter& filter, int64_t* removed = nullptr) = 0;
   // This object's counters. Cheap; any thread.
-  OutboxCounters counters() const;
+  virtual OutboxCounters counters() const = 0;
+
+ protected:
+  Outbox() = default;
 
  private:
-  struct Impl;
-  explicit Outbox(std::unique_ptr<Impl> impl);
   // The enqueue in a store's transaction (handler.h's TxnRef): enqueue_or_throw's and
-  // enqueue's bodies.
-  void enqueue_in(const detail::TxnRef& txn, const OutgoingMessage& message,
-                  std::string* message_id);
-  Status enqueue_status(const detail::TxnRef& txn, const OutgoingMessage& message,
-                        std::string* message_id);
-  std::unique_ptr<Impl> impl_;
+  // enqueue's bodies (src/outbox/outbox_impl.h).
+  virtual void enqueue_in(const detail::TxnRef& txn, const OutgoingMessage& message,
+                          std::string* message_id) = 0;
+  virtual Status enqueue_status(const detail::TxnRef& txn, const OutgoingMessage& message,
+                                std::string* message_id) = 0;
 };
 
 }  // namespace mqtt_inbox

@@ -1,8 +1,9 @@
 // Relay: the MQTT layer of the transactional outbox (outbox.h). Publishes committed outbox
 // rows at QoS 1 from a thread of its own and marks a row sent only after its PUBACK, so a
 // crash anywhere means a resend with the same message id, never a loss. Holds no SQL: it
-// drives the Outbox through its public calls fetch_pending, mark_sent, mark_dead and
-// add_commit_waker.
+// reads and marks the Outbox's rows through the library's internal port of the Outbox
+// given to create() (its relay turn, its read of pending rows, its marks and its wake-up
+// on commit; src/outbox/relay_source.h).
 //
 // Design:
 //  - Two kinds of connection, chosen by the create() used:
@@ -55,7 +56,7 @@
 //    memory and adds them to the row's attempts in the transaction that marks it sent or
 //    dead (OutboxRow::attempts says what is lost with a crash).
 //  - Wake-up: a commit whose transaction enqueued a row wakes the relay after the commit
-//    (Outbox::add_commit_waker, with wake_on_commit), so the row goes out at once, on
+//    (with wake_on_commit), so the row goes out at once, on
 //    every connection the library opened to the Inbox's file in this process: the
 //    Inbox's (a handler's claim, a transaction in Inbox::with_connection or setup,
 //    Outbox::replay_dead), a StoreThenProcess worker's, another Inbox's opened on the
@@ -128,11 +129,11 @@
 #include <memory>
 #include <string>
 
-#include "mqtt_inbox/connection.h"
+#include "mqtt_inbox/connection.h"  // ConnectionOptions, ConnectionHealth
 #include "mqtt_inbox/outbox.h"
 #include "mqtt_inbox/service_notifier.h"  // HealthSource
 #include "mqtt_inbox/status.h"
-#include "mqtt_inbox/subscriber.h"  // Subscriber, SubscriberHealth
+#include "mqtt_inbox/subscriber.h"  // Subscriber
 #include "mqtt_inbox/tls.h"
 
 namespace spdlog {
@@ -187,7 +188,7 @@ struct RelayOptions : ConnectionOptions {
   // poll finds only rows committed on the application's own connections and by other
   // processes (the admin tool's replay). Default 1000.
   int poll_interval_ms = 1000;
-  // The relay turn's lease, ms (Outbox::renew_relay_turn, docs/outbox.md#several-relays):
+  // The relay turn's lease, ms (docs/outbox.md#several-relays):
   // on PostgreSQL, where relays of one outbox may run in several processes (a fleet's
   // members, fleet.h), only the relay holding the turn connects and publishes; the others
   // stand by, disconnected, and one takes the turn about a lease after its holder died or
@@ -285,7 +286,8 @@ class Relay {
  public:
   // A relay with a connection of its own. Validates the options. `outbox` is not owned
   // and must outlive the Relay.
-  // Errors: kInvalidArgument with the reason: a missing broker_uri or client_id, a URI
+  // Errors: kInvalidArgument with the reason: a null outbox or one that Outbox::create did
+  // not make, a missing broker_uri or client_id, a URI
   // scheme or TLS setting or file refused by check_tls_options() (the file named), a
   // password without a user name on MQTT 3.1.1, both password and password_provider set,
   // a count or interval out of range.
@@ -298,7 +300,8 @@ class Relay {
   // connection);
   // the MQTT version is the subscriber's. `outbox` and `subscriber` are not owned; destroy
   // the Relay before the Subscriber. One relay per subscriber. Errors: kInvalidArgument
-  // for a null outbox or subscriber, broker_uri or client_id set (they are the
+  // for a null outbox (or one that Outbox::create did not make) or subscriber, broker_uri
+  // or client_id set (they are the
   // subscriber's), a count or interval out of range.
   static Status create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
                        std::unique_ptr<Relay>* out);
@@ -310,8 +313,8 @@ class Relay {
   // the thread publishes whenever the subscriber is connected (before or after its
   // start()). Errors: kInvalidArgument if already started, or if another Relay uses the
   // subscriber's connection; kBusy if another process holds the client-id lock (an
-  // outbox whose relays take turns, Outbox::relays_take_turns(), takes it with the turn,
-  // in the thread, and waits while it is held).
+  // outbox whose relays take turns, on PostgreSQL, takes it with the turn, in the thread,
+  // and waits while it is held).
   Status start();
   // Stops the thread; its own connection: disconnects and releases the client-id lock (a
   // subscriber's stays up). Unacknowledged rows stay pending for the next run. Waits at
@@ -337,7 +340,7 @@ class Relay {
   // (e.g. kTls "certificate verify failed: hostname mismatch ..."), the last CONNACK
   // refusal. Never holds a secret. Cheap; any thread. On a subscriber's connection: the
   // subscriber's health().
-  SubscriberHealth health() const;
+  ConnectionHealth health() const;
 
  private:
   struct Impl;

@@ -29,10 +29,11 @@
 //
 // What it reports comes from health sources: small functions, each returning a
 // ServiceHealth snapshot of one part of the application. health_source() adapts a
-// Consumer, a StoreThenProcess and a Subscriber (their health() and counters(), which
-// never wait for the store or for Paho's lock), startup_health_source() the store's
-// start-up waits; an application adds its own for anything else it waits on (a serial
-// link).
+// Consumer, a StoreThenProcess, a Subscriber, a Relay and a Fleet (their health() and
+// counters(), which never wait for the store or for Paho's lock; each declared beside its
+// class: consumer.h, store_then_process.h, subscriber.h, relay.h, fleet.h),
+// startup_health_source() the store's start-up waits; an application adds its own for
+// anything else it waits on (a serial link).
 //
 // Stuck time is measured by the notifier on the monotonic clock, from the first tick that
 // saw a source stuck until the first tick that sees it not stuck, so a wall-clock jump
@@ -66,9 +67,6 @@ class logger;
 
 namespace mqtt_inbox {
 
-class Consumer;
-class StoreThenProcess;
-
 // One part of the application as the service manager should see it. Unset optionals are
 // left out of STATUS (a Consumer knows nothing of the connection). No field may hold a
 // secret: STATUS is readable by every local user (`systemctl status`).
@@ -94,21 +92,10 @@ struct ServiceHealth {
 // note above. An exception it throws is caught and shown in STATUS as a note.
 using HealthSource = std::function<ServiceHealth()>;
 
-// Adapters for the library's parts. Each keeps a reference: the object must outlive the
-// notifier (declare the notifier after it, or destroy it first).
-//   Consumer:          stuck from health() (a message waits for the store), processed and
-//                      dead_lettered from counters(), dependency_wait from
-//                      health().dependency (a message its handler holds: "not yet");
-//                      name = the consumer name.
-//   StoreThenProcess:  stuck from health() (receipt waits for the store; no PUBACK),
-//                      processed (rows done by the workers) and dead_lettered from
-//                      counters(), dependency_wait from health().dependency (a row
-//                      rescheduled for a dependency; nothing is held); note "N worker
-//                      store errors" once there were any.
-// The Subscriber's and the Relay's (the MQTT layer) are declared beside them, in
-// subscriber.h and relay.h.
-HealthSource health_source(const Consumer& consumer);
-HealthSource health_source(const StoreThenProcess& store_then_process);
+// The adapters of the library's parts, health_source(), are declared beside their classes
+// (consumer.h, store_then_process.h, subscriber.h, relay.h, fleet.h). Each keeps a
+// reference: the object must outlive the notifier (declare the notifier after it, or
+// destroy it first).
 
 // The store's start-up waits (Inbox::open, Inbox::setup, Pruner::create,
 // StoreThenProcess::create and start(): a locked store, a full disk, failing I/O), which

@@ -334,4 +334,12 @@ class StoreThenProcess final : public MessageSink {
   std::unique_ptr<Impl> impl_;
 };
 
+// A ServiceNotifier source (service_notifier.h) for a StoreThenProcess: name = the consumer
+// name; stuck from health() (receipt waits for the store; no PUBACK), with "store failed at
+// receipt: " and the last error as the reason; processed (rows done by the workers) and
+// dead_letters from counters(); dependency_wait from health().dependency (a row
+// rescheduled for a dependency; nothing is held); note "N worker store errors" once there
+// were any. Never waits for the store. Keeps a reference: the object must outlive the notifier.
+HealthSource health_source(const StoreThenProcess& store_then_process);
+
 }  // namespace mqtt_inbox

@@ -57,7 +57,7 @@
 #include <memory>
 #include <string>
 
-#include "mqtt_inbox/connection.h"  // ConnectionOptions, MqttVersion, PasswordProvider
+#include "mqtt_inbox/connection.h"  // ConnectionOptions, ConnectionHealth, MqttVersion
 #include "mqtt_inbox/message.h"
 #include "mqtt_inbox/service_notifier.h"  // HealthSource
 #include "mqtt_inbox/status.h"
@@ -129,49 +129,8 @@ struct SubscriberOptions : ConnectionOptions {
   std::function<bool()> may_connect;
 };
 
-// A snapshot of the connection's state (Subscriber::health()). Times are wall-clock Unix
-// ms (UTC); 0 means never. No field ever holds a secret.
-struct SubscriberHealth {
-  // Why the last connection attempt failed.
-  enum class Failure {
-    kNone,         // no attempt has failed yet
-    kNetwork,      // no TCP connection (refused, unreachable, name not resolved, timeout)
-    kTls,          // TLS handshake or certificate verification failed, or tls.version not met
-    kRefused,      // the broker answered CONNACK with a refusal (see connack_code)
-    kCredentials,  // the password provider failed
-    kSubscribe,    // connected, but a SUBSCRIBE was refused or timed out
-    kOther,        // anything else Paho reported
-  };
-  bool connected = false;            // connected and subscribed now
-  int64_t since_ms = 0;              // when `connected` last changed (start() counts as a change)
-  int64_t connect_attempts = 0;      // attempts started, this process
-  int64_t connects = 0;              // attempts that connected and subscribed
-  int64_t consecutive_failures = 0;  // failed attempts since the last success
-  Failure last_failure = Failure::kNone;
-  // The last failed attempt's reason, as logged, e.g. "TLS: certificate verify failed:
-  // certificate has expired (depth 0, subject CN=broker, notAfter=...)". Kept after a
-  // later success, so the last problem stays visible; "" if none.
-  std::string last_error;
-  int64_t last_error_ms = 0;
-  // The broker's refusal in the last refused CONNACK: MQTT 3.1.1 return code 1..5
-  // (section 3.2.2.3) or MQTT 5 reason code >= 0x80 (section 3.2.2.2.3); 0 if none yet.
-  int connack_code = 0;
-  std::string connack_reason;  // its meaning, e.g. "not authorized"
-  // Sessions the broker lost, this process (Subscriber::sessions_lost()): a CONNACK with
-  // session present = 0 although the inbox recorded a session holding topic filters.
-  int64_t sessions_lost = 0;
-  int64_t session_lost_ms = 0;  // when the last one was found; 0 if never
-  // The last loss as logged: which filters, since when, the likely causes; "" if none.
-  std::string session_lost;
-};
-
-// Name of a SubscriberHealth::Failure, e.g. "tls".
-const char* to_string(SubscriberHealth::Failure failure);
-
-// The meaning of a CONNACK refusal code and what to do about it, e.g. for 3.1.1 code 4:
-// "bad user name or password". `code` is a 3.1.1 return code (1..5) or an MQTT 5 reason
-// code (0x80..0xFF) as `version` says. Unknown codes get "unknown CONNACK code N".
-std::string connack_meaning(MqttVersion version, int code);
+// The Subscriber's health() was SubscriberHealth until 0.4.0: deprecated, removed in 0.5.0.
+using SubscriberHealth [[deprecated("use ConnectionHealth (connection.h)")]] = ConnectionHealth;
 
 namespace detail {
 struct SubscriberConnection;
@@ -232,7 +191,7 @@ class Subscriber {
   // last failure with its reason (TLS, refusal, network). Cheap, and safe from any
   // thread at any time (a small mutex of its own; never Paho's lock, never waits for a
   // connection attempt or a message in the callback).
-  SubscriberHealth health() const;
+  ConnectionHealth health() const;
 
   // Messages received through the callback (all outcomes), this process.
   int64_t messages_received() const;

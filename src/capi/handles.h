@@ -148,7 +148,7 @@ Handle* handle_of(mqtt_inbox_subscriber_t* subscriber) noexcept;
 
 // Writes `h` into the caller's *out (subscriber and relay health), the fields of its
 // version (capi/sized_struct.h).
-int write_connection_health(const SubscriberHealth& h, mqtt_inbox_connection_health_t* out,
+int write_connection_health(const ConnectionHealth& h, mqtt_inbox_connection_health_t* out,
                             LastError* err);
 
 }  // namespace mqtt_inbox::capi

@@ -76,8 +76,8 @@ namespace {
 
 constexpr mqtt_inbox_subscriber_options_t kDefaults = MQTT_INBOX_SUBSCRIBER_OPTIONS_INIT;
 
-int to_c_failure(mqtt_inbox::SubscriberHealth::Failure f) {
-  using F = mqtt_inbox::SubscriberHealth::Failure;
+int to_c_failure(mqtt_inbox::ConnectionHealth::Failure f) {
+  using F = mqtt_inbox::ConnectionHealth::Failure;
   switch (f) {
     case F::kNone:
       return MQTT_INBOX_FAILURE_NONE;
@@ -99,7 +99,7 @@ int to_c_failure(mqtt_inbox::SubscriberHealth::Failure f) {
 
 }  // namespace
 
-int mqtt_inbox::capi::write_connection_health(const mqtt_inbox::SubscriberHealth& h,
+int mqtt_inbox::capi::write_connection_health(const mqtt_inbox::ConnectionHealth& h,
                                               mqtt_inbox_connection_health_t* out, LastError* err) {
   mqtt_inbox_connection_health_t v = MQTT_INBOX_CONNECTION_HEALTH_INIT;
   v.connected = h.connected ? 1 : 0;
@@ -249,7 +249,7 @@ int mqtt_inbox_subscriber_health_json(mqtt_inbox_subscriber_t* subscriber, char*
     if (!json)
       return subscriber->error.set(MQTT_INBOX_MISUSE,
                                    "mqtt_inbox_subscriber_health_json: NULL json");
-    const mqtt_inbox::SubscriberHealth h = subscriber->subscriber->health();
+    const mqtt_inbox::ConnectionHealth h = subscriber->subscriber->health();
     // Written as text (capi/json_text.h): an allocation failure is MQTT_INBOX_NOMEM.
     return mqtt_inbox::capi::hand_out_json(
         mqtt_inbox::capi::JsonObject()

@@ -39,7 +39,7 @@ HealthSource health_source(const Fleet& fleet) {
       if (!f.last_error.empty()) h.note += ": " + f.last_error;
     } else if (!all_connected) {
       for (size_t i = 0; i < f.serving.size() && i < f.serving_health.size(); ++i) {
-        const SubscriberHealth& s = f.serving_health[i];
+        const ConnectionHealth& s = f.serving_health[i];
         if (s.connected || s.last_error.empty()) continue;
         h.note += "; slot " + std::to_string(f.serving[i]) + ": " + s.last_error;
         break;

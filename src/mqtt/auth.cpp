@@ -7,25 +7,25 @@
 #include <cstdio>
 #include <cstring>
 
-#include "mqtt_inbox/subscriber.h"
+#include "mqtt_inbox/connection.h"
 
 namespace mqtt_inbox {
 
-const char* to_string(SubscriberHealth::Failure failure) {
+const char* to_string(ConnectionHealth::Failure failure) {
   switch (failure) {
-    case SubscriberHealth::Failure::kNone:
+    case ConnectionHealth::Failure::kNone:
       return "none";
-    case SubscriberHealth::Failure::kNetwork:
+    case ConnectionHealth::Failure::kNetwork:
       return "network";
-    case SubscriberHealth::Failure::kTls:
+    case ConnectionHealth::Failure::kTls:
       return "tls";
-    case SubscriberHealth::Failure::kRefused:
+    case ConnectionHealth::Failure::kRefused:
       return "refused";
-    case SubscriberHealth::Failure::kCredentials:
+    case ConnectionHealth::Failure::kCredentials:
       return "credentials";
-    case SubscriberHealth::Failure::kSubscribe:
+    case ConnectionHealth::Failure::kSubscribe:
       return "subscribe";
-    case SubscriberHealth::Failure::kOther:
+    case ConnectionHealth::Failure::kOther:
       return "other";
   }
   return "unknown";

@@ -83,7 +83,7 @@ mqtt::connect_options_builder connect_options_builder(const ConnectionOptions& o
   return b;
 }
 
-void set_up_tls(const ConnectionOptions& o, const BrokerAddress& address, ConnectionHealth* health,
+void set_up_tls(const ConnectionOptions& o, const BrokerAddress& address, HealthRecorder* health,
                 spdlog::logger& log, mqtt::ssl_options* ssl, mqtt::connect_options* opts) {
   if (address.tls) {
     log.info("TLS to {}: {}", address.host_port(), describe_tls(o.tls));
@@ -100,7 +100,7 @@ void set_up_tls(const ConnectionOptions& o, const BrokerAddress& address, Connec
 }
 
 bool prepare_attempt(const ConnectionOptions& o, const BrokerAddress& address,
-                     ConnectionHealth* health, spdlog::logger& log, mqtt::connect_options* opts) {
+                     HealthRecorder* health, spdlog::logger& log, mqtt::connect_options* opts) {
   health->begin_attempt();
   const TlsOptions& tls = o.tls;
   if (address.tls && tls.insecure_skip_certificate_check)
@@ -124,7 +124,7 @@ bool prepare_attempt(const ConnectionOptions& o, const BrokerAddress& address,
       s = Status::Internal("the password provider threw an exception");
     }
     if (!s.ok()) {
-      health->fail(SubscriberHealth::Failure::kCredentials, "password provider: " + s.to_string());
+      health->fail(ConnectionHealth::Failure::kCredentials, "password provider: " + s.to_string());
       return false;
     }
     health->remember_secret(pw);

@@ -3,7 +3,7 @@
 // the connection settings, Paho's connect options built from them (user name, password,
 // TLS as tls.h promises), the steps before each CONNECT (the INSECURE warnings, the
 // password provider, the tls.version check), and the CONNECT itself with the report of a
-// failed one (ConnectionHealth: CONNACK refusals named, OpenSSL's reasons, secrets
+// failed one (HealthRecorder: CONNACK refusals named, OpenSSL's reasons, secrets
 // redacted).
 //
 // The settings are a ConnectionOptions (connection.h), the base of SubscriberOptions and
@@ -47,14 +47,14 @@ mqtt::connect_options_builder connect_options_builder(const ConnectionOptions& s
 // with `*opts` (Paho C++ 1.2.0 bug #337). For a plaintext URI with a password: a warning
 // that it travels in clear text.
 void set_up_tls(const ConnectionOptions& settings, const BrokerAddress& address,
-                ConnectionHealth* health, spdlog::logger& log, mqtt::ssl_options* ssl,
+                HealthRecorder* health, spdlog::logger& log, mqtt::ssl_options* ssl,
                 mqtt::connect_options* opts);
 
 // Before each CONNECT: counts the attempt, logs the INSECURE warnings, asks the password
 // provider (the password goes into *opts), and checks tls.version with a handshake of the
 // library's own. false: the attempt failed, already reported through `health`.
 bool prepare_attempt(const ConnectionOptions& settings, const BrokerAddress& address,
-                     ConnectionHealth* health, spdlog::logger& log, mqtt::connect_options* opts);
+                     HealthRecorder* health, spdlog::logger& log, mqtt::connect_options* opts);
 
 struct ConnectOutcome {
   bool connected = false;
@@ -93,7 +93,7 @@ void quiet_paho_trace();
 
 // CONNECT with `opts`, waiting until Paho ends the attempt (never earlier: Paho C++ 1.2.0
 // bug #325, see the .cpp). A failed attempt is not reported here: pass rc and message
-// to ConnectionHealth::connect_failed, which names a refusal or finds the reason.
+// to HealthRecorder::connect_failed, which names a refusal or finds the reason.
 ConnectOutcome connect_and_wait(mqtt::async_client& client, const mqtt::connect_options& opts,
                                 const ConnectionOptions& settings, spdlog::logger& log);
 

@@ -10,16 +10,16 @@
 
 namespace mqtt_inbox::detail {
 
-ConnectionHealth::ConnectionHealth(const ConnectionOptions& options, BrokerAddress address,
-                                   std::shared_ptr<spdlog::logger> log)
+HealthRecorder::HealthRecorder(const ConnectionOptions& options, BrokerAddress address,
+                               std::shared_ptr<spdlog::logger> log)
     : options_(options), address_(std::move(address)), log_(std::move(log)) {}
 
-void ConnectionHealth::started() {
+void HealthRecorder::started() {
   std::lock_guard<std::mutex> g(mu_);
   health_.since_ms = Clock::system()->wall_ms();
 }
 
-void ConnectionHealth::begin_attempt() {
+void HealthRecorder::begin_attempt() {
   attempt_failed_ = attempt_refused_ = false;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -29,7 +29,7 @@ void ConnectionHealth::begin_attempt() {
   ssl_errors_.clear();
 }
 
-void ConnectionHealth::set_connected(bool connected) {
+void HealthRecorder::set_connected(bool connected) {
   std::lock_guard<std::mutex> g(mu_);
   health_.connected = connected;
   health_.since_ms = Clock::system()->wall_ms();
@@ -39,21 +39,21 @@ void ConnectionHealth::set_connected(bool connected) {
   }
 }
 
-void ConnectionHealth::session_lost(const std::string& why) {
+void HealthRecorder::session_lost(const std::string& why) {
   std::lock_guard<std::mutex> g(mu_);
   ++health_.sessions_lost;
   health_.session_lost_ms = Clock::system()->wall_ms();
   health_.session_lost = redact(why);
 }
 
-void ConnectionHealth::remember_secret(const std::string& secret) { provided_password_ = secret; }
+void HealthRecorder::remember_secret(const std::string& secret) { provided_password_ = secret; }
 
-SubscriberHealth ConnectionHealth::snapshot() const {
+ConnectionHealth HealthRecorder::snapshot() const {
   std::lock_guard<std::mutex> g(mu_);
   return health_;
 }
 
-std::string ConnectionHealth::redact(std::string text) const {
+std::string HealthRecorder::redact(std::string text) const {
   for (const std::string* secret :
        {&options_.password, &options_.tls.key_password, &provided_password_}) {
     if (secret->size() < 3) continue;  // too short to tell from ordinary text
@@ -63,7 +63,7 @@ std::string ConnectionHealth::redact(std::string text) const {
   return text;
 }
 
-void ConnectionHealth::fail(SubscriberHealth::Failure kind, const std::string& why) {
+void HealthRecorder::fail(ConnectionHealth::Failure kind, const std::string& why) {
   const std::string reason = redact(why);
   attempt_failed_ = true;
   int64_t failures = 0;
@@ -75,14 +75,14 @@ void ConnectionHealth::fail(SubscriberHealth::Failure kind, const std::string& w
     failures = ++health_.consecutive_failures;
   }
   const auto level =
-      kind == SubscriberHealth::Failure::kRefused || kind == SubscriberHealth::Failure::kTls
+      kind == ConnectionHealth::Failure::kRefused || kind == ConnectionHealth::Failure::kTls
           ? spdlog::level::err
           : spdlog::level::warn;
   log_->log(level, "connect to {} failed ({}, attempt {} in a row): {}", options_.broker_uri,
             to_string(kind), failures, reason);
 }
 
-void ConnectionHealth::on_ssl_error(const std::string& line) noexcept {
+void HealthRecorder::on_ssl_error(const std::string& line) noexcept {
   try {
     const std::string reason = openssl_reason(line);
     std::lock_guard<std::mutex> g(ssl_errors_mu_);
@@ -98,7 +98,7 @@ void ConnectionHealth::on_ssl_error(const std::string& line) noexcept {
 // matters (which certificate, expired when, valid for which names), and is absent for a
 // host name mismatch or a broker that wants a client certificate. So the library
 // connects once more itself, with the same settings, and reports what it found.
-void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
+void HealthRecorder::connect_failed(int rc, const std::string& paho_message) {
   if (rc > 0) {
     const std::string meaning = connack_meaning(options_.mqtt_version, rc);
     attempt_refused_ = true;
@@ -107,7 +107,7 @@ void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
       health_.connack_code = rc;
       health_.connack_reason = meaning;
     }
-    fail(SubscriberHealth::Failure::kRefused, "the broker refused the connection: " + meaning);
+    fail(ConnectionHealth::Failure::kRefused, "the broker refused the connection: " + meaning);
     return;
   }
   std::string paho =
@@ -124,7 +124,7 @@ void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
       rc == MQTTASYNC_SSL_NOT_SUPPORTED || rc == MQTTASYNC_BAD_PROTOCOL ||
       rc == MQTTASYNC_BAD_MQTT_OPTION || rc == MQTTASYNC_WRONG_MQTT_VERSION ||
       rc == MQTTASYNC_BAD_UTF8_STRING) {
-    fail(SubscriberHealth::Failure::kOther,
+    fail(ConnectionHealth::Failure::kOther,
          "Paho refused the connect options before connecting: " + paho);
     return;
   }
@@ -133,7 +133,7 @@ void ConnectionHealth::connect_failed(int rc, const std::string& paho_message) {
     fail(p.failure, p.reason + " [" + paho + "]");
     return;
   }
-  fail(SubscriberHealth::Failure::kOther,
+  fail(ConnectionHealth::Failure::kOther,
        paho + "; a " + (address_.tls ? p.tls_version + " handshake" : "TCP connection") +
            " of the library's own to " + address_.host_port() +
            " right after succeeded, so the cause was passing or inside MQTT");

@@ -1,6 +1,7 @@
-// Internal: the subscriber's connection as Subscriber::health() shows it, and the report
-// of each failed connection attempt: logged once with the broker and a reason a person
-// can act on, recorded for health(), secrets redacted.
+// Internal: HealthRecorder, a client's connection as its health() shows it
+// (ConnectionHealth, connection.h), and the report of each failed connection attempt:
+// logged once with the broker and a reason a person can act on, recorded for health(),
+// secrets redacted.
 #pragma once
 
 #include <memory>
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "mqtt/tls.h"
-#include "mqtt_inbox/subscriber.h"
+#include "mqtt_inbox/connection.h"
 
 namespace spdlog {
 class logger;
@@ -21,10 +22,10 @@ namespace mqtt_inbox::detail {
 // Relay each keep one. Thread safety: snapshot() and on_ssl_error() from any thread;
 // everything else from the client's connection thread only (the subscriber's supervisor,
 // the relay's thread). Its mutexes are never held across a Paho call.
-class ConnectionHealth {
+class HealthRecorder {
  public:
-  ConnectionHealth(const ConnectionOptions& options, BrokerAddress address,
-                   std::shared_ptr<spdlog::logger> log);
+  HealthRecorder(const ConnectionOptions& options, BrokerAddress address,
+                 std::shared_ptr<spdlog::logger> log);
 
   void started();                      // start(): health's since_ms
   void begin_attempt();                // counts the attempt, forgets the last one's details
@@ -34,7 +35,7 @@ class ConnectionHealth {
 
   // The attempt failed: logged ("connect to URI failed (kind, attempt N in a row): why")
   // and kept for health().
-  void fail(SubscriberHealth::Failure kind, const std::string& why);
+  void fail(ConnectionHealth::Failure kind, const std::string& why);
   // Paho ended the CONNECT with `rc` (> 0: a CONNACK refusal code; < 0: Paho's error)
   // and `paho_message`. Finds the reason (the refusal's meaning, or a probe) and fails.
   void connect_failed(int rc, const std::string& paho_message);
@@ -48,7 +49,7 @@ class ConnectionHealth {
 
   bool attempt_failed() const { return attempt_failed_; }
   bool attempt_refused() const { return attempt_refused_; }  // wait the longest backoff
-  SubscriberHealth snapshot() const;
+  ConnectionHealth snapshot() const;
 
  private:
   std::string redact(std::string text) const;
@@ -61,7 +62,7 @@ class ConnectionHealth {
   bool attempt_refused_ = false;
 
   mutable std::mutex mu_;  // guards health_
-  SubscriberHealth health_;
+  ConnectionHealth health_;
   std::mutex ssl_errors_mu_;  // guards ssl_errors_
   std::vector<std::string> ssl_errors_;
 };

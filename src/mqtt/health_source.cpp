@@ -11,7 +11,7 @@ HealthSource health_source(const Subscriber& subscriber) {
   return [&subscriber] {
     ServiceHealth h;
     h.name = "mqtt";
-    const SubscriberHealth s = subscriber.health();
+    const ConnectionHealth s = subscriber.health();
     h.connected = s.connected;
     // While disconnected, why the last attempt failed (TLS, refusal, network), so that
     // `systemctl status` shows what to fix; health() never holds a secret.
@@ -27,7 +27,7 @@ HealthSource health_source(const Relay& relay) {
   return [&relay] {
     ServiceHealth h;
     h.name = "relay";
-    const SubscriberHealth s = relay.health();
+    const ConnectionHealth s = relay.health();
     h.connected = s.connected;
     if (!s.connected && !s.last_error.empty()) h.note = s.last_error;
     // Its effects are PUBACKed events; its dead letters the outbox rows it made dead.

@@ -151,7 +151,7 @@ bool wait_fd(int fd, short events, int timeout_ms) {
   }
 }
 
-ProbeResult fail(SubscriberHealth::Failure kind, std::string reason) {
+ProbeResult fail(ConnectionHealth::Failure kind, std::string reason) {
   ProbeResult r;
   r.failure = kind;
   r.reason = std::move(reason);
@@ -167,7 +167,7 @@ ProbeResult tcp_connect(const BrokerAddress& a, Clock::time_point deadline, Fd* 
   // Name resolution is not bounded by the timeout (getaddrinfo has none).
   const int gai = ::getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &list);
   if (gai != 0)
-    return fail(SubscriberHealth::Failure::kNetwork,
+    return fail(ConnectionHealth::Failure::kNetwork,
                 "cannot resolve host '" + a.host + "': " + gai_strerror(gai));
   std::string why = "no address";
   for (addrinfo* ai = list; ai; ai = ai->ai_next) {
@@ -198,7 +198,7 @@ ProbeResult tcp_connect(const BrokerAddress& a, Clock::time_point deadline, Fd* 
     why = std::strerror(err);
   }
   ::freeaddrinfo(list);
-  return fail(SubscriberHealth::Failure::kNetwork,
+  return fail(ConnectionHealth::Failure::kNetwork,
               "cannot connect to " + a.host_port() + ": " + why);
 }
 
@@ -286,7 +286,7 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
   KeyPassword pw{&t.key_password};
   TlsContext ctx;
   if (Status s = make_tls_context(t, &pw, &ctx); !s.ok())
-    return fail(SubscriberHealth::Failure::kTls, s.message());
+    return fail(ConnectionHealth::Failure::kTls, s.message());
   SSL_CTX_set_verify(ctx.get(),
                      t.insecure_skip_certificate_check ? SSL_VERIFY_NONE : SSL_VERIFY_PEER,
                      probe_verify_cb);
@@ -294,7 +294,7 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
   SslPtr ssl(SSL_new(ctx.get()));
   ProbeState st;
   if (!ssl || SSL_set_fd(ssl.get(), fd.get()) != 1)
-    return fail(SubscriberHealth::Failure::kTls, "cannot set up TLS: " + take_openssl_errors());
+    return fail(ConnectionHealth::Failure::kTls, "cannot set up TLS: " + take_openssl_errors());
   SSL_set_app_data(ssl.get(), &st);
   SSL_set_tlsext_host_name(ssl.get(), a.host.c_str());  // SNI; Paho always sends it
   if (!t.insecure_skip_certificate_check && !t.insecure_skip_hostname_check) {
@@ -308,15 +308,15 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
   auto failed = [&](int rc) -> ProbeResult {
     const int err = SSL_get_error(ssl.get(), rc);
     if (st.verify_error != X509_V_OK)
-      return fail(SubscriberHealth::Failure::kTls, explain_verify_error(st, t, a));
+      return fail(ConnectionHealth::Failure::kTls, explain_verify_error(st, t, a));
     const std::string openssl = take_openssl_errors();
     if (!openssl.empty())
-      return fail(SubscriberHealth::Failure::kTls, explain_tls_error(openssl, t, a));
+      return fail(ConnectionHealth::Failure::kTls, explain_tls_error(openssl, t, a));
     if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL)
-      return fail(SubscriberHealth::Failure::kTls,
+      return fail(ConnectionHealth::Failure::kTls,
                   closed_during_handshake(a) +
                       (errno ? std::string(" (") + std::strerror(errno) + ")" : std::string()));
-    return fail(SubscriberHealth::Failure::kTls,
+    return fail(ConnectionHealth::Failure::kTls,
                 "TLS handshake failed (SSL_get_error " + std::to_string(err) + ")");
   };
   for (;;) {
@@ -325,7 +325,7 @@ ProbeResult probe(const BrokerAddress& a, const TlsOptions& t, int timeout_ms) {
     const int err = SSL_get_error(ssl.get(), rc);
     if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return failed(rc);
     if (!wait_fd(fd.get(), err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, remaining_ms(deadline)))
-      return fail(SubscriberHealth::Failure::kTls, "no TLS handshake answer from " + a.host_port() +
+      return fail(ConnectionHealth::Failure::kTls, "no TLS handshake answer from " + a.host_port() +
                                                        " within " + std::to_string(timeout_ms) +
                                                        " ms");
   }

@@ -5,14 +5,14 @@
 #include <string>
 
 #include "mqtt/tls.h"
-#include "mqtt_inbox/subscriber.h"
+#include "mqtt_inbox/connection.h"
 
 namespace mqtt_inbox::detail {
 
 // The result of probe().
 struct ProbeResult {
   bool ok = false;
-  SubscriberHealth::Failure failure = SubscriberHealth::Failure::kNone;  // kNetwork or kTls
+  ConnectionHealth::Failure failure = ConnectionHealth::Failure::kNone;  // kNetwork or kTls
   std::string reason;       // why not, with what to check; "" when ok
   std::string tls_version;  // negotiated, e.g. "TLSv1.3", when ok over TLS
 };

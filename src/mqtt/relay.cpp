@@ -249,9 +249,13 @@ void Relay::Impl::run() {
 
 namespace {
 
-// The checks of the publishing options, which both kinds of Relay use.
-Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
+// The checks of the publishing options, which both kinds of Relay use, and the relay side
+// of `outbox` into *source.
+Status check_publishing(Outbox* outbox, const RelayOptions& options, detail::RelaySource** source) {
   if (!outbox) return Status::InvalidArgument("Relay::create: outbox is null");
+  *source = detail::RelaySource::of(outbox);
+  if (!*source)
+    return Status::InvalidArgument("Relay::create: outbox is not one Outbox::create made");
   if (options.max_inflight < 1 || options.max_inflight > 65535)
     return Status::InvalidArgument("relay max_inflight must be 1..65535");
   if (options.mark_batch < 1) return Status::InvalidArgument("relay mark_batch must be >= 1");
@@ -274,15 +278,16 @@ Status check_publishing(const Outbox* outbox, const RelayOptions& options) {
 }  // namespace
 
 Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_ptr<Relay>* out) {
-  if (Status s = check_publishing(outbox, options); !s.ok()) return s;
+  detail::RelaySource* source = nullptr;
+  if (Status s = check_publishing(outbox, options, &source); !s.ok()) return s;
   if (options.client_id.empty()) return Status::InvalidArgument("relay client_id is required");
   auto impl = std::make_unique<Impl>();
   if (Status s = detail::check_connection_settings(options, &impl->address); !s.ok())
     return Status(s.code(), "relay: " + s.message());
-  impl->outbox = outbox;
+  impl->outbox = source;
   impl->options = options;
   impl->log = detail::logger_or_default(options.logger);
-  impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, impl->address, impl->log);
+  impl->conn = std::make_unique<detail::HealthRecorder>(impl->options, impl->address, impl->log);
   try {
     impl->new_client();
     auto b = detail::connect_options_builder(impl->options, /*clean=*/true);
@@ -303,13 +308,14 @@ Status Relay::create(Outbox* outbox, const RelayOptions& options, std::unique_pt
 Status Relay::create(Outbox* outbox, Subscriber* subscriber, const RelayOptions& options,
                      std::unique_ptr<Relay>* out) {
   if (!subscriber) return Status::InvalidArgument("Relay::create: subscriber is null");
-  if (Status s = check_publishing(outbox, options); !s.ok()) return s;
+  detail::RelaySource* source = nullptr;
+  if (Status s = check_publishing(outbox, options, &source); !s.ok()) return s;
   if (!options.broker_uri.empty() || !options.client_id.empty())
     return Status::InvalidArgument(
         "relay on a subscriber's connection: leave broker_uri and client_id empty (the "
         "connection, its client id and its settings are the subscriber's)");
   auto impl = std::make_unique<Impl>();
-  impl->outbox = outbox;
+  impl->outbox = source;
   impl->lender = subscriber;
   impl->options = options;
   impl->options.mqtt_version = detail::SubscriberConnection::version(*subscriber);
@@ -365,7 +371,7 @@ Status Relay::start() {
     impl_->stopping = false;
     impl_->finished = false;
   }
-  // Woken after each commit that enqueued (Outbox::add_commit_waker).
+  // Woken after each commit that enqueued (RelaySource::add_commit_waker).
   if (m.options.wake_on_commit)
     m.commit_waker = m.outbox->add_commit_waker([&m] {
       std::lock_guard<std::mutex> lock(m.mu);
@@ -422,7 +428,7 @@ void Relay::notify() {
 
 bool Relay::is_connected() const { return impl_->connected.load(); }
 
-SubscriberHealth Relay::health() const {
+ConnectionHealth Relay::health() const {
   return impl_->lender ? impl_->lender->health() : impl_->conn->snapshot();
 }
 

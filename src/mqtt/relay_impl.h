@@ -23,6 +23,7 @@
 #include "mqtt/relay_drops.h"
 #include "mqtt/relay_figures.h"
 #include "mqtt_inbox/relay.h"
+#include "outbox/relay_source.h"
 
 namespace mqtt_inbox {
 
@@ -52,14 +53,15 @@ struct Relay::Impl {
     }
   };
 
-  Outbox* outbox = nullptr;
+  // The relay side of the Outbox given to create() (outbox/relay_source.h): not owned.
+  detail::RelaySource* outbox = nullptr;
   Subscriber* lender = nullptr;  // the Subscriber whose connection this relay uses, if any
   RelayOptions options;
   detail::BrokerAddress address;  // parsed broker_uri
   std::shared_ptr<spdlog::logger> log;
   // health() and the reports of failed attempts; made before the client, whose SSL error
   // handler points at it.
-  std::unique_ptr<detail::ConnectionHealth> conn;
+  std::unique_ptr<detail::HealthRecorder> conn;
   // Paho's TLS settings and the connect options, built once and kept for the Relay's
   // lifetime: Paho C++ 1.2.0 copies them without re-pointing the C structs (its bug #337,
   // see to_paho_ssl_options, and the properties, see mqtt/subscriber.cpp).
@@ -141,8 +143,8 @@ struct Relay::Impl {
   detail::DropTracker drops{kConnectionDropsBeforeDeadLetter};
   // The relay thread has returned (stop() waits for it up to stop_timeout_ms); under mu.
   bool finished = false;
-  // The registration of notify() with the outbox's commits (Outbox::add_commit_waker); 0 =
-  // none.
+  // The registration of notify() with the outbox's commits (RelaySource::add_commit_waker);
+  // 0 = none.
   uint64_t commit_waker = 0;
 
   // --- Paho callbacks (through `link`): record and wake, nothing else (Paho's one
@@ -170,7 +172,7 @@ struct Relay::Impl {
   // Backoff: waits `ms` whatever wakes the thread (notify(), a late PUBACK), writing the
   // metrics textfile when due meanwhile. Returns false when stopping.
   bool pause_for(int ms);
-  // The relay turn (Outbox::renew_relay_turn): renews it when due; true while it is held
+  // The relay turn (RelaySource::renew_relay_turn): renews it when due; true while it is held
   // and less than half a lease has passed since the last renewal began. Relay thread only.
   bool hold_turn();
   // With relays that take turns, the client-id lock goes with the turn (relay.cpp).

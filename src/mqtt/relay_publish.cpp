@@ -109,8 +109,14 @@ void Relay::Impl::flush_marks(bool force) {
     }
     dead.swap(rejections);
   }
-  // What was not marked goes back in front of what came meanwhile, tried again later.
+  // What was not marked goes back in front of what came meanwhile, tried again later. A
+  // flush that marked everything ends the wait: the marks of PUBACKs that come after it
+  // are due by the linger again, not at the failed flush's retry time (a forced flush on a
+  // new connection after a store outage otherwise left the next marks waiting a whole
+  // poll interval).
+  bool any_failed = false;
   auto failed = [&] {
+    any_failed = true;
     marks_retry_at = Clock::now() + std::chrono::milliseconds(options.poll_interval_ms);
   };
   for (size_t i = 0; i < sent.size(); i += static_cast<size_t>(options.mark_batch)) {
@@ -144,6 +150,7 @@ void Relay::Impl::flush_marks(bool force) {
     }
     publishes.erase(r.seq);
   }
+  if (!any_failed) marks_retry_at = Clock::time_point{};
 }
 
 int Relay::Impl::next_wait_ms() {

@@ -87,7 +87,7 @@ struct Subscriber::Impl {
   std::unique_ptr<detail::SessionKeeper> session;
 
   // health() and the reports of failed attempts (mqtt/connection_health.h).
-  std::unique_ptr<detail::ConnectionHealth> conn;
+  std::unique_ptr<detail::HealthRecorder> conn;
 
   // Paho's message callback: runs on Paho's receive thread with Paho's lock held, and the
   // PUBACK leaves when it returns. So: return only after the consumer has a durable outcome.
@@ -325,7 +325,7 @@ struct Subscriber::Impl {
     try {
       if (!detail::prepare_attempt(options, address, conn.get(), *log, &conn_opts)) return false;
       if (const Status s = session->before_connect(); !s.ok()) {
-        conn->fail(SubscriberHealth::Failure::kOther,
+        conn->fail(ConnectionHealth::Failure::kOther,
                    "not connecting: cannot record the session of client '" +
                        detail::printable(options.client_id) + "' in the inbox (" + s.to_string() +
                        "); a session the Pruner does not know about could outlive the "
@@ -387,7 +387,7 @@ struct Subscriber::Impl {
                 detail::printable(options.client_id), routes.size());
       return true;
     } catch (const mqtt::exception& e) {
-      conn->fail(SubscriberHealth::Failure::kSubscribe,
+      conn->fail(ConnectionHealth::Failure::kSubscribe,
                  std::string("connected, then Paho failed: ") + e.what());
       return false;
     }
@@ -450,7 +450,7 @@ struct Subscriber::Impl {
         log->warn("{}; backing off {} ms before reconnecting", short_connection_text(lived, reason),
                   backoff);
       } else if (!conn->attempt_failed()) {
-        conn->fail(SubscriberHealth::Failure::kSubscribe,
+        conn->fail(ConnectionHealth::Failure::kSubscribe,
                    "connected, but subscribing failed (see the log above)");
       }
       // A refused CONNECT will not be accepted sooner for asking again: wait the longest.
@@ -527,7 +527,7 @@ Status Subscriber::create(const SubscriberOptions& options, std::unique_ptr<Subs
   impl->options = options;
   impl->address = address;
   impl->log = detail::logger_or_default(options.logger);
-  impl->conn = std::make_unique<detail::ConnectionHealth>(impl->options, address, impl->log);
+  impl->conn = std::make_unique<detail::HealthRecorder>(impl->options, address, impl->log);
   try {
     impl->client = impl->make_client();
   } catch (const mqtt::exception& e) {
@@ -680,7 +680,7 @@ Status Subscriber::stop() {
   return Status::Ok();
 }
 
-SubscriberHealth Subscriber::health() const { return impl_->conn->snapshot(); }
+ConnectionHealth Subscriber::health() const { return impl_->conn->snapshot(); }
 
 namespace detail {
 

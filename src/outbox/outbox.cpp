@@ -1,8 +1,8 @@
 // The transactional outbox's policy (outbox.h): what an enqueue refuses, the class a
-// topic belongs to and its bounds, inside the caller's transaction; the relay's fetch,
-// marks and wake-up; the counters and logs. The rows are the store's
-// (store/outbox_rows.h). Inspection and repair (list, usage, summary, get, replay_dead,
-// purge) are in outbox/outbox_inspect.cpp; the state both share is in
+// topic belongs to and its bounds, inside the caller's transaction; the relay side (the
+// relay's turn, fetch, marks and wake-up: outbox/relay_source.h); the counters and logs. The rows
+// are the store's (store/outbox_rows.h). Inspection and repair (list, usage, summary, get,
+// replay_dead, purge) are in outbox/outbox_inspect.cpp; the state both share is in
 // outbox/outbox_impl.h.
 #include "mqtt_inbox/outbox.h"
 
@@ -124,8 +124,8 @@ void to_outbox_rows(std::vector<StoredOutboxRow>&& stored, std::vector<OutboxRow
 
 }  // namespace detail
 
-void Outbox::Impl::count_drops(const detail::TxnRef& txn, const OutboxClass& c, int64_t n,
-                               const std::string& first_id, const char* why) {
+void detail::OutboxImpl::count_drops(const detail::TxnRef& txn, const OutboxClass& c, int64_t n,
+                                     const std::string& first_id, const char* why) {
   if (n == 0) return;
   rows->count_drops(txn, c.topic_prefix, n);
   dropped += n;
@@ -135,8 +135,8 @@ void Outbox::Impl::count_drops(const detail::TxnRef& txn, const OutboxClass& c, 
       detail::printable(c.topic_prefix), why, n, detail::printable(first_id));
 }
 
-Status Outbox::Impl::enforce_age(const detail::TxnRef& txn, const OutboxClass& c, int64_t new_seq,
-                                 int64_t clock_now) {
+Status detail::OutboxImpl::enforce_age(const detail::TxnRef& txn, const OutboxClass& c,
+                                       int64_t new_seq, int64_t clock_now) {
   const int64_t cutoff = clock_now - c.max_age_ms;
   detail::OldestPending oldest;
   if (!rows->oldest_pending(txn, c.topic_prefix, new_seq, &oldest) ||
@@ -155,8 +155,8 @@ Status Outbox::Impl::enforce_age(const detail::TxnRef& txn, const OutboxClass& c
   return Status::Ok();
 }
 
-Status Outbox::Impl::make_room(const detail::TxnRef& txn, const OutboxClass& c, int64_t size,
-                               int64_t new_seq, int64_t clock_now) {
+Status detail::OutboxImpl::make_room(const detail::TxnRef& txn, const OutboxClass& c, int64_t size,
+                                     int64_t new_seq, int64_t clock_now) {
   if (c.max_age_ms > 0) {
     Status s = enforce_age(txn, c, new_seq, clock_now);
     if (!s.ok()) return s;
@@ -208,15 +208,22 @@ Status Outbox::create(Inbox* inbox, const OutboxOptions& options, std::unique_pt
         return Status::InvalidArgument("outbox class '" + c.topic_prefix + "' given twice");
   }
   if (options.max_id_bytes == 0) return Status::InvalidArgument("max_id_bytes must be > 0");
-  auto impl = std::make_unique<Impl>();
-  impl->inbox = inbox;
-  impl->store = store;
-  impl->rows = &impl->store->outbox();
-  impl->options = options;
-  // Without a logger of its own, the outbox logs where its Inbox does (docs/outbox.md).
-  impl->log = options.logger ? options.logger : impl->store->log();
-  out->reset(new Outbox(std::move(impl)));
+  *out = std::make_unique<detail::OutboxImpl>(inbox, store, options);
   return Status::Ok();
+}
+
+Outbox::~Outbox() = default;
+
+detail::OutboxImpl::OutboxImpl(const Inbox* owner, Store* front, const OutboxOptions& opts)
+    : inbox(owner),
+      store(front),
+      rows(&front->outbox()),
+      options(opts),
+      // Without a logger of its own, the outbox logs where its Inbox does (docs/outbox.md).
+      log(opts.logger ? opts.logger : front->log()) {}
+
+detail::RelaySource* detail::RelaySource::of(Outbox* outbox) {
+  return dynamic_cast<OutboxImpl*>(outbox);
 }
 
 namespace {
@@ -286,30 +293,27 @@ std::string refusal(const OutgoingMessage& m) {
 
 }  // namespace
 
-Outbox::Outbox(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Outbox::~Outbox() = default;
-
-void Outbox::enqueue_in(const detail::TxnRef& txn, const OutgoingMessage& m,
-                        std::string* message_id) {
-  impl_->enqueue(txn, m, message_id);
+void detail::OutboxImpl::enqueue_in(const TxnRef& txn, const OutgoingMessage& m,
+                                    std::string* message_id) {
+  enqueue(txn, m, message_id);
 }
 
-Status Outbox::enqueue_status(const detail::TxnRef& txn, const OutgoingMessage& m,
-                              std::string* message_id) {
+Status detail::OutboxImpl::enqueue_status(const TxnRef& txn, const OutgoingMessage& m,
+                                          std::string* message_id) {
   try {
-    impl_->enqueue(txn, m, message_id);
+    enqueue(txn, m, message_id);
     return Status::Ok();
   } catch (const OutboxRejected& e) {
     return e.status();
   } catch (const std::exception& e) {
     Status s;
-    if (impl_->rows->store_error(e, "outbox enqueue", &s)) return s;
+    if (rows->store_error(e, "outbox enqueue", &s)) return s;
     return Status::Internal(std::string("outbox enqueue: ") + e.what());
   }
 }
 
-void Outbox::Impl::enqueue(const detail::TxnRef& txn, const OutgoingMessage& m,
-                           std::string* message_id) {
+void detail::OutboxImpl::enqueue(const detail::TxnRef& txn, const OutgoingMessage& m,
+                                 std::string* message_id) {
   // Every refusal but a full class is for good (OutboxRefused): the same message is
   // refused on every attempt. The members are listed in outbox.h; all are checked before
   // anything is written, except the class's max_bytes (make_room).
@@ -370,93 +374,93 @@ void Outbox::Impl::enqueue(const detail::TxnRef& txn, const OutgoingMessage& m,
   if (message_id) *message_id = id;
 }
 
-Status Outbox::renew_relay_turn(int lease_ms, bool* held) {
+Status detail::OutboxImpl::renew_relay_turn(int lease_ms, bool* held) {
   *held = false;
   if (lease_ms < 1000 || lease_ms > 3600000)
     return Status::InvalidArgument("renew_relay_turn: lease_ms must be 1000..3600000, got " +
                                    std::to_string(lease_ms));
   // A store one process holds (SQLite's file, InboxOptions::exclusive): its relay is the one.
-  if (!impl_->store->shared_by_processes()) {
+  if (!store->shared_by_processes()) {
     *held = true;
     return Status::Ok();
   }
-  if (!impl_->relay_turn) {
+  if (!relay_turn) {
     detail::SlotLeaseOptions o;
     o.group = "outbox relay";
     o.slots = 1;
     o.lease_ms = lease_ms;
     o.member_name = "mqtt-inbox outbox relay " + std::to_string(::getpid());
-    if (Status s = impl_->store->open_slot_leases(o, &impl_->relay_turn); !s.ok()) return s;
+    if (Status s = store->open_slot_leases(o, &relay_turn); !s.ok()) return s;
   }
   detail::SlotLeaseRound round;
   // Never given back to spread: a turn moves only when its holder goes.
-  const Status s = impl_->relay_turn->round({}, &round);
+  const Status s = relay_turn->round({}, &round);
   if (!s.ok()) return s;
   *held = !round.held.empty();
   return Status::Ok();
 }
 
-void Outbox::give_back_relay_turn() {
-  if (impl_->relay_turn) impl_->relay_turn->leave();
+void detail::OutboxImpl::give_back_relay_turn() {
+  if (relay_turn) relay_turn->leave();
 }
 
-bool Outbox::relays_take_turns() const { return impl_->store->shared_by_processes(); }
+bool detail::OutboxImpl::relays_take_turns() const { return store->shared_by_processes(); }
 
-Status Outbox::fetch_pending(int64_t after_seq, int limit, std::vector<OutboxRow>* out) {
+Status detail::OutboxImpl::fetch_pending(int64_t after_seq, int limit,
+                                         std::vector<OutboxRow>* out) {
   out->clear();
   if (limit <= 0) return Status::InvalidArgument("fetch_pending: limit must be > 0");
-  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::fetch_pending"); !r.ok())
-    return r;
+  if (Status r = detail::refuse_if_in_handler(inbox, "Outbox::fetch_pending"); !r.ok()) return r;
   // A read (store/outbox_rows.h). It counted an attempt on every row it handed out before:
   // a write transaction per fetch, and so about one per event once commits woke the
   // relay. The relay now counts its publishes and adds them with the mark (OutboxMark).
   std::vector<detail::StoredOutboxRow> stored;
-  Status s = impl_->rows->fetch_pending(after_seq, limit, &stored);
+  Status s = rows->fetch_pending(after_seq, limit, &stored);
   if (s.ok()) detail::to_outbox_rows(std::move(stored), out);
   return s;
 }
 
-Status Outbox::mark_sent(const std::vector<OutboxMark>& rows) {
-  if (rows.empty()) return Status::Ok();
-  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::mark_sent"); !r.ok()) return r;
+Status detail::OutboxImpl::mark_sent(const std::vector<OutboxMark>& marks) {
+  if (marks.empty()) return Status::Ok();
+  if (Status r = detail::refuse_if_in_handler(inbox, "Outbox::mark_sent"); !r.ok()) return r;
   int64_t changed = 0;
-  Status s = impl_->rows->mark_sent(rows, &changed);
-  if (s.ok()) impl_->sent += changed;
+  Status s = rows->mark_sent(marks, &changed);
+  if (s.ok()) sent += changed;
   return s;
 }
 
-Status Outbox::mark_dead(const OutboxMark& row, OutboxDeadReason reason, int reason_code,
-                         const std::string& text) {
-  if (Status r = detail::refuse_if_in_handler(impl_->inbox, "Outbox::mark_dead"); !r.ok()) return r;
+Status detail::OutboxImpl::mark_dead(const OutboxMark& row, OutboxDeadReason reason,
+                                     int reason_code, const std::string& text) {
+  if (Status r = detail::refuse_if_in_handler(inbox, "Outbox::mark_dead"); !r.ok()) return r;
   bool changed = false;
-  Status s = impl_->rows->mark_dead(row, reason, reason_code, text, &changed);
+  Status s = rows->mark_dead(row, reason, reason_code, text, &changed);
   if (s.ok() && changed) {
-    ++impl_->dead;
+    ++dead;
     // A reason code only where a PUBACK gave one (as `mqtt-inbox outbox list` shows it).
     if (reason == OutboxDeadReason::kRejectedByBroker)
-      impl_->log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}",
-                       row.seq, to_string(reason), reason_code, detail::printable(text));
+      log->warn("outbox: row {} is an outbox dead letter: {} (reason code 0x{:02x}): {}", row.seq,
+                to_string(reason), reason_code, detail::printable(text));
     else
-      impl_->log->warn("outbox: row {} is an outbox dead letter: {}: {}", row.seq,
-                       to_string(reason), detail::printable(text));
+      log->warn("outbox: row {} is an outbox dead letter: {}: {}", row.seq, to_string(reason),
+                detail::printable(text));
   }
   return s;
 }
 
-uint64_t Outbox::add_commit_waker(std::function<void()> wake) {
-  return impl_->rows->add_commit_waker(std::move(wake));
+uint64_t detail::OutboxImpl::add_commit_waker(std::function<void()> wake) {
+  return rows->add_commit_waker(std::move(wake));
 }
 
-void Outbox::remove_commit_waker(uint64_t id) { impl_->rows->remove_commit_waker(id); }
+void detail::OutboxImpl::remove_commit_waker(uint64_t id) { rows->remove_commit_waker(id); }
 
-OutboxCounters Outbox::counters() const {
+OutboxCounters detail::OutboxImpl::counters() const {
   OutboxCounters c;
-  c.enqueued = impl_->enqueued.load();
-  c.duplicates = impl_->duplicates.load();
-  c.rejected = impl_->rejected.load();
-  c.dropped = impl_->dropped.load();
-  c.sent = impl_->sent.load();
-  c.dead = impl_->dead.load();
+  c.enqueued = enqueued.load();
+  c.duplicates = duplicates.load();
+  c.rejected = rejected.load();
+  c.dropped = dropped.load();
+  c.sent = sent.load();
+  c.dead = dead.load();
   return c;
 }
 

@@ -1,7 +1,7 @@
 // ServiceNotifier: readiness, watchdog and status for a service manager (sd_notify(3)),
-// fed by health sources (service_notifier.h). The health sources of the core's parts
-// (Consumer, StoreThenProcess) are here too; the Subscriber's is in
-// mqtt/health_source.cpp, in the MQTT layer.
+// fed by health sources (service_notifier.h), and the source of the store's start-up
+// waits. The library's parts' sources sit beside their classes (inbox/, stp/, mqtt/ and
+// fleet/ health_source.cpp).
 //
 // Built with libsystemd when MQTT_INBOX_HAVE_LIBSYSTEMD is 1 (CMake: MQTT_INBOX_WITH_SYSTEMD);
 // otherwise every notification is a no-op (supported() == false).
@@ -22,8 +22,6 @@
 #include <systemd/sd-daemon.h>
 #endif
 
-#include "mqtt_inbox/consumer.h"
-#include "mqtt_inbox/store_then_process.h"
 #include "util/log.h"
 
 namespace mqtt_inbox {
@@ -52,42 +50,6 @@ std::string with_name(const ServiceHealth& h, const std::string& text) {
 }
 
 }  // namespace
-
-HealthSource health_source(const Consumer& consumer) {
-  return [&consumer] {
-    ServiceHealth h;
-    h.name = consumer.name();
-    const Health health = consumer.health();
-    const ConsumerCounters c = consumer.counters();
-    h.processed = c.processed;
-    h.dead_letters = c.dead_lettered;
-    h.stuck = health.stuck;
-    if (health.stuck) h.stuck_reason = "store failed: " + health.last_error;
-    h.stuck_for_ms = health.stuck_for_ms;
-    h.dependency_wait = to_string(health.dependency);
-    h.dependency_wait_ms = health.dependency.waiting ? health.dependency.waited_ms : 0;
-    return h;
-  };
-}
-
-HealthSource health_source(const StoreThenProcess& store_then_process) {
-  return [&store_then_process] {
-    ServiceHealth h;
-    h.name = store_then_process.name();
-    const Health health = store_then_process.health();
-    const StoreThenProcessCounters c = store_then_process.counters();
-    h.processed = c.processed;
-    h.dead_letters = c.dead_lettered;
-    h.stuck = health.stuck;
-    if (health.stuck) h.stuck_reason = "store failed at receipt: " + health.last_error;
-    h.stuck_for_ms = health.stuck_for_ms;
-    h.dependency_wait = to_string(health.dependency);
-    h.dependency_wait_ms = health.dependency.waiting ? health.dependency.waited_ms : 0;
-    if (c.worker_store_errors > 0)
-      h.note = std::to_string(c.worker_store_errors) + " worker store errors";
-    return h;
-  };
-}
 
 HealthSource startup_health_source(std::function<void(const Health&)>* progress,
                                    ServiceNotifier* notifier) {

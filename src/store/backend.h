@@ -20,6 +20,8 @@
 // handler_type(), location() and file_stats() are safe from any thread.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -33,6 +35,7 @@
 #include "mqtt_inbox/dead_letter.h"
 #include "mqtt_inbox/handler.h"
 #include "mqtt_inbox/message.h"
+#include "mqtt_inbox/options.h"
 #include "mqtt_inbox/session_record.h"
 #include "mqtt_inbox/stats.h"
 #include "mqtt_inbox/status.h"
@@ -87,6 +90,15 @@ struct StoreRefused : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a backend's primitive or commit() when the transaction the front goes on with
+// after a handler is not the one it began for it: the handler ended that one and began
+// another (on PostgreSQL, ROLLBACK then BEGIN, which no notice tells). Nothing of the
+// handler's first transaction is left to commit; the front rolls back and dead-letters the
+// message handler_ended_transaction. what(): what the handler ran.
+struct TransactionNotOurs : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // What requeue_facts() reads of a dead letter before requeueing it.
 struct RequeueFacts {
   bool found = false;
@@ -97,7 +109,7 @@ struct RequeueFacts {
 
 class StoreBackend {
  public:
-  explicit StoreBackend(Store& front) : front_(front) {}
+  explicit StoreBackend(Store& front);
   virtual ~StoreBackend() = default;
   StoreBackend(const StoreBackend&) = delete;
   StoreBackend& operator=(const StoreBackend&) = delete;
@@ -105,6 +117,11 @@ class StoreBackend {
   // Serialises use of the main connection and everything prepared on it; the front takes
   // it for every call below, and the row interfaces take it for their own calls.
   std::mutex mu;
+  // The front's, fixed for the backend's life: the options the inbox was opened with, its
+  // clock and its logger.
+  const InboxOptions& options;
+  Clock* const clock;
+  const std::shared_ptr<spdlog::logger> log;
 
   // --- what the store is ---
   // Where the data lives, for messages: a file path, or a URI without its password.
@@ -247,7 +264,7 @@ class StoreBackend {
   virtual Status open_slot_leases(const SlotLeaseOptions& options,
                                   std::unique_ptr<SlotLeases>* out) = 0;
   // Whether several processes may work on this store at once (PostgreSQL), so that a
-  // relay must take its turn (Outbox::relays_take_turns).
+  // relay must take its turn (RelaySource::relays_take_turns, outbox/relay_source.h).
   virtual bool shared_by_processes() const = 0;
 
   Store& front() const { return front_; }

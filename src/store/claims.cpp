@@ -5,6 +5,8 @@
 // before the call returns. The backend (store/backend.h) supplies the statements.
 // docs/design.md#the-claim-transaction and #attempts-and-crash-loops say why.
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "mqtt_inbox/inbox.h"
 #include "store/backend.h"
@@ -203,29 +205,23 @@ Status Store::run_claim(const ClaimKey& key, const Message& message, int attempt
         "statement)",
         printable(key.consumer), printable(key.message_id), run.reset.size(),
         printable(run.reset.front(), 200));
-  const HandlerVerdict& v = run.verdict;
-  switch (v.kind) {
-    case HandlerVerdict::Kind::kOk:
-      break;
-    case HandlerVerdict::Kind::kStoreError:
-      b.rollback();
-      return store_error(v.store);
-    case HandlerVerdict::Kind::kFailed:
-    case HandlerVerdict::Kind::kDeadLetter:
-    case HandlerVerdict::Kind::kOutboxFull:
-    case HandlerVerdict::Kind::kNotYet:
-      b.rollback();
-      if (run.left == TxnLeft::kEnded || run.left == TxnLeft::kClosed)
-        log_->error("consumer '{}', message '{}': {}", printable(key.consumer),
-                    printable(key.message_id), v.text);
-      report->result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
-                       : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
-                       : v.kind == HandlerVerdict::Kind::kNotYet     ? ClaimResult::kNotYet
-                                                                     : ClaimResult::kDeadLetterNow;
-      report->reason = v.reason;
-      report->handler_error = v.text;
-      return Status::Ok();
-  }
+  // A run that did not go well: rolled back, and reported as the verdict says.
+  const auto not_done = [&]() -> Status {
+    const HandlerVerdict& v = run.verdict;
+    b.rollback();
+    if (v.kind == HandlerVerdict::Kind::kStoreError) return store_error(v.store);
+    if (run.left == TxnLeft::kEnded || run.left == TxnLeft::kClosed)
+      log_->error("consumer '{}', message '{}': {}", printable(key.consumer),
+                  printable(key.message_id), v.text);
+    report->result = v.kind == HandlerVerdict::Kind::kFailed       ? ClaimResult::kHandlerFailed
+                     : v.kind == HandlerVerdict::Kind::kOutboxFull ? ClaimResult::kOutboxFull
+                     : v.kind == HandlerVerdict::Kind::kNotYet     ? ClaimResult::kNotYet
+                                                                   : ClaimResult::kDeadLetterNow;
+    report->reason = v.reason;
+    report->handler_error = v.text;
+    return Status::Ok();
+  };
+  if (run.verdict.kind != HandlerVerdict::Kind::kOk) return not_done();
   // The expiry once more, right before the commit that applies it: the handler's run (a
   // PostgreSQL statement waiting for a row lock, say) may have outlasted it.
   if (expiry) {
@@ -238,15 +234,26 @@ Status Store::run_claim(const ClaimKey& key, const Message& message, int attempt
     }
   }
   bool refused = false;
+  std::optional<std::string> ended;  // the handler ended the transaction, as found here
   Status s = locked("claim transaction", [&] {
-    if (delete_attempts) b.delete_attempts(key);
-    if (replayed_dead_letter) b.mark_replayed(*replayed_dead_letter);
-    std::string why;
-    if (b.commit(&key, &why) == CommitOutcome::kRefused) {
-      refused = true;
-      report->handler_error = refused_text(why);
+    try {
+      if (delete_attempts) b.delete_attempts(key);
+      if (replayed_dead_letter) b.mark_replayed(*replayed_dead_letter);
+      std::string why;
+      if (b.commit(&key, &why) == CommitOutcome::kRefused) {
+        refused = true;
+        report->handler_error = refused_text(why);
+      }
+    } catch (const TransactionNotOurs& e) {
+      ended = e.what();
     }
   });
+  if (ended) {
+    run.left = TxnLeft::kEnded;
+    run.how = *ended;
+    judge_contract(&run);
+    return not_done();
+  }
   if (!s.ok()) {
     if (s.code() != Status::Code::kRejected) return s;
     refused = true;

@@ -58,6 +58,9 @@ Store::Store(const std::string& location, const InboxOptions& options)
 
 Store::~Store() = default;
 
+StoreBackend::StoreBackend(Store& front)
+    : options(front.options()), clock(front.clock()), log(front.log()), front_(front) {}
+
 Status Store::open(const std::string& location, const InboxOptions& options,
                    std::unique_ptr<Store>* out) {
   if (location.empty()) return Status::InvalidArgument("database location is empty");

@@ -24,6 +24,7 @@
 #include "support/ledger_fixture.h"
 #include "support/process.h"
 #include "support/publisher.h"
+#include "support/relay_side.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -276,11 +277,12 @@ TEST(AdminTool, OutboxCommandsInspectReplayAndPurge) {
       c.exec("COMMIT");
     });
     std::vector<OutboxRow> rows;
-    ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
-    ASSERT_TRUE(o->mark_sent({{rows[0].seq, 1}}).ok());
-    ASSERT_TRUE(
-        o->mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
-            .ok());
+    ASSERT_TRUE(relay_side(*o).fetch_pending(0, 10, &rows).ok());
+    ASSERT_TRUE(relay_side(*o).mark_sent({{rows[0].seq, 1}}).ok());
+    ASSERT_TRUE(relay_side(*o)
+                    .mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87,
+                               "not authorized")
+                    .ok());
   }
   ToolRun r = tool({"--json", "outbox", "stats", db});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -365,10 +367,11 @@ TEST(AdminTool, OutboxDeadLettersWithoutAPubackShowNoReasonCode) {
       c.exec("COMMIT");
     });
     std::vector<OutboxRow> rows;
-    ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
+    ASSERT_TRUE(relay_side(*o).fetch_pending(0, 10, &rows).ok());
     ASSERT_EQ(rows.size(), dead.size());
     for (size_t i = 0; i < dead.size(); ++i)
-      ASSERT_TRUE(o->mark_dead({rows[i].seq, 1}, dead[i].first, dead[i].second, "why").ok());
+      ASSERT_TRUE(
+          relay_side(*o).mark_dead({rows[i].seq, 1}, dead[i].first, dead[i].second, "why").ok());
   }
   ToolRun r = tool({"outbox", "list", db});
   ASSERT_EQ(r.code, 0) << r.err;

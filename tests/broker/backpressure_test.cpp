@@ -11,6 +11,7 @@
 
 #include "support/publisher.h"
 #include "support/relay_fixture.h"
+#include "support/relay_side.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -152,11 +153,11 @@ TEST_F(BackpressureTest, StoreThenProcessRowsWaitForRoomWithoutUsingAttempts) {
   ASSERT_TRUE(wait_until(
       [&] {
         std::vector<OutboxRow> pending;
-        EXPECT_TRUE(outbox_->fetch_pending(0, 100, &pending).ok());
+        EXPECT_TRUE(relay_side(*outbox_).fetch_pending(0, 100, &pending).ok());
         std::vector<OutboxMark> seqs;
         for (const auto& r : pending) seqs.push_back({r.seq, 1});
         if (!seqs.empty()) {
-          EXPECT_TRUE(outbox_->mark_sent(seqs).ok());
+          EXPECT_TRUE(relay_side(*outbox_).mark_sent(seqs).ok());
         }
         return rows("status = 'done'") == 14;
       },

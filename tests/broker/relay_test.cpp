@@ -534,6 +534,48 @@ TEST_P(RelayVersionTest, RelayPublishesWhileAnotherConnectionHoldsTheWriteLock) 
   ASSERT_TRUE(relay->stop().ok());
 }
 
+// Marks that failed (here: another connection held SQLite's write lock past the busy
+// timeout) wait for the retry, a poll later; a forced flush on the next connection marks
+// them sooner. From then on the marks of new PUBACKs are due by the linger again, not at
+// the failed flush's retry time: with a poll of a minute, those rows were left pending for
+// the rest of it (found by a PostgreSQL restart, tests/postgres/pg_outbox_test.cpp).
+TEST_P(RelayVersionTest, MarksAfterAFailedFlushAndAReconnectAreNotHeldToItsRetry) {
+  std::atomic<int> marks{0};
+  auto relay = make_relay(broker_.uri(), 64, GetParam(), [&](RelayOptions& o) {
+    o.poll_interval_ms = 60000;
+    o.mark_linger_ms = 50;
+    o.before_mark_hook = [&](int64_t) { ++marks; };
+  });
+  ASSERT_TRUE(relay->start().ok());
+  ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
+  {
+    SQLite::Database writer(up_path_, SQLite::OPEN_READWRITE);
+    broker_.pause();           // no PUBACK before the lock is held
+    enqueue_events(0, 10, 2);  // woken by the commit: published
+    writer.exec("BEGIN IMMEDIATE");
+    broker_.resume();
+    ASSERT_TRUE(wait_until([&] { return marks.load() >= 1; }, std::chrono::seconds(20)));
+    // The mark waits the inbox's busy timeout (5 s) for the lock, then fails.
+    std::this_thread::sleep_for(std::chrono::milliseconds(InboxOptions{}.busy_timeout_ms + 1000));
+    writer.exec("ROLLBACK");
+  }
+  EXPECT_EQ(up_count("state = 'pending'"), 10);
+  broker_.stop();
+  EXPECT_TRUE(wait_until([&] { return !relay->is_connected(); }, std::chrono::seconds(10)));
+  broker_.start();
+  ASSERT_TRUE(wait_until([&] { return relay->is_connected(); }, std::chrono::seconds(30)));
+  EXPECT_TRUE(
+      wait_until([&] { return up_count("state = 'pending'") == 0; }, std::chrono::seconds(10)))
+      << "the marks were not made on the new connection";
+  enqueue_events(10, 20, 2);
+  EXPECT_TRUE(wait_until([&] { return received() >= 20 && up_count("state = 'pending'") == 0; },
+                         std::chrono::seconds(10)))
+      << "received " << received() << ", pending " << up_count("state = 'pending'")
+      << ": the marks wait for the failed flush's retry, a poll (60 s) after it";
+  expect_delivered_once(20);
+  ASSERT_TRUE(relay->stop().ok());
+}
+
 // A StoreThenProcess worker commits on a connection of its own: its handler's enqueue
 // wakes the relay at that commit too. With a poll of a minute, the events arrive within a
 // second of their receipt.

@@ -139,10 +139,10 @@ TEST_F(RelayTlsTest, PublishesOverVerifiedTlsWithAPasswordFileReadBeforeEachConn
   o.password_provider = password_from_file(password_file);
   start_relay(o);
   ASSERT_TRUE(wait_until(
-      [&] { return relay_->health().last_failure == SubscriberHealth::Failure::kRefused; },
+      [&] { return relay_->health().last_failure == ConnectionHealth::Failure::kRefused; },
       std::chrono::seconds(20)))
       << relay_->health().last_error;
-  SubscriberHealth h = relay_->health();
+  ConnectionHealth h = relay_->health();
   EXPECT_EQ(h.connack_code, 0x87);
   EXPECT_NE(h.connack_reason.find("not authorized"), std::string::npos) << h.connack_reason;
   EXPECT_FALSE(relay_->is_connected());
@@ -173,8 +173,8 @@ TEST_F(RelayTlsTest, WrongHostNameIsRefusedAndNothingIsMarkedSent) {
   ASSERT_TRUE(wait_until([&] { return relay_->health().consecutive_failures >= 2; },
                          std::chrono::seconds(30)))
       << relay_->health().last_error;
-  const SubscriberHealth h = relay_->health();
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kTls) << h.last_error;
+  const ConnectionHealth h = relay_->health();
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kTls) << h.last_error;
   EXPECT_NE(h.last_error.find("hostname mismatch"), std::string::npos) << h.last_error;
   EXPECT_NE(h.last_error.find("DNS:broker.invalid"), std::string::npos) << h.last_error;
   EXPECT_EQ(h.connects, 0);

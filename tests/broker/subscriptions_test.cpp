@@ -146,7 +146,7 @@ class SubscriptionsTest : public ::testing::TestWithParam<MqttVersion> {
     auto sub = start(o);
     ASSERT_TRUE(sub->is_connected());
     EXPECT_EQ(sub->sessions_lost(), 1);
-    const SubscriberHealth h = sub->health();
+    const ConnectionHealth h = sub->health();
     EXPECT_EQ(h.sessions_lost, 1);
     EXPECT_GT(h.session_lost_ms, 0);
     EXPECT_NE(h.session_lost.find("'credits/#'"), std::string::npos) << h.session_lost;

@@ -175,8 +175,8 @@ TEST_P(TlsCertificateTest, IsRefusedWithTheReason) {
     o.password_provider = password_from_file(pki_->path("alice.password"));
   }
   auto sub = start(o);
-  const SubscriberHealth h = wait_failure(*sub);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kTls) << h.last_error;
+  const ConnectionHealth h = wait_failure(*sub);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kTls) << h.last_error;
   EXPECT_FALSE(h.connected);
   EXPECT_EQ(h.connects, 0);
   EXPECT_GE(h.connect_attempts, 1);
@@ -222,8 +222,8 @@ INSTANTIATE_TEST_SUITE_P(
 // certificate, with the reason; accepted with one, and messages are applied.
 TEST_F(TlsTest, MutualTlsIsRefusedWithoutClientCertificate) {
   auto sub = start(options(uri(kMutualIdentity)));
-  const SubscriberHealth h = wait_failure(*sub);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kTls) << h.last_error;
+  const ConnectionHealth h = wait_failure(*sub);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kTls) << h.last_error;
   EXPECT_NE(h.last_error.find("certificate required"), std::string::npos) << h.last_error;
   EXPECT_NE(h.last_error.find("--cert"), std::string::npos) << h.last_error;
   EXPECT_EQ(h.connects, 0);
@@ -241,10 +241,10 @@ TEST_F(TlsTest, MutualTlsWorksWithClientCertificate) {
   publish_credits(0, 20);
   ASSERT_TRUE(wait_until([&] { return ledger_rows() == 20; }, std::chrono::seconds(20)));
   EXPECT_EQ(total_balance(), expected_total(20));
-  const SubscriberHealth h = sub->health();
+  const ConnectionHealth h = sub->health();
   EXPECT_TRUE(h.connected);
   EXPECT_EQ(h.connects, 1);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kNone);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kNone);
   EXPECT_TRUE(sub->stop().ok());
   // The broker took the identity from the certificate.
   EXPECT_NE(read_file(broker_.log_path()).find("u'device-1'"), std::string::npos);
@@ -289,7 +289,7 @@ TEST_P(TlsRefusalTest, WrongPasswordIsRefusedAndBacksOff) {
   auto sub = start(o);
   std::this_thread::sleep_for(std::chrono::milliseconds(4500));
   EXPECT_TRUE(sub->stop().ok());  // ends any attempt in flight: health and broker log agree
-  const SubscriberHealth h = sub->health();
+  const ConnectionHealth h = sub->health();
 
   const std::string broker_log = read_file(broker_.log_path());
   const std::regex refusal(std::string("Sending CONNACK to \\S+ \\(0, ") + (v5 ? "135" : "5") +
@@ -300,7 +300,7 @@ TEST_P(TlsRefusalTest, WrongPasswordIsRefusedAndBacksOff) {
   EXPECT_LE(refusals, 4);
   EXPECT_EQ(h.connect_attempts, refusals);
   EXPECT_FALSE(h.connected);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kRefused);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kRefused);
   EXPECT_EQ(h.connack_code, v5 ? 0x87 : 5);
   EXPECT_NE(h.connack_reason.find("not authorized"), std::string::npos) << h.connack_reason;
   EXPECT_NE(h.last_error.find("not authorized"), std::string::npos) << h.last_error;
@@ -373,9 +373,9 @@ TEST_F(TlsTest, PasswordProviderRunsBeforeEveryConnect) {
   auto sub = start(o);
   ASSERT_TRUE(sub->wait_connected(20000)) << sub->health().last_error;
   EXPECT_EQ(calls.load(), 2);
-  SubscriberHealth h = sub->health();
+  ConnectionHealth h = sub->health();
   EXPECT_EQ(h.connack_code, 5);  // the first attempt's refusal stays visible
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kRefused);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kRefused);
   EXPECT_EQ(h.connects, 1);
   EXPECT_EQ(h.consecutive_failures, 0);
   EXPECT_EQ(h.connect_attempts, 2);
@@ -394,7 +394,7 @@ TEST_F(TlsTest, PasswordProviderRunsBeforeEveryConnect) {
   bad.password_provider = password_from_file(dir_.file("no-such-password-file"));
   auto sub2 = start(bad);
   h = wait_failure(*sub2);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kCredentials);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kCredentials);
   EXPECT_NE(h.last_error.find("no-such-password-file"), std::string::npos) << h.last_error;
   EXPECT_TRUE(sub2->stop().ok());
 }
@@ -419,8 +419,8 @@ TEST_F(TlsTest, TlsVersionIsCheckedBeforeConnecting) {
   old.client_id = "tls-sub-old";
   old.tls.version = TlsVersion::kTls1_3;
   auto sub2 = start(old);  // until s_server listens, attempts fail with kNetwork
-  const SubscriberHealth h = wait_failure(*sub2, SubscriberHealth::Failure::kTls);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kTls);
+  const ConnectionHealth h = wait_failure(*sub2, ConnectionHealth::Failure::kTls);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kTls);
   EXPECT_NE(h.last_error.find("TLS 1.3"), std::string::npos) << h.last_error;
   EXPECT_NE(h.last_error.find("tls.version"), std::string::npos) << h.last_error;
   EXPECT_EQ(h.connects, 0);
@@ -430,8 +430,8 @@ TEST_F(TlsTest, TlsVersionIsCheckedBeforeConnecting) {
 // A plaintext port given as ssl://: refused with what is wrong, never a fallback.
 TEST_F(TlsTest, TlsUriToPlaintextPortIsRefusedWithTheReason) {
   auto sub = start(options(tls_uri("127.0.0.1", broker_.port())));
-  const SubscriberHealth h = wait_failure(*sub);
-  EXPECT_EQ(h.last_failure, SubscriberHealth::Failure::kTls) << h.last_error;
+  const ConnectionHealth h = wait_failure(*sub);
+  EXPECT_EQ(h.last_failure, ConnectionHealth::Failure::kTls) << h.last_error;
   EXPECT_NE(h.last_error.find("closed the connection during the TLS handshake"), std::string::npos)
       << h.last_error;
   EXPECT_NE(h.last_error.find("plaintext"), std::string::npos) << h.last_error;
@@ -442,8 +442,8 @@ TEST_F(TlsTest, TlsUriToPlaintextPortIsRefusedWithTheReason) {
   SubscriberOptions o = options(tls_uri("127.0.0.1", closed));
   o.client_id = "tls-sub-closed";
   auto sub2 = start(o);
-  const SubscriberHealth h2 = wait_failure(*sub2);
-  EXPECT_EQ(h2.last_failure, SubscriberHealth::Failure::kNetwork) << h2.last_error;
+  const ConnectionHealth h2 = wait_failure(*sub2);
+  EXPECT_EQ(h2.last_failure, ConnectionHealth::Failure::kNetwork) << h2.last_error;
   EXPECT_NE(h2.last_error.find("Connection refused"), std::string::npos) << h2.last_error;
   EXPECT_TRUE(sub2->stop().ok());
 }

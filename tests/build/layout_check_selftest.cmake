@@ -10,8 +10,9 @@ set(failures 0)
 set(MQTT_INBOX_LAYOUT_DEBTS "")
 
 # A tree shaped like the project: a util header, the store seam, a store implementation
-# with its SQL, a policy file, the MQTT layer, public headers, a tool that uses Paho and
-# an example with business SQL (allowed).
+# with its SQL, a policy file, the MQTT layer, public headers, a tool that uses Paho, a
+# tool whose message names SQL a person runs (allowed: no statement) and an example with
+# business SQL (allowed).
 function(make_tree dir)
   file(REMOVE_RECURSE "${dir}")
   file(WRITE "${dir}/include/mqtt_inbox/inbox.h" "#pragma once\n#include \"mqtt_inbox/status.h\"\n")
@@ -31,7 +32,8 @@ function(make_tree dir)
     "// A comment may say SELECT or \"COMMIT\" without being SQL.\n"
     "void f() { log(\"subscribed; the PUBACK follows the commit\"); }\n")
   file(WRITE "${dir}/tools/probe.cpp" "#include <mqtt/async_client.h>\nint x;\n")
-  file(WRITE "${dir}/tools/stats.cpp" "#include <SQLiteCpp/SQLiteCpp.h>\nconst char* q = \"SELECT count(*) FROM t\";\n")
+  file(WRITE "${dir}/tools/stats.cpp"
+    "#include \"store/store.h\"\nconst char* m = \"GRANT CREATE on the schema, or turn its ROLLBACK into COMMIT\";\n")
   file(WRITE "${dir}/examples/ledger.cpp"
     "#include <mqtt_inbox/subscriber.h>\nconst char* q = \"UPDATE accounts SET balance = 1\";\n")
 endfunction()
@@ -138,10 +140,28 @@ make_tree("${t}")
 file(APPEND "${t}/tools/probe.cpp" "const char* q = \"PRAGMA user_version\";\n")
 expect("SQL in a tool file that uses Paho" "${t}" "^tools/probe.cpp:3 is in the MQTT layer")
 
+make_tree("${t}")
+file(APPEND "${t}/tools/stats.cpp" "const char* q = \"SELECT count(*) FROM t\";\n")
+expect("a statement in the admin tool" "${t}" "^tools/stats.cpp:3 is in the admin tool")
+
+make_tree("${t}")
+file(APPEND "${t}/tools/stats.cpp" "void g(SQLite::Database& db) { SQLite::Statement q(db, sql); }\n")
+expect("a statement run by the admin tool" "${t}" "^tools/stats.cpp:3 is in the admin tool")
+
 # Rule 5: *_impl.h private to its folder.
 make_tree("${t}")
 file(APPEND "${t}/src/store/sqlite/claim.cpp" "#include \"inbox/consumer_impl.h\"\n")
 expect("another folder's _impl.h" "${t}" "^src/store/sqlite/claim.cpp includes src/inbox/consumer_impl.h, private to src/inbox")
+
+# The MQTT layer may use the outbox for its relay port, never for the outbox's insides.
+make_tree("${t}")
+file(WRITE "${t}/src/outbox/relay_source.h" "#pragma once\n#include \"mqtt_inbox/status.h\"\n")
+file(WRITE "${t}/src/outbox/outbox_impl.h" "#pragma once\n#include \"outbox/relay_source.h\"\n")
+file(APPEND "${t}/src/mqtt/subscriber.cpp" "#include \"outbox/relay_source.h\"\n")
+expect("the MQTT layer includes the outbox's relay port" "${t}" "")
+file(APPEND "${t}/src/mqtt/subscriber.cpp" "#include \"outbox/outbox_impl.h\"\n")
+expect("the MQTT layer includes the outbox's implementation" "${t}"
+  "^src/mqtt/subscriber.cpp includes src/outbox/outbox_impl.h, private to src/outbox")
 
 # Rule 6: cycles.
 make_tree("${t}")

@@ -512,12 +512,15 @@ class ContractTest : public ::testing::TestWithParam<Kind> {
   // asserts the contract: a dead letter handler_ended_transaction at once, nothing of it
   // committed (no claim, no business row), not a duplicate, and the next message goes
   // through.
-  void expect_ended_transaction(const std::function<void(TxnOps&)>& misbehave, bool then_throw) {
+  // `write_after`: the handler writes after it ended the transaction.
+  void expect_ended_transaction(const std::function<void(TxnOps&)>& misbehave, bool then_throw,
+                                bool write_after = true) {
     s().behaviour = [&](TxnOps& ops, const Delivery& d) {
       if (d.message_id != "bad-1") return ops.credit(d);
       ops.credit(d);  // a write before it ends the transaction
       misbehave(ops);
-      ops.exec_quietly("INSERT INTO accounts (account, balance) VALUES ('after', 1)");
+      if (write_after)
+        ops.exec_quietly("INSERT INTO accounts (account, balance) VALUES ('after', 1)");
       if (then_throw) throw std::runtime_error("and then it threw");
     };
     EXPECT_EQ(s().feed(credit_message("bad-1", "ann", 5)), Outcome::kDeadLettered);
@@ -560,6 +563,35 @@ TEST_P(ContractTest, HandlerThatRollsBackAndWritesOnIsDeadLetteredAndCommitsNoth
 
 TEST_P(ContractTest, HandlerThatBeginsIsDeadLetteredAndCommitsNothing) {
   expect_ended_transaction([](TxnOps& ops) { ops.exec_quietly("BEGIN"); }, false);
+}
+
+// ROLLBACK then BEGIN leaves a transaction open, as the library's was: no notice, no
+// status tells them apart. Committing it would ack a message whose effect rolled back.
+TEST_P(ContractTest, HandlerThatRollsBackAndBeginsAnotherIsDeadLetteredAndCommitsNothing) {
+  expect_ended_transaction(
+      [](TxnOps& ops) {
+        ops.exec_quietly("ROLLBACK");
+        ops.exec_quietly("BEGIN");
+      },
+      false, /*write_after=*/false);
+}
+
+TEST_P(ContractTest, HandlerThatRollsBackBeginsAnotherAndWritesIsDeadLetteredAndCommitsNothing) {
+  expect_ended_transaction(
+      [](TxnOps& ops) {
+        ops.exec_quietly("ROLLBACK");
+        ops.exec_quietly("BEGIN READ WRITE");  // SQLite: a syntax error
+      },
+      false);
+}
+
+TEST_P(ContractTest, HandlerThatCommitsAndBeginsAnotherIsDeadLetteredAndCommitsNothing) {
+  expect_ended_transaction(
+      [](TxnOps& ops) {
+        ops.exec_quietly("COMMIT");
+        ops.exec_quietly("BEGIN READ WRITE");  // SQLite: a syntax error
+      },
+      false);
 }
 
 TEST_P(ContractTest, HandlerThatCommitsTheTransactionObjectIsDeadLetteredAndCommitsNothing) {

@@ -31,6 +31,7 @@
 
 #include "support/postgres.h"
 #include "support/process.h"
+#include "support/relay_side.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -467,11 +468,12 @@ TEST(PgAdminTool, OutboxStatsListShowReplayPurge) {
     w.commit();
   }
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 3u);
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
-  ASSERT_TRUE(
-      outbox->mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({rows[1].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no")
+                  .ok());
 
   const ToolRun st = tool({"--json", "outbox", "stats", uri_of(l.db)});
   ASSERT_EQ(st.code, 0) << st.out << st.err;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <pqxx/pqxx>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@
 
 #include "support/postgres.h"
 #include "support/process.h"
+#include "support/relay_side.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -172,7 +174,7 @@ TEST(PgOutbox, EnqueueCommitsWithTheHandlersChangeAndRollsBackWithIt) {
             q(db, "SELECT sum(size_bytes) FROM mqtt_inbox.outbox_messages"));
   // The seq and the payload as given; the row's clock is the server's.
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_LT(rows[0].seq, rows[1].seq);
   EXPECT_EQ(nlohmann::json::parse(rows[1].payload)["n"], 5);
@@ -328,9 +330,9 @@ TEST(PgOutbox, AFullClassParksTheHandlersMessageAndItIsReplayedWhenThereIsRoom) 
   EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'alice'"), 10);
   // The relay sends the first event: room.
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
   ASSERT_TRUE(c->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
   EXPECT_EQ(q(db, "SELECT balance FROM accounts WHERE id = 'alice'"), 15);
@@ -414,12 +416,12 @@ TEST(PgOutbox, EnqueuingTransactionsTakeTurnsSoSeqOrderIsCommitOrder) {
   });
   ASSERT_TRUE(server().wait_for_lock_wait(pid_b, 10s)) << "B did not wait for A's transaction";
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   EXPECT_TRUE(rows.empty());
   wa.commit();
   const Status sb = fb.get();
   ASSERT_TRUE(sb.ok()) << sb.to_string();
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].message_id, "first");
   EXPECT_EQ(rows[1].message_id, "second");
@@ -439,16 +441,17 @@ TEST(PgOutbox, FetchMarksReplayPurgeAndPrune) {
     w.commit();
   }
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].payload, std::string("\0bin", 4));  // bytea, byte for byte
   const int64_t s1 = rows[0].seq, s2 = rows[1].seq, s3 = rows[2].seq;
-  ASSERT_TRUE(outbox->fetch_pending(s1, 1, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(s1, 1, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].seq, s2);
-  ASSERT_TRUE(outbox->mark_sent({{s1, 2}}).ok());
-  ASSERT_TRUE(outbox->mark_sent({{s1, 1}}).ok());  // no longer pending: skipped
-  ASSERT_TRUE(outbox->mark_dead({s2, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{s1, 2}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{s1, 1}}).ok());  // no longer pending: skipped
+  ASSERT_TRUE(
+      relay_side(*outbox).mark_dead({s2, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
   EXPECT_EQ(qs(db,
                "SELECT state || ':' || attempts FROM mqtt_inbox.outbox_messages WHERE "
                "message_id = 'r-1'"),
@@ -478,7 +481,7 @@ TEST(PgOutbox, FetchMarksReplayPurgeAndPrune) {
   ASSERT_TRUE(outbox->replay_dead("r-2").ok());
   EXPECT_EQ(outbox->replay_dead("r-1").code(), Status::Code::kInvalidArgument);  // sent
   EXPECT_EQ(outbox->replay_dead("nope").code(), Status::Code::kNotFound);
-  ASSERT_TRUE(outbox->fetch_pending(s3, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(s3, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].message_id, "r-2");
   EXPECT_GT(rows[0].seq, s3);
@@ -498,8 +501,8 @@ TEST(PgOutbox, FetchMarksReplayPurgeAndPrune) {
 
   // The Pruner deletes sent and dead rows past their windows (retention_at on the
   // server's clock), never pending ones.
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
-  ASSERT_TRUE(outbox->mark_dead({s3, 0}, OutboxDeadReason::kExpired, 0, "old").ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_dead({s3, 0}, OutboxDeadReason::kExpired, 0, "old").ok());
   server().execute("UPDATE mqtt_inbox.outbox_messages SET retention_at = retention_at - 7200000",
                    db);
   {
@@ -804,20 +807,23 @@ TEST_P(PgRelay, ServerRestartTheRelayAndItsWakeUpGoOn) {
       10s));
   std::this_thread::sleep_for(300ms);
   {
+    // Every event arrived, the first copy of each in order. A mark lost with the
+    // connection, or PUBACKs that came after the turn was lost, only mean a resend with the
+    // same id, after the rows that followed (the next hop's inbox drops the copy): whether
+    // the restart catches marks in flight is timing, so copies are allowed here. The wait
+    // above (10 s, a third of the relay's 30 s poll) also says that marks failed at the
+    // restart do not hold back the marks of what came after until the next poll.
     std::lock_guard<std::mutex> l(seen.mu);
-    std::map<std::string, int> times;
+    std::set<std::string> ids;
     int64_t last = 0;
     for (const auto& e : seen.events) {
-      ++times[e["message_id"].get<std::string>()];
-      if (e["account"] == "acct") {
+      const bool first = ids.insert(e["message_id"].get<std::string>()).second;
+      if (first && e["account"] == "acct") {
         EXPECT_GT(e["n"].get<int64_t>(), last) << "out of order";
         last = e["n"].get<int64_t>();
       }
     }
-    EXPECT_EQ(times.size(), 21u);
-    // Marks lost with the connection only mean a resend (the next hop's inbox drops it);
-    // here none was pending at the restart, so every event went out once.
-    for (const auto& t : times) EXPECT_EQ(t.second, 1) << t.first;
+    EXPECT_EQ(ids.size(), 21u);
   }
   EXPECT_TRUE(relay->stop().ok());
   sub->disconnect()->wait();

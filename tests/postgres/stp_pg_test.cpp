@@ -723,6 +723,76 @@ TEST(StpPg, RowsWaitingForADependencyAreRescheduledThenAppliedOnceInOrder) {
   EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries WHERE message_id = 'gone-1'"), 0);
 }
 
+// A store-then-process handler that ends the library's transaction itself and swallows
+// what the server says: the row is dead at once as handler_ended_transaction, nothing of
+// its run commits (its credit before the statement, its write after it), and the row
+// stored behind it goes through. The PostgreSQL side of StoreThenProcessEndsTransaction
+// (tests/unit/error_class_test.cpp); the Consumer's is in the contract suite. ROLLBACK then
+// BEGIN READ WRITE leaves an open transaction the client cannot tell from the library's:
+// the library's check before it writes again finds it.
+class StpPgEndsTransaction : public ::testing::TestWithParam<std::vector<const char*>> {};
+
+TEST_P(StpPgEndsTransaction, RowIsDeadAtOnceByNameAndCommitsNothing) {
+  static int n = 0;
+  const std::string uri = fresh_db("stp_ends_" + std::to_string(++n));
+  auto inbox = open_inbox(uri);
+  ASSERT_TRUE(inbox);
+  auto o = fast_options();
+  o.consumer.max_attempts = 3;
+  o.workers = 1;
+  const std::vector<const char*> statements = GetParam();
+  auto stp = make(
+      inbox.get(),
+      [&](pqxx::transaction_base& t, const StoredDelivery& d) {
+        apply_credit(t, d);
+        if (d.message_id != "bad-1") return;
+        for (const char* sql : statements) {
+          try {
+            t.exec0(sql);
+          } catch (const std::exception&) {
+            // swallowed: the library still judges the run
+          }
+        }
+        try {
+          t.exec0("INSERT INTO accounts (id, balance) VALUES ('after', 1)");
+        } catch (const std::exception&) {
+        }
+      },
+      o);
+  ASSERT_EQ(stp->handle(credit("bad-1", "a", 5)), Outcome::kProcessed);
+  ASSERT_EQ(stp->handle(credit("good-1", "a", 7)), Outcome::kProcessed);
+  ASSERT_TRUE(stp->start().ok());
+  ASSERT_TRUE(wait_until([&] { return settled(uri); }, 30s));
+  ASSERT_TRUE(stp->stop().ok());
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_messages WHERE message_id = 'bad-1'"
+              " AND status = 'dead' AND attempts = 1"),
+            1);
+  EXPECT_EQ(q(uri,
+              "SELECT count(*) FROM mqtt_inbox.inbox_dead_letters WHERE message_id = 'bad-1'"
+              " AND reason = 'handler_ended_transaction'"),
+            1);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM ledger_entries WHERE message_id = 'bad-1'"), 0);
+  EXPECT_EQ(q(uri, "SELECT count(*) FROM accounts WHERE id = 'after'"), 0);
+  EXPECT_EQ(q(uri, "SELECT balance FROM accounts WHERE id = 'a'"), 7);
+  EXPECT_EQ(stp->counters().worker_store_errors, 0) << stp->counters().last_worker_error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Statements, StpPgEndsTransaction,
+                         ::testing::Values(std::vector<const char*>{"COMMIT"},
+                                           std::vector<const char*>{"ROLLBACK"},
+                                           std::vector<const char*>{"BEGIN"},
+                                           std::vector<const char*>{"ROLLBACK", "BEGIN READ WRITE"},
+                                           std::vector<const char*>{"COMMIT", "BEGIN READ WRITE"}),
+                         [](const ::testing::TestParamInfo<std::vector<const char*>>& i) {
+                           std::string name;
+                           for (const char* s : i.param)
+                             name += std::string(name.empty() ? "" : "Then") + s;
+                           for (char& c : name)
+                             if (c == ' ') c = '_';
+                           return name;
+                         });
+
 // One member of a fleet: opens its own Inbox on `uri` and works consumer "ledger" with 3
 // workers until every row is finished; with `die_after` > 0 it SIGKILLs itself inside
 // the handler transaction of its die_after-th row. Exits 0 when settled.

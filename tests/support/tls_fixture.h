@@ -131,13 +131,13 @@ class TlsTest : public ::testing::Test {
 
   // Waits until the subscriber's last attempt failed (with `kind`, if given); returns its
   // health then.
-  static SubscriberHealth wait_failure(Subscriber& s,
-                                       std::optional<SubscriberHealth::Failure> kind = {}) {
+  static ConnectionHealth wait_failure(Subscriber& s,
+                                       std::optional<ConnectionHealth::Failure> kind = {}) {
     EXPECT_TRUE(wait_until(
         [&] {
-          const SubscriberHealth h = s.health();
+          const ConnectionHealth h = s.health();
           return kind ? h.last_failure == *kind
-                      : h.last_failure != SubscriberHealth::Failure::kNone;
+                      : h.last_failure != ConnectionHealth::Failure::kNone;
         },
         std::chrono::seconds(20)))
         << s.health().last_error;

@@ -28,6 +28,7 @@
 #include "store/sqlite/errors.h"
 #include "support/fault_vfs.h"
 #include "support/ledger_fixture.h"
+#include "support/relay_side.h"
 
 namespace mqtt_inbox::test {
 namespace {
@@ -374,17 +375,17 @@ TEST_F(ErrorClassTest, OutboxUnderAFullDiskLosesNothingAndAddsNothingTwice) {
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages"), 1);
 
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
   vfs.arm(Fault::always(FaultOp::kWrite, SQLITE_FULL, FileKind::kWal));
-  const Status sent = outbox->mark_sent({{rows[0].seq, 1}});
+  const Status sent = relay_side(*outbox).mark_sent({{rows[0].seq, 1}});
   EXPECT_EQ(sent.code(), Status::Code::kFull) << sent.to_string();
-  const Status dead =
-      outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl");
+  const Status dead = relay_side(*outbox).mark_dead(
+      {rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl");
   EXPECT_EQ(dead.code(), Status::Code::kFull) << dead.to_string();
   vfs.disarm();
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'pending'"), 1);
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE state = 'sent'"), 1);
 }
 
@@ -467,9 +468,9 @@ TEST_P(FatalCodeTest, TurnsHealthRedNeverReturnsAndLeavesTheFile) {
         std::vector<OutboxClassUsage> out_usage;
         OutboxSummary out_summary;
         OutboxRow out_row;
-        if (!corrupt(outbox->fetch_pending(0, 10, &out_rows)) ||
-            !corrupt(outbox->mark_sent({{1, 1}})) ||
-            !corrupt(outbox->mark_dead({1, 0}, OutboxDeadReason::kExpired, 0, "x")) ||
+        if (!corrupt(relay_side(*outbox).fetch_pending(0, 10, &out_rows)) ||
+            !corrupt(relay_side(*outbox).mark_sent({{1, 1}})) ||
+            !corrupt(relay_side(*outbox).mark_dead({1, 0}, OutboxDeadReason::kExpired, 0, "x")) ||
             !corrupt(outbox->list(OutboxState::kPending, 10, &out_rows)) ||
             !corrupt(outbox->usage(&out_usage)) || !corrupt(outbox->summary(&out_summary)) ||
             !corrupt(outbox->get("o-1", &out_row)) || !corrupt(outbox->replay_dead("o-1")) ||

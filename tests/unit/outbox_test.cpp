@@ -19,6 +19,7 @@
 #include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "support/relay_side.h"
 #include "support/store_access.h"
 #include "util/log.h"
 
@@ -310,9 +311,9 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
 
   // The relay frees one row: one more fits, the next pass applies c-3 and parks c-4 again.
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 2u);
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
   int64_t replayed = 0;
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
@@ -323,7 +324,7 @@ TEST_F(OutboxTest, RejectParksTheMessageUntilTheRelayMakesRoom) {
             1);
   EXPECT_EQ(parked("requeued"), 1);
   // The rest of the room: c-4 applies once, and every credit is in the ledger once.
-  ASSERT_TRUE(outbox->mark_sent({{rows[1].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[1].seq, 1}}).ok());
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
   EXPECT_EQ(query_int(db_path_, "SELECT balance FROM accounts WHERE account = 'a'"), 15);
@@ -388,9 +389,9 @@ TEST(OutboxParking, ParkedMessagesOutliveTheDeadLetterWindow) {
             1);
   // Room at last: the parked credit applies once.
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}}).ok());
   int64_t replayed = 0;
   ASSERT_TRUE(consumer->replay_requeued(&replayed).ok());
   EXPECT_EQ(replayed, 1);
@@ -522,17 +523,19 @@ TEST_F(OutboxTest, LogsToItsInboxsLoggerUnlessGivenOne) {
   EXPECT_EQ(lines_with(*inbox_ring, "dropped 1 oldest pending row(s), first id 'l-1'"), 1);
 
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
-  ASSERT_TRUE(
-      outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no").ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "no")
+                  .ok());
   EXPECT_EQ(count("message_id = 'l-2' AND state = 'dead'"), 1);
   EXPECT_EQ(lines_with(*inbox_ring, "is an outbox dead letter: rejected_by_broker"), 1);
   ASSERT_TRUE(outbox->replay_dead("l-2").ok());
   EXPECT_EQ(lines_with(*inbox_ring, "dead letter 'l-2' replayed"), 1);
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 1u);
-  ASSERT_TRUE(outbox->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kExpired, 0, "late").ok());
+  ASSERT_TRUE(
+      relay_side(*outbox).mark_dead({rows[0].seq, 1}, OutboxDeadReason::kExpired, 0, "late").ok());
   int64_t removed = 0;
   ASSERT_TRUE(outbox->purge(OutboxPurgeFilter{}, &removed).ok());
   EXPECT_EQ(removed, 1);
@@ -567,7 +570,7 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
     ASSERT_TRUE(enqueue_own(*outbox, m).ok());
   }
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 4, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 4, &rows).ok());
   ASSERT_EQ(rows.size(), 4u);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(rows[i].payload, std::to_string(i));
@@ -580,16 +583,17 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   EXPECT_EQ(rows[0].ordering_key, "a/even");
   EXPECT_EQ(rows[3].ordering_key, "custom");
   std::vector<OutboxRow> rest;
-  ASSERT_TRUE(outbox->fetch_pending(rows.back().seq, 100, &rest).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(rows.back().seq, 100, &rest).ok());
   ASSERT_EQ(rest.size(), 6u);
   EXPECT_EQ(rest.front().payload, "4");
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 3}, {rows[1].seq, 5}}).ok());
   ASSERT_TRUE(
-      outbox
-          ->mark_dead({rows[2].seq, 2}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+      relay_side(*outbox).mark_sent({{rows[0].seq, 1}, {rows[1].seq, 3}, {rows[1].seq, 5}}).ok());
+  ASSERT_TRUE(
+      relay_side(*outbox)
+          .mark_dead({rows[2].seq, 2}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
           .ok());
   // A late mark for a dead row changes nothing.
-  ASSERT_TRUE(outbox->mark_sent({{rows[2].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[2].seq, 1}}).ok());
   EXPECT_EQ(count("message_id = 'id-0' AND attempts = 1"), 1);
   EXPECT_EQ(count("message_id = 'id-1' AND attempts = 3"), 1);
   EXPECT_EQ(count("message_id = 'id-2' AND attempts = 2"), 1);
@@ -604,7 +608,7 @@ TEST_F(OutboxTest, FetchIsInOrderAndMarksAreFinal) {
   EXPECT_EQ(dead[0].reason_text, "not authorized");
   ASSERT_TRUE(dead[0].dead_reason.has_value());
   EXPECT_EQ(*dead[0].dead_reason, OutboxDeadReason::kRejectedByBroker);
-  ASSERT_TRUE(outbox->fetch_pending(0, 100, &rest).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 100, &rest).ok());
   EXPECT_EQ(rest.size(), 7u);
   EXPECT_EQ(rest.front().payload, "3");
   EXPECT_EQ(rest.front().attempts, 0);  // fetched twice, never marked
@@ -620,12 +624,12 @@ TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
   for (const char* id : {"r-1", "r-2", "r-3"})
     ASSERT_TRUE(enqueue_own(*outbox, out_msg("a/x", id, id)).ok());
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 3u);
   const int64_t cursor = rows.back().seq;
   ASSERT_TRUE(
-      outbox
-          ->mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
+      relay_side(*outbox)
+          .mark_dead({rows[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "not authorized")
           .ok());
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'a/'"), 2);
 
@@ -643,12 +647,13 @@ TEST_F(OutboxTest, ReplayedDeadLetterIsPendingAgainPastTheRelaysCursor) {
   EXPECT_EQ(query_int(db_path_, "SELECT rows FROM outbox_usage WHERE class = 'a/'"), 3);
   EXPECT_EQ(count("message_id = 'r-1'"), 1);
   std::vector<OutboxRow> next;
-  ASSERT_TRUE(outbox->fetch_pending(cursor, 10, &next).ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(cursor, 10, &next).ok());
   ASSERT_EQ(next.size(), 1u);
   EXPECT_EQ(next[0].message_id, "r-1");
   // Replayed again once dead again: a new seq each time, never one used before.
-  ASSERT_TRUE(
-      outbox->mark_dead({next[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "again").ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({next[0].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "again")
+                  .ok());
   ASSERT_TRUE(outbox->replay_dead("r-1").ok());
   ASSERT_TRUE(outbox->get("r-1", &r).ok());
   EXPECT_GT(r.seq, next[0].seq);
@@ -664,12 +669,14 @@ TEST_F(OutboxTest, PurgeDeletesOnlyTheFinishedRowsItSelects) {
     ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/" + id, "x", id)).ok());
   }
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(outbox->fetch_pending(0, 10, &rows).ok());
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
-  ASSERT_TRUE(
-      outbox->mark_dead({rows[2].seq, 0}, OutboxDeadReason::kPayloadTooLarge, 0x95, "big").ok());
-  ASSERT_TRUE(
-      outbox->mark_dead({rows[3].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+  ASSERT_TRUE(relay_side(*outbox).fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({rows[2].seq, 0}, OutboxDeadReason::kPayloadTooLarge, 0x95, "big")
+                  .ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({rows[3].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl")
+                  .ok());
   OutboxSummary sum;
   ASSERT_TRUE(outbox->summary(&sum).ok());
   EXPECT_EQ(sum.pending_rows, 2);
@@ -710,7 +717,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   auto outbox = make_outbox();
   int wakes = 0;
   int wakes_in_transaction = -1;
-  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
+  const uint64_t id = relay_side(*outbox).add_commit_waker([&] { ++wakes; });
   inbox_->with_connection([&](SQLite::Database& db) {
     db.exec("BEGIN IMMEDIATE");
     ASSERT_TRUE(outbox->enqueue(db, out_msg("t/a", "1", "w-1")).ok());
@@ -744,7 +751,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   // A replayed dead letter is pending again: a running relay is woken to send it.
   const int64_t seq =
       query_int(db_path_, "SELECT seq FROM outbox_messages WHERE message_id = 'w-1'");
-  ASSERT_TRUE(outbox->mark_dead({seq, 0}, OutboxDeadReason::kExpired, 0, "test").ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_dead({seq, 0}, OutboxDeadReason::kExpired, 0, "test").ok());
   const int before_replay = wakes;
   ASSERT_TRUE(outbox->replay_dead("w-1").ok());
   EXPECT_GT(wakes, before_replay);
@@ -759,7 +766,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
   }
   EXPECT_EQ(wakes, before_other);
   // Removed: never called again.
-  outbox->remove_commit_waker(id);
+  relay_side(*outbox).remove_commit_waker(id);
   ASSERT_TRUE(enqueue_own(*outbox, out_msg("t/a", "5", "w-5")).ok());
   EXPECT_EQ(wakes, before_other);
 }
@@ -771,7 +778,7 @@ TEST_F(OutboxTest, ACommitThatEnqueuedWakesTheRelaysAfterItCommits) {
 TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
   auto outbox = make_outbox();
   std::atomic<int> wakes{0};
-  const uint64_t id = outbox->add_commit_waker([&] { ++wakes; });
+  const uint64_t id = relay_side(*outbox).add_commit_waker([&] { ++wakes; });
   // A worker's handler enqueues in the transaction that marks its row done.
   StoreThenProcessOptions so;
   so.aggregate_key = aggregate_key_from_topic_level(1);
@@ -821,7 +828,7 @@ TEST_F(OutboxTest, EveryConnectionTheLibraryOpenedWakesTheRelays) {
     other.exec("COMMIT");
   }
   EXPECT_EQ(wakes.load(), 2);
-  outbox->remove_commit_waker(id);
+  relay_side(*outbox).remove_commit_waker(id);
 }
 
 // fetch_pending is a read: it returns the committed rows while another connection holds
@@ -852,15 +859,16 @@ TEST(OutboxRead, FetchPendingTakesNoWriteLockAndWritesNothing) {
   SQLite::Database writer(path, SQLite::OPEN_READWRITE);
   writer.exec("BEGIN IMMEDIATE");
   std::vector<OutboxRow> rows;
-  const Status s = outbox->fetch_pending(0, 10, &rows);
+  const Status s = relay_side(*outbox).fetch_pending(0, 10, &rows);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].attempts, 0);
   EXPECT_EQ(changes(), changes_before);  // nothing written
-  EXPECT_EQ(outbox->mark_sent({{rows[0].seq, 2}}).code(), Status::Code::kBusy);
+  EXPECT_EQ(relay_side(*outbox).mark_sent({{rows[0].seq, 2}}).code(), Status::Code::kBusy);
   writer.exec("ROLLBACK");
-  ASSERT_TRUE(outbox->mark_sent({{rows[0].seq, 2}}).ok());
-  ASSERT_TRUE(outbox->mark_dead({rows[1].seq, 0}, OutboxDeadReason::kExpired, 0, "old").ok());
+  ASSERT_TRUE(relay_side(*outbox).mark_sent({{rows[0].seq, 2}}).ok());
+  ASSERT_TRUE(
+      relay_side(*outbox).mark_dead({rows[1].seq, 0}, OutboxDeadReason::kExpired, 0, "old").ok());
   OutboxRow r;
   ASSERT_TRUE(outbox->get("f-0", &r).ok());
   EXPECT_EQ(r.attempts, 2);
@@ -909,7 +917,9 @@ TEST(OutboxSchema, Step12KeepsRowsSeqCounterAndTriggers) {
   EXPECT_EQ(query_int(path, "SELECT seq FROM outbox_messages WHERE message_id = 'new-1'"), 6);
   EXPECT_EQ(query_int(path, "SELECT rows FROM outbox_usage WHERE class = ''"), 4);
   // The new reason is accepted, and leaves the class usage as every dead row does.
-  ASSERT_TRUE(outbox->mark_dead({1, 3}, OutboxDeadReason::kConnectionDropped, 0, "dropped").ok());
+  ASSERT_TRUE(relay_side(*outbox)
+                  .mark_dead({1, 3}, OutboxDeadReason::kConnectionDropped, 0, "dropped")
+                  .ok());
   OutboxRow r;
   ASSERT_TRUE(outbox->get("old-1", &r).ok());
   ASSERT_TRUE(r.dead_reason.has_value());

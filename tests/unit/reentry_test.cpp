@@ -20,6 +20,7 @@
 #include "store/claims.h"
 #include "store/store.h"
 #include "support/ledger_fixture.h"
+#include "support/relay_side.h"
 #include "support/store_access.h"
 
 namespace mqtt_inbox::test {
@@ -183,14 +184,16 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
                                          {}, &stp2);
        }},
       // The Outbox on the same inbox: every call but enqueue takes the inbox's connection
-      {"Outbox::fetch_pending", [&] { return outbox_->fetch_pending(0, 10, &outbox_rows); }},
+      {"Outbox::fetch_pending",
+       [&] { return relay_side(*outbox_).fetch_pending(0, 10, &outbox_rows); }},
       {"Outbox::mark_sent",
        [&] {
-         return outbox_->mark_sent({{1, 1}});
+         return relay_side(*outbox_).mark_sent({{1, 1}});
        }},
       {"Outbox::mark_dead",
        [&] {
-         return outbox_->mark_dead({1, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "x");
+         return relay_side(*outbox_).mark_dead({1, 1}, OutboxDeadReason::kRejectedByBroker, 0x87,
+                                               "x");
        }},
       {"Outbox::list", [&] { return outbox_->list(OutboxState::kPending, 10, &outbox_rows); }},
       {"Outbox::usage", [&] { return outbox_->usage(&outbox_usage); }},

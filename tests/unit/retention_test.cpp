@@ -16,6 +16,7 @@
 #include "store/store.h"
 #include "support/fake_clock.h"
 #include "support/ledger_fixture.h"
+#include "support/relay_side.h"
 #include "support/store_access.h"
 
 namespace mqtt_inbox::test {
@@ -123,11 +124,12 @@ TEST_F(RetentionTest, OutboxSentRowsLiveForTheWindowDeadOnesForTheirsPendingOnes
     db.exec("COMMIT");
   });
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(o->fetch_pending(0, 10, &rows).ok());
+  ASSERT_TRUE(relay_side(*o).fetch_pending(0, 10, &rows).ok());
   ASSERT_EQ(rows.size(), 4u);
-  ASSERT_TRUE(o->mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
-  ASSERT_TRUE(
-      o->mark_dead({rows[2].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl").ok());
+  ASSERT_TRUE(relay_side(*o).mark_sent({{rows[0].seq, 1}, {rows[1].seq, 1}}).ok());
+  ASSERT_TRUE(relay_side(*o)
+                  .mark_dead({rows[2].seq, 1}, OutboxDeadReason::kRejectedByBroker, 0x87, "acl")
+                  .ok());
 
   clock_.wall += 365LL * 24 * 60 * kMinute;  // NTP steps the wall clock a year forward
   clock_.advance(60 * kMinute - 1);
@@ -208,10 +210,10 @@ TEST_F(RetentionTest, OutboxAgeBoundsCountOnTheRetentionClock) {
   EXPECT_EQ(q("SELECT count(*) FROM outbox_messages WHERE class = 'results/'"), 2);
   // Once the old row is sent, the class takes rows again.
   std::vector<OutboxRow> rows;
-  ASSERT_TRUE(o->fetch_pending(0, 100, &rows).ok());
+  ASSERT_TRUE(relay_side(*o).fetch_pending(0, 100, &rows).ok());
   for (const auto& r : rows)
     if (r.message_id == "r-1") {
-      ASSERT_TRUE(o->mark_sent({{r.seq, 1}}).ok());
+      ASSERT_TRUE(relay_side(*o).mark_sent({{r.seq, 1}}).ok());
     }
   EXPECT_TRUE(enqueue("results/r", "r-3").ok());
   EXPECT_EQ(

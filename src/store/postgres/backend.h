@@ -79,12 +79,18 @@ class PgConnection final : public pqxx::connection_base {
   Policy policy_;
 };
 
+// The text of the error pg_temp.mqtt_inbox_txn_check() raises (open.cpp): the transaction
+// is not the one the library began for a handler.
+constexpr const char kPgNotOurs[] = "mqtt-inbox: the transaction is not the one the library began";
+
 // A transaction of the library on one of its connections: READ WRITE (a connection a
 // handler runs on reads only by default), and a failed statement leaves it to its owner
 // instead of rolling back at once (so that the store can tell a handler that went on after
-// an error). A guarded one is a handler's: it holds the guard row, and only
-// commit_by_library() commits it; a commit() or abort() of the handler's own on it is
-// refused or noted (handler_ended()).
+// an error). A guarded one is a handler's: it is marked as the library's and updates the
+// guard row, and only commit_by_library() commits it; a commit() or abort() of the
+// handler's own on it is refused or noted (handler_ended()). After a handler ran on it
+// (handler_ran()), its commit and confirm_ours() check that it is still the transaction
+// the library began, and throw TransactionNotOurs when it is not.
 class PgWork final : public pqxx::dbtransaction {
  public:
   explicit PgWork(pqxx::connection_base& c, bool guarded = false);
@@ -94,6 +100,12 @@ class PgWork final : public pqxx::dbtransaction {
   void abort_by_library() noexcept;
   // What the handler called on the object ("commit() on the transaction", ...), or "".
   const char* handler_ended() const { return ended_; }
+  // A handler ran on it and left it open, as far as the client can tell (run_pg_handler).
+  void set_handler_ran() { unconfirmed_ = true; }
+  bool unconfirmed() const { return unconfirmed_; }
+  // One round trip: throws TransactionNotOurs unless the server's transaction is still the
+  // library's; the library's statements after a handler's run go on only after it.
+  void confirm_ours();
 
  private:
   void do_begin() override;
@@ -102,6 +114,7 @@ class PgWork final : public pqxx::dbtransaction {
   void do_abort() override;
   const bool guarded_;
   bool library_ = false;
+  bool unconfirmed_ = false;
   const char* ended_ = "";
 };
 
@@ -213,11 +226,8 @@ class PgBackend final : public StoreBackend {
 
   const std::string uri;  // the location as given: it holds no password (open refuses one)
   std::string conninfo;   // uri with the password file, what libpq is given
-  const InboxOptions& options;
-  Clock* const clock;
-  const std::shared_ptr<spdlog::logger> log;
-  std::string schema;  // the quoted schema name, "\"mqtt_inbox\""
-  std::string users;   // the consumers on `conn`, comma-separated (application_name)
+  std::string schema;     // the quoted schema name, "\"mqtt_inbox\""
+  std::string users;      // the consumers on `conn`, comma-separated (application_name)
   std::unique_ptr<PgConnection> conn;
   std::unique_ptr<PgNoticeWatch> watch;         // on conn
   std::optional<PgWork> txn;                    // the transaction open on conn, if any

@@ -96,7 +96,11 @@ void prepare_pg_statements(PgBackend& s) {
 }
 
 pqxx::transaction_base& PgBackend::tx() {
-  if (txn) return *txn;
+  if (txn) {
+    // After a handler's run, the library writes only in the transaction it began.
+    if (txn->unconfirmed()) txn->confirm_ours();
+    return *txn;
+  }
   if (reading) return *reading;
   throw std::logic_error("no transaction open on the inbox's connection");
 }
@@ -140,6 +144,9 @@ CommitOutcome PgBackend::commit(const ClaimKey* claim, std::string* why) {
     txn.reset();
     if (!claim) throw;
     return resolve_in_doubt(e, *claim);
+  } catch (const TransactionNotOurs&) {
+    txn.reset();  // the front rolls back what the handler began
+    throw;
   } catch (const std::exception& e) {
     txn.reset();
     // A deferred constraint refused this message's change: its fault, not the store's.

@@ -287,12 +287,26 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
       out->verdict = v;
       return Status::Ok();
     }
-    if (expired()) {  // the policy's decision, right before the row is marked done
+    // The handler ended the library's transaction and began another: nothing of its run
+    // is left to commit (store/contract.h).
+    const auto ended = [&](const TransactionNotOurs& e) {
       abort_quietly(w);
-      out->kind = StoredRunResult::Kind::kExpired;
+      end_transaction_on_server();
+      run.left = TxnLeft::kEnded;
+      run.how = e.what();
+      judge_contract(&run);
+      out->kind = StoredRunResult::Kind::kNotDone;
+      out->verdict = run.verdict;
       return Status::Ok();
-    }
+    };
     try {
+      // The library writes only in the transaction it began (one round trip).
+      w->confirm_ours();
+      if (expired()) {  // the policy's decision, right before the row is marked done
+        abort_quietly(w);
+        out->kind = StoredRunResult::Kind::kExpired;
+        return Status::Ok();
+      }
       // The fence: the row must still carry this claim's token. This UPDATE's row lock
       // lasts to COMMIT, so a reaper returning the row waits for it and then finds it
       // done; a reaper that returned it first makes this match nothing.
@@ -317,6 +331,8 @@ class PgStpWorkerSession final : public StpWorkerSession, PgSession {
                           " SET claimed_at = $3"
                           " WHERE consumer_name = $1 AND status = 'processing' AND claimant = $2",
                       consumer_, claimant, s_.clock->wall_ms());
+    } catch (const TransactionNotOurs& e) {
+      return ended(e);
     } catch (const std::exception& e) {
       abort_quietly(w);
       if (refused_row(e)) return refused(e, out);

@@ -12,6 +12,17 @@
 
 namespace mqtt_inbox::detail {
 
+namespace {
+
+// What the handler ran when the check finds a transaction that is not the library's.
+constexpr const char* kNotOursHow =
+    "ROLLBACK (or COMMIT) and then BEGIN: the transaction the library was to commit is not "
+    "the one it began";
+
+bool is_not_ours(const std::exception& e) { return std::strstr(e.what(), kPgNotOurs) != nullptr; }
+
+}  // namespace
+
 PgWork::PgWork(pqxx::connection_base& c, bool guarded)
     : pqxx::internal::namedclass{"mqtt_inbox::PgWork"},
       pqxx::dbtransaction(c, "READ COMMITTED", pqxx::read_write),
@@ -26,8 +37,9 @@ PgWork::~PgWork() noexcept {
 
 void PgWork::do_begin() {
   // The connections handlers run on read only by default (backend.h): the library's own
-  // transactions say READ WRITE. A handler's holds the guard row from its first statement.
-  direct_exec(guarded_ ? "BEGIN READ WRITE; INSERT INTO pg_temp.mqtt_inbox_txn_guard VALUES (1)"
+  // transactions say READ WRITE. A handler's is marked and guarded from its first
+  // statement (open.cpp, guard_sql).
+  direct_exec(guarded_ ? "BEGIN READ WRITE; SELECT pg_temp.mqtt_inbox_txn_begin()"
                        : "BEGIN READ WRITE");
 }
 
@@ -43,14 +55,29 @@ void PgWork::do_commit() {
     throw pqxx::usage_error("mqtt-inbox: a handler may not commit the library's transaction");
   }
   try {
-    direct_exec(guarded_ ? "SET LOCAL mqtt_inbox.commit = 'on'; COMMIT" : "COMMIT");
+    // The check stops the string where it fails: nothing after it runs, COMMIT included.
+    direct_exec(guarded_ ? "SELECT pg_temp.mqtt_inbox_txn_check();"
+                           " SET LOCAL mqtt_inbox.commit = 'on'; COMMIT"
+                         : "COMMIT");
+    unconfirmed_ = false;
   } catch (const pqxx::statement_completion_unknown& e) {
     throw pqxx::in_doubt_error(e.what());
   } catch (const std::exception& e) {
     // The connection lost while committing: nobody here can tell whether it committed.
     if (!conn().is_open()) throw pqxx::in_doubt_error(e.what());
+    if (guarded_ && is_not_ours(e)) throw TransactionNotOurs(kNotOursHow);
     throw;
   }
+}
+
+void PgWork::confirm_ours() {
+  try {
+    direct_exec("SELECT pg_temp.mqtt_inbox_txn_check()");
+  } catch (const std::exception& e) {
+    if (is_not_ours(e)) throw TransactionNotOurs(kNotOursHow);
+    throw;
+  }
+  unconfirmed_ = false;
 }
 
 void PgWork::do_abort() {
@@ -109,6 +136,11 @@ void run_pg_handler(PgConnection& conn, PgWork& w, PgNoticeWatch& watch, const I
   } else if (status == PQTRANS_INERROR) {
     out->left = TxnLeft::kAborted;
     out->how = "a statement failed and the handler went on";
+  } else {
+    // Open, as far as the client can tell: whether it is still the library's, the next
+    // statement of the library or its COMMIT checks (ROLLBACK then BEGIN leaves no trace
+    // the client sees).
+    w.set_handler_ran();
   }
 }
 

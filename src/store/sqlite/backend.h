@@ -119,9 +119,6 @@ class SqliteBackend final : public StoreBackend {
   int64_t retention_clock() const { return front().retention_clock(); }
 
   const std::string path;
-  const InboxOptions& options;
-  Clock* const clock;
-  const std::shared_ptr<spdlog::logger> log;
   int lock_fd = -1;  // flock'ed "<path>.lock" while exclusive; closed (unlocked) last
   std::unique_ptr<SQLite::Database> db;
   // The per-message path's statements, prepared once (store/sqlite/claim.cpp).

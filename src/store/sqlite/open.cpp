@@ -78,12 +78,7 @@ Status detail::make_sqlite_backend(detail::Store& front,
   return Status::Ok();
 }
 
-detail::SqliteBackend::SqliteBackend(Store& front)
-    : StoreBackend(front),
-      path(front.location()),
-      options(front.options()),
-      clock(front.clock()),
-      log(front.log()) {
+detail::SqliteBackend::SqliteBackend(Store& front) : StoreBackend(front), path(front.location()) {
   retention = make_sqlite_retention_rows(*this);
   stp = make_sqlite_stp_rows(*this);
   outbox_store = make_sqlite_outbox(*this);
