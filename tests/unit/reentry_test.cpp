@@ -119,7 +119,7 @@ TEST_F(ReentryTest, EveryKindOfCallIsRefusedAndTheMessageDeadLetteredNamingIt) {
       {"Store::process",
        [&] {
          return store.process("audit", other_msg, "audit-1", bound, 5, std::nullopt, nullptr,
-                              &report);
+                              nullptr, &report);
        }},
       // Inbox: dead-letter administration, and the store's dead letters behind it
       {"Inbox::list_dead_letters", [&] { return inbox_->list_dead_letters({}, &dls); }},
