@@ -17,22 +17,29 @@ Status Store::add_dead_letter(const DeadLetter& dl, std::optional<int64_t> repla
   bool counted = false;  // a new or rewritten dead letter, not a redelivery's count
   const Status s = write_txn("writing dead letter", [&](StoreBackend& b) {
     counted = false;
-    std::optional<int64_t> row = replace_id;
-    if (!row && dl.message_id) {
-      row = b.open_dead_letter({dl.consumer_name, *dl.message_id});
-      if (row) b.count_redelivery(*row);
-    } else if (row) {
+    // The row as a plain id and a flag, not an optional: GCC 12 at -Os (the firmware
+    // build) takes the optional's value for maybe-uninitialized once it is inlined.
+    int64_t row = replace_id.value_or(0);
+    bool have_row = replace_id.has_value();
+    if (!have_row && dl.message_id) {
+      if (const std::optional<int64_t> open =
+              b.open_dead_letter({dl.consumer_name, *dl.message_id})) {
+        row = *open;
+        have_row = true;
+        b.count_redelivery(row);
+      }
+    } else if (have_row) {
       counted = true;
       // Purged while its replay ran: written again below rather than lost (and rather
       // than failing for ever in the caller's store retry).
-      if (!b.rewrite_dead_letter(*row, dl, now)) row.reset();
+      if (!b.rewrite_dead_letter(row, dl, now)) have_row = false;
     }
-    if (!row) {
+    if (!have_row) {
       row = b.insert_dead_letter(dl, now);
       counted = true;
     }
     if (dl.message_id) b.delete_attempts({dl.consumer_name, *dl.message_id});
-    *id = *row;
+    *id = row;
   });
   if (s.ok() && counted && !dl.requeued) ++dead_lettered_;  // a parked message is not dead
   return s;
