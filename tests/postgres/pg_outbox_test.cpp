@@ -34,6 +34,7 @@
 #include <mqtt_inbox/retention.h>
 #include <nlohmann/json.hpp>
 
+#include "store/postgres/admin.h"
 #include "support/postgres.h"
 #include "support/process.h"
 #include "support/relay_side.h"
@@ -145,7 +146,8 @@ TEST(PgOutbox, EnqueueCommitsWithTheHandlersChangeAndRollsBackWithIt) {
   const std::string db = fresh_db("commit_rollback");
   auto inbox = open_inbox(uri_of(db));
   ASSERT_TRUE(inbox);
-  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "3");
+  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"),
+            std::to_string(detail::postgres_schema_version()));
   auto outbox = make_outbox(inbox.get());
   ASSERT_TRUE(outbox);
   std::atomic<int> runs{0};
@@ -238,8 +240,9 @@ TEST(PgOutbox, SchemaVersionOneIsMigratedToTheCurrentOne) {
       db);
   auto inbox = open_inbox(uri_of(db));
   ASSERT_TRUE(inbox);
-  // Steps 2 (the outbox) and 3 (store-then-process) in turn.
-  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"), "3");
+  // Steps 2 (the outbox), 3 (store-then-process) and on, in turn.
+  EXPECT_EQ(qs(db, "SELECT value FROM mqtt_inbox.inbox_meta WHERE key = 'schema_version'"),
+            std::to_string(detail::postgres_schema_version()));
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_processed"), 1);
   EXPECT_EQ(q(db, "SELECT count(*) FROM mqtt_inbox.inbox_messages"), 0);
   auto outbox = make_outbox(inbox.get());

@@ -32,6 +32,7 @@
 #include <mqtt_inbox/store_then_process.h>
 #include <nlohmann/json.hpp>
 
+#include "store/postgres/admin.h"
 #include "store/postgres/errors.h"
 #include "support/cut_proxy.h"
 #include "support/postgres.h"
@@ -122,7 +123,7 @@ TEST(PgStore, OpensCreatesItsSchemaAndAppliesOnce) {
   EXPECT_EQ(server().query_value("SELECT value FROM mqtt_inbox.inbox_meta WHERE key = "
                                  "'schema_version'",
                                  db),
-            "3");
+            std::to_string(detail::postgres_schema_version()));
   std::unique_ptr<Consumer> c;
   int runs = 0;
   ASSERT_TRUE(Consumer::create(
