@@ -272,9 +272,17 @@ TEST_P(RelayVersionTest, LedgerConsumerEmitsOneEventPerCreditAcrossAKill) {
         dir_.file(log));
   };
   auto consumer = start("ledger1.log");
+  // Its first connection makes its session: credits published before it subscribed would
+  // never reach it (a loaded machine took 2 s to connect, and the case saw 0 events).
+  ASSERT_TRUE(wait_until(
+      [&] { return read_file(dir_.file("ledger1.log")).find("consuming: ") != std::string::npos; },
+      std::chrono::seconds(30)))
+      << read_file(dir_.file("ledger1.log"));
   TestPublisher pub(broker_.uri());
   for (int i = 0; i < 60; ++i) pub.credit("credits/x", "cr-" + std::to_string(i), "acct", 1);
-  ASSERT_TRUE(wait_until([&] { return received() >= 10; }, std::chrono::seconds(30)));
+  ASSERT_TRUE(wait_until([&] { return received() >= 10; }, std::chrono::seconds(30)))
+      << received() << " events downstream; the consumer's log:\n"
+      << read_file(dir_.file("ledger1.log"));
   consumer->signal(SIGKILL);
   consumer->wait(std::chrono::seconds(10));
   for (int i = 60; i < 100; ++i) pub.credit("credits/x", "cr-" + std::to_string(i), "acct", 1);
