@@ -24,6 +24,7 @@
 #include "store/sqlite/errors.h"
 #include "store/sqlite/schema.h"
 #include "store/sqlite/txn_fence.h"
+#include "store/sqlite/unclosed.h"
 #include "store/sqlite/util.h"
 #include "util/file_access.h"
 #include "util/log.h"
@@ -172,7 +173,7 @@ void detail::SqliteBackend::close_connection() {
           "it ({}); it is freed when that statement is finalized",
           path, printable(sqlite3_sql(left) ? sqlite3_sql(left) : "?", 200));
     if (!connection_closed_by_handler_) sqlite3_close_v2(h);
-    (void)db.release();
+    keep_unclosed(std::move(db));
     connection_closed_by_handler_ = false;
     return;
   }

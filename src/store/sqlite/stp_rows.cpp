@@ -25,6 +25,7 @@
 #include "store/sqlite/backend.h"
 #include "store/sqlite/errors.h"
 #include "store/sqlite/txn_fence.h"
+#include "store/sqlite/unclosed.h"
 #include "store/sqlite/util.h"
 #include "store/sqlite/wal_guard.h"
 #include "store/verdict.h"
@@ -173,7 +174,7 @@ class SqliteStpWorkerSession final : public StpWorkerSession {
     for (auto* q : {&first_agg_, &next_agg_, &busy_aggs_, &agg_head_, &claim_row_, &claimed_row_,
                     &owned_, &done_, &close_dl_, &renew_, &failed_, &release_, &dead_})
       q->reset();
-    (void)db_.release();
+    keep_unclosed(std::move(db_));
   }
 
   // Opens the connection and prepares the statements. Throws SQLite::Exception.
