@@ -11,7 +11,7 @@ namespace mqtt_inbox {
 
 class Clock {
  public:
-  virtual ~Clock() = default;
+  virtual ~Clock();
   // Wall-clock Unix time in ms (UTC). May jump: gateways boot at 1970 and step forward
   // when NTP syncs, and operators set clocks back.
   virtual int64_t wall_ms() = 0;

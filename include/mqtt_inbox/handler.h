@@ -177,6 +177,7 @@ using TransactionHandler = TransactionHandlerOf<Delivery>;
 class UndecodablePayload : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  ~UndecodablePayload() override;
 };
 
 // Throw from a handler when a well-formed message is invalid for the application and
@@ -188,6 +189,7 @@ class UndecodablePayload : public std::runtime_error {
 class RejectMessage : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  ~RejectMessage() override;
 };
 
 // Throw from a handler when the message cannot be applied *yet* because something the
@@ -210,6 +212,7 @@ class RejectMessage : public std::runtime_error {
 class RetryLater : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  ~RetryLater() override;
 };
 
 }  // namespace mqtt_inbox

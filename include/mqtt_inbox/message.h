@@ -93,7 +93,7 @@ const char* to_string(Outcome outcome);
 // receiver. Implementations must not throw.
 class MessageSink {
  public:
-  virtual ~MessageSink() = default;
+  virtual ~MessageSink();
   virtual Outcome handle(const Message& message) = 0;
   // Records a delivery that must not be processed at all (for example a message on a
   // topic no subscription of this client matches any more, kept by the persistent

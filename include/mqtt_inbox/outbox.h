@@ -242,6 +242,7 @@ class OutboxRejected : public std::runtime_error {
  public:
   explicit OutboxRejected(Status status)
       : std::runtime_error(status.to_string()), status_(std::move(status)) {}
+  ~OutboxRejected() override;
   const Status& status() const { return status_; }
 
  private:
@@ -270,6 +271,7 @@ class OutboxRejected : public std::runtime_error {
 class OutboxRefused : public OutboxRejected {
  public:
   using OutboxRejected::OutboxRejected;
+  ~OutboxRefused() override;
 };
 
 // Thrown by Outbox::enqueue_or_throw when a kReject class is full (rows, bytes or the age
@@ -286,6 +288,7 @@ class OutboxRefused : public OutboxRejected {
 class OutboxFull : public OutboxRejected {
  public:
   using OutboxRejected::OutboxRejected;
+  ~OutboxFull() override;
 };
 
 // The outbox of one Inbox: an interface implemented by the library (create() makes it).

@@ -68,7 +68,7 @@ struct SessionRecord {
 // but note_lost is refused with kInvalidArgument naming it (handler.h).
 class SessionRecords {
  public:
-  virtual ~SessionRecords() = default;
+  virtual ~SessionRecords();
 
   // Records what the persistent session of record.client_id holds: replaces that client
   // id's topic filters and session expiry, committed and synced like a message's claim,
