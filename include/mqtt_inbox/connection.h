@@ -11,14 +11,16 @@
 // (password, the provider's output, tls.key_password) never reach a log line, health(),
 // counters or a Status message. Plain data: no thread safety of its own.
 //
-// Paho's trace, process-wide: when the library makes its first Paho client, it sets
+// Paho's trace, process-wide: when libmqtt_inbox is loaded (before main), it sets
 // Paho C's trace level to MQTTASYNC_TRACE_ERROR (MQTTAsync_setTraceLevel). At Paho's
 // default level every function entry and exit and every packet is written to an
 // in-memory ring that nothing reads, about a sixth of the instructions a QoS 1 message
 // costs on the receive thread (docs/benchmarks.md). Set MQTT_C_CLIENT_TRACE or
 // MQTT_C_CLIENT_TRACE_LEVEL (Paho's own switches) to keep Paho's levels and get its
 // trace; an application with its own MQTTAsync_setTraceCallback and no such variable
-// sets its level after the library's first client is made.
+// sets its level itself, in main. The same load-time step tells Paho C not to initialise
+// OpenSSL (MQTTAsync_global_init), which is safe only while no Paho client exists: an
+// application that dlopen()s the library after making Paho clients of its own must not.
 #pragma once
 
 #include <cstdint>

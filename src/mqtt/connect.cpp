@@ -12,33 +12,38 @@
 
 namespace mqtt_inbox::detail {
 
-void quiet_paho_trace() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+void paho_process_setup() {
 #if OPENSSL_VERSION_NUMBER >= 0x10100000L
-    // Paho C initialises OpenSSL at its first client, for OpenSSL before 1.1: it loads
-    // every error string, every algorithm and the configuration file, also for a tcp://
-    // broker (about 90 KiB of heap and 1.4 MiB of mapped pages that stay resident; the
-    // idle C consumer's footprint, docs/packaging.md#footprint). OpenSSL 1.1 and later
-    // initialise themselves when first used, and a TLS connection loads the error strings
-    // the library reports (check_tls_options, tls.cpp). Before any client exists, or it
-    // changes nothing.
-    MQTTAsync_init_options init = MQTTAsync_init_options_initializer;
-    init.do_openssl_init = 0;
-    MQTTAsync_global_init(&init);
+  // Paho C initialises OpenSSL at its first client, for OpenSSL before 1.1: it loads
+  // every error string, every algorithm and the configuration file, also for a tcp://
+  // broker (about 90 KiB of heap and 1.4 MiB of mapped pages that stay resident; the
+  // idle C consumer's footprint, docs/packaging.md#footprint). OpenSSL 1.1 and later
+  // initialise themselves when first used, and a TLS connection loads the error strings
+  // the library reports (check_tls_options, tls.cpp).
+  MQTTAsync_init_options init = MQTTAsync_init_options_initializer;
+  init.do_openssl_init = 0;
+  MQTTAsync_global_init(&init);
 #endif
-    // Either variable is the user asking Paho for its trace: MQTT_C_CLIENT_TRACE names a
-    // destination, MQTT_C_CLIENT_TRACE_LEVEL alone selects what a trace callback gets.
-    for (const char* name : {"MQTT_C_CLIENT_TRACE", "MQTT_C_CLIENT_TRACE_LEVEL"}) {
-      const char* asked = std::getenv(name);
-      if (asked != nullptr && *asked != '\0') return;
-    }
-    MQTTAsync_setTraceLevel(MQTTASYNC_TRACE_ERROR);
-  });
+  // Either variable is the user asking Paho for its trace: MQTT_C_CLIENT_TRACE names a
+  // destination, MQTT_C_CLIENT_TRACE_LEVEL alone selects what a trace callback gets.
+  for (const char* name : {"MQTT_C_CLIENT_TRACE", "MQTT_C_CLIENT_TRACE_LEVEL"}) {
+    const char* asked = std::getenv(name);
+    if (asked != nullptr && *asked != '\0') return;
+  }
+  MQTTAsync_setTraceLevel(MQTTASYNC_TRACE_ERROR);
 }
 
+namespace {
+// Done while this library is loaded (before main, or in dlopen), when no Paho client can
+// exist yet: MQTTAsync_global_init re-initialises Paho C's global mutexes
+// (MQTTAsync_init), which is undefined behaviour once any client's threads use them. It
+// used to run at the library's first client, and ThreadSanitizer caught it racing with a
+// client the process had made itself before (PgRelay in pg_outbox_test: its watcher's
+// receive thread held the mutex being initialised).
+[[maybe_unused]] const bool paho_set_up = (paho_process_setup(), true);
+}  // namespace
+
 std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& o, int max_buffered) {
-  quiet_paho_trace();
   mqtt::create_options co(o.mqtt_version == MqttVersion::kV5 ? MQTTVERSION_5 : MQTTVERSION_3_1_1,
                           max_buffered);
   co.set_send_while_disconnected(false);

@@ -71,8 +71,7 @@ struct ConnectOutcome {
 // constructor that sets the buffer turns it on): a publish between a drop and its
 // owner hearing of it fails instead of waiting in Paho for the next connection.
 // `max_buffered`: Paho refuses a publish beyond it (MQTTASYNC_MAX_BUFFERED_MESSAGES, 100
-// by default) even while connected. Before the first client of the process, lowers Paho
-// C's trace level (quiet_paho_trace). Throws mqtt::exception.
+// by default) even while connected. Throws mqtt::exception.
 std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& settings,
                                                      int max_buffered);
 
@@ -83,13 +82,14 @@ std::shared_ptr<mqtt::async_client> make_paho_client(const ConnectionOptions& se
 // receive thread that holds the message and its PUBACK (docs/benchmarks.md, "Paho's trace
 // ring"). Nothing reads that ring (Log_dumpTrace has no caller in Paho C 1.3.12); Paho
 // prints it only when MQTT_C_CLIENT_TRACE names a destination, or hands it to a callback
-// set with MQTTAsync_setTraceCallback. So, once per process: the level goes to
+// set with MQTTAsync_setTraceCallback. So, once per process, when the library is loaded
+// (connect.cpp), before any Paho client can exist: the level goes to
 // MQTTASYNC_TRACE_ERROR, unless MQTT_C_CLIENT_TRACE or MQTT_C_CLIENT_TRACE_LEVEL is set
-// (then Paho's own settings stay as the user asked). An application that sets a trace
-// callback sets its level after the library's first client (connection.h). Also tells
-// Paho not to initialise OpenSSL, which initialises itself (docs/design.md, "Paho does not
-// initialise OpenSSL").
-void quiet_paho_trace();
+// (then Paho's own settings stay as the user asked). Also tells Paho not to initialise
+// OpenSSL, which initialises itself (docs/design.md, "Paho does not initialise OpenSSL").
+// Calling it again once a client exists is undefined behaviour (it re-initialises Paho's
+// global mutexes).
+void paho_process_setup();
 
 // CONNECT with `opts`, waiting until Paho ends the attempt (never earlier: Paho C++ 1.2.0
 // bug #325, see the .cpp). A failed attempt is not reported here: pass rc and message
