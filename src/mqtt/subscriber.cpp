@@ -83,6 +83,7 @@ struct Subscriber::Impl {
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
+  int64_t arrivals_at_connect = 0;  // `received` when the current connection's CONNACK came
   // The session's record in the sinks' Inboxes; made by start(), used by connect_once().
   std::unique_ptr<detail::SessionKeeper> session;
 
@@ -253,6 +254,52 @@ struct Subscriber::Impl {
     return true;
   }
 
+  // Waits for the broker to acknowledge a SUBSCRIBE or UNSUBSCRIBE (`t`). Paho C hands
+  // over each acknowledgement on the thread that runs the message callback, and a broker
+  // sends a kept session's queued messages before it answers the SUBSCRIBE that follows
+  // CONNECT: behind a backlog the SUBACK comes only once the messages ahead of it are
+  // handled. So the wait lasts while messages keep arriving, and ends (false) when none
+  // has for connect_timeout_ms, or on stop(). A fixed connect_timeout_ms gave up on a
+  // session still being drained (a slow store, a long backlog): it disconnected, the
+  // in-flight messages came again, and the next connection met the same backlog. A wait
+  // past 5 s is logged once.
+  bool wait_acknowledged(const mqtt::token_ptr& t, const char* what, const std::string& filter) {
+    using SteadyClock = std::chrono::steady_clock;
+    const auto timeout = std::chrono::milliseconds(options.connect_timeout_ms);
+    const auto slice = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(250));
+    const auto began = SteadyClock::now();
+    auto last_arrival = began;
+    int64_t seen = received.load();
+    bool logged = false;
+    while (!t->wait_for(slice)) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopping) return false;
+      }
+      const auto now = SteadyClock::now();
+      if (const int64_t r = received.load(); r != seen) {
+        seen = r;
+        last_arrival = now;
+      } else if (now - last_arrival >= timeout) {
+        log->warn(
+            "{} '{}' timed out: no acknowledgement and no message from the broker for {} ms "
+            "(connect_timeout_ms)",
+            what, detail::printable(filter), options.connect_timeout_ms);
+        return false;
+      }
+      if (!logged && now - began >= std::chrono::seconds(5)) {
+        logged = true;
+        log->info(
+            "{} '{}' waiting {} s behind the session's queued messages ({} handled on "
+            "this connection so far); the broker answers after them",
+            what, detail::printable(filter),
+            std::chrono::duration_cast<std::chrono::seconds>(now - began).count(),
+            seen - arrivals_at_connect);
+      }
+    }
+    return true;
+  }
+
   // After CONNACK: UNSUBSCRIBEs what the session holds beyond the configured filters, and
   // SUBSCRIBEs the configured ones unless the session already holds exactly them (MQTT
   // 3.1.1: each SUBSCRIBE would resend the retained messages, section 3.3.1.3). MQTT 5
@@ -264,11 +311,9 @@ struct Subscriber::Impl {
     const detail::SessionKeeper::Plan plan = session->plan(v5);
     for (const std::string& stale : plan.unsubscribe) {
       mqtt::token_ptr ut = client->unsubscribe(stale);
-      if (!ut->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
-        log->warn(
-            "unsubscribe from stale topic filter '{}' timed out; trying again at the "
-            "next connection",
-            detail::printable(stale));
+      if (!wait_acknowledged(ut, "unsubscribe from stale topic filter", stale)) {
+        log->warn("unsubscribe from stale topic filter '{}': trying again at the next connection",
+                  detail::printable(stale));
         continue;
       }
       // MQTT 5 UNSUBACK: 0x00 success, 0x11 no subscription existed; >= 0x80 a refusal.
@@ -299,10 +344,7 @@ struct Subscriber::Impl {
            : mqtt::subscribe_options();
     for (const auto& r : routes) {
       mqtt::token_ptr st = client->subscribe(r.first, 1, sub_opts);
-      if (!st->wait_for(std::chrono::milliseconds(options.connect_timeout_ms))) {
-        log->warn("subscribe to '{}' timed out", r.first);
-        return false;
-      }
+      if (!wait_acknowledged(st, "subscribe to", r.first)) return false;
       const auto codes = st->get_subscribe_response().get_reason_codes();
       // The granted QoS (or a failure code >= 0x80). QoS 0 means no redelivery: as
       // bad as a refusal for an inbox (e.g. a broker max_qos or an ACL).
@@ -347,6 +389,7 @@ struct Subscriber::Impl {
       }
       int64_t granted_expiry_ms = 0;
       const bool expiry_granted = granted_session_expiry(outcome.properties, &granted_expiry_ms);
+      arrivals_at_connect = received.load();
       const bool session_present = outcome.session_present;
       const std::optional<detail::SessionKeeper::LostSession> lost =
           session->after_connack(session_present, expiry_granted ? &granted_expiry_ms : nullptr);
