@@ -324,7 +324,8 @@ TEST_P(SubscriptionsTest, SubscribeBehindABacklogSlowerThanTheConnectTimeoutConn
   o.connect_timeout_ms = 1000;
   std::unique_ptr<Subscriber> sub;
   ASSERT_TRUE(Subscriber::create(o, &sub).ok());
-  for (const char* f : {"credits/#", "alerts/#"}) ASSERT_TRUE(sub->subscribe(f, consumer_.get()).ok());
+  for (const char* f : {"credits/#", "alerts/#"})
+    ASSERT_TRUE(sub->subscribe(f, consumer_.get()).ok());
   ASSERT_TRUE(sub->start().ok());
   ASSERT_TRUE(wait_until([&] { return balance() == kBacklog; }, 30s)) << balance();
   ASSERT_TRUE(wait_until([&] { return sub->is_connected(); }, 10s));
