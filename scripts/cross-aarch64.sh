@@ -22,15 +22,17 @@
 #   firmware   scripts/firmware.sh for aarch64 into $BUILD_DIR-firmware: the firmware
 #              build (-DMQTT_INBOX_FIRMWARE=ON), installed, a C program linked against it
 #              shared and static, what it needs (NEEDED; ldd under qemu)
-#   test       ctest under qemu-aarch64: the unit tests, then the integration
-#              tests labelled core (every one with --all-integration; they start
-#              the host's /usr/sbin/mosquitto on 127.0.0.1; the test binary runs
-#              under qemu, the broker natively)
+#   tests      ctest under qemu-aarch64: the unit tests and the integration tests
+#              labelled core, in one pass (-j$CTEST_JOBS); with --all-integration the
+#              unit tests, then every integration test (they start the host's
+#              /usr/sbin/mosquitto on 127.0.0.1; the test binary runs under qemu, the
+#              broker natively)
 #
 # Environment:
 #   SOURCE_DIR  project to build       (default: <repo>)
 #   BUILD_DIR   build folder           (default: <repo>/build-aarch64)
 #   JOBS        parallel build jobs    (default: 2)
+#   CTEST_JOBS  tests at once, unit and core integration together (default: 3)
 #   BUILD_TYPE  CMAKE_BUILD_TYPE       (default: RelWithDebInfo)
 #   CTEST_TIMEOUT  per-test timeout, s (default: 300; qemu is ~5-20x slower)
 #   MQTT_INBOX_CROSS_CTEST_EXCLUDE  regex of test names not to run under qemu
