@@ -4,7 +4,9 @@
 # input in $FUZZ_ARTIFACTS; add it to the corpus folder so it becomes a regression test
 # (tests/fuzz/CMakeLists.txt replays every corpus file in the ordinary build).
 #
-#   scripts/fuzz.sh            FUZZ_SECONDS (default 20) per target
+#   scripts/fuzz.sh               FUZZ_SECONDS (default 20) per target
+#   scripts/fuzz.sh --build-only  builds them, runs nothing (scripts/test.sh builds them
+#                                 in the background while other stages run)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"
@@ -12,13 +14,16 @@ SECONDS_PER_TARGET="${FUZZ_SECONDS:-20}"
 BUILD="$ROOT/build-fuzz"
 ARTIFACTS="${FUZZ_ARTIFACTS:-$BUILD/artifacts}"
 
-install_packages clang libclang-rt-14-dev "${MQTT_INBOX_PACKAGES[@]}"
+BUILD_ONLY=0
+[ "${1:-}" = "--build-only" ] && BUILD_ONLY=1
+install_packages "${MQTT_INBOX_FUZZ_PACKAGES[@]}" "${MQTT_INBOX_PACKAGES[@]}"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DMQTT_INBOX_BUILD_FUZZERS=ON -DMQTT_INBOX_BUILD_TESTS=OFF -DMQTT_INBOX_BUILD_EXAMPLES=OFF \
   -DMQTT_INBOX_BUILD_TOOLS=OFF -DMQTT_INBOX_BUILD_BENCH=OFF \
   "-DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" >/dev/null
 targets=(message_id properties_json ledger_decode)
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]/#/fuzz_}"
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
 mkdir -p "$ARTIFACTS"
 for t in "${targets[@]}"; do

@@ -18,6 +18,8 @@ MQTT_INBOX_PACKAGES=(
   libsystemd-dev systemd
   clang-format
 )
+# The fuzzers' compiler (scripts/fuzz.sh; libFuzzer needs clang).
+MQTT_INBOX_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi

@@ -106,7 +106,7 @@ TSAN_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMQTT_INBOX_BUILD_BENCH=OFF
   -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_C_FLAGS=-fsanitize=thread
   -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread "-DMQTT_INBOX_TEST_SKIP=$SANITIZER_SKIP")
 
-# The sanitizer trees are built in the background, one after the other, at the lowest CPU
+# The sanitizer trees (and the fuzzers) are built in the background, one after the other, at the lowest CPU
 # and I/O priority, from the start of the run: the tests of the stages before them mostly
 # wait (for a broker, a child, an fsync) and leave a core idle, which these builds take
 # without slowing the tests (a nice-19 process gets about 1.5 % of a core a busy test
@@ -115,7 +115,8 @@ TSAN_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMQTT_INBOX_BUILD_BENCH=OFF
 # shown in the stage. Saves about a third of the run on 2 cores.
 BACKGROUND_PID=""
 start_background_builds() {
-  rm -f "$ROOT/build-asan/.background-done" "$ROOT/build-tsan/.background-done"
+  rm -f "$ROOT/build-asan/.background-done" "$ROOT/build-tsan/.background-done" \
+    "$ROOT/build-fuzz/.background-done"
   (
     renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
     ionice -c 3 -p "$BASHPID" >/dev/null 2>&1 || true
@@ -127,23 +128,36 @@ start_background_builds() {
     configure "$ROOT/build-tsan" "${TSAN_ARGS[@]}" &&
       cmake --build "$ROOT/build-tsan" -j "$JOBS" >"$ROOT/build-tsan/background-build.log" 2>&1
     echo "$((SECONDS - t0))" >"$ROOT/build-tsan/.background-done"
+    # The fuzzers too (clang, installed by the deps stage, so no apt runs here).
+    t0=$SECONDS
+    mkdir -p "$ROOT/build-fuzz"
+    "$ROOT/scripts/fuzz.sh" --build-only >"$ROOT/build-fuzz/background-build.log" 2>&1
+    echo "$((SECONDS - t0))" >"$ROOT/build-fuzz/.background-done"
   ) &
   BACKGROUND_PID=$!
 }
 wait_background_build() {  # wait_background_build DIR: until DIR's background build ended
   local dir="$1" t0=$SECONDS
   [ -n "$BACKGROUND_PID" ] || return 0
-  case "$dir" in "$ROOT/build-asan" | "$ROOT/build-tsan") ;; *) return 0 ;; esac
+  case "$dir" in "$ROOT/build-asan" | "$ROOT/build-tsan" | "$ROOT/build-fuzz") ;; *) return 0 ;; esac
   while [ ! -f "$dir/.background-done" ] && kill -0 "$BACKGROUND_PID" 2>/dev/null; do sleep 2; done
   echo "----- ${dir#"$ROOT"/}: background build took $(cat "$dir/.background-done" 2>/dev/null || echo '?')s" \
     "at idle priority; waited $((SECONDS - t0))s for it"
+}
+fuzz_stage() {  # the fuzzers, once their background build ended (ninja finishes it)
+  wait_background_build "$ROOT/build-fuzz"
+  "$ROOT/scripts/fuzz.sh"
 }
 stop_background_builds() {
   [ -n "$BACKGROUND_PID" ] && kill -- "$BACKGROUND_PID" 2>/dev/null
   pkill -P "$BACKGROUND_PID" 2>/dev/null || true
 }
 
-stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
+if [ $QUICK -eq 0 ]; then
+  stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" "${MQTT_INBOX_FUZZ_PACKAGES[@]}" || exit 1
+else
+  stage deps install_packages "${MQTT_INBOX_PACKAGES[@]}" || exit 1
+fi
 if [ $QUICK -eq 0 ]; then
   start_background_builds
   trap stop_background_builds EXIT
@@ -171,7 +185,7 @@ if [ $QUICK -eq 0 ]; then
   stage "asan+ubsan" build_and_test "$ROOT/build-asan" "${ASAN_ARGS[@]}" -- -LE package || FAILED=1
   stage tsan build_and_test "$ROOT/build-tsan" "${TSAN_ARGS[@]}" -- -LE package || FAILED=1
   if [ -x "$ROOT/scripts/fuzz.sh" ]; then
-    stage fuzz "$ROOT/scripts/fuzz.sh" || FAILED=1
+    stage fuzz fuzz_stage || FAILED=1
   fi
   stage cross-aarch64 env BUILD_TYPE="${BUILD_TYPE:-Release}" "$ROOT/scripts/cross-aarch64.sh" || FAILED=1
 fi
