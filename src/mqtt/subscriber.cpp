@@ -290,7 +290,7 @@ struct Subscriber::Impl {
       if (!logged && now - began >= std::chrono::seconds(5)) {
         logged = true;
         log->info(
-            "{} '{}' waiting {} s behind the session's queued messages ({} handled on "
+            "{} '{}' waiting {} s behind the session's queued messages ({} arrived on "
             "this connection so far); the broker answers after them",
             what, detail::printable(filter),
             std::chrono::duration_cast<std::chrono::seconds>(now - began).count(),
