@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
-#include <mutex>
 
 #include "mqtt/probe.h"
 

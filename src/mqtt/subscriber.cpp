@@ -83,7 +83,7 @@ struct Subscriber::Impl {
   std::atomic<bool> connected{false};
   std::atomic<int> in_callback{0};
   std::atomic<int64_t> received{0}, connect_count{0}, lost_sessions{0};
-  int64_t arrivals_at_connect = 0;  // `received` when the current connection's CONNACK came
+  bool said_waiting = false;  // this connection's SUBACK wait was logged (wait_acknowledged)
   // The session's record in the sinks' Inboxes; made by start(), used by connect_once().
   std::unique_ptr<detail::SessionKeeper> session;
 
@@ -258,43 +258,46 @@ struct Subscriber::Impl {
   // over each acknowledgement on the thread that runs the message callback, and a broker
   // sends a kept session's queued messages before it answers the SUBSCRIBE that follows
   // CONNECT: behind a backlog the SUBACK comes only once the messages ahead of it are
-  // handled. So the wait lasts while messages keep arriving, and ends (false) when none
-  // has for connect_timeout_ms, or on stop(). A fixed connect_timeout_ms gave up on a
-  // session still being drained (a slow store, a long backlog): it disconnected, the
-  // in-flight messages came again, and the next connection met the same backlog. A wait
-  // past 5 s is logged once.
+  // handled. So the wait lasts while the callback is busy (a message in it, or new ones
+  // arriving), and ends (false) after connect_timeout_ms of neither, when the connection
+  // is lost, or on stop(). A message held in the callback ends by its own bounds (the
+  // store's busy and retry limits, ConsumerOptions::dependency_wait_max); giving up on the
+  // SUBACK meanwhile would only disconnect behind it and get the message again. A fixed
+  // connect_timeout_ms gave up on a session still being drained (a slow store, a long
+  // backlog): it disconnected, the in-flight messages came again, and the next connection
+  // met the same backlog. A wait past 5 s is logged once per connection.
   bool wait_acknowledged(const mqtt::token_ptr& t, const char* what, const std::string& filter) {
     using SteadyClock = std::chrono::steady_clock;
     const auto timeout = std::chrono::milliseconds(options.connect_timeout_ms);
     const auto slice = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(250));
     const auto began = SteadyClock::now();
-    auto last_arrival = began;
+    auto last_activity = began;
     int64_t seen = received.load();
-    bool logged = false;
+    const int64_t at_start = seen;
     while (!t->wait_for(slice)) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (stopping) return false;
+        if (stopping || connection_lost) return false;
       }
       const auto now = SteadyClock::now();
-      if (const int64_t r = received.load(); r != seen) {
+      const int64_t r = received.load();
+      if (r != seen || in_callback.load() > 0) {
         seen = r;
-        last_arrival = now;
-      } else if (now - last_arrival >= timeout) {
+        last_activity = now;
+      } else if (now - last_activity >= timeout) {
         log->warn(
             "{} '{}' timed out: no acknowledgement and no message from the broker for {} ms "
             "(connect_timeout_ms)",
             what, detail::printable(filter), options.connect_timeout_ms);
         return false;
       }
-      if (!logged && now - began >= std::chrono::seconds(5)) {
-        logged = true;
+      if (!said_waiting && now - began >= std::chrono::seconds(5)) {
+        said_waiting = true;
         log->info(
-            "{} '{}' waiting {} s behind the session's queued messages ({} arrived on "
-            "this connection so far); the broker answers after them",
+            "{} '{}': waiting {} s for the broker's answer, which comes after the "
+            "session's queued messages ({} arrived meanwhile)",
             what, detail::printable(filter),
-            std::chrono::duration_cast<std::chrono::seconds>(now - began).count(),
-            seen - arrivals_at_connect);
+            std::chrono::duration_cast<std::chrono::seconds>(now - began).count(), seen - at_start);
       }
     }
     return true;
@@ -389,7 +392,7 @@ struct Subscriber::Impl {
       }
       int64_t granted_expiry_ms = 0;
       const bool expiry_granted = granted_session_expiry(outcome.properties, &granted_expiry_ms);
-      arrivals_at_connect = received.load();
+      said_waiting = false;
       const bool session_present = outcome.session_present;
       const std::optional<detail::SessionKeeper::LostSession> lost =
           session->after_connack(session_present, expiry_granted ? &granted_expiry_ms : nullptr);
